@@ -1,0 +1,35 @@
+"""``models`` and ``fetch``: the model registry and its cache."""
+from __future__ import annotations
+
+import json
+
+from .. import models
+
+
+def register(sub) -> None:
+    p = sub.add_parser("models", help="list the known models and whether they are cached")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=run_models)
+    p = sub.add_parser("fetch", help="download, verify and cache a known model")
+    p.add_argument("name", nargs="?", default=models.DEFAULT_MODEL, choices=list(models.REGISTRY))
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=run_fetch)
+
+
+def run_models(args) -> int:
+    rows = models.listing()
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(f"{'name':<10} {'file':<36} {'size':>10}  {'cached':<6}  path")
+    for r in rows:
+        name = r["name"] + ("*" if r["default"] else "")
+        print(f"{name:<10} {r['file']:<36} {r['size'] / 1e6:>7.1f} MB  {'yes' if r['cached'] else 'no':<6}  {r['path']}")
+    print("(* default model; cache folder:", models.home(), "- set LLMLAB_HOME to move it)")
+    return 0
+
+
+def run_fetch(args) -> int:
+    path = models.fetch(args.name, quiet=args.quiet)
+    print(path)
+    return 0
