@@ -73,8 +73,12 @@ class Model:
         hp = self.hparams
         self.tok_embd = self._bind("token_embd.weight", (hp.n_embd, hp.n_vocab))
         self.output_norm = self._bind("output_norm.weight", (hp.n_embd,))
-        self.output = (self._bind("output.weight", (hp.n_embd, hp.n_vocab)) if "output.weight" in self._info
-                       else self.tok_embd)       # tied LM head (TENSOR_DUPLICATED)
+        if "output.weight" in self._info:
+            self.output = self._bind("output.weight", (hp.n_embd, hp.n_vocab))
+        else:   # tied LM head: a second descriptor over the same bytes (TENSOR_DUPLICATED), placed on its own
+            self.output = self.ctx.new(Tensor(self.tok_embd.type, self.tok_embd.ne, name="token_embd.weight",
+                                              data=self.tok_embd.data))
+            self.output.backend = "CPU"
         self.layers = [LayerWeights(**{f: self._bind(f"blk.{il}.{suffix}.weight", ne)
                                        for f, suffix, ne in _layer_spec(hp)})
                        for il in range(hp.n_layer)]
