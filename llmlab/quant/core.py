@@ -25,6 +25,7 @@ from .. import LLMLabError
 from ..types import GGMLType, ggml_type
 
 F32 = np.float32
+CHUNK_VALUES = 1 << 20     # quantize() works through at most this many values at a time
 
 
 class QuantError(LLMLabError, ValueError):
@@ -147,5 +148,9 @@ def quantize(values, qtype) -> np.ndarray:
     x = np.asarray(values, dtype=F32).reshape(-1)
     if x.size % t.block_size:
         raise QuantError(f"{t.name}: {x.size} values is not a multiple of the block size {t.block_size}")
-    out = t.from_float(x.reshape(-1, t.block_size))
-    return np.ascontiguousarray(out).view(np.uint8).reshape(-1)
+    blocks = x.reshape(-1, t.block_size)
+    step = max(1, CHUNK_VALUES // t.block_size)          # bounded temporaries for big tensors
+    out = np.empty(len(blocks), t.layout)
+    for i in range(0, len(blocks), step):
+        out[i:i + step] = t.from_float(blocks[i:i + step])
+    return out.view(np.uint8).reshape(-1)
