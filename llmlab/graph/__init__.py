@@ -13,7 +13,7 @@ from __future__ import annotations
 from . import ops
 from .cgraph import CGraph, MemoryPlan, build_forward, build_forward_expand, plan_memory
 from .context import Context
-from .executor import compute
+from .executor import compute as graph_compute
 from .tensor import Tensor
 
 BUILDERS: dict = {}
@@ -36,4 +36,4 @@ def get_builder(arch: str):
 
 
 __all__ = ["CGraph", "Context", "MemoryPlan", "Tensor", "BUILDERS", "build_forward", "build_forward_expand",
-           "compute", "get_builder", "ops", "plan_memory", "register_builder"]
+           "graph_compute", "get_builder", "ops", "plan_memory", "register_builder"]
