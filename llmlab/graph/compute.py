@@ -57,7 +57,14 @@ def _quant_mul_mat():
 
 
 def mul_mat_quantized(raw: np.ndarray, qtype, x: np.ndarray) -> np.ndarray:
-    """x [N, K] times the quantized weight rows raw [M, row_bytes] -> [N, M], as ggml-cpu computes it."""
+    """x [N, K] times the quantized weight rows raw [M, row_bytes] -> [N, M], as ggml-cpu computes it.
+
+    Types whose x86 accumulation order is reproduced (``ggml_cpu``) are bit-exact; the others
+    use llmlab.quant's reference (exact integer sums, float terms summed in another order)."""
+    from .ggml_cpu import EXACT_MUL_MAT
+    exact = EXACT_MUL_MAT.get(qtype.name)
+    if exact is not None and _quant_mul_mat() is not None:
+        return exact(raw, qtype, x)
     qmm = _quant_mul_mat()
     if qmm is not None:
         return np.asarray(qmm(raw, qtype, x), dtype=np.float32)
@@ -127,9 +134,13 @@ def mul_mat(dst: Tensor) -> None:
         return
     A = a.array()
     if a.type is F16:                                   # ggml-cpu: vec_dot_type f16, activations rounded to f16
-        A = A.astype(np.float32)
-        B = B.astype(np.float16).astype(np.float32)
-    elif A.dtype != np.float32:
+        from .ggml_cpu import mul_mat_f16
+        Bh = B.astype(np.float16)
+        for i3 in range(b.ne[3]):
+            for i2 in range(b.ne[2]):
+                out[i3, i2] = mul_mat_f16(A[i3 // r3, i2 // r2], Bh[i3, i2])
+        return
+    if A.dtype != np.float32:
         A = A.astype(np.float32)
     if r2 > 1:
         A = np.repeat(A, r2, axis=1)
@@ -158,19 +169,9 @@ def norm(dst: Tensor) -> None:
     np.multiply(y, (np.float32(1.0) / np.sqrt(var + eps))[..., None], out=_out(dst))
 
 
-def rope_cache(pos: np.ndarray, n_dims: int, freq_base: float, freq_scale: float = 1.0,
-               attn_factor: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
-    """cos and sin per (position, pair) as ggml_rope_cache_init: theta *= theta_scale, in float."""
-    theta_scale = np.float32(np.power(np.float32(freq_base), np.float32(-2.0) / np.float32(n_dims), dtype=np.float32))
-    th = pos.astype(np.float32)
-    thetas = np.empty((len(pos), n_dims // 2), np.float32)
-    for k in range(n_dims // 2):
-        thetas[:, k] = th
-        th = (th * theta_scale).astype(np.float32)
-    thetas = (np.float32(freq_scale) * thetas).astype(np.float32)
-    cos = (np.cos(thetas.astype(np.float64)).astype(np.float32) * np.float32(attn_factor)).astype(np.float32)
-    sin = (np.sin(thetas.astype(np.float64)).astype(np.float32) * np.float32(attn_factor)).astype(np.float32)
-    return cos, sin
+def rope_cache(pos, n_dims, freq_base, freq_scale=1.0, attn_factor=1.0):
+    from .ggml_cpu import rope_cache as rc
+    return rc(pos, n_dims, freq_base, freq_scale, attn_factor)
 
 
 @register("ROPE")
@@ -185,16 +186,14 @@ def rope(dst: Tensor) -> None:
     n_dims = p["n_dims"]
     cos, sin = rope_cache(pos.array().reshape(-1), n_dims, p["freq_base"], p["freq_scale"], p["attn_factor"])
     cos, sin = cos[None, :, None, :], sin[None, :, None, :]
+    from .ggml_cpu import rotate
     out = _out(dst)
     out[...] = x
     if p["mode"] & 2:                                   # NEOX: pairs (i, i + n_dims/2)
-        x0, x1 = x[..., : n_dims // 2], x[..., n_dims // 2: n_dims]
-        out[..., : n_dims // 2] = x0 * cos - x1 * sin
-        out[..., n_dims // 2: n_dims] = x0 * sin + x1 * cos
+        i0, i1 = slice(0, n_dims // 2), slice(n_dims // 2, n_dims)
     else:                                               # NORM: adjacent pairs (2i, 2i+1)
-        x0, x1 = x[..., 0:n_dims:2], x[..., 1:n_dims:2]
-        out[..., 0:n_dims:2] = x0 * cos - x1 * sin
-        out[..., 1:n_dims:2] = x0 * sin + x1 * cos
+        i0, i1 = slice(0, n_dims, 2), slice(1, n_dims, 2)
+    out[..., i0], out[..., i1] = rotate(x[..., i0], x[..., i1], cos, sin)
 
 
 @register("SOFT_MAX")
@@ -205,15 +204,13 @@ def soft_max(dst: Tensor) -> None:
         m = f32(dst.src[1])                             # (m3, m2, >= ne1, ne0)
         m = m[:, :, : x.shape[2], :]
         w = w + _bcast(m, (m.shape[0] if m.shape[0] == x.shape[0] else 1, m.shape[1] if m.shape[1] == x.shape[1] else 1) + x.shape[2:])
-    w = w.astype(np.float32)
-    mx = w.max(-1, keepdims=True)
-    e = np.exp(w - mx, dtype=np.float32)
-    s = e.astype(np.float64).sum(-1, keepdims=True)
-    np.multiply(e, (1.0 / s).astype(np.float32), out=_out(dst))
+    from .ggml_cpu import soft_max_rows
+    _out(dst)[...] = soft_max_rows(w.astype(np.float32))
 
 
 def _silu(x: np.ndarray) -> np.ndarray:
-    return (x / (np.float32(1.0) + np.exp(-x, dtype=np.float32))).astype(np.float32)
+    from .ggml_cpu import v_silu
+    return v_silu(x)
 
 
 _GELU_TABLE: np.ndarray | None = None
