@@ -153,9 +153,10 @@ def mul_mat(dst: Tensor) -> None:
 def rms_norm(dst: Tensor) -> None:
     x = f32(dst.src[0])
     eps = np.float32(dst.op_params["eps"])
-    x64 = x.astype(np.float64)
-    mean = (np.einsum("...i,...i->...", x64, x64) / x.shape[-1]).astype(np.float32)
-    scale = np.float32(1.0) / np.sqrt(mean + eps)
+    sq = (x * x).astype(np.float64)                     # sum += (ggml_float)(x[i]*x[i]): float products,
+    total = np.add.accumulate(sq, axis=-1)[..., -1]     # added one after another in double
+    mean = (total / x.shape[-1]).astype(np.float32)
+    scale = (np.float32(1.0) / np.sqrt(mean + eps)).astype(np.float32)
     np.multiply(x, scale[..., None], out=_out(dst))
 
 
