@@ -24,6 +24,10 @@ def find_lib() -> Path:
     return libs[0]
 
 
+WHITE_SPACE = (0x09, 0x0A, 0x0B, 0x0C, 0x0D, 0x20, 0x85, 0xA0, 0x1680, *range(0x2000, 0x200B), 0x2028, 0x2029,
+               0x202F, 0x205F, 0x3000)
+
+
 def read_tables(data: bytes) -> tuple[list[tuple[int, int]], list[int]]:
     # unicode_ranges_flags starts {0x000000, 0x0080}, {0x000020, 0x0008}, {0x000021, 0x0020}: pair<uint32, uint16> = 8 bytes
     head = struct.pack("<IHxxIHxxIHxx", 0x00, 0x80, 0x20, 0x08, 0x21, 0x20)
@@ -37,19 +41,12 @@ def read_tables(data: bytes) -> tuple[list[tuple[int, int]], list[int]]:
         at += 8
         if start == 0x110000:
             break
-    # unicode_set_whitespace's initializer: 0x09..0x0D, 0x20, 0x85, 0xA0, ...
-    head = struct.pack("<8I", 0x09, 0x0A, 0x0B, 0x0C, 0x0D, 0x20, 0x85, 0xA0)
-    at = data.find(head)
-    if at < 0:
+    # unicode_set_whitespace is Unicode's White_Space property. The library keeps its first 24 code
+    # points as one array and U+3000 apart, so check the array and take the property's list.
+    head = struct.pack("<24I", *WHITE_SPACE[:24])
+    if data.find(head) < 0:
         sys.exit("could not locate unicode_set_whitespace")
-    ws = []
-    while True:
-        (cpt,) = struct.unpack_from("<I", data, at)
-        if cpt > 0x10FFFF or (ws and cpt <= ws[-1]):
-            break
-        ws.append(cpt)
-        at += 4
-    return ranges, ws
+    return ranges, list(WHITE_SPACE)
 
 
 def main() -> None:

@@ -40,10 +40,19 @@ _MODEL_DEFAULTS = {
     "llama": dict(bos=1, eos=2, unk=0, add_space_prefix=True, add_bos=True),        # SPM
     "gpt2": dict(bos=11, eos=11, unk=None, add_space_prefix=False, add_bos=False),  # BPE
 }
-# tokens llama.cpp forces to CONTROL by their text (end of turn/generation markers)
+# llama.cpp's text-based fix-ups (``llama_vocab::impl::load``): tokens that look like end-of-turn,
+# fill-in-the-middle or end-of-generation markers are made CONTROL, whatever their GGUF type
 _EOT_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>",
-              "<EOT>", "_<EOT>", "<｜end▁of▁sentence｜>", "<end_of_utterance>")
-_EOG_TEXTS = _EOT_TEXTS + ("<|return|>", "<|call|>", "<|eom_id|>", "[EOT]", "[EOS]", "<eos>")
+              "<EOT>", "_<EOT>", "[EOT]", "<｜end▁of▁sentence｜>", "<end_of_utterance>")
+_FIM_TEXTS = ("<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>", "<|code_prefix|>",
+              "<|prefix|>", "<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>", "▁<SUF>",
+              "<|code_suffix|>", "<|suffix|>", "<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>",
+              "▁<MID>", "<|code_middle|>", "<|middle|>", "<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]",
+              "<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>", "<|file_sep|>")
+_EOG_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>", "<end_of_turn>",
+              "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]", "<|end_of_text|>",
+              "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>", "<｜end▁of▁sentence｜>", "[e~[")
+_ALWAYS_RENDERED = ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>")   # gpt-oss: USER_DEFINED
 _SPECIAL_KEYS = ("bos", "eos", "eot", "eom", "unk", "sep", "pad", "mask")
 _KEY_NAMES = {"bos": "bos_token_id", "eos": "eos_token_id", "eot": "eot_token_id", "eom": "eom_token_id",
               "unk": "unknown_token_id", "sep": "seperator_token_id", "pad": "padding_token_id",
@@ -157,20 +166,28 @@ class Vocab:
             if flag and special[key] is None:
                 raise LLMLabError(f"tokenizer.ggml.add_{key}_token is true, but {_KEY_NAMES[key]} is not set")
 
-        # llama.cpp's text-based fix-ups: end-of-turn markers are control tokens
-        eog = set()
-        for text in _EOG_TEXTS:
-            i = token_to_id.get(text)
-            if i is not None:
-                eog.add(i)
-                if text in _EOT_TEXTS and special["eot"] is None:
-                    special["eot"] = i
-                attrs[i] |= Attr.CONTROL
+        # llama.cpp's text-based fix-ups
+        def find(texts):
+            return [token_to_id[t] for t in texts if t in token_to_id]
+
+        if special["eot"] is None and find(_EOT_TEXTS):
+            special["eot"] = find(_EOT_TEXTS)[0]
+        eog = set(find(_EOG_TEXTS))
+        for i in find(_EOT_TEXTS) + find(_FIM_TEXTS) + sorted(eog):
+            attrs[i] |= Attr.CONTROL
+        for i in find(_ALWAYS_RENDERED):
+            attrs[i] = Attr.USER_DEFINED
+        t2i = token_to_id
+        if "<|end|>" in t2i and "<|call|>" in t2i and ("<|return|>" in t2i or "<|flush|>" in t2i):
+            eog.discard(t2i["<|end|>"])               # o200k_harmony, solar-open
+            attrs[t2i["<|end|>"]] = Attr.USER_DEFINED
+        if "<|tool_response>" in t2i and "</s>" in t2i:
+            eog.discard(t2i["</s>"])                   # gemma 4
+            attrs[t2i["</s>"]] = Attr.NORMAL
         for k in ("eos", "eot", "eom"):
             if special[k] is not None:
                 eog.add(special[k])
-        unused = (attrs & Attr.CONTROL) != 0
-        for i in np.flatnonzero(unused):
+        for i in np.flatnonzero(attrs & Attr.CONTROL):
             if "unused" in tokens[i]:
                 attrs[i] |= Attr.UNUSED
 
