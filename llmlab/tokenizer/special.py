@@ -22,20 +22,20 @@ class SpecialTokens:
     def __init__(self, vocab: Vocab):
         self.vocab = vocab
 
-    def _ordered(self, mask: Attr) -> list[tuple[str, int]]:
+    def _ordered(self, mask: int) -> list[tuple[str, int]]:
         v = self.vocab
-        ids = [i for i in range(len(v)) if v.attrs[i] & mask] if len(v) < 4096 else \
-            [int(i) for i in (v.attrs & int(mask)).nonzero()[0]]
+        ids = (v.attrs & mask).nonzero()[0].tolist()
         ids.sort(key=lambda i: -len(v.tokens[i].encode()))   # stable: equal lengths keep id order
         return [(v.tokens[i], i) for i in ids]
 
     @cached_property
     def all(self) -> list[tuple[str, int]]:
-        return self._ordered(Attr.CONTROL | Attr.USER_DEFINED | Attr.UNKNOWN)
+        return self._ordered(int(Attr.CONTROL | Attr.USER_DEFINED | Attr.UNKNOWN))
 
     @cached_property
     def user_defined(self) -> list[tuple[str, int]]:
-        return [(t, i) for t, i in self.all if not self.vocab.attrs[i] & (Attr.CONTROL | Attr.UNKNOWN)]
+        skip = (self.vocab.attrs & int(Attr.CONTROL | Attr.UNKNOWN)) != 0
+        return [(t, i) for t, i in self.all if not skip[i]]
 
     @cached_property
     def _buckets(self) -> dict[bool, dict[str, list[int]]]:

@@ -187,9 +187,9 @@ class Vocab:
         for k in ("eos", "eot", "eom"):
             if special[k] is not None:
                 eog.add(special[k])
-        for i in np.flatnonzero(attrs & Attr.CONTROL):
-            if "unused" in tokens[i]:
-                attrs[i] |= Attr.UNUSED
+        control = np.flatnonzero(attrs & int(Attr.CONTROL)).tolist()
+        unused = [i for i in control if "unused" in tokens[i]]
+        attrs[unused] |= int(Attr.UNUSED)
 
         return cls(model=model, pre=pre, tokens=tokens, scores=scores, types=types, attrs=attrs,
                    token_to_id=token_to_id, merges=merges, special=special, add_bos=add_bos, add_eos=add_eos,
