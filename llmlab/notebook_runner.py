@@ -8,6 +8,7 @@ fails the run. ``--write`` stores the outputs back into the file.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -18,6 +19,9 @@ def run_notebook(path: str | Path, timeout: int = 600, write: bool = False):
     from nbclient import NotebookClient
 
     path = Path(path)
+    root = path.resolve().parent.parent
+    if (root / "llmlab").is_dir():   # the kernel imports this checkout's llmlab, whatever is installed
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
                             resources={"metadata": {"path": str(path.parent.resolve())}})
