@@ -46,7 +46,7 @@ def byte_regions(f: GGUFFile, end: int) -> list[tuple[int, int, str, str]]:
 
 def hex_view(f: GGUFFile, start: int = 0, end: int = 256, width: int = 16) -> HTML:
     """Hex and ASCII of ``[start, end)``, each byte coloured by the field it belongs to."""
-    buf = bytes(f._mm[start:end])
+    buf = f.buffer[start:end].tobytes()
     colour = [None] * len(buf)
     tip = [""] * len(buf)
     for a, b, c, t in byte_regions(f, end):

@@ -140,7 +140,7 @@ No weight bytes live here, just like the contents page of a book.
 code(r"""
 display(vg.tensor_table(f, limit=12))
 t = f.tensor("blk.0.attn_q.weight")
-entry = path.read_bytes()[t.info_span.start:t.info_span.end]
+entry = f.buffer[t.info_span.start:t.info_span.end].tobytes()
 print(f"directory entry of {t.name}: {len(entry)} bytes at offset {t.info_span.start:,}")
 print(entry.hex(" "))
 (nlen,) = struct.unpack_from("<Q", entry, 0)
@@ -276,7 +276,7 @@ numpy view:
 
 code(r"""
 t = f.tensor("blk.0.attn_q.weight")
-base = np.frombuffer(f._mm, dtype=np.uint8, count=1).__array_interface__["data"][0]   # mmap_base
+base = f.buffer.__array_interface__["data"][0]                  # mmap_base
 ptr = t.data.__array_interface__["data"][0]
 print(f"{t.name}: type {t.type.name}, ne {list(t.shape)}, offset {t.offset:,} in the data section")
 print(f"mmap_base + data_offset + offset = {base:#x} + {f.data_offset:#x} + {t.offset:#x} = {base + f.data_offset + t.offset:#x}")
