@@ -53,6 +53,7 @@ def test_reference_cases(name):
         assert tok.detokenize(case["ids_bos"]) == t   # BOS renders as nothing
 
 
+@pytest.mark.slow   # gguf-py takes ~20 s to read Gemma 3's vocabulary
 @pytest.mark.parametrize("name", ["smollm2", "gemma3"])
 def test_vocab_matches_gguf_py(name):
     """Tokens, scores, types and merges as gguf-py reads them."""
