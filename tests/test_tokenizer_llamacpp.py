@@ -91,6 +91,8 @@ def test_live_pre_tokenizer_families(pre, smollm2_vocab_only):
     path = tmp / f"{pre}.gguf"
     w.write(path)
     tok, llm = Tokenizer(Vocab.from_file(path)), llama(path)
+    for text in ["I ' m here . ' ' x 's 're 've 'll 't 'd ,!?", " ' ' ' a", "a ' ' b ' c", "x 'r 'v 'l ' 'm"]:
+        check(tok, llm, text)   # the clean_spaces passes of the BPE detokenizer
 
     @settings(max_examples=60, deadline=None)
     @given(text=texts)

@@ -157,22 +157,27 @@ class Tokenizer:
 
 
 def clean_spaces(text: bytes) -> bytes:
-    """llama.cpp's ``clean_spaces`` passes: " ?" -> "?", " ' " -> "'", " 's" -> "'s" and friends."""
-    for a, b in ((b" ?", b"?"), (b" !", b"!"), (b" .", b"."), (b" ,", b",")):
-        text = text.replace(a, b)
-    out, i, n = bytearray(), 0, len(text)
-    while i < n:   # " ' " -> "'"
-        if text[i:i + 1] == b"'" and 0 < i < n - 1 and text[i - 1:i] == b" " and text[i + 1:i + 2] == b" " and out:
-            out[-1:] = b"'"
-            i += 2
-            continue
-        out += text[i:i + 1]
+    """llama.cpp's three ``clean_spaces`` passes over the detokenized bytes (BPE models such as GPT-2)."""
+    t = bytearray(text)
+    out = t[:1]
+    for i in range(1, len(t)):   # " ?" " !" " ." " ," lose the space
+        if t[i - 1] == 0x20 and t[i] in b"?!.,":
+            out.pop()
+        out.append(t[i])
+    t, out, i = out, out[:1], 1
+    while i < len(t):            # " ' " -> "'"
+        x = t[i]
+        if x == 0x27 and i + 1 < len(t) and t[i - 1] == 0x20 and t[i + 1] == 0x20:
+            out.pop()
+            t[i + 1] = 0         # as llama.cpp, which writes '\0' over the skipped space
+            i += 1
+        out.append(x)
         i += 1
-    text, out, i, n = bytes(out), bytearray(), 0, len(out)
-    while i < n:   # " 's", " 'm", " 're", " 've" lose the space
-        if text[i:i + 1] == b"'" and i > 0 and text[i - 1:i] == b" " and i + 1 < n and (
-                text[i + 1:i + 2] in (b"s", b"m") or (i + 2 < n and text[i + 1:i + 3] in (b"re", b"ve"))):
-            out[-1:] = b""
-        out += text[i:i + 1]
-        i += 1
+    t, out = out, out[:1]
+    for i in range(1, len(t)):   # " 's" " 'm" " 're" " 've" lose the space; " 't" " 'd" " 'll" keep it
+        if t[i - 1] == 0x20 and t[i] == 0x27 and i + 1 < len(t):
+            x1 = t[i + 1]
+            if x1 in b"sm" or (x1 not in b"td" and i + 2 < len(t) and bytes(t[i + 1:i + 3]) in (b"re", b"ve")):
+                out.pop()
+        out.append(t[i])
     return bytes(out)
