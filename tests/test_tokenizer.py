@@ -32,7 +32,8 @@ def tok(request) -> Tokenizer:
 # text that exercises the tricky parts: whitespace runs, digits, contractions, special-token text
 ALPHABET = ["a", "Z", "the", " ", "  ", "\t", "\n", "\r", "1", "42", "'s", "'", "é", "e\u0301", "中", "文", "，", "。",
             "🙂", "👨\u200d👩\u200d👧", "\u3000", "\u00a0", "x²", "٣", "<|im_start|>", "<|im_end|>", "<s>", "</s>", "<bos>",
-            "<start_of_turn>", "<table>", "▁", "Ġ", "\x00", "~", "$", "€", "ß", "İ", "\ufeff", ">▁</", "<0x41>"]
+            "<start_of_turn>", "<table>", "▁", "Ġ", "\x00", "~", "$", "€", "ß", "İ", "\ufeff", ">▁</", "<0x41>",
+            "<unused0>", "<end_of_turn>", "<|endoftext|>", "<pad>", "[multimodal]", "<b>"]
 texts = st.one_of(
     st.lists(st.sampled_from(ALPHABET), max_size=24).map("".join),
     st.text(st.characters(blacklist_categories=("Cs",)), max_size=24),

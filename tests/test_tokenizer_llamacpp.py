@@ -50,6 +50,18 @@ def check(tok: Tokenizer, llm, text: str) -> None:
 
 
 @pytest.mark.parametrize("name", ["smollm2", "gemma3"])
+def test_every_token_piece(name):
+    """``token_to_piece`` of every id, with and without special, equals ``llama_token_to_piece``."""
+    tok, llm = tokenizer(name), llama(models.resolve(name))
+    vocab = llama_cpp.llama_model_get_vocab(llm._model.model)
+    buf = ctypes.create_string_buffer(512)
+    for special in (False, True):
+        for i in range(len(tok)):
+            n = llama_cpp.llama_token_to_piece(vocab, i, buf, 512, 0, special)
+            assert tok.token_to_piece(i, special) == buf.raw[:n], (i, special)
+
+
+@pytest.mark.parametrize("name", ["smollm2", "gemma3"])
 def test_live_against_llama_cpp(name):
     tok, llm = tokenizer(name), llama(models.resolve(name))
 
