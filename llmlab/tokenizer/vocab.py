@@ -166,7 +166,8 @@ class Vocab:
             if flag and special[key] is None:
                 raise LLMLabError(f"tokenizer.ggml.add_{key}_token is true, but {_KEY_NAMES[key]} is not set")
 
-        # llama.cpp's text-based fix-ups
+        # llama.cpp's text-based fix-ups. (It scans an unordered_map, so when a vocabulary holds several
+        # end-of-turn texts, which one becomes eot is unspecified; here the first in _EOT_TEXTS.)
         def find(texts):
             return [token_to_id[t] for t in texts if t in token_to_id]
 
@@ -178,7 +179,8 @@ class Vocab:
         for i in find(_ALWAYS_RENDERED):
             attrs[i] = Attr.USER_DEFINED
         t2i = token_to_id
-        if "<|end|>" in t2i and "<|call|>" in t2i and ("<|return|>" in t2i or "<|flush|>" in t2i):
+        has_call = "<|call|>" in t2i or "<|calls|>" in t2i
+        if "<|end|>" in t2i and has_call and ("<|return|>" in t2i or "<|flush|>" in t2i):
             eog.discard(t2i["<|end|>"])               # o200k_harmony, solar-open
             attrs[t2i["<|end|>"]] = Attr.USER_DEFINED
         if "<|tool_response>" in t2i and "</s>" in t2i:
