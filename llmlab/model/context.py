@@ -84,8 +84,8 @@ class SimpleKV:
         self.head = int(used[-1]) + 1 if len(used) else 0
 
 
-GGML_KQ_MASK_PAD = 1
-KV_PAD = 32
+KV_PAD = 32      # cells read per step are a multiple of this (so the f16 products run in whole 16-lane steps)
+CTX_PAD = 256
 
 
 class Context:
@@ -96,6 +96,7 @@ class Context:
         if n_ctx <= 0 or n_ubatch <= 0 or n_batch <= 0:
             raise ValueError("n_ctx, n_batch and n_ubatch must be positive")
         self.model = model
+        n_ctx = -(-n_ctx // CTX_PAD) * CTX_PAD          # llama.cpp pads the context (llama_kv_cache::get_padding)
         self.n_ctx, self.n_batch, self.n_ubatch = n_ctx, n_batch, min(n_ubatch, n_batch)
         self.flash_attn = flash_attn
         self.kv = SimpleKV(model, n_ctx, type_k, type_v, v_trans=not flash_attn)
