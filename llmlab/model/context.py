@@ -164,5 +164,11 @@ class Context:
         logits = g.t_logits.numpy().reshape(len(out_ids), hp.n_vocab)
         return logits if keep else logits[:0]
 
+    def build_graph(self, n_tokens: int, n_outputs: int | None = None, n_kv: int | None = None):
+        """The graph a micro-batch of ``n_tokens`` would run (nothing is computed, inputs are left empty)."""
+        n_kv = n_kv or min(self.kv.size, -(-(self.kv.head + n_tokens) // KV_PAD) * KV_PAD)
+        view = KVView(self.kv.k_l, self.kv.v_l, self.kv.head, n_kv, self.kv.size, self.kv.v_trans)
+        return self.builder(self.model, n_tokens, n_outputs or n_tokens, view, flash_attn=self.flash_attn)
+
     def clear(self) -> None:
         self.kv.clear()

@@ -291,6 +291,11 @@ class Scheduler:
                 if b != -1 and not be.supports_buft(self.backends[b].buffer_type):
                     raise RuntimeError(f"{be.name} would read {src.name} from {self.backends[b].name} memory without a copy")
 
+    def schedule(self, g) -> Schedule:
+        """Place and split an LLMGraph without running it."""
+        buffers, weights = self.placement(g)
+        return self.split_graph(g.gf, buffers, weights)
+
     def compute(self, g, capture=None, replace=None, callback=None) -> dict:
         """Schedule and run an LLMGraph (a builder's result); placement comes from its model and KV view."""
         buffers, weights = self.placement(g)
