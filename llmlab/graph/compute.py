@@ -225,12 +225,24 @@ def gelu_f32(x: np.ndarray) -> np.ndarray:
 
 
 def gelu_table() -> np.ndarray:
-    """ggml_table_gelu_f16: GELU of every f16 value, stored as f16."""
+    """ggml_table_gelu_f16: GELU of every f16 value, stored as f16, computed as ggml-cpu's init does
+    (``1 + a*x*x`` fused into one fma, the C library's tanhf)."""
     global _GELU_TABLE
     if _GELU_TABLE is None:
+        from .ggml_cpu import _libm
         with np.errstate(all="ignore"):
-            v = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float32)
-            _GELU_TABLE = gelu_f32(v).astype(np.float16)
+            x = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float32)
+            f32, f64 = np.float32, np.float64
+            inner = ((f32(0.044715) * x).astype(f64) * x.astype(f64) + 1.0).astype(f32)
+            arg = (f32(0.79788456080286535587989211986876) * x * inner).astype(f32)
+            lib = _libm()
+            if lib:
+                fin = np.isfinite(arg)
+                t = np.tanh(arg)
+                t[fin] = [lib.tanhf(float(z)) for z in arg[fin]]
+            else:
+                t = np.tanh(arg)
+            _GELU_TABLE = (f32(0.5) * x * (f32(1.0) + t.astype(f32))).astype(f32).astype(np.float16)
     return _GELU_TABLE
 
 

@@ -175,7 +175,7 @@ def _libm():
         import ctypes.util
         try:
             lib = ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6")
-            for f in ("cosf", "sinf"):
+            for f in ("cosf", "sinf", "tanhf"):
                 getattr(lib, f).restype, getattr(lib, f).argtypes = ctypes.c_float, [ctypes.c_float]
             lib.powf.restype, lib.powf.argtypes = ctypes.c_float, [ctypes.c_float, ctypes.c_float]
             _LIBM = lib
@@ -220,3 +220,70 @@ def rotate(x0: np.ndarray, x1: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> 
     y0 = (x0.astype(F64) * cos - (x1 * sin).astype(F32)).astype(F32)
     y1 = (x0.astype(F64) * sin + (x1 * cos).astype(F32)).astype(F32)
     return y0, y1
+
+
+# ---- K-quants x q8_K (ggml_vec_dot_q4_K_q8_K / q6_K_q8_K, AVX2) -----------------------------
+#
+# Per super-block of 256: integer lane sums ``sumi[u]`` (u = 0..7 collects the elements whose
+# position inside their 32-element chunk is 4u..4u+3, each times its sub-block scale), then
+# ``acc[u] = fma(d, sumi[u], acc[u])``; q4_K also keeps 4 lanes of ``dmin * mins . bsums``.
+
+def _k_lane_sums(W: np.ndarray, qa: np.ndarray) -> np.ndarray:
+    """W (R, nb, 256) scaled integer codes, qa (T, nb, 256) -> (nb, 8, T, R) exact lane sums."""
+    R, nb = W.shape[:2]
+    T = qa.shape[0]
+    Wl = W.reshape(R, nb, 8, 8, 4).transpose(1, 3, 2, 4, 0).reshape(nb, 8, 32, R)      # (nb, lane, chunk*4, R)
+    Al = qa.reshape(T, nb, 8, 8, 4).transpose(1, 3, 0, 2, 4).reshape(nb, 8, T, 32)
+    return np.matmul(Al.astype(F64), Wl.astype(F64))
+
+
+def mul_mat_k(raw: np.ndarray, qtype, x: np.ndarray) -> np.ndarray:
+    from ..quant import quantize_activations
+    from ..quant import k_quants as K
+    from ..quant.core import blocks_of
+    x = np.asarray(x, F32).reshape(-1, x.shape[-1])
+    nb = x.shape[1] // 256
+    w = blocks_of(raw, qtype).reshape(-1, nb)
+    a = quantize_activations(x, "q8_K")                               # (T, nb)
+    T, R = a.shape[0], w.shape[0]
+    qa = a["qs"].astype(np.int32)
+    ya = a["d"].astype(F32)                                           # (T, nb)
+    out = np.empty((T, R), F32)
+    for r0 in range(0, R, ROW_CHUNK):
+        ws = w[r0:r0 + ROW_CHUNK]
+        n = len(ws)
+        flat = ws.reshape(-1)
+        if qtype.name == "q4_k":
+            sc, mn = K.scale_min_k4(flat["scales"])                  # (n*nb, 8) each
+            codes = K.q4k_codes(flat["qs"]).astype(np.int32).reshape(n * nb, 8, 32)
+            W = (codes * sc[:, :, None].astype(np.int32)).reshape(n, nb, 256)
+        elif qtype.name == "q6_k":
+            codes = K.q6k_codes(flat).astype(np.int32).reshape(n * nb, 16, 16)
+            W = (codes * flat["scales"].astype(np.int32)[:, :, None]).reshape(n, nb, 256)
+        else:
+            raise KeyError(qtype.name)
+        lanes = _k_lane_sums(W, qa)                                   # (nb, 8, T, n)
+        dw = ws["d"].astype(F32)                                      # (n, nb)
+        acc = np.zeros((8, T, n), F64)
+        for b in range(nb):
+            d = (ya[:, b, None] * dw[None, :, b]).astype(F32)
+            acc = (d.astype(F64)[None] * lanes[b] + acc).astype(F32).astype(F64)
+        res = hsum_float_8(acc.astype(F32).transpose(1, 2, 0))
+        if qtype.name == "q4_k":
+            bs = a["bsums"].astype(np.int64).reshape(T, nb, 8, 2).sum(-1)        # q8s: sums over 32 values
+            mins = mn.astype(np.int64).reshape(n, nb, 8)
+            prod = np.einsum("rbmk,tbmk->btrm", mins.reshape(n, nb, 4, 2), bs.reshape(T, nb, 4, 2)).astype(F64)
+            dmin = ws["dmin"].astype(F32)
+            accm = np.zeros((T, n, 4), F64)
+            for b in range(nb):
+                dm = (-ya[:, b, None] * dmin[None, :, b]).astype(F32)
+                accm = (dm.astype(F64)[..., None] * prod[b] + accm).astype(F32).astype(F64)
+            accm = accm.astype(F32)
+            lo = (accm[..., 0] + accm[..., 2]).astype(F32)
+            hi = (accm[..., 1] + accm[..., 3]).astype(F32)
+            res = (res + (lo + hi).astype(F32)).astype(F32)
+        out[:, r0:r0 + n] = res
+    return out
+
+
+EXACT_MUL_MAT.update({"q4_k": mul_mat_k})    # = ggml_vec_dot_q4_K_q8_K (AVX2); q6_K: not yet matched
