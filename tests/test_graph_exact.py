@@ -13,7 +13,7 @@ from llmlab.graph.compute import gelu_table  # noqa: E402
 from llmlab.types import ggml_type  # noqa: E402
 
 
-@pytest.mark.parametrize("qtype,n", [("q4_0", 96), ("q4_1", 96), ("q5_0", 96), ("q8_0", 96), ("q4_k", 512)])
+@pytest.mark.parametrize("qtype,n", [("q4_0", 96), ("q4_1", 96), ("q5_0", 96), ("q8_0", 96), ("q4_k", 512), ("q6_k", 512)])
 def test_quantized_dot_products_equal_ggml_vec_dot(qtype, n):
     rng = np.random.default_rng(3)
     W = rng.standard_normal((24, n)).astype(np.float32)

@@ -258,11 +258,17 @@ def mul_mat_k(raw: np.ndarray, qtype, x: np.ndarray) -> np.ndarray:
             codes = K.q4k_codes(flat["qs"]).astype(np.int32).reshape(n * nb, 8, 32)
             W = (codes * sc[:, :, None].astype(np.int32)).reshape(n, nb, 256)
         elif qtype.name == "q6_k":
-            codes = K.q6k_codes(flat).astype(np.int32).reshape(n * nb, 16, 16)
+            # unsigned codes (0..63) times their scale; the -32 comes back through the q8_K block sums,
+            # lane k taking sub-blocks 2k and 2k+1 (as this build's kernel adds it, found by probing)
+            codes = (K.q6k_codes(flat).astype(np.int32) + 32).reshape(n * nb, 16, 16)
             W = (codes * flat["scales"].astype(np.int32)[:, :, None]).reshape(n, nb, 256)
         else:
             raise KeyError(qtype.name)
         lanes = _k_lane_sums(W, qa)                                   # (nb, 8, T, n)
+        if qtype.name == "q6_k":
+            scl = flat["scales"].astype(np.int64).reshape(n, nb, 8, 2)
+            bsm = a["bsums"].astype(np.int64).reshape(T, nb, 8, 2)
+            lanes = lanes - 32 * np.einsum("rbkj,tbkj->bktr", scl, bsm).astype(F64)
         dw = ws["d"].astype(F32)                                      # (n, nb)
         acc = np.zeros((8, T, n), F64)
         for b in range(nb):
@@ -286,4 +292,4 @@ def mul_mat_k(raw: np.ndarray, qtype, x: np.ndarray) -> np.ndarray:
     return out
 
 
-EXACT_MUL_MAT.update({"q4_k": mul_mat_k})    # = ggml_vec_dot_q4_K_q8_K (AVX2); q6_K: not yet matched
+EXACT_MUL_MAT.update({"q4_k": mul_mat_k, "q6_k": mul_mat_k})
