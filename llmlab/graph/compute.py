@@ -56,13 +56,13 @@ def _quant_mul_mat():
         return None
 
 
-def mul_mat_quantized(raw: np.ndarray, qtype, x: np.ndarray) -> np.ndarray:
+def mul_mat_quantized(raw: np.ndarray, qtype, x: np.ndarray, repacked: bool = False) -> np.ndarray:
     """x [N, K] times the quantized weight rows raw [M, row_bytes] -> [N, M], as ggml-cpu computes it.
 
     Types whose x86 accumulation order is reproduced (``ggml_cpu``) are bit-exact; the others
     use llmlab.quant's reference (exact integer sums, float terms summed in another order)."""
-    from .ggml_cpu import EXACT_MUL_MAT
-    exact = EXACT_MUL_MAT.get(qtype.name)
+    from .ggml_cpu import EXACT_MUL_MAT, REPACKED_MUL_MAT
+    exact = (REPACKED_MUL_MAT.get(qtype.name) if repacked else None) or EXACT_MUL_MAT.get(qtype.name)
     if exact is not None and _quant_mul_mat() is not None:
         return exact(raw, qtype, x)
     qmm = _quant_mul_mat()
@@ -128,9 +128,10 @@ def mul_mat(dst: Tensor) -> None:
     r2, r3 = b.ne[2] // a.ne[2], b.ne[3] // a.ne[3]
     if a.type.block_size != 1:
         A = a.array()
+        repacked = a.view_src is None and a.ne[1] % 8 == 0      # where llama.cpp's CPU_REPACK buffer takes it
         for i3 in range(b.ne[3]):
             for i2 in range(b.ne[2]):
-                out[i3, i2] = mul_mat_quantized(A[i3 // r3, i2 // r2], a.type, B[i3, i2])
+                out[i3, i2] = mul_mat_quantized(A[i3 // r3, i2 // r2], a.type, B[i3, i2], repacked)
         return
     A = a.array()
     if a.type is F16:                                   # ggml-cpu: vec_dot_type f16, activations rounded to f16

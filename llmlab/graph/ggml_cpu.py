@@ -293,3 +293,58 @@ def mul_mat_k(raw: np.ndarray, qtype, x: np.ndarray) -> np.ndarray:
 
 
 EXACT_MUL_MAT.update({"q4_k": mul_mat_k, "q6_k": mul_mat_k})
+
+
+# ---- q4_K in ggml-cpu's REPACK buffer (block_q4_Kx8, ggml_gemv/gemm_q4_K_8x8_q8_K on AVX2) --------
+#
+# llama.cpp's default CPU build moves q4_K weights whose row count is a multiple of 8 into the
+# CPU_REPACK buffer type; their products then run in the interleaved kernels, which keep one whole
+# super-block's integer dot per output in a single lane: acc = fma(isum, d_w*d_x, acc) and
+# acc_min = fma(imins, dmin_w*d_x, acc_min) block after block, result acc - acc_min.
+
+def mul_mat_q4_k_repacked(raw: np.ndarray, qtype, x: np.ndarray) -> np.ndarray:
+    """Activation rows in groups of 4 go through the gemm kernel, which adds the integer sums of each
+    pair of sub-blocks (64 values) into the float accumulators separately; the rows left over go
+    through the gemv kernel, which adds a whole super-block at once."""
+    from ..quant import quantize_activations
+    from ..quant import k_quants as K
+    from ..quant.core import blocks_of
+    x = np.asarray(x, F32).reshape(-1, x.shape[-1])
+    nb = x.shape[1] // 256
+    w = blocks_of(raw, qtype).reshape(-1, nb)
+    a = quantize_activations(x, "q8_K")
+    T, R = a.shape[0], w.shape[0]
+    n_gemm = T - T % 4
+    qa = a["qs"].astype(F64).reshape(T, nb, 4, 64)
+    ya = a["d"].astype(F32)
+    bs = a["bsums"].astype(F64).reshape(T, nb, 4, 4)                  # four 16-sums per 64 values
+    out = np.empty((T, R), F32)
+    for r0 in range(0, R, ROW_CHUNK):
+        ws = w[r0:r0 + ROW_CHUNK]
+        n = len(ws)
+        flat = ws.reshape(-1)
+        sc, mn = K.scale_min_k4(flat["scales"])
+        W = (K.q4k_codes(flat["qs"]).astype(np.int32).reshape(n * nb, 8, 32) * sc[:, :, None].astype(np.int32))
+        W = W.reshape(n, nb, 4, 64).astype(F64)
+        mins = np.repeat(mn.astype(F64).reshape(n, nb, 4, 2), 2, axis=-1)  # min of each 32 over its two 16-sums
+        dw, dmin = ws["d"].astype(F32), ws["dmin"].astype(F32)
+        acc = np.zeros((T, n), F64)
+        accm = np.zeros((T, n), F64)
+        for b in range(nb):
+            isub = np.einsum("tsk,rsk->trs", qa[:, b], W[:, b])              # (T, n, 4) exact
+            imsub = np.einsum("tsk,rsk->trs", bs[:, b], mins[:, b])
+            d = (dw[None, :, b] * ya[:, b, None]).astype(F32).astype(F64)
+            dm = (dmin[None, :, b] * ya[:, b, None]).astype(F32).astype(F64)
+            g = slice(0, n_gemm)
+            for sb in range(4):                                              # gemm: one fma per 64 values
+                acc[g] = (isub[g, :, sb] * d[g] + acc[g]).astype(F32)
+                accm[g] = (imsub[g, :, sb] * dm[g] + accm[g]).astype(F32)
+            v = slice(n_gemm, T)                                             # gemv: one fma per super-block
+            acc[v] = (isub[v].sum(-1) * d[v] + acc[v]).astype(F32)
+            accm[v] = (imsub[v].sum(-1) * dm[v] + accm[v]).astype(F32)
+        out[:, r0:r0 + n] = (acc.astype(F32) - accm.astype(F32)).astype(F32)
+    return out
+
+
+# weight types the default CPU build repacks (when the row count is a multiple of 8), and how they then compute
+REPACKED_MUL_MAT: dict[str, Callable] = {"q4_k": mul_mat_q4_k_repacked}
