@@ -208,15 +208,11 @@ class BatchAllocator:
                     s0 = ids[0]
                     if (memory.seq_pos_min(s0), memory.seq_pos_max(s0)) != (memory.seq_pos_min(s1), memory.seq_pos_max(s1)):
                         raise BatchError(f"sequence {s1} is coupled to {s0} in the batch, but they have diverged in the KV cache")
-        # each sequence's tokens: compatible sequence sets, non-decreasing positions
-        cur_set: dict[int, frozenset] = {}
+        # each sequence's positions must not decrease along the batch
+        # (llama.cpp also intersects each sequence's sets here, but a set always holds its own id: never empty)
         cur_pos: dict[int, int] = {}
         for p, ids in zip(self.pos.tolist(), self.seq_ids):
-            fs = frozenset(ids)
             for s in ids:
-                cur_set[s] = cur_set.get(s, fs) & fs
-                if not cur_set[s]:
-                    raise BatchError(f"sequence {s} belongs to incompatible sequence sets (not allowed)")
                 if p < cur_pos.get(s, -1):
                     raise BatchError(f"sequence {s} positions are decreasing (not allowed)")
                 cur_pos[s] = p
