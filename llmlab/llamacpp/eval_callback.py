@@ -1,0 +1,319 @@
+"""Run one decode in llama.cpp and record its compute graph node by node.
+
+llama.cpp lets a caller watch every node its scheduler computes:
+``llama_context_params.cb_eval`` is a
+``bool (*)(struct ggml_tensor * t, bool ask, void * user_data)``. For each
+node the scheduler first *asks* (``ask = true``) whether we want to see it;
+answering yes makes it compute up to that node and call again with
+``ask = false`` once the node's data is ready. We answer yes to every node, so
+the second calls arrive in graph order and each one is a node we read with
+:class:`~llmlab.llamacpp.ggml_tensor.GGMLTensor`: its name (``attn_norm-0``,
+``Qcur-0``, ``kqv_out-0``, ``result_output``...), op, shape, type, sources
+and, when asked for, a copy of its values.
+
+Computing node by node costs some speed, and stops ggml-cpu from fusing
+neighbouring ops; the values are those of the unfused kernels (the tests
+check ``result_output`` against the logits of a run without the callback).
+"""
+from __future__ import annotations
+
+import ctypes
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable
+
+import numpy as np
+
+from .. import LLMLabError
+from . import ggml_tensor as gt
+
+FLASH_ATTN = {"on": 1, "off": 0, "auto": -1, True: 1, False: 0}
+
+
+@dataclass
+class Node:
+    """One node of llama.cpp's graph as the eval callback saw it."""
+
+    index: int                      # position in execution order
+    name: str                       # ggml_get_name: "attn_norm-0", "Qcur-0 (reshaped)", "result_output"
+    op: str                         # ggml_op_name: "MUL_MAT", "RMS_NORM", "UNARY", "GLU", ...
+    op_desc: str                    # ggml_op_desc: the sub-op of UNARY/GLU ("SILU", "SWIGLU"), else op
+    ne: tuple[int, int, int, int]   # ggml shape, fastest dimension first
+    type: str                       # ggml_type_name: "f32", "f16", ...
+    src: tuple[str, ...]            # names of the source tensors (weights included)
+    is_view: bool                   # shares another tensor's data (VIEW, RESHAPE, PERMUTE, TRANSPOSE...)
+    values: np.ndarray | None = field(default=None, repr=False)   # shape ne[::-1], when requested
+    label: str = ""                 # the name, or for an unnamed node ("node_21") "<op>-<layer>": "flash_attn_ext-0"
+
+    @property
+    def named(self) -> bool:
+        """Named by llama.cpp's graph builder (not an automatic ``node_N`` / ``leaf_N`` name)."""
+        return bool(self.name) and not _AUTO_NAME.match(self.name)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The NumPy shape: ``ne`` reversed, without leading 1s (``ggml_n_dims`` dimensions)."""
+        n = max([i + 1 for i, x in enumerate(self.ne) if x != 1] or [1])
+        return tuple(self.ne[:n][::-1])
+
+    @property
+    def layer(self) -> int | None:
+        """The layer index of labels like ``ffn_out-7`` (``None`` for names without one)."""
+        return layer_of(self.label or self.name)
+
+
+_AUTO_NAME = re.compile(r"^(node|leaf)_\d+$")
+
+
+def layer_of(name: str) -> int | None:
+    """``ffn_out-7`` -> 7; ``Qcur-0 (view)`` -> 0; ``result_output`` -> None."""
+    head, _, tail = name.split(" ")[0].rpartition("-")
+    return int(tail) if head and tail.isdigit() else None
+
+
+def label_nodes(nodes: list[Node]) -> None:
+    """Give unnamed nodes a stable label: their op and the layer being computed (``flash_attn_ext-0``).
+
+    llama.cpp leaves a few compute nodes unnamed (the flash-attention node,
+    Gemma 3's Q scaling and attention output projection, the output-row
+    selection), and ggml calls them ``node_<index>``, which depends on the
+    whole graph. The label uses the layer of the last named node before it.
+    """
+    il = None
+    for n in nodes:
+        if n.named:
+            n.label = n.name
+            il = layer_of(n.name) if layer_of(n.name) is not None else il
+        else:
+            n.label = n.op_desc.lower() + ("" if il is None else f"-{il}")
+
+
+@dataclass
+class Capture:
+    """The nodes of one llama.cpp decode, plus what llama.cpp returned and how it was set up."""
+
+    nodes: list[Node]
+    logits: np.ndarray              # (n_outputs, n_vocab) from llama_get_logits_ith
+    tokens: list[int]
+    flash_attn: bool
+    params: dict                    # n_ctx, n_threads, type_k, type_v, swa_full, ...
+    seconds: float = 0.0
+
+    def __getitem__(self, name: str) -> Node:
+        """The last computed node named (or labelled) ``name``: for ``Qcur-0``, the roped one."""
+        for n in reversed(self.nodes):
+            if name in (n.name, n.label):
+                return n
+        raise KeyError(f"no node named {name!r} in the llama.cpp graph")
+
+    def __contains__(self, name: str) -> bool:
+        return any(name in (n.name, n.label) for n in self.nodes)
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def names(self) -> list[str]:
+        return [n.name for n in self.nodes]
+
+    def compute_nodes(self) -> list[Node]:
+        """The nodes that compute something (not views, reshapes, permutes or cache writes), in order."""
+        return [n for n in self.nodes if not n.is_view and n.op not in VIEW_OPS]
+
+    def layer(self, il: int) -> list[Node]:
+        return [n for n in self.nodes if n.layer == il]
+
+
+VIEW_OPS = {"NONE", "VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE"}
+
+
+def _want(values) -> Callable[[str], bool]:
+    if values is True:
+        return lambda name: True
+    if not values:
+        return lambda name: False
+    if callable(values):
+        return values
+    wanted = set(values)
+    return lambda name: name in wanted
+
+
+def _llama_cpp():
+    try:
+        import llama_cpp
+    except ImportError as e:
+        raise LLMLabError("this needs llama-cpp-python (pip install llama-cpp-python==0.3.36)") from e
+    return llama_cpp
+
+
+class _Logs:
+    """Route llama.cpp's log lines into a list instead of stderr, while loaded."""
+
+    def __init__(self, lc):
+        self.lines: list[str] = []
+        self.lc = lc
+        self.cb = lc.llama_log_callback(self._on)
+
+    def _on(self, level, text, user):
+        try:
+            self.lines.append(text.decode(errors="replace"))
+        except Exception:   # never let an exception cross into C
+            pass
+
+    def __enter__(self):
+        self.lc.llama_log_set(self.cb, ctypes.c_void_p())
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+_LOGS = None
+
+
+def _logs(lc) -> _Logs:
+    global _LOGS
+    if _LOGS is None:
+        _LOGS = _Logs(lc)
+        _LOGS.__enter__()
+        lc.llama_backend_init()
+    return _LOGS
+
+
+def capture(model_path: str | Path, tokens: Iterable[int], flash_attn: bool | str = False, n_threads: int = 2,
+            values: bool | Iterable[str] | Callable[[str], bool] = True, output: str = "all",
+            n_ctx: int | None = None, type_k: str = "f16", type_v: str | None = None) -> Capture:
+    """Decode ``tokens`` (one sequence from position 0, one micro-batch) in llama.cpp; return its graph.
+
+    ``flash_attn``: on/off (True/False). ``values``: True for every node's
+    values, False for none, or the names (or a predicate on names) of the
+    nodes to copy. ``output``: ``"all"`` asks for logits at every position,
+    ``"last"`` only at the last (llama.cpp then drops the other rows before
+    the last layer's FFN). ``n_ctx`` defaults to the prompt length; llama.cpp
+    pads it to a multiple of 256, and attention looks at ``n_kv`` = 256-padded
+    cells.
+    """
+    lc = _llama_cpp()
+    gt.check_layout()
+    toks = [int(t) for t in tokens]
+    if not toks:
+        raise ValueError("capture needs at least one token")
+    if output not in ("all", "last"):
+        raise ValueError(f"output must be 'all' or 'last', not {output!r}")
+    fa = FLASH_ATTN.get(flash_attn)
+    if fa is None:
+        raise ValueError(f"flash_attn must be on, off or auto, not {flash_attn!r}")
+    path = Path(model_path)
+    if not path.is_file():
+        raise LLMLabError(f"model file not found: {path}")
+    from ..types import ggml_type
+    tk, tv = ggml_type(type_k), ggml_type(type_v or type_k)
+    logs = _logs(lc)
+    n_log0 = len(logs.lines)
+
+    mparams = lc.llama_model_default_params()
+    model = lc.llama_model_load_from_file(str(path).encode(), mparams)
+    if not model:
+        raise LLMLabError(f"llama.cpp could not load {path}: {''.join(logs.lines[n_log0:])[-500:]}")
+    nodes: list[Node] = []
+    errors: list[BaseException] = []
+    want = _want(values)
+
+    def on_node(ptr, ask, user):
+        if ask:
+            return True
+        try:
+            t = gt.GGMLTensor.from_address(ptr)
+            name = t.name.decode(errors="replace")
+            op = gt.op_name(t.op)
+            nodes.append(Node(
+                index=len(nodes), name=name, op=op, op_desc=gt.op_desc(ptr),
+                ne=tuple(int(x) for x in t.ne), type=gt.type_name(t.type),
+                src=tuple(gt.tensor_name(s) for s in t.src if s), is_view=bool(t.view_src) or op in VIEW_OPS,
+                values=gt.read_values(t) if want(name) else None))
+            return True
+        except BaseException as e:     # an exception must not cross into C: stop the graph instead
+            errors.append(e)
+            return False
+
+    cb = lc.ggml_backend_sched_eval_callback(on_node)
+    n = len(toks)
+    cparams = lc.llama_context_default_params()
+    cparams.n_ctx = max(n, n_ctx or 0)
+    cparams.n_batch = cparams.n_ubatch = n
+    cparams.n_threads = cparams.n_threads_batch = n_threads
+    cparams.flash_attn_type = fa
+    cparams.type_k, cparams.type_v = tk.id, tv.id
+    cparams.cb_eval = cb
+    cparams.cb_eval_user_data = None
+    cparams.no_perf = True
+    params = dict(n_ctx=cparams.n_ctx, n_batch=n, n_ubatch=n, n_threads=n_threads, flash_attn=bool(fa),
+                  type_k=tk.name, type_v=tv.name, swa_full=bool(cparams.swa_full), kv_unified=bool(cparams.kv_unified))
+    ctx = lc.llama_init_from_model(model, cparams)
+    if not ctx:
+        lc.llama_model_free(model)
+        raise LLMLabError(f"llama.cpp could not create a context: {''.join(logs.lines[n_log0:])[-500:]}")
+    batch = lc.llama_batch_init(n, 0, 1)
+    try:
+        for i, tok in enumerate(toks):
+            batch.token[i] = tok
+            batch.pos[i] = i
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = 0
+            batch.logits[i] = output == "all" or i == n - 1
+        batch.n_tokens = n
+        t0 = time.perf_counter()
+        rc = lc.llama_decode(ctx, batch)
+        seconds = time.perf_counter() - t0
+        if errors:
+            raise errors[0]
+        if rc != 0:
+            raise LLMLabError(f"llama_decode failed ({rc}): {''.join(logs.lines[n_log0:])[-500:]}")
+        n_vocab = lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(model))
+        rows = range(n) if output == "all" else [n - 1]
+        logits = np.stack([np.ctypeslib.as_array(lc.llama_get_logits_ith(ctx, i), shape=(n_vocab,)).copy()
+                           for i in rows])
+        params["n_ctx"] = lc.llama_n_ctx(ctx)
+    finally:
+        lc.llama_batch_free(batch)
+        lc.llama_free(ctx)
+        lc.llama_model_free(model)
+    label_nodes(nodes)
+    return Capture(nodes=nodes, logits=logits, tokens=toks, flash_attn=bool(fa), params=params, seconds=seconds)
+
+
+def run_logits(model_path: str | Path, tokens: Iterable[int], flash_attn: bool | str = False, n_threads: int = 2,
+               n_ctx: int | None = None) -> np.ndarray:
+    """llama.cpp's logits for every position of ``tokens``, without the callback (the fused, normal run)."""
+    lc = _llama_cpp()
+    toks = [int(t) for t in tokens]
+    _logs(lc)
+    model = lc.llama_model_load_from_file(str(model_path).encode(), lc.llama_model_default_params())
+    if not model:
+        raise LLMLabError(f"llama.cpp could not load {model_path}")
+    n = len(toks)
+    cparams = lc.llama_context_default_params()
+    cparams.n_ctx = max(n, n_ctx or 0)
+    cparams.n_batch = cparams.n_ubatch = n
+    cparams.n_threads = cparams.n_threads_batch = n_threads
+    cparams.flash_attn_type = FLASH_ATTN[flash_attn]
+    cparams.no_perf = True
+    ctx = lc.llama_init_from_model(model, cparams)
+    batch = lc.llama_batch_init(n, 0, 1)
+    try:
+        for i, tok in enumerate(toks):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i] = tok, i, 1
+            batch.seq_id[i][0] = 0
+            batch.logits[i] = True
+        batch.n_tokens = n
+        if lc.llama_decode(ctx, batch) != 0:
+            raise LLMLabError("llama_decode failed")
+        n_vocab = lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(model))
+        return np.stack([np.ctypeslib.as_array(lc.llama_get_logits_ith(ctx, i), shape=(n_vocab,)).copy()
+                         for i in range(n)])
+    finally:
+        lc.llama_batch_free(batch)
+        lc.llama_free(ctx)
+        lc.llama_model_free(model)
