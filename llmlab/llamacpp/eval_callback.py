@@ -50,7 +50,7 @@ class Node:
     @property
     def named(self) -> bool:
         """Named by llama.cpp's graph builder (not an automatic ``node_N`` / ``leaf_N`` name)."""
-        return bool(self.name) and not _AUTO_NAME.match(self.name)
+        return not is_auto_name(self.name)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -73,21 +73,34 @@ def layer_of(name: str) -> int | None:
     return int(tail) if head and tail.isdigit() else None
 
 
-def label_nodes(nodes: list[Node]) -> None:
-    """Give unnamed nodes a stable label: their op and the layer being computed (``flash_attn_ext-0``).
+def is_auto_name(name: str) -> bool:
+    """Empty, or ggml's automatic ``node_N`` / ``leaf_N``."""
+    return not name or bool(_AUTO_NAME.match(name))
+
+
+def labels(names_ops: list[tuple[str, str]]) -> list[str]:
+    """Labels for a graph's nodes given as ``(name, op_desc)`` in execution order.
 
     llama.cpp leaves a few compute nodes unnamed (the flash-attention node,
     Gemma 3's Q scaling and attention output projection, the output-row
     selection), and ggml calls them ``node_<index>``, which depends on the
-    whole graph. The label uses the layer of the last named node before it.
+    whole graph. Their label is their op and the layer being computed, i.e.
+    that of the last named node before them: ``flash_attn_ext-0``,
+    ``scale-3``, ``get_rows-29``. Named nodes keep their name.
     """
-    il = None
-    for n in nodes:
-        if n.named:
-            n.label = n.name
-            il = layer_of(n.name) if layer_of(n.name) is not None else il
+    out, il = [], None
+    for name, op in names_ops:
+        if is_auto_name(name):
+            out.append(op.lower() + ("" if il is None else f"-{il}"))
         else:
-            n.label = n.op_desc.lower() + ("" if il is None else f"-{il}")
+            out.append(name)
+            il = layer_of(name) if layer_of(name) is not None else il
+    return out
+
+
+def label_nodes(nodes: list[Node]) -> None:
+    for n, lab in zip(nodes, labels([(n.name, n.op_desc) for n in nodes])):
+        n.label = lab
 
 
 @dataclass
@@ -316,4 +329,26 @@ def run_logits(model_path: str | Path, tokens: Iterable[int], flash_attn: bool |
     finally:
         lc.llama_batch_free(batch)
         lc.llama_free(ctx)
+        lc.llama_model_free(model)
+
+
+def tokenize(model_path: str | Path, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+    """llama.cpp's own tokenization of ``text`` (``llama_tokenize``; BOS where the model asks for it)."""
+    lc = _llama_cpp()
+    _logs(lc)
+    mp = lc.llama_model_default_params()
+    mp.vocab_only = True
+    model = lc.llama_model_load_from_file(str(model_path).encode(), mp)
+    if not model:
+        raise LLMLabError(f"llama.cpp could not load {model_path}")
+    try:
+        vocab = lc.llama_model_get_vocab(model)
+        raw = text.encode()
+        cap = len(raw) + 8
+        buf = (lc.llama_token * cap)()
+        n = lc.llama_tokenize(vocab, raw, len(raw), buf, cap, add_special, parse_special)
+        if n < 0:
+            raise LLMLabError(f"llama_tokenize failed ({n})")
+        return list(buf[:n])
+    finally:
         lc.llama_model_free(model)
