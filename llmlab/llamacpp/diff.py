@@ -27,21 +27,21 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-# Why these bounds (stated once, used by the tests and the CLI):
+# Why this bound (stated once, used by the tests and the CLI):
 # - f32 noise: ggml and NumPy sum the same products in different orders (SIMD lanes, blocking). A length-K dot
 #   product then differs by about sqrt(K) * 2^-24 relative to its magnitude: K <= 2048 here, so ~3e-6.
-# - storage roundings: values stored as f16 (KV cache, softmax output in the non-flash path) or quantized to
-#   8 bits before a quantized matmul (q8_0/q8_1/q8_K) are rounded identically on both sides *if* their inputs
-#   are identical; an input differing by f32 noise flips an element across a rounding boundary now and then.
-#   One flipped q8 element moves by 1/127 of its block maximum; after the matmul, the output moves by at most
-#   that times the weight's magnitude: below 1e-3 of the output's range in practice.
-# A node is "equal up to float32 noise" below REL_TOL, and "diverges" above DIVERGE_TOL.
-REL_TOL = 1e-5
-DIVERGE_TOL = 1e-2
+# - rounding flips: values stored as f16 (KV cache, the non-flash softmax output) or quantized to 8 bits before
+#   a quantized matmul (q8_0/q8_1/q8_K) round identically on both sides when their inputs are identical; an
+#   input that differs by f32 noise sometimes lands on the other side of a rounding boundary. One f16 flip is
+#   2^-11 of the value (5e-4 relative); one q8 flip moves an activation by 1/127 of its block maximum, which
+#   after the matmul is a few 1e-4 of the output's range.
+# So a node whose max_rel_err stays below 1e-3 agrees "up to float32 noise and the roundings it causes";
+# above that, something is computed differently (a missing activation quantization, another rounding, a bug).
+DIVERGE_TOL = 1e-3
 
 
 def float32_tolerance(op: str | None = None) -> float:
-    """The relative error (normwise, see module doc) above which a node counts as diverging."""
+    """The relative error (normwise, see the module doc) above which a node counts as diverging."""
     return DIVERGE_TOL
 
 
