@@ -352,3 +352,43 @@ def tokenize(model_path: str | Path, text: str, add_special: bool = True, parse_
         return list(buf[:n])
     finally:
         lc.llama_model_free(model)
+
+
+_KV_LINE = re.compile(r"llama_kv_cache: size = +([\d.]+) MiB \( *(\d+) cells, +(\d+) layers, +(\d+)/(\d+) seqs\), "
+                      r"K \((\w+)\): +([\d.]+) MiB, V \((\w+)\): +([\d.]+) MiB")
+
+
+def kv_cache_report(model_path: str | Path, n_ctx: int, type_k: str = "f16", type_v: str | None = None,
+                    flash_attn: bool = False, swa_full: bool = True, n_seq_max: int = 1,
+                    n_ubatch: int = 512) -> list[dict]:
+    """What llama.cpp allocates for the KV cache of a context: one dict per cache (two for Gemma 3's SWA).
+
+    Parsed from its ``llama_kv_cache: size = ...`` log lines: ``cells``,
+    ``layers``, ``type_k``, ``k_mib``, ``type_v``, ``v_mib``, ``mib`` (MiB to
+    two decimals, as llama.cpp prints them).
+    """
+    from ..types import ggml_type
+    lc = _llama_cpp()
+    logs = _logs(lc)
+    mp = lc.llama_model_default_params()
+    model = lc.llama_model_load_from_file(str(model_path).encode(), mp)
+    if not model:
+        raise LLMLabError(f"llama.cpp could not load {model_path}")
+    cp = lc.llama_context_default_params()
+    cp.n_ctx, cp.n_seq_max, cp.n_ubatch = n_ctx, n_seq_max, n_ubatch
+    cp.n_batch = max(cp.n_batch, n_ubatch)
+    cp.type_k, cp.type_v = ggml_type(type_k).id, ggml_type(type_v or type_k).id
+    cp.flash_attn_type = FLASH_ATTN[flash_attn]
+    cp.swa_full = swa_full
+    n0 = len(logs.lines)
+    ctx = lc.llama_init_from_model(model, cp)
+    try:
+        if not ctx:
+            raise LLMLabError(f"llama.cpp refused the context: {''.join(logs.lines[n0:])[-400:]}")
+        text = "".join(logs.lines[n0:])
+    finally:
+        if ctx:
+            lc.llama_free(ctx)
+        lc.llama_model_free(model)
+    return [dict(mib=float(m[0]), cells=int(m[1]), layers=int(m[2]), type_k=m[5], k_mib=float(m[6]),
+                 type_v=m[7], v_mib=float(m[8])) for m in _KV_LINE.findall(text)]
