@@ -456,6 +456,13 @@ class KVCache:
                 self.seq_rm(s, pmin, pmax + 1)
         self.head = int(slot.idxs[-1]) + 1
 
+    def snapshot(self) -> "KVCache":
+        """A copy of the cell metadata (no K/V data): for pictures of the cache over time."""
+        c = KVCache(self.size, self.layers, self.n_embd_k_gqa, self.n_embd_v_gqa, self.type_k.name, self.type_v.name,
+                    self.n_seq_max, self.n_swa, self.swa_type, allocate=False)
+        c._restore(tuple(x.copy() if isinstance(x, np.ndarray) else x for x in self._state()))
+        return c
+
     def _state(self):
         return self.pos.copy(), self.shift.copy(), self.seq.copy(), self.head, self.has_shift
 
