@@ -12,8 +12,8 @@ from llmlab.llamacpp.diff import errors
 from llmlab.llamacpp.eval_callback import Capture, Node, label_nodes, labels
 
 
-def node(i, name, op, ne, values, op_desc=None, is_view=False):
-    return Node(i, name, op, op_desc or op, tuple(ne) + (1,) * (4 - len(ne)), "f32", (), is_view, values)
+def node(i, name, op, ne, values, op_desc=None, is_view=False, src=()):
+    return Node(i, name, op, op_desc or op, tuple(ne) + (1,) * (4 - len(ne)), "f32", src, is_view, values)
 
 
 def fake_capture():
@@ -23,9 +23,9 @@ def fake_capture():
         node(0, "embd", "GET_ROWS", (4, 3), v(3, 4)),
         node(1, "norm-0", "RMS_NORM", (4, 3), v(3, 4)),
         node(2, "Qcur-0", "MUL_MAT", (4, 3), v(3, 4)),
-        node(3, "Qcur-0", "RESHAPE", (2, 2, 3), None, is_view=True),
-        node(4, "Qcur-0", "ROPE", (2, 2, 3), v(3, 2, 2)),
-        node(5, "node_5", "FLASH_ATTN_EXT", (2, 2, 3), v(3, 2, 2)),
+        node(3, "Qcur-0", "RESHAPE", (2, 2, 3), None, is_view=True, src=("Qcur-0",)),
+        node(4, "Qcur-0", "ROPE", (2, 2, 3), v(3, 2, 2), src=("Qcur-0", "inp_pos")),
+        node(5, "node_5", "FLASH_ATTN_EXT", (2, 2, 3), v(3, 2, 2), src=("Qcur-0",)),
         node(6, "norm-0", "RMS_NORM", (4, 3), v(3, 4)),
         node(7, "ffn_glu-0", "GLU", (4, 3), v(3, 4), op_desc="SWIGLU"),
         node(8, "kq_soft_max-0", "SOFT_MAX", (8, 3), np.where(np.tril(np.ones((3, 8))) > 0, 0.5, -np.inf).astype(np.float32)),
