@@ -130,3 +130,28 @@ def test_tokenize_matches_the_references(real_model):
     from conftest import ref_tokens
     for case in ref_tokens(name)[:5]:
         assert tokenize(path, case["text"], add_special=False, parse_special=False) == case["ids"]
+
+
+def test_decode_after_prefill_reuses_the_cache(smollm2_path):
+    """One token after a 10-token prefill: its graph attends over the cached cells; logits as a full run's."""
+    ids = tokenize(smollm2_path, "The history of the printing press begins in the")
+    step = capture(smollm2_path, ids[-1:], prefix=ids[:-1], values=["kq_soft_max-0"])
+    full = capture(smollm2_path, ids, values=False)
+    assert step["kq-0"].ne[:2] == (256, 1)
+    probs = step["kq_soft_max-0"].values[0, :, 0]                   # (n_head, n_kv)
+    assert (probs[:, len(ids):] == 0).all() and np.allclose(probs.sum(-1), 1, atol=1e-5)
+    assert (probs[:, :len(ids)] > 0).all()                          # the prefix's cells are seen
+    assert np.abs(step.logits[-1] - full.logits[-1]).max() <= 1e-4 * np.abs(full.logits[-1]).max()
+
+
+def test_micro_batches_each_get_a_graph(smollm2_path):
+    cap = capture(smollm2_path, list(range(100, 110)), values=False, n_ubatch=4)
+    kq = [(n.ubatch, n.ne[:2]) for n in cap.nodes if n.label == "kq-0"]
+    assert kq == [(0, (256, 4)), (1, (256, 4)), (2, (256, 2))]
+    assert cap.logits.shape[0] == 10
+
+
+def test_compute_buffer_grows_with_the_micro_batch(smollm2_path):
+    from llmlab.llamacpp.eval_callback import context_report
+    mib = [context_report(smollm2_path, 1024, n_ubatch=u, n_batch=512)["compute_mib"]["CPU"] for u in (64, 128, 256)]
+    assert mib[0] < mib[1] < mib[2] and abs(mib[2] / mib[1] - 2) < 0.1

@@ -46,6 +46,7 @@ class Node:
     is_view: bool                   # shares another tensor's data (VIEW, RESHAPE, PERMUTE, TRANSPOSE...)
     values: np.ndarray | None = field(default=None, repr=False)   # shape ne[::-1], when requested
     label: str = ""                 # the name, or for an unnamed node ("node_21") "<op>-<layer>": "flash_attn_ext-0"
+    ubatch: int = 0                 # which micro-batch's graph computed it
 
     @property
     def named(self) -> bool:
@@ -197,16 +198,20 @@ def _logs(lc) -> _Logs:
 
 def capture(model_path: str | Path, tokens: Iterable[int], flash_attn: bool | str = False, n_threads: int = 2,
             values: bool | Iterable[str] | Callable[[str], bool] = True, output: str = "all",
-            n_ctx: int | None = None, type_k: str = "f16", type_v: str | None = None) -> Capture:
-    """Decode ``tokens`` (one sequence from position 0, one micro-batch) in llama.cpp; return its graph.
+            n_ctx: int | None = None, type_k: str = "f16", type_v: str | None = None,
+            prefix: Iterable[int] = (), n_ubatch: int | None = None) -> Capture:
+    """Decode ``tokens`` (one sequence) in llama.cpp and return the graph it computed, node by node.
 
     ``flash_attn``: on/off (True/False). ``values``: True for every node's
     values, False for none, or the names (or a predicate on names) of the
     nodes to copy. ``output``: ``"all"`` asks for logits at every position,
     ``"last"`` only at the last (llama.cpp then drops the other rows before
-    the last layer's FFN). ``n_ctx`` defaults to the prompt length; llama.cpp
-    pads it to a multiple of 256, and attention looks at ``n_kv`` = 256-padded
-    cells.
+    the last layer's FFN). ``prefix``: tokens decoded first, unobserved, so
+    that ``tokens`` continue them (a decode step after a prefill).
+    ``n_ubatch``: micro-batch size (default: all tokens in one); each node
+    records which micro-batch's graph computed it. ``n_ctx`` defaults to the
+    token count; llama.cpp pads it to a multiple of 256, and attention looks
+    at ``n_kv`` = 256-padded cells.
     """
     lc = _llama_cpp()
     gt.check_layout()
@@ -233,50 +238,67 @@ def capture(model_path: str | Path, tokens: Iterable[int], flash_attn: bool | st
     nodes: list[Node] = []
     errors: list[BaseException] = []
     want = _want(values)
+    watching = [False]
+    first_name: list[str] = []
+    graphs = [0]
 
     def on_node(ptr, ask, user):
         if ask:
-            return True
+            return watching[0]
         try:
             t = gt.GGMLTensor.from_address(ptr)
             name = t.name.decode(errors="replace")
             op = gt.op_name(t.op)
+            if not first_name:
+                first_name.append(name)
+            elif name == first_name[0]:      # every micro-batch's graph starts with the same input node
+                graphs[0] += 1
             nodes.append(Node(
                 index=len(nodes), name=name, op=op, op_desc=gt.op_desc(ptr),
                 ne=tuple(int(x) for x in t.ne), type=gt.type_name(t.type),
                 src=tuple(gt.tensor_name(s) for s in t.src if s), is_view=bool(t.view_src) or op in VIEW_OPS,
-                values=gt.read_values(t) if want(name) else None))
+                values=gt.read_values(t) if want(name) else None, ubatch=graphs[0]))
             return True
         except BaseException as e:     # an exception must not cross into C: stop the graph instead
             errors.append(e)
             return False
 
     cb = lc.ggml_backend_sched_eval_callback(on_node)
+    pre = [int(t) for t in prefix]
     n = len(toks)
     cparams = lc.llama_context_default_params()
-    cparams.n_ctx = max(n, n_ctx or 0)
-    cparams.n_batch = cparams.n_ubatch = n
+    cparams.n_ctx = max(len(pre) + n, n_ctx or 0)
+    cparams.n_batch = max(n, len(pre), 1)
+    cparams.n_ubatch = min(n_ubatch or cparams.n_batch, cparams.n_batch)
     cparams.n_threads = cparams.n_threads_batch = n_threads
     cparams.flash_attn_type = fa
     cparams.type_k, cparams.type_v = tk.id, tv.id
     cparams.cb_eval = cb
     cparams.cb_eval_user_data = None
     cparams.no_perf = True
-    params = dict(n_ctx=cparams.n_ctx, n_batch=n, n_ubatch=n, n_threads=n_threads, flash_attn=bool(fa),
+    params = dict(n_ctx=cparams.n_ctx, n_batch=cparams.n_batch, n_ubatch=cparams.n_ubatch, n_prefix=len(pre),
+                  n_threads=n_threads, flash_attn=bool(fa),
                   type_k=tk.name, type_v=tv.name, swa_full=bool(cparams.swa_full), kv_unified=bool(cparams.kv_unified))
     ctx = lc.llama_init_from_model(model, cparams)
     if not ctx:
         lc.llama_model_free(model)
         raise LLMLabError(f"llama.cpp could not create a context: {''.join(logs.lines[n_log0:])[-500:]}")
-    batch = lc.llama_batch_init(n, 0, 1)
-    try:
-        for i, tok in enumerate(toks):
-            batch.token[i] = tok
-            batch.pos[i] = i
-            batch.n_seq_id[i] = 1
+    batch = lc.llama_batch_init(max(n, len(pre)), 0, 1)
+
+    def fill(ids, p0, want_out):
+        for i, tok in enumerate(ids):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i] = tok, p0 + i, 1
             batch.seq_id[i][0] = 0
-            batch.logits[i] = output == "all" or i == n - 1
-        batch.n_tokens = n
+            batch.logits[i] = want_out(i)
+        batch.n_tokens = len(ids)
+
+    try:
+        if pre:
+            fill(pre, 0, lambda i: False)
+            if lc.llama_decode(ctx, batch) != 0:
+                raise LLMLabError(f"llama_decode of the prefix failed: {''.join(logs.lines[n_log0:])[-500:]}")
+        fill(toks, len(pre), lambda i: output == "all" or i == n - 1)
+        watching[0] = True
         t0 = time.perf_counter()
         rc = lc.llama_decode(ctx, batch)
         seconds = time.perf_counter() - t0
@@ -356,27 +378,29 @@ def tokenize(model_path: str | Path, text: str, add_special: bool = True, parse_
 
 _KV_LINE = re.compile(r"llama_kv_cache: size = +([\d.]+) MiB \( *(\d+) cells, +(\d+) layers, +(\d+)/(\d+) seqs\), "
                       r"K \((\w+)\): +([\d.]+) MiB, V \((\w+)\): +([\d.]+) MiB")
+_COMPUTE_LINE = re.compile(r"\w+: +(\S+) compute buffer size = +([\d.]+) MiB")
 
 
-def kv_cache_report(model_path: str | Path, n_ctx: int, type_k: str = "f16", type_v: str | None = None,
-                    flash_attn: bool = False, swa_full: bool = True, n_seq_max: int = 1,
-                    n_ubatch: int = 512) -> list[dict]:
-    """What llama.cpp allocates for the KV cache of a context: one dict per cache (two for Gemma 3's SWA).
+def context_report(model_path: str | Path, n_ctx: int, n_ubatch: int = 512, n_batch: int | None = None,
+                   type_k: str = "f16", type_v: str | None = None, flash_attn: bool = False, swa_full: bool = True,
+                   n_seq_max: int = 1) -> dict:
+    """What llama.cpp allocates for a context, from its own log lines.
 
-    Parsed from its ``llama_kv_cache: size = ...`` log lines: ``cells``,
-    ``layers``, ``type_k``, ``k_mib``, ``type_v``, ``v_mib``, ``mib`` (MiB to
-    two decimals, as llama.cpp prints them).
+    ``kv``: one dict per KV cache (two for Gemma 3's sliding-window layers):
+    ``cells``, ``layers``, ``type_k``, ``k_mib``, ``type_v``, ``v_mib``,
+    ``mib``. ``compute_mib``: the compute buffer per backend (the peak memory
+    of the intermediate tensors of one micro-batch, which grows with
+    ``n_ubatch``). MiB to two decimals, as llama.cpp prints them.
     """
     from ..types import ggml_type
     lc = _llama_cpp()
     logs = _logs(lc)
-    mp = lc.llama_model_default_params()
-    model = lc.llama_model_load_from_file(str(model_path).encode(), mp)
+    model = lc.llama_model_load_from_file(str(model_path).encode(), lc.llama_model_default_params())
     if not model:
         raise LLMLabError(f"llama.cpp could not load {model_path}")
     cp = lc.llama_context_default_params()
     cp.n_ctx, cp.n_seq_max, cp.n_ubatch = n_ctx, n_seq_max, n_ubatch
-    cp.n_batch = max(cp.n_batch, n_ubatch)
+    cp.n_batch = max(n_batch or cp.n_batch, n_ubatch)
     cp.type_k, cp.type_v = ggml_type(type_k).id, ggml_type(type_v or type_k).id
     cp.flash_attn_type = FLASH_ATTN[flash_attn]
     cp.swa_full = swa_full
@@ -390,5 +414,14 @@ def kv_cache_report(model_path: str | Path, n_ctx: int, type_k: str = "f16", typ
         if ctx:
             lc.llama_free(ctx)
         lc.llama_model_free(model)
-    return [dict(mib=float(m[0]), cells=int(m[1]), layers=int(m[2]), type_k=m[5], k_mib=float(m[6]),
-                 type_v=m[7], v_mib=float(m[8])) for m in _KV_LINE.findall(text)]
+    kv = [dict(mib=float(m[0]), cells=int(m[1]), layers=int(m[2]), type_k=m[5], k_mib=float(m[6]),
+               type_v=m[7], v_mib=float(m[8])) for m in _KV_LINE.findall(text)]
+    return dict(kv=kv, compute_mib={dev: float(mib) for dev, mib in _COMPUTE_LINE.findall(text)})
+
+
+def kv_cache_report(model_path: str | Path, n_ctx: int, type_k: str = "f16", type_v: str | None = None,
+                    flash_attn: bool = False, swa_full: bool = True, n_seq_max: int = 1,
+                    n_ubatch: int = 512) -> list[dict]:
+    """The ``kv`` part of :func:`context_report`."""
+    return context_report(model_path, n_ctx, n_ubatch, type_k=type_k, type_v=type_v, flash_attn=flash_attn,
+                          swa_full=swa_full, n_seq_max=n_seq_max)["kv"]
