@@ -234,3 +234,32 @@ def ubatch_attention_rows(n_tokens: int, n_ubatch: int, n_kv: int, head_dim: int
 def ubatch_attention_table(rows: list[dict]) -> HTML:
     return table(["case", "Q", "K", "QK^T", "bytes (f32)"],
                  [[r["case"], list(r["q"]), list(r["k"]), list(r["kq"]), human_bytes(r["bytes"])] for r in rows])
+
+
+# ---------------------------------------------------------------------------------------------- prefill / decode
+def prefill_decode_run(model_path: str | Path, prompt: Sequence[int], n_decode: int = 8, n_ctx: int = 512) -> dict:
+    """Prefill ``prompt`` with llmlab in one batch, then decode ``n_decode`` greedy tokens one at a time.
+
+    Returns the times (``prefill_s``, ``decode_s`` per step), the generated ids, and ``max_abs_diff``:
+    how far the last step's logits (computed from the cache) are from a fresh one-batch run over the
+    whole sequence (which recomputes every K and V).
+    """
+    import time
+    from ..model import Batch, Context, Model
+    model = Model(model_path)
+    prompt = [int(t) for t in prompt]
+    ctx = Context(model, n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx)
+    t0 = time.perf_counter()
+    logits = ctx.decode(Batch.from_tokens(prompt, all_logits=False))
+    prefill_s = time.perf_counter() - t0
+    out, decode_s = [], []
+    for i in range(n_decode):
+        tok = int(np.argmax(logits[-1]))
+        out.append(tok)
+        t0 = time.perf_counter()
+        logits = ctx.decode(Batch.from_tokens([tok], pos0=len(prompt) + i, all_logits=False))
+        decode_s.append(time.perf_counter() - t0)
+    fresh = Context(model, n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx)
+    full = fresh.decode(Batch.from_tokens(prompt + out, all_logits=False))
+    return dict(n_prompt=len(prompt), prefill_s=prefill_s, decode_s=decode_s, generated=out,
+                max_abs_diff=float(np.abs(full[-1] - logits[-1]).max()), logits_scale=float(np.abs(full[-1]).max()))
