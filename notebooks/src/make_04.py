@@ -217,6 +217,8 @@ def show_step(_=None):
 step_slider.observe(show_step, names="value")
 show_step()
 display(w.VBox([step_slider, out]))
+vk.plot_ring(ring, trace, len(trace), title="the finished search (static view of the slider's default)")
+plt.show()
 """)
 
 md(r"""
