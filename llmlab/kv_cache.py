@@ -513,12 +513,10 @@ class KVCache:
         return np.where(visible, np.float32(0), np.float32(-np.inf))
 
     def layer_cache(self, il: int) -> "KVCache":
-        if il not in self._layer_set():
+        """The cache holding layer ``il`` (this one; :class:`KVCacheISWA` picks one of its two)."""
+        if il not in self.layers:
             raise KeyError(f"layer {il} has no KV cache here (layers: {self.layers})")
         return self
-
-    def _layer_set(self):
-        return set(self.layers)
 
     def __repr__(self) -> str:
         swa = f", swa={self.swa_type}:{self.n_swa}" if self.swa_type != "none" else ""
@@ -698,29 +696,29 @@ def _alloc(t: GGMLType, n_rows: int, n_embd: int) -> np.ndarray:
     return np.zeros((n_rows, t.row_size(n_embd)), np.uint8)
 
 
-def _quant_hooks(t: GGMLType) -> GGMLType:
-    if t.from_float is None or t.to_float is None:
-        try:
-            importlib.import_module("llmlab.quant")
-        except ImportError:
-            pass
-    if t.from_float is None or t.to_float is None:
-        raise LLMLabError(f"a {t.name} KV cache needs the {t.name} quantizer (llmlab.quant), which is not available")
-    return t
+def _quant():
+    try:
+        return importlib.import_module("llmlab.quant")
+    except ImportError as e:
+        raise LLMLabError("a q8_0 KV cache needs llmlab.quant, which is not available in this checkout") from e
 
 
 def _from_float(t: GGMLType, x: np.ndarray) -> np.ndarray:
+    """Rows of float32 -> rows of the cache type, as ggml-cpu's SET_ROWS converts (its ``from_float``).
+
+    f16: round to nearest even (F16C). q8_0: ggml-cpu's quantize_row_q8_0, the same routine that
+    quantizes activations for q8_0 dot products.
+    """
     if t.name in _NUMPY:
         return x.astype(_NUMPY[t.name])
-    q = _quant_hooks(t).from_float(np.ascontiguousarray(x, np.float32).reshape(-1))
-    return np.frombuffer(np.ascontiguousarray(q).tobytes(), np.uint8).reshape(len(x), -1)
+    blocks = _quant().quantize_activations(np.ascontiguousarray(x, np.float32), t.name)
+    return np.ascontiguousarray(blocks).view(np.uint8).reshape(len(x), -1)
 
 
 def _to_float(t: GGMLType, rows: np.ndarray, n_embd: int) -> np.ndarray:
     if t.name in _NUMPY:
         return rows.astype(np.float32)
-    blocks = np.ascontiguousarray(rows).reshape(-1).view(_quant_hooks(t).block_dtype)
-    return np.asarray(t.to_float(blocks), np.float32).reshape(len(rows), n_embd)
+    return _quant().dequantize(np.ascontiguousarray(rows).reshape(-1), t.name).reshape(len(rows), n_embd)
 
 
 __all__ = ["KVCache", "KVCacheISWA", "Slot", "ContextFullError", "kv_cache_bytes", "swa_cache_size",

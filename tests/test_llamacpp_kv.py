@@ -165,3 +165,24 @@ def test_inconsistent_positions_are_refused_by_both(smollm2_path):
         sess.close()
 
 
+
+
+@pytest.mark.parametrize("type_k", ["f16", "q8_0"])
+def test_stored_rows_are_llama_cpp_cache_rows(smollm2_path, type_k):
+    """K rows written by KVCache.store are byte for byte the rows llama.cpp's SET_ROWS writes into its cache."""
+    if type_k == "q8_0":
+        pytest.importorskip("llmlab.quant", reason="the q8_0 cache needs llmlab.quant")
+    from llmlab.llamacpp import capture
+    ids = [1, 504, 1463, 282, 260, 3606]
+    cap = capture(smollm2_path, ids, flash_attn=True, type_k=type_k,
+                  values=lambda name: name in ("Kcur-0 (view)", "cache_k_l0 (view)"))
+    k_cur = next(n for n in cap.nodes if n.name == "Kcur-0 (view)").values.reshape(len(ids), -1)
+    theirs = next(n for n in cap.nodes if n.name == "cache_k_l0 (view)" and n.op == "SET_ROWS").values
+    theirs = theirs.reshape(theirs.shape[-2], -1)[: len(ids)]
+    cache = KVCache(256, [0], k_cur.shape[1], type_k=type_k)
+    ubs = BatchAllocator(Batch.from_tokens(ids), memory=cache).split_all(len(ids))
+    (slot,) = cache.prepare(ubs)
+    cache.apply_ubatch(slot, ubs[0])
+    cache.store(0, slot, k_cur, k_cur)
+    ours = cache.k(0, len(ids))
+    assert np.array_equal(ours.view(np.uint8).reshape(len(ids), -1), theirs.view(np.uint8).reshape(len(ids), -1))

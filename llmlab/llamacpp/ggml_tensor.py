@@ -154,15 +154,22 @@ def tensor_name(ptr: int | None) -> str:
 def read_values(t: GGMLTensor) -> np.ndarray | None:
     """Copy the tensor's elements into a NumPy array of shape ``ne[::-1]`` (C order), honouring strides.
 
-    ``None`` for block-quantized types or tensors without host data.
+    Block-quantized tensors (a q8_0 KV cache) come back as their raw rows:
+    uint8 of shape ``(ne3, ne2, ne1, row bytes)``. ``None`` without host data.
     """
-    dt = NUMPY_OF_TYPE.get(t.type)
-    if dt is None or not t.data:
+    if not t.data:
         return None
     ne = [int(x) for x in t.ne]
     nb = [int(x) for x in t.nb]
-    if min(ne) <= 0:
-        return np.zeros(ne[::-1], dt)
-    span = sum((n - 1) * s for n, s in zip(ne, nb)) + np.dtype(dt).itemsize
+    dt = NUMPY_OF_TYPE.get(t.type)
+    if dt is None:                      # quantized: rows of blocks
+        from ..types import ggml_type
+        row = ggml_type(int(t.type)).row_size(ne[0])
+        shape, strides, dt = [ne[3], ne[2], ne[1], row], [nb[3], nb[2], nb[1], 1], np.uint8
+    else:
+        shape, strides = ne[::-1], nb[::-1]
+    if min(shape) <= 0:
+        return np.zeros(shape, dt)
+    span = sum((n - 1) * s for n, s in zip(shape, strides)) + np.dtype(dt).itemsize
     buf = (ctypes.c_char * span).from_address(t.data)
-    return np.ndarray(shape=ne[::-1], dtype=dt, buffer=buf, strides=nb[::-1]).copy()
+    return np.ndarray(shape=shape, dtype=dt, buffer=buf, strides=strides).copy()
