@@ -174,10 +174,12 @@ def test_stored_rows_are_llama_cpp_cache_rows(smollm2_path, type_k):
         pytest.importorskip("llmlab.quant", reason="the q8_0 cache needs llmlab.quant")
     from llmlab.llamacpp import capture
     ids = [1, 504, 1463, 282, 260, 3606]
-    cap = capture(smollm2_path, ids, flash_attn=True, type_k=type_k,
-                  values=lambda name: name in ("Kcur-0 (view)", "cache_k_l0 (view)"))
-    k_cur = next(n for n in cap.nodes if n.name == "Kcur-0 (view)").values.reshape(len(ids), -1)
-    theirs = next(n for n in cap.nodes if n.name == "cache_k_l0 (view)" and n.op == "SET_ROWS").values
+    cap = capture(smollm2_path, ids, flash_attn=True, type_k=type_k)
+    # the SET_ROWS that writes layer 0's K cache, and the rows it reads (a quantized cache gets rotated K rows)
+    i, set_rows = next((i, n) for i, n in enumerate(cap.nodes) if n.op == "SET_ROWS" and "cache_k_l0" in n.src)
+    src = next(n for n in reversed(cap.nodes[:i]) if n.name == set_rows.src[0])
+    k_cur = src.values.reshape(len(ids), -1)
+    theirs = set_rows.values
     theirs = theirs.reshape(theirs.shape[-2], -1)[: len(ids)]
     cache = KVCache(256, [0], k_cur.shape[1], type_k=type_k)
     ubs = BatchAllocator(Batch.from_tokens(ids), memory=cache).split_all(len(ids))
