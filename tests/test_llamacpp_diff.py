@@ -106,3 +106,14 @@ def test_json_contract_and_layer_filter():
     assert out["total"] == 9 and out["matched"] == 7          # the second norm-0 and Qcur-0 have no mapping entry
     only = diff(mine, cap, layers=range(1, 2))
     assert [d.name for d in only.nodes] == ["embd", "result_output"]
+
+
+def test_layerless_nodes_inside_a_layer_belong_to_it():
+    nodes = [node(0, "embd", "GET_ROWS", (4, 3), None), node(1, "ffn_out-0", "MUL_MAT", (4, 3), None),
+             node(2, "norm", "RMS_NORM", (4, 3), None), node(3, "ffn_post_norm-0", "MUL", (4, 3), None),
+             node(4, "norm-1", "RMS_NORM", (4, 3), None), node(5, "norm", "RMS_NORM", (4, 3), None),
+             node(6, "result_output", "MUL_MAT", (4, 3), None)]
+    label_nodes(nodes)
+    assert [n.il for n in nodes] == [None, 0, 0, 0, 1, None, None]
+    cap = Capture(nodes, np.zeros((3, 4), np.float32), [1, 2, 3], False, {})
+    assert [d.name for d in diff([], cap, layers=range(1, 2)).nodes] == ["embd", "norm-1", "norm", "result_output"]

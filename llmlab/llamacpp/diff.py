@@ -179,7 +179,8 @@ def diff(llmlab_run: Any, llamacpp_run: Any, tol: float | None = None, layers: r
     out = []
     for n in nodes:
         label = getattr(n, "label", "") or n.name
-        if layers is not None and n.layer is not None and n.layer not in layers:
+        il = getattr(n, "il", None) if getattr(n, "il", None) is not None else n.layer
+        if layers is not None and il is not None and il not in layers:
             continue
         ops = (n.op, n.op_desc)
         d = NodeDiff(label, None, None, n.op if n.op == n.op_desc else n.op_desc, _norm_ne(n.ne))

@@ -47,6 +47,7 @@ class Node:
     values: np.ndarray | None = field(default=None, repr=False)   # shape ne[::-1], when requested
     label: str = ""                 # the name, or for an unnamed node ("node_21") "<op>-<layer>": "flash_attn_ext-0"
     ubatch: int = 0                 # which micro-batch's graph computed it
+    il: int | None = None           # the layer it belongs to (also for layer-less names inside a layer: "norm")
 
     @property
     def named(self) -> bool:
@@ -100,8 +101,23 @@ def labels(names_ops: list[tuple[str, str]]) -> list[str]:
 
 
 def label_nodes(nodes: list[Node]) -> None:
+    """Set ``label`` and ``il`` of every node.
+
+    ``il`` is the layer of the label, or, for a node without one that sits
+    between two nodes of the same layer (Gemma 3 names one of its norms just
+    ``norm``), that layer; the nodes before the first layer and after the last
+    (``embd``, ``result_output``) have none.
+    """
     for n, lab in zip(nodes, labels([(n.name, n.op_desc) for n in nodes])):
         n.label = lab
+    own = [layer_of(n.label) for n in nodes]
+    prev, nxt = [None] * len(nodes), [None] * len(nodes)
+    for i in range(len(nodes)):
+        prev[i] = own[i] if own[i] is not None else (prev[i - 1] if i else None)
+    for i in reversed(range(len(nodes))):
+        nxt[i] = own[i] if own[i] is not None else (nxt[i + 1] if i + 1 < len(nodes) else None)
+    for n, o, p, q in zip(nodes, own, prev, nxt):
+        n.il = o if o is not None else (p if p == q else None)
 
 
 @dataclass
