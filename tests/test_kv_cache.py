@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -524,3 +524,41 @@ TestCacheMachine = CacheMachine.TestCase
 TestCacheMachine.settings = SETTINGS
 TestSWACacheMachine = SWACacheMachine.TestCase
 TestSWACacheMachine.settings = SETTINGS
+
+
+# ------------------------------------------------------------------------------------------------------------
+# micro-batch splits: properties over random batches
+# ------------------------------------------------------------------------------------------------------------
+@st.composite
+def multi_seq_batches(draw):
+    n_seq = draw(st.integers(1, 4))
+    lens = draw(st.lists(st.integers(0, 9), min_size=n_seq, max_size=n_seq))
+    order = draw(st.permutations([s for s, n in enumerate(lens) for _ in range(n)]))
+    if not order:
+        order = [0]
+    b, nxt = Batch(), {}
+    for s in order:
+        b.add(token=s, pos=nxt.get(s, 0), seq_ids=s, logits=draw(st.booleans()))
+        nxt[s] = nxt.get(s, 0) + 1
+    return b
+
+
+@settings(max_examples=200, deadline=None)
+@given(batch=multi_seq_batches(), n_ubatch=st.integers(1, 12))
+def test_splits_cover_the_batch_once(batch, n_ubatch):
+    for how in ("simple", "equal"):
+        alloc = BatchAllocator(batch, n_seq_max=4)
+        ubs = alloc.split_all(n_ubatch, how=how)
+        idx = np.concatenate([ub.batch_idxs for ub in ubs])
+        assert sorted(idx.tolist()) == list(range(batch.n_tokens))            # every token exactly once
+        assert alloc.out_ids == [int(i) for ub in ubs for i in ub.batch_idxs[ub.output]]
+        for ub in ubs:
+            assert np.array_equal(ub.tokens, np.asarray(batch.tokens)[ub.batch_idxs])
+            assert np.array_equal(ub.pos, np.asarray(batch.pos)[ub.batch_idxs])
+        if how == "simple":
+            assert idx.tolist() == list(range(batch.n_tokens)) and all(ub.n_tokens <= n_ubatch for ub in ubs)
+        else:
+            for ub in ubs:      # equal split: n_seqs runs of the same length, one per sequence, each in order
+                runs = ub.batch_idxs.reshape(ub.n_seqs, -1)
+                assert all(len({batch.seq_ids[i] for i in run}) == 1 for run in runs)
+                assert all((np.diff(run) > 0).all() for run in runs)
