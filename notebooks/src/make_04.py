@@ -190,8 +190,9 @@ md(r"""
 
 Where do a micro-batch's tokens go? `find_slot` starts at `head` (just after the last placed token), tests
 cells one by one, takes the free ones, and wraps around to cell 0 at the end: one full turn without finding
-enough cells means the cache is full. If many cells before the head are free (more than `used + 2·n_tokens`),
-it restarts from cell 0 to keep the cache dense. The cells need not be contiguous.
+enough cells means the cache is full. If the head has run further into the ring than `used + 2·n_tokens`
+cells (so many cells behind it must be free), the search restarts from cell 0 to keep the cache dense. The
+cells of a slot need not be contiguous.
 
 Below, a 24-cell ring after some traffic; green rings are cells taken, red ones are occupied cells skipped.
 """)
@@ -273,9 +274,11 @@ md(r"""
 ### Sliding-window layers (Gemma 3)
 
 Five of every six Gemma 3 layers only attend to the last 512 positions. Their keys fall out of use, so
-llama.cpp gives those layers their own, smaller cache (`llama_kv_cache_iswa`) of `window + n_ubatch` cells
-(padded to 256), and `find_slot` may recycle a cell whose token has left the window of its sequence. A toy
-window of 4 in a 6-cell cache decodes forever, where a plain 6-cell cache is full after 6 tokens:
+llama.cpp gives those layers a cache of their own (`llama_kv_cache_iswa`), and `find_slot` may recycle a cell
+whose token has left the window of its sequence. With `swa_full` off that cache holds only `window + n_ubatch`
+cells (padded to 256); with `swa_full` on (the default of `llama_context_default_params`) it is as large as
+the main cache, which keeps a context shift possible. A toy window of 4 in a 6-cell cache decodes forever,
+where a plain 6-cell cache is full after 6 tokens:
 """)
 
 code(r"""
