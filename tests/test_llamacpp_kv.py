@@ -188,3 +188,35 @@ def test_stored_rows_are_llama_cpp_cache_rows(smollm2_path, type_k):
     cache.store(0, slot, k_cur, k_cur)
     ours = cache.k(0, len(ids))
     assert np.array_equal(ours.view(np.uint8).reshape(len(ids), -1), theirs.view(np.uint8).reshape(len(ids), -1))
+
+
+@pytest.mark.slow
+def test_sliding_window_cache_recycles_like_llama_cpp(gemma3_path):
+    """1400 tokens through Gemma 3 with a 1024-cell window cache: both purge the same old positions."""
+    lc = llama_cpp
+    _logs(lc)
+    model = lc.llama_model_load_from_file(str(gemma3_path).encode(), lc.llama_model_default_params())
+    cp = lc.llama_context_default_params()
+    cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.swa_full = 2048, 512, 512, False
+    cp.n_threads = cp.n_threads_batch = 2
+    ctx = lc.llama_init_from_model(model, cp)
+    mem = lc.llama_get_memory(ctx)
+    ours = cache_for(gemma3_path, 2048, "f16")
+    try:
+        assert isinstance(ours, KVCacheISWA) and ours.swa.size == 1024
+        sess = LlamaSession.__new__(LlamaSession)
+        sess.lc, sess.ctx, sess.mem = lc, ctx, mem
+        start = 0
+        for n in (512, 512, 300, 76):
+            batch = Batch.from_tokens(range(1000, 1000 + n), pos0=start)
+            ubs = BatchAllocator(batch, memory=ours).split_all(512)
+            for ub, slots in zip(ubs, ours.prepare(ubs)):
+                ours.apply_ubatch(slots, ub)
+            assert sess.decode(batch) == 0
+            start += n
+            assert (ours.seq_pos_min(0), ours.seq_pos_max(0)) == sess.pos_range(0)
+            assert ours.base.seq_pos_min(0) == 0                     # the global layers keep everything
+        assert ours.seq_pos_min(0) > 0                                # the window cache has dropped old positions
+    finally:
+        lc.llama_free(ctx)
+        lc.llama_model_free(model)
