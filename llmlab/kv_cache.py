@@ -658,6 +658,26 @@ class KVCacheISWA:
         return f"KVCacheISWA(base={self.base!r}, swa={self.swa!r})"
 
 
+def make_kv_cache(n_ctx: int, n_layer: int, n_embd_k_gqa: int, n_embd_v_gqa: int | None = None,
+                  swa_layers: Sequence[int] = (), n_swa: int = 0, swa_type: str = "standard",
+                  type_k: str = "f16", type_v: str | None = None, n_seq_max: int = 1, n_ubatch: int = 512,
+                  swa_full: bool = False, allocate: bool = True) -> KVCache | KVCacheISWA:
+    """The cache llama.cpp creates for a model (``llama_model::create_memory``).
+
+    A plain :class:`KVCache` of ``n_ctx`` cells for all layers, or, when some
+    layers use a sliding window (``swa_layers``, e.g. Gemma 3's ``il % 6 < 5``),
+    a :class:`KVCacheISWA`. ``n_ctx`` is the context size after llama.cpp's
+    padding (a multiple of 256).
+    """
+    kw = dict(n_embd_k_gqa=n_embd_k_gqa, n_embd_v_gqa=n_embd_v_gqa, type_k=type_k, type_v=type_v,
+              n_seq_max=n_seq_max, allocate=allocate)
+    swa = sorted(set(int(i) for i in swa_layers))
+    if not swa:
+        return KVCache(n_ctx, n_layer, **kw)
+    base = [il for il in range(n_layer) if il not in swa]
+    return KVCacheISWA(n_ctx, base, swa, n_swa=n_swa, swa_type=swa_type, n_ubatch=n_ubatch, swa_full=swa_full, **kw)
+
+
 # --------------------------------------------------------------------------------------------------------------
 # running out of room: the context shift of llama.cpp's tools
 # --------------------------------------------------------------------------------------------------------------
@@ -721,5 +741,5 @@ def _to_float(t: GGMLType, rows: np.ndarray, n_embd: int) -> np.ndarray:
     return _quant().dequantize(np.ascontiguousarray(rows).reshape(-1), t.name).reshape(len(rows), n_embd)
 
 
-__all__ = ["KVCache", "KVCacheISWA", "Slot", "ContextFullError", "kv_cache_bytes", "swa_cache_size",
+__all__ = ["KVCache", "KVCacheISWA", "Slot", "make_kv_cache", "ContextFullError", "kv_cache_bytes", "swa_cache_size",
            "context_shift", "is_masked_swa", "SWA_TYPES", "CACHE_TYPES", "N_KV_PAD"]

@@ -9,7 +9,7 @@ llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not ins
 
 from llmlab.batch import Batch, BatchAllocator, BatchError  # noqa: E402
 from llmlab.gguf import GGUFFile  # noqa: E402
-from llmlab.kv_cache import KVCache, KVCacheISWA, kv_cache_bytes  # noqa: E402
+from llmlab.kv_cache import KVCache, KVCacheISWA, kv_cache_bytes, make_kv_cache  # noqa: E402
 from llmlab.llamacpp.eval_callback import _logs, kv_cache_report  # noqa: E402
 
 MiB = 1024 * 1024
@@ -23,12 +23,10 @@ def cache_for(path, n_ctx, type_k, n_ubatch=512):
     n_embd, n_head = kv[f"{arch}.embedding_length"], kv[f"{arch}.attention.head_count"]
     head_k = kv.get(f"{arch}.attention.key_length", n_embd // n_head)
     head_v = kv.get(f"{arch}.attention.value_length", n_embd // n_head)
-    kw = dict(n_embd_k_gqa=head_k * n_head_kv, n_embd_v_gqa=head_v * n_head_kv, type_k=type_k, allocate=False)
-    if arch == "gemma3":   # sliding-window pattern 6: every 6th layer is global
-        glob = [il for il in range(n_layer) if il % 6 == 5]
-        loc = [il for il in range(n_layer) if il % 6 != 5]
-        return KVCacheISWA(n_ctx, glob, loc, n_swa=kv[f"{arch}.attention.sliding_window"], n_ubatch=n_ubatch, **kw)
-    return KVCache(n_ctx, n_layer, **kw)
+    swa = [il for il in range(n_layer) if il % 6 != 5] if arch == "gemma3" else []   # Gemma 3: 5 local, 1 global
+    return make_kv_cache(n_ctx, n_layer, head_k * n_head_kv, head_v * n_head_kv, swa_layers=swa,
+                         n_swa=kv.get(f"{arch}.attention.sliding_window", 0), type_k=type_k, n_ubatch=n_ubatch,
+                         allocate=False)
 
 
 @pytest.mark.parametrize("type_k", ["f32", "f16", "q8_0"])
