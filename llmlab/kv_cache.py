@@ -28,7 +28,7 @@ The metadata here is NumPy arrays (``pos``, ``shift``, a boolean
 math; the K/V data are arrays of the cache type (``float16`` for f16,
 ``float32`` for f32, raw q8_0 blocks for q8_0), one row per cell::
 
-    cache = KVCache(size=512, layers=30, n_embd_k_gqa=192)
+    cache = make_kv_cache(n_ctx=512, n_layer=30, n_embd_k_gqa=192)   # or KVCache(...) / KVCacheISWA(...)
     ubatches = BatchAllocator(Batch.from_tokens(ids), memory=cache).split_all(n_ubatch=512)
     slots = cache.prepare(ubatches)               # raises ContextFullError if they do not fit
     for ub, slot in zip(ubatches, slots):
@@ -37,6 +37,12 @@ math; the K/V data are arrays of the cache type (``float16`` for f16,
         for il in range(n_layer):
             cache.store(il, slot, k_cur, v_cur)   # rows (n_tokens, n_embd_k_gqa)
             k = cache.k(il)                       # (n_kv, n_embd_k_gqa), cache dtype
+
+``n_kv()`` is what llama.cpp's attention reads: the used cells padded to 256
+(``get_n_kv``), so the KQ matrix of a short prompt is ``[256, n_tokens]``.
+A graph that keeps its own K/V tensors can use the cache for its cells only
+(``allocate=False``) and write rows at ``slot.idxs``. With a quantized cache
+(q8_0) this llama.cpp rotates K and V (``attn_inp_k_rot``) before storing.
 """
 from __future__ import annotations
 
