@@ -155,3 +155,27 @@ def test_compute_buffer_grows_with_the_micro_batch(smollm2_path):
     from llmlab.llamacpp.eval_callback import context_report
     mib = [context_report(smollm2_path, 1024, n_ubatch=u, n_batch=512)["compute_mib"]["CPU"] for u in (64, 128, 256)]
     assert mib[0] < mib[1] < mib[2] and abs(mib[2] / mib[1] - 2) < 0.1
+
+
+def test_bad_input_gives_clear_errors(smollm2_path, tmp_path):
+    from llmlab import LLMLabError
+    with pytest.raises(ValueError, match="at least one token"):
+        capture(smollm2_path, [])
+    with pytest.raises(LLMLabError, match="not found"):
+        capture(tmp_path / "nope.gguf", [1])
+    with pytest.raises(LLMLabError, match="llama_decode failed"):
+        capture(smollm2_path, [1, 10**7], values=False)          # token id beyond the vocabulary
+    with pytest.raises(ValueError, match="flash_attn"):
+        capture(smollm2_path, [1], flash_attn="maybe")
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF" + b"\0" * 60)
+    with pytest.raises(LLMLabError, match="could not load"):
+        capture(bad, [1])
+
+
+def test_cli_reports_user_errors(capsys):
+    from llmlab.cli import main
+    assert main(["diff-llama-cpp", "-m", "/nonexistent/model.gguf", "-p", "hi"]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert main(["diff-llama-cpp", "-m", "smollm2", "-p", "hi", "--layers", "5:2"]) == 2
+    assert "--layers" in capsys.readouterr().err
