@@ -1,0 +1,54 @@
+"""``diff-llama-cpp``: run a prompt through llama.cpp and through llmlab, compare the graphs node by node."""
+from __future__ import annotations
+
+import json
+
+from .. import LLMLabError, models
+
+
+def register(sub) -> None:
+    p = sub.add_parser("diff-llama-cpp", help="compare llmlab's compute graph with llama.cpp's, node by node")
+    p.add_argument("-m", "--model", required=True, help="registry name (smollm2, gemma3) or path to a .gguf")
+    p.add_argument("-p", "--prompt", required=True, help="text; tokenized by llama.cpp with BOS and special tokens")
+    p.add_argument("--flash-attn", choices=["on", "off"], default="off", help="attention path (default: off)")
+    p.add_argument("--layers", default=None, metavar="A:B", help="only nodes of layers A..B-1 (plus the layer-less ones)")
+    p.add_argument("--threads", type=int, default=2, help="llama.cpp threads (default 2)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=run)
+
+
+def parse_layers(text: str | None) -> range | None:
+    if text is None:
+        return None
+    a, sep, b = text.partition(":")
+    try:
+        lo = int(a) if a else 0
+        hi = int(b) if b else 1 << 30
+    except ValueError:
+        raise ValueError(f"--layers must look like A:B (e.g. 0:4), not {text!r}") from None
+    if not sep or lo < 0 or hi <= lo:
+        raise ValueError(f"--layers must look like A:B with 0 <= A < B, not {text!r}")
+    return range(lo, hi)
+
+
+def run(args) -> int:
+    from .. import llamacpp
+    layers = parse_layers(args.layers)
+    if args.threads < 1:
+        raise ValueError("--threads must be >= 1")
+    if not llamacpp.available():
+        raise LLMLabError("diff-llama-cpp needs llama-cpp-python (pip install llama-cpp-python==0.3.36)")
+    path = models.resolve(args.model)
+    flash = args.flash_attn == "on"
+    tokens = llamacpp.tokenize(path, args.prompt)
+    if not tokens:
+        raise ValueError("the prompt tokenizes to nothing")
+    ours = llamacpp.llmlab_nodes(path, tokens, flash_attn=flash)
+    cap = llamacpp.capture(path, tokens, flash_attn=flash, n_threads=args.threads)
+    report = llamacpp.diff(ours, cap, layers=layers)
+    if args.json:
+        print(json.dumps(report.to_json(), indent=1))
+        return 0
+    print(report.table())
+    print(report.summary())
+    return 0

@@ -1,0 +1,47 @@
+"""llmlab's side of a diff: run llmlab's own forward pass and list its nodes the way ``capture`` lists llama.cpp's."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+
+from .. import LLMLabError
+from .eval_callback import labels
+
+VIEW_OPS = {"NONE", "VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE"}
+
+
+def _forward_pass():
+    try:
+        from ..model import Batch, Context, Model
+    except ImportError as e:
+        raise LLMLabError("llmlab's forward pass (llmlab.model: Model, Context) is not available in this "
+                          f"checkout, so there is no llmlab graph to compare with ({e})") from e
+    return Model, Context, Batch
+
+
+def llmlab_nodes(model_path: str | Path, tokens: Iterable[int], flash_attn: bool = False, output: str = "all",
+                 n_ctx: int | None = None) -> list[tuple[str, str, tuple[int, ...], np.ndarray | None]]:
+    """Decode ``tokens`` with llmlab (one micro-batch, one sequence) and return its compute nodes in order.
+
+    Each entry is ``(label, op, ne, values)`` as :func:`llmlab.llamacpp.diff`
+    takes it; unnamed nodes get the same ``<op>-<layer>`` labels as
+    llama.cpp's (:func:`~llmlab.llamacpp.eval_callback.labels`).
+    """
+    Model, Context, Batch = _forward_pass()
+    toks = np.asarray(list(tokens), np.int32)
+    n = len(toks)
+    model = Model(model_path)
+    ctx = Context(model, n_ctx=max(n_ctx or 0, 256, n), n_batch=n, n_ubatch=n, flash_attn=bool(flash_attn))
+    seen: list = []
+
+    def on_node(t) -> None:
+        if t.op in VIEW_OPS or t.view_src is not None:
+            return
+        seen.append((t.name, t.op, tuple(t.ne), t.numpy()))
+
+    ctx.decode(Batch.from_tokens(toks, all_logits=(output == "all")), callback=on_node)
+    # llmlab's internal names (``__fattn__-0``) are not llama.cpp's: label those nodes as unnamed ones
+    names = labels([("" if name.startswith("__") else name, op) for name, op, _, _ in seen])
+    return [(lab, op, ne, vals) for lab, (_, op, ne, vals) in zip(names, seen)]

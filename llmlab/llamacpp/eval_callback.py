@@ -1,0 +1,443 @@
+"""Run one decode in llama.cpp and record its compute graph node by node.
+
+llama.cpp lets a caller watch every node its scheduler computes:
+``llama_context_params.cb_eval`` is a
+``bool (*)(struct ggml_tensor * t, bool ask, void * user_data)``. For each
+node the scheduler first *asks* (``ask = true``) whether we want to see it;
+answering yes makes it compute up to that node and call again with
+``ask = false`` once the node's data is ready. We answer yes to every node, so
+the second calls arrive in graph order and each one is a node we read with
+:class:`~llmlab.llamacpp.ggml_tensor.GGMLTensor`: its name (``attn_norm-0``,
+``Qcur-0``, ``kqv_out-0``, ``result_output``...), op, shape, type, sources
+and, when asked for, a copy of its values.
+
+Computing node by node costs some speed, and stops ggml-cpu from fusing
+neighbouring ops; the values are those of the unfused kernels (the tests
+check ``result_output`` against the logits of a run without the callback).
+"""
+from __future__ import annotations
+
+import ctypes
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable
+
+import numpy as np
+
+from .. import LLMLabError
+from . import ggml_tensor as gt
+
+FLASH_ATTN = {"on": 1, "off": 0, "auto": -1, True: 1, False: 0}
+
+
+@dataclass
+class Node:
+    """One node of llama.cpp's graph as the eval callback saw it."""
+
+    index: int                      # position in execution order
+    name: str                       # ggml_get_name: "attn_norm-0", "Qcur-0 (reshaped)", "result_output"
+    op: str                         # ggml_op_name: "MUL_MAT", "RMS_NORM", "UNARY", "GLU", ...
+    op_desc: str                    # ggml_op_desc: the sub-op of UNARY/GLU ("SILU", "SWIGLU"), else op
+    ne: tuple[int, int, int, int]   # ggml shape, fastest dimension first
+    type: str                       # ggml_type_name: "f32", "f16", ...
+    src: tuple[str, ...]            # names of the source tensors (weights included)
+    is_view: bool                   # shares another tensor's data (VIEW, RESHAPE, PERMUTE, TRANSPOSE...)
+    values: np.ndarray | None = field(default=None, repr=False)   # shape ne[::-1], when requested
+    label: str = ""                 # the name, or for an unnamed node ("node_21") "<op>-<layer>": "flash_attn_ext-0"
+    ubatch: int = 0                 # which micro-batch's graph computed it
+    il: int | None = None           # the layer it belongs to (also for layer-less names inside a layer: "norm")
+
+    @property
+    def named(self) -> bool:
+        """Named by llama.cpp's graph builder (not an automatic ``node_N`` / ``leaf_N`` name)."""
+        return not is_auto_name(self.name)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The NumPy shape: ``ne`` reversed, without leading 1s (``ggml_n_dims`` dimensions)."""
+        n = max([i + 1 for i, x in enumerate(self.ne) if x != 1] or [1])
+        return tuple(self.ne[:n][::-1])
+
+    @property
+    def layer(self) -> int | None:
+        """The layer index of labels like ``ffn_out-7`` (``None`` for names without one)."""
+        return layer_of(self.label or self.name)
+
+
+_AUTO_NAME = re.compile(r"^(node|leaf)_\d+$")
+
+
+def layer_of(name: str) -> int | None:
+    """``ffn_out-7`` -> 7; ``Qcur-0 (view)`` -> 0; ``result_output`` -> None."""
+    head, _, tail = name.split(" ")[0].rpartition("-")
+    return int(tail) if head and tail.isdigit() else None
+
+
+def is_auto_name(name: str) -> bool:
+    """Empty, or ggml's automatic ``node_N`` / ``leaf_N``."""
+    return not name or bool(_AUTO_NAME.match(name))
+
+
+def labels(names_ops: list[tuple[str, str]]) -> list[str]:
+    """Labels for a graph's nodes given as ``(name, op_desc)`` in execution order.
+
+    llama.cpp leaves a few compute nodes unnamed (the flash-attention node,
+    Gemma 3's Q scaling and attention output projection, the output-row
+    selection), and ggml calls them ``node_<index>``, which depends on the
+    whole graph. Their label is their op and the layer being computed, i.e.
+    that of the last named node before them: ``flash_attn_ext-0``,
+    ``scale-3``, ``get_rows-29``. Named nodes keep their name.
+    """
+    out, il = [], None
+    for name, op in names_ops:
+        if is_auto_name(name):
+            out.append(op.lower() + ("" if il is None else f"-{il}"))
+        else:
+            out.append(name)
+            il = layer_of(name) if layer_of(name) is not None else il
+    return out
+
+
+def label_nodes(nodes: list[Node]) -> None:
+    """Set ``label`` and ``il`` of every node.
+
+    ``il`` is the layer of the label, or, for a node without one that sits
+    between two nodes of the same layer (Gemma 3 names one of its norms just
+    ``norm``), that layer; the nodes before the first layer and after the last
+    (``embd``, ``result_output``) have none.
+    """
+    for n, lab in zip(nodes, labels([(n.name, n.op_desc) for n in nodes])):
+        n.label = lab
+    own = [layer_of(n.label) for n in nodes]
+    prev, nxt = [None] * len(nodes), [None] * len(nodes)
+    for i in range(len(nodes)):
+        prev[i] = own[i] if own[i] is not None else (prev[i - 1] if i else None)
+    for i in reversed(range(len(nodes))):
+        nxt[i] = own[i] if own[i] is not None else (nxt[i + 1] if i + 1 < len(nodes) else None)
+    for n, o, p, q in zip(nodes, own, prev, nxt):
+        n.il = o if o is not None else (p if p == q else None)
+
+
+@dataclass
+class Capture:
+    """The nodes of one llama.cpp decode, plus what llama.cpp returned and how it was set up."""
+
+    nodes: list[Node]
+    logits: np.ndarray              # (n_outputs, n_vocab) from llama_get_logits_ith
+    tokens: list[int]
+    flash_attn: bool
+    params: dict                    # n_ctx, n_threads, type_k, type_v, swa_full, ...
+    seconds: float = 0.0
+
+    def __getitem__(self, name: str) -> Node:
+        """The last computed node named (or labelled) ``name``: for ``Qcur-0``, the roped one."""
+        for n in reversed(self.nodes):
+            if name in (n.name, n.label):
+                return n
+        raise KeyError(f"no node named {name!r} in the llama.cpp graph")
+
+    def __contains__(self, name: str) -> bool:
+        return any(name in (n.name, n.label) for n in self.nodes)
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def names(self) -> list[str]:
+        return [n.name for n in self.nodes]
+
+    def compute_nodes(self) -> list[Node]:
+        """The nodes that compute something (not views, reshapes, permutes or cache writes), in order."""
+        return [n for n in self.nodes if not n.is_view and n.op not in VIEW_OPS]
+
+    def layer(self, il: int) -> list[Node]:
+        return [n for n in self.nodes if n.layer == il]
+
+
+VIEW_OPS = {"NONE", "VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE"}
+
+
+def _want(values) -> Callable[[str], bool]:
+    if values is True:
+        return lambda name: True
+    if not values:
+        return lambda name: False
+    if callable(values):
+        return values
+    wanted = set(values)
+    return lambda name: name in wanted
+
+
+def _llama_cpp():
+    try:
+        import llama_cpp
+    except ImportError as e:
+        raise LLMLabError("this needs llama-cpp-python (pip install llama-cpp-python==0.3.36)") from e
+    return llama_cpp
+
+
+class _Logs:
+    """Route llama.cpp's log lines into a list instead of stderr, while loaded."""
+
+    def __init__(self, lc):
+        self.lines: list[str] = []
+        self.lc = lc
+        self.cb = lc.llama_log_callback(self._on)
+
+    def _on(self, level, text, user):
+        try:
+            self.lines.append(text.decode(errors="replace"))
+        except Exception:   # never let an exception cross into C
+            pass
+
+    def __enter__(self):
+        self.lc.llama_log_set(self.cb, ctypes.c_void_p())
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+_LOGS = None
+
+
+def _logs(lc) -> _Logs:
+    global _LOGS
+    if _LOGS is None:
+        _LOGS = _Logs(lc)
+        _LOGS.__enter__()
+        lc.llama_backend_init()
+    return _LOGS
+
+
+def capture(model_path: str | Path, tokens: Iterable[int], flash_attn: bool | str = False, n_threads: int = 2,
+            values: bool | Iterable[str] | Callable[[str], bool] = True, output: str = "all",
+            n_ctx: int | None = None, type_k: str = "f16", type_v: str | None = None,
+            prefix: Iterable[int] = (), n_ubatch: int | None = None) -> Capture:
+    """Decode ``tokens`` (one sequence) in llama.cpp and return the graph it computed, node by node.
+
+    ``flash_attn``: on/off (True/False). ``values``: True for every node's
+    values, False for none, or the names (or a predicate on names) of the
+    nodes to copy. ``output``: ``"all"`` asks for logits at every position,
+    ``"last"`` only at the last (llama.cpp then drops the other rows before
+    the last layer's FFN). ``prefix``: tokens decoded first, unobserved, so
+    that ``tokens`` continue them (a decode step after a prefill).
+    ``n_ubatch``: micro-batch size (default: all tokens in one); each node
+    records which micro-batch's graph computed it. ``n_ctx`` defaults to the
+    token count; llama.cpp pads it to a multiple of 256, and attention looks
+    at ``n_kv`` = 256-padded cells.
+    """
+    lc = _llama_cpp()
+    gt.check_layout()
+    toks = [int(t) for t in tokens]
+    if not toks:
+        raise ValueError("capture needs at least one token")
+    if output not in ("all", "last"):
+        raise ValueError(f"output must be 'all' or 'last', not {output!r}")
+    fa = FLASH_ATTN.get(flash_attn)
+    if fa is None:
+        raise ValueError(f"flash_attn must be on, off or auto, not {flash_attn!r}")
+    path = Path(model_path)
+    if not path.is_file():
+        raise LLMLabError(f"model file not found: {path}")
+    from ..types import ggml_type
+    tk, tv = ggml_type(type_k), ggml_type(type_v or type_k)
+    logs = _logs(lc)
+    n_log0 = len(logs.lines)
+
+    mparams = lc.llama_model_default_params()
+    model = lc.llama_model_load_from_file(str(path).encode(), mparams)
+    if not model:
+        raise LLMLabError(f"llama.cpp could not load {path}: {''.join(logs.lines[n_log0:])[-500:]}")
+    nodes: list[Node] = []
+    errors: list[BaseException] = []
+    want = _want(values)
+    watching = [False]
+    first_name: list[str] = []
+    graphs = [0]
+
+    def on_node(ptr, ask, user):
+        if ask:
+            return watching[0]
+        try:
+            t = gt.GGMLTensor.from_address(ptr)
+            name = t.name.decode(errors="replace")
+            op = gt.op_name(t.op)
+            if not first_name:
+                first_name.append(name)
+            elif name == first_name[0]:      # every micro-batch's graph starts with the same input node
+                graphs[0] += 1
+            nodes.append(Node(
+                index=len(nodes), name=name, op=op, op_desc=gt.op_desc(ptr),
+                ne=tuple(int(x) for x in t.ne), type=gt.type_name(t.type),
+                src=tuple(gt.tensor_name(s) for s in t.src if s), is_view=bool(t.view_src) or op in VIEW_OPS,
+                values=gt.read_values(t) if want(name) else None, ubatch=graphs[0]))
+            return True
+        except BaseException as e:     # an exception must not cross into C: stop the graph instead
+            errors.append(e)
+            return False
+
+    cb = lc.ggml_backend_sched_eval_callback(on_node)
+    pre = [int(t) for t in prefix]
+    n = len(toks)
+    cparams = lc.llama_context_default_params()
+    cparams.n_ctx = max(len(pre) + n, n_ctx or 0)
+    cparams.n_batch = max(n, len(pre), 1)
+    cparams.n_ubatch = min(n_ubatch or cparams.n_batch, cparams.n_batch)
+    cparams.n_threads = cparams.n_threads_batch = n_threads
+    cparams.flash_attn_type = fa
+    cparams.type_k, cparams.type_v = tk.id, tv.id
+    cparams.cb_eval = cb
+    cparams.cb_eval_user_data = None
+    cparams.no_perf = True
+    params = dict(n_ctx=cparams.n_ctx, n_batch=cparams.n_batch, n_ubatch=cparams.n_ubatch, n_prefix=len(pre),
+                  n_threads=n_threads, flash_attn=bool(fa),
+                  type_k=tk.name, type_v=tv.name, swa_full=bool(cparams.swa_full), kv_unified=bool(cparams.kv_unified))
+    ctx = lc.llama_init_from_model(model, cparams)
+    if not ctx:
+        lc.llama_model_free(model)
+        raise LLMLabError(f"llama.cpp could not create a context: {''.join(logs.lines[n_log0:])[-500:]}")
+    batch = lc.llama_batch_init(max(n, len(pre)), 0, 1)
+
+    def fill(ids, p0, want_out):
+        for i, tok in enumerate(ids):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i] = tok, p0 + i, 1
+            batch.seq_id[i][0] = 0
+            batch.logits[i] = want_out(i)
+        batch.n_tokens = len(ids)
+
+    try:
+        if pre:
+            fill(pre, 0, lambda i: False)
+            if lc.llama_decode(ctx, batch) != 0:
+                raise LLMLabError(f"llama_decode of the prefix failed: {''.join(logs.lines[n_log0:])[-500:]}")
+        fill(toks, len(pre), lambda i: output == "all" or i == n - 1)
+        watching[0] = True
+        t0 = time.perf_counter()
+        rc = lc.llama_decode(ctx, batch)
+        seconds = time.perf_counter() - t0
+        if errors:
+            raise errors[0]
+        if rc != 0:
+            raise LLMLabError(f"llama_decode failed ({rc}): {''.join(logs.lines[n_log0:])[-500:]}")
+        n_vocab = lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(model))
+        rows = range(n) if output == "all" else [n - 1]
+        logits = np.stack([np.ctypeslib.as_array(lc.llama_get_logits_ith(ctx, i), shape=(n_vocab,)).copy()
+                           for i in rows])
+        params["n_ctx"] = lc.llama_n_ctx(ctx)
+    finally:
+        lc.llama_batch_free(batch)
+        lc.llama_free(ctx)
+        lc.llama_model_free(model)
+    label_nodes(nodes)
+    return Capture(nodes=nodes, logits=logits, tokens=toks, flash_attn=bool(fa), params=params, seconds=seconds)
+
+
+def run_logits(model_path: str | Path, tokens: Iterable[int], flash_attn: bool | str = False, n_threads: int = 2,
+               n_ctx: int | None = None) -> np.ndarray:
+    """llama.cpp's logits for every position of ``tokens``, without the callback (the fused, normal run)."""
+    lc = _llama_cpp()
+    toks = [int(t) for t in tokens]
+    _logs(lc)
+    model = lc.llama_model_load_from_file(str(model_path).encode(), lc.llama_model_default_params())
+    if not model:
+        raise LLMLabError(f"llama.cpp could not load {model_path}")
+    n = len(toks)
+    cparams = lc.llama_context_default_params()
+    cparams.n_ctx = max(n, n_ctx or 0)
+    cparams.n_batch = cparams.n_ubatch = n
+    cparams.n_threads = cparams.n_threads_batch = n_threads
+    cparams.flash_attn_type = FLASH_ATTN[flash_attn]
+    cparams.no_perf = True
+    ctx = lc.llama_init_from_model(model, cparams)
+    batch = lc.llama_batch_init(n, 0, 1)
+    try:
+        for i, tok in enumerate(toks):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i] = tok, i, 1
+            batch.seq_id[i][0] = 0
+            batch.logits[i] = True
+        batch.n_tokens = n
+        if lc.llama_decode(ctx, batch) != 0:
+            raise LLMLabError("llama_decode failed")
+        n_vocab = lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(model))
+        return np.stack([np.ctypeslib.as_array(lc.llama_get_logits_ith(ctx, i), shape=(n_vocab,)).copy()
+                         for i in range(n)])
+    finally:
+        lc.llama_batch_free(batch)
+        lc.llama_free(ctx)
+        lc.llama_model_free(model)
+
+
+def tokenize(model_path: str | Path, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+    """llama.cpp's own tokenization of ``text`` (``llama_tokenize``; BOS where the model asks for it)."""
+    lc = _llama_cpp()
+    _logs(lc)
+    mp = lc.llama_model_default_params()
+    mp.vocab_only = True
+    model = lc.llama_model_load_from_file(str(model_path).encode(), mp)
+    if not model:
+        raise LLMLabError(f"llama.cpp could not load {model_path}")
+    try:
+        vocab = lc.llama_model_get_vocab(model)
+        raw = text.encode()
+        cap = len(raw) + 8
+        buf = (lc.llama_token * cap)()
+        n = lc.llama_tokenize(vocab, raw, len(raw), buf, cap, add_special, parse_special)
+        if n < 0:
+            raise LLMLabError(f"llama_tokenize failed ({n})")
+        return list(buf[:n])
+    finally:
+        lc.llama_model_free(model)
+
+
+_KV_LINE = re.compile(r"llama_kv_cache: size = +([\d.]+) MiB \( *(\d+) cells, +(\d+) layers, +(\d+)/(\d+) seqs\), "
+                      r"K \((\w+)\): +([\d.]+) MiB, V \((\w+)\): +([\d.]+) MiB")
+_COMPUTE_LINE = re.compile(r"\w+: +(\S+) compute buffer size = +([\d.]+) MiB")
+
+
+def context_report(model_path: str | Path, n_ctx: int, n_ubatch: int = 512, n_batch: int | None = None,
+                   type_k: str = "f16", type_v: str | None = None, flash_attn: bool = False, swa_full: bool = True,
+                   n_seq_max: int = 1) -> dict:
+    """What llama.cpp allocates for a context, from its own log lines.
+
+    ``kv``: one dict per KV cache (two for Gemma 3's sliding-window layers):
+    ``cells``, ``layers``, ``type_k``, ``k_mib``, ``type_v``, ``v_mib``,
+    ``mib``. ``compute_mib``: the compute buffer per backend (the peak memory
+    of the intermediate tensors of one micro-batch, which grows with
+    ``n_ubatch``). MiB to two decimals, as llama.cpp prints them.
+    """
+    from ..types import ggml_type
+    lc = _llama_cpp()
+    logs = _logs(lc)
+    model = lc.llama_model_load_from_file(str(model_path).encode(), lc.llama_model_default_params())
+    if not model:
+        raise LLMLabError(f"llama.cpp could not load {model_path}")
+    cp = lc.llama_context_default_params()
+    cp.n_ctx, cp.n_seq_max, cp.n_ubatch = n_ctx, n_seq_max, n_ubatch
+    cp.n_batch = max(n_batch or cp.n_batch, n_ubatch)
+    cp.type_k, cp.type_v = ggml_type(type_k).id, ggml_type(type_v or type_k).id
+    cp.flash_attn_type = FLASH_ATTN[flash_attn]
+    cp.swa_full = swa_full
+    n0 = len(logs.lines)
+    ctx = lc.llama_init_from_model(model, cp)
+    try:
+        if not ctx:
+            raise LLMLabError(f"llama.cpp refused the context: {''.join(logs.lines[n0:])[-400:]}")
+        text = "".join(logs.lines[n0:])
+    finally:
+        if ctx:
+            lc.llama_free(ctx)
+        lc.llama_model_free(model)
+    kv = [dict(mib=float(m[0]), cells=int(m[1]), layers=int(m[2]), type_k=m[5], k_mib=float(m[6]),
+               type_v=m[7], v_mib=float(m[8])) for m in _KV_LINE.findall(text)]
+    return dict(kv=kv, compute_mib={dev: float(mib) for dev, mib in _COMPUTE_LINE.findall(text)})
+
+
+def kv_cache_report(model_path: str | Path, n_ctx: int, type_k: str = "f16", type_v: str | None = None,
+                    flash_attn: bool = False, swa_full: bool = True, n_seq_max: int = 1,
+                    n_ubatch: int = 512) -> list[dict]:
+    """The ``kv`` part of :func:`context_report`."""
+    return context_report(model_path, n_ctx, n_ubatch, type_k=type_k, type_v=type_v, flash_attn=flash_attn,
+                          swa_full=swa_full, n_seq_max=n_seq_max)["kv"]
