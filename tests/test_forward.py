@@ -37,7 +37,7 @@ def gemma3(gemma3_path):
 def agreement(model, name, i):
     meta, npz = ref_logits(name)
     ids = npz[f"p{i}_ids"]
-    lg = Context(model, n_ctx=max(64, len(ids))).decode(Batch.from_tokens(ids))
+    lg = Context(model, n_ctx=max(64, len(ids))).decode(Batch.from_tokens(ids, logits="all"))
     tid, tl = npz[f"p{i}_top_ids"].astype(np.int64), npz[f"p{i}_top_logits"]
     last = npz[f"p{i}_last_logits"]
     a = lg[-1]
@@ -74,10 +74,10 @@ def test_gemma3_close_to_llama_cpp(gemma3, i):
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])
 def test_one_batch_token_by_token_and_ubatches_agree(tiny, arch):
     m = tiny[arch]
-    full = Context(m, n_ctx=64).decode(Batch.from_tokens(TOKENS))
+    full = Context(m, n_ctx=64).decode(Batch.from_tokens(TOKENS, logits="all"))
     ctx = Context(m, n_ctx=64)
-    step = np.concatenate([ctx.decode(Batch.from_tokens([t], pos0=i)) for i, t in enumerate(TOKENS)])
-    ub = Context(m, n_ctx=64, n_batch=64, n_ubatch=5).decode(Batch.from_tokens(TOKENS))
+    step = np.concatenate([ctx.decode(Batch.from_tokens([t], pos0=i, logits="all")) for i, t in enumerate(TOKENS)])
+    ub = Context(m, n_ctx=64, n_batch=64, n_ubatch=5).decode(Batch.from_tokens(TOKENS, logits="all"))
     # f32 BLAS sums differ with the batch size by an ulp, which the f16 KV cache can round either way
     np.testing.assert_allclose(step, full, rtol=1e-3, atol=2e-3)
     np.testing.assert_allclose(ub, full, rtol=1e-3, atol=2e-3)
@@ -86,8 +86,8 @@ def test_one_batch_token_by_token_and_ubatches_agree(tiny, arch):
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])
 def test_flash_attention_path_equals_naive_path(tiny, arch):
     m = tiny[arch]
-    naive = Context(m, n_ctx=64).decode(Batch.from_tokens(TOKENS))
-    fa = Context(m, n_ctx=64, flash_attn=True).decode(Batch.from_tokens(TOKENS))
+    naive = Context(m, n_ctx=64).decode(Batch.from_tokens(TOKENS, logits="all"))
+    fa = Context(m, n_ctx=64, flash_attn=True).decode(Batch.from_tokens(TOKENS, logits="all"))
     # the naive path rounds probabilities to f16 before the V product, flash attention does not
     assert np.abs(fa - naive).max() < 1e-3 * np.abs(naive).max()
 
@@ -95,11 +95,11 @@ def test_flash_attention_path_equals_naive_path(tiny, arch):
 def test_two_sequences_in_one_batch_equal_separate_runs(tiny):
     m = tiny["llama"]
     a, b = TOKENS[:7], TOKENS[5:]
-    sep_a = Context(m, n_ctx=64).decode(Batch.from_tokens(a))
-    sep_b = Context(m, n_ctx=64).decode(Batch.from_tokens(b))
-    batch = Batch(np.array(a + b, np.int32), np.array(list(range(len(a))) + list(range(len(b))), np.int32),
-                  np.array([0] * len(a) + [1] * len(b), np.int32), np.ones(len(a) + len(b), bool))
-    both = Context(m, n_ctx=64).decode(batch)
+    sep_a = Context(m, n_ctx=64).decode(Batch.from_tokens(a, logits="all"))
+    sep_b = Context(m, n_ctx=64).decode(Batch.from_tokens(b, logits="all"))
+    batch = Batch(a + b, list(range(len(a))) + list(range(len(b))), [(0,)] * len(a) + [(1,)] * len(b),
+                  [True] * (len(a) + len(b)))
+    both = Context(m, n_ctx=64, n_seq_max=2).decode(batch)
     np.testing.assert_allclose(both[:len(a)], sep_a, rtol=1e-3, atol=2e-3)
     np.testing.assert_allclose(both[len(a):], sep_b, rtol=1e-3, atol=2e-3)
 
@@ -107,43 +107,47 @@ def test_two_sequences_in_one_batch_equal_separate_runs(tiny):
 def test_seq_rm_then_redecode_equals_fresh_run(tiny):
     m = tiny["llama"]
     ctx = Context(m, n_ctx=64)
-    ctx.decode(Batch.from_tokens(TOKENS))
+    ctx.decode(Batch.from_tokens(TOKENS, logits="all"))
     ctx.kv.seq_rm(0, 6)
-    again = ctx.decode(Batch.from_tokens([9, 8, 7], pos0=6))
-    fresh = Context(m, n_ctx=64).decode(Batch.from_tokens(TOKENS[:6] + [9, 8, 7]))[6:]
+    again = ctx.decode(Batch.from_tokens([9, 8, 7], pos0=6, logits="all"))
+    fresh = Context(m, n_ctx=64).decode(Batch.from_tokens(TOKENS[:6] + [9, 8, 7], logits="all"))[6:]
     np.testing.assert_allclose(again, fresh, rtol=1e-3, atol=2e-3)
 
 
 def test_only_requested_logits_and_context_overflow(tiny):
     m = tiny["llama"]
     ctx = Context(m, n_ctx=16)
-    out = ctx.decode(Batch.from_tokens(TOKENS, all_logits=False))
-    full = Context(m, n_ctx=16).decode(Batch.from_tokens(TOKENS))
+    out = ctx.decode(Batch.from_tokens(TOKENS, logits="last"))
+    full = Context(m, n_ctx=16).decode(Batch.from_tokens(TOKENS, logits="all"))
     assert out.shape == (1, m.hparams.n_vocab)
     np.testing.assert_allclose(out[0], full[-1], rtol=1e-5, atol=1e-5)
     assert ctx.n_ctx == 256                                  # padded like llama.cpp's
-    ctx.decode(Batch.from_tokens(list(range(240)), pos0=len(TOKENS), all_logits=False))
-    with pytest.raises(LLMLabError, match="context is full"):
-        ctx.decode(Batch.from_tokens(TOKENS, pos0=len(TOKENS) + 240))
-    with pytest.raises(ValueError, match="token id"):
-        Context(m, n_ctx=16).decode(Batch.from_tokens([10**6]))
+    before = ctx.kv.used
+    with pytest.raises(LLMLabError, match="KV cache is full"):  # does not fit: nothing is placed
+        ctx.decode(Batch.from_tokens(list(range(250)), pos0=len(TOKENS), logits="last"))
+    assert ctx.kv.used == before
+    ctx.decode(Batch.from_tokens(list(range(240)), pos0=len(TOKENS), logits="last"))
+    with pytest.raises(LLMLabError, match="KV cache is full"):
+        ctx.decode(Batch.from_tokens(TOKENS, pos0=len(TOKENS) + 240, logits="all"))
+    with pytest.raises(ValueError, match="invalid token"):
+        Context(m, n_ctx=16).decode(Batch.from_tokens([10**6], logits="all"))
 
 
 def test_named_nodes_can_be_captured_and_replaced(tiny):
     m = tiny["llama"]
     ctx = Context(m, n_ctx=32)
-    base = ctx.decode(Batch.from_tokens(TOKENS[:4]), capture=["Qcur-1", "kq_soft_max-0", "ffn_out-2"])
+    base = ctx.decode(Batch.from_tokens(TOKENS[:4], logits="all"), capture=["Qcur-1", "kq_soft_max-0", "ffn_out-2"])
     assert ctx.captured["Qcur-1"].shape == (4, m.hparams.n_head, m.hparams.n_embd_head_k)
     p = ctx.captured["kq_soft_max-0"]          # (n_head, n_q, n_kv): causal probabilities
     assert np.allclose(p.sum(-1), 1, atol=1e-5) and (p[:, 0, 1:] == 0).all()
-    zeroed = Context(m, n_ctx=32).decode(Batch.from_tokens(TOKENS[:4]), replace={"ffn_out-2": lambda t, a: a * 0})
+    zeroed = Context(m, n_ctx=32).decode(Batch.from_tokens(TOKENS[:4], logits="all"), replace={"ffn_out-2": lambda t, a: a * 0})
     assert not np.allclose(zeroed, base)
 
 
 def test_graph_names_follow_llama_cpp(tiny):
     m = tiny["gemma3"]
     ctx = Context(m, n_ctx=32)
-    ctx.decode(Batch.from_tokens(TOKENS[:3]))
+    ctx.decode(Batch.from_tokens(TOKENS[:3], logits="all"))
     names = {t.name for t in ctx.last_graph.gf.nodes}
     for n in ["inp_embd", "inp_scaled", "attn_norm-0", "Qcur_normed-0", "Kcur-1", "kq_soft_max-2", "kqv_out-0",
               "attn_post_norm-1", "sa_out-0", "ffn_geglu-2", "ffn_post_norm-0", "l_out-2", "result_norm",

@@ -35,7 +35,7 @@ def test_layer_placement_rule():
 
 def test_seed_example_32_layers_ngl20_gives_3_splits(tiny32):
     sched = Scheduler([AccelBackend(), CPUBackend()], n_gpu_layers=20)
-    Context(tiny32, n_ctx=32, sched=sched).decode(Batch.from_tokens([1, 2, 3]))
+    Context(tiny32, n_ctx=32, sched=sched).decode(Batch.from_tokens([1, 2, 3], logits="all"))
     s = sched.last
     assert s.n_splits == 3
     rows = s.summary()
@@ -52,9 +52,9 @@ def test_seed_example_32_layers_ngl20_gives_3_splits(tiny32):
                                      (5, {"MUL_MAT"}), (5, {"MUL_MAT", "SOFT_MAX", "ROPE", "CPY", "CONT"})])
 def test_scheduled_run_equals_single_backend(tiny_models, arch, ngl, ops):
     m = tiny_models[arch]
-    ref = Context(m, n_ctx=32).decode(Batch.from_tokens(TOKENS))
+    ref = Context(m, n_ctx=32).decode(Batch.from_tokens(TOKENS, logits="all"))
     sched = Scheduler([AccelBackend(supported_ops=ops), CPUBackend()], n_gpu_layers=ngl)
-    got = Context(m, n_ctx=32, sched=sched).decode(Batch.from_tokens(TOKENS))
+    got = Context(m, n_ctx=32, sched=sched).decode(Batch.from_tokens(TOKENS, logits="all"))
     np.testing.assert_array_equal(got, ref)
     s = sched.last
     if ngl == 0:
@@ -69,7 +69,7 @@ def test_unsupported_ops_make_more_splits(tiny_models):
     n = {}
     for name, ops in [("all", None), ("matmul only", {"MUL_MAT"})]:
         sched = Scheduler([AccelBackend(supported_ops=ops), CPUBackend()], n_gpu_layers=5)
-        Context(m, n_ctx=32, sched=sched).decode(Batch.from_tokens(TOKENS))
+        Context(m, n_ctx=32, sched=sched).decode(Batch.from_tokens(TOKENS, logits="all"))
         n[name] = sched.last.n_splits
     assert n["all"] == 2 and n["matmul only"] > 4 * 4
 
@@ -79,8 +79,8 @@ def test_op_offload_of_large_batches(tiny_models):
     m = tiny_models["llama"]
     sched = Scheduler([AccelBackend(), CPUBackend()], n_gpu_layers=0)
     toks = list(range(40))
-    ref = Context(m, n_ctx=64).decode(Batch.from_tokens(toks))
-    got = Context(m, n_ctx=64, sched=sched).decode(Batch.from_tokens(toks))
+    ref = Context(m, n_ctx=64).decode(Batch.from_tokens(toks, logits="all"))
+    got = Context(m, n_ctx=64, sched=sched).decode(Batch.from_tokens(toks, logits="all"))
     np.testing.assert_array_equal(got, ref)
     assert "1.off" in sched.last.causes.values()
 

@@ -50,7 +50,7 @@ def run(args) -> int:
     if len(ids) > n_ctx:
         raise ValueError(f"prompt of {len(ids)} tokens does not fit --n-ctx {n_ctx}")
     ctx = Context(model, n_ctx=n_ctx, n_batch=max(len(ids), 1), n_ubatch=512, flash_attn=args.flash_attn)
-    logits = ctx.decode(Batch.from_tokens(ids))
+    logits = ctx.decode(Batch.from_tokens(ids, logits="all"))
     k = args.top
     top = np.argsort(-logits, axis=1, kind="stable")[:, :k]
     vals = np.take_along_axis(logits, top, 1)

@@ -311,6 +311,21 @@ def cpy(dst: Tensor) -> None:
         out[...] = _convert(vals, dst.type).reshape(out.shape)
 
 
+@register("SET_ROWS")
+def set_rows(dst: Tensor) -> None:
+    src, idx = dst.src
+    rows = idx.array().reshape(-1).astype(np.int64)
+    if rows.size and (rows.min() < 0 or rows.max() >= dst.ne[1]):
+        raise IndexError(f"set_rows: row index out of range 0..{dst.ne[1] - 1}")
+    vals = f32(src).reshape(-1, src.ne[0])
+    out = dst.array()[0, 0]                              # (rows, ne0) of the destination
+    if dst.type.block_size != 1:
+        from ..quant import quantize
+        out[rows] = quantize(vals.reshape(-1), dst.type).reshape(len(rows), -1)
+    else:
+        out[rows] = _convert(vals, dst.type)
+
+
 def _noop(dst: Tensor) -> None:
     pass
 

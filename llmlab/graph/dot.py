@@ -12,7 +12,7 @@ OP_COLORS = {
     "MUL_MAT": "#f4a582", "GET_ROWS": "#fddbc7", "ADD": "#d1e5f0", "MUL": "#92c5de", "SCALE": "#c6dbef",
     "RMS_NORM": "#b8e186", "NORM": "#b8e186", "ROPE": "#fee08b", "SOFT_MAX": "#d9a0d9", "FLASH_ATTN_EXT": "#c994c7",
     "SILU": "#80cdc1", "GELU": "#80cdc1", "SWIGLU": "#80cdc1", "GEGLU": "#80cdc1",
-    "CPY": "#e0e0e0", "CONT": "#e0e0e0", "VIEW": "#f7f7f7", "RESHAPE": "#f7f7f7", "PERMUTE": "#f7f7f7",
+    "CPY": "#e0e0e0", "SET_ROWS": "#e0e0e0", "CONT": "#e0e0e0", "VIEW": "#f7f7f7", "RESHAPE": "#f7f7f7", "PERMUTE": "#f7f7f7",
     "TRANSPOSE": "#f7f7f7", "NONE": "#ffffff",
 }
 BACKEND_COLORS = {"CPU": "#9ecae1", "ACCEL": "#fc9272", "?": "#dddddd"}

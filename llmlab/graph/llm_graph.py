@@ -16,10 +16,12 @@ LLAMA_TENSOR_NAME_FATTN = "__fattn__"
 
 
 class KVView:
-    """What a graph needs from the KV cache of one micro-batch: per-layer K/V tensors, where to write, how much to read."""
+    """What a graph needs from the KV cache: per-layer K/V tensors (one row per cell), how many cells
+    each layer reads (``n_kv``), and which layers use the sliding-window cache."""
 
-    def __init__(self, k_l: list[Tensor], v_l: list[Tensor], head: int, n_kv: int, size: int, v_trans: bool):
-        self.k_l, self.v_l, self.head, self.n_kv, self.size, self.v_trans = k_l, v_l, head, n_kv, size, v_trans
+    def __init__(self, k_l: list[Tensor], v_l: list[Tensor], n_kv: list[int], swa: list[bool]):
+        self.k_l, self.v_l, self.n_kv, self.swa = k_l, v_l, n_kv, swa
+        self.v_trans = False
 
 
 class LLMGraph:
@@ -63,9 +65,15 @@ class LLMGraph:
         return self._input("inp_out_ids", I32, self.n_outputs)
 
     def build_attn_inp(self) -> None:
-        self._input("kq_mask", F32, self.kv.n_kv, self.n_tokens)
-        if self.hparams.n_swa and self.hparams.swa_pattern:
-            self._input("kq_mask_swa", F32, self.kv.n_kv, self.n_tokens)
+        """The cells to write (k_idxs) and the KQ mask, for the global cache and (Gemma 3) the window cache."""
+        kv = self.kv
+        base = next((il for il in range(self.n_layer) if not kv.swa[il]), 0)
+        self._input("k_idxs", I32, self.n_tokens)
+        self._input("kq_mask", F32, kv.n_kv[base], self.n_tokens)
+        if any(kv.swa):
+            il = kv.swa.index(True)
+            self._input("k_idxs_swa", I32, self.n_tokens)
+            self._input("kq_mask_swa", F32, kv.n_kv[il], self.n_tokens)
 
     # ---- blocks
     def build_norm(self, cur: Tensor, mw: Tensor | None, il: int) -> Tensor:
@@ -88,39 +96,28 @@ class LLMGraph:
             raise ValueError(f"unknown FFN activation {act!r}")
         return ggml.mul_mat(ctx0, down, cur)
 
+    def _idxs(self, il: int) -> Tensor:
+        return self.inputs["k_idxs_swa" if self.kv.swa[il] else "k_idxs"]
+
     def cpy_k(self, k_cur: Tensor, il: int) -> Tensor:
+        """Write this micro-batch's K rows into their cells (SET_ROWS, as llama_kv_cache::cpy_k)."""
         k = self.kv.k_l[il]
-        n_embd_k_gqa = k.ne[0]
-        view = ggml.view_1d(self.ctx0, k, self.n_tokens * n_embd_k_gqa, k.type.row_size(n_embd_k_gqa) * self.kv.head)
-        self.cb(view, "k_cache_view", il)
-        return ggml.cpy(self.ctx0, k_cur, view)
+        k_cur = ggml.reshape_2d(self.ctx0, k_cur, k.ne[0], self.n_tokens)
+        return ggml.set_rows(self.ctx0, k, k_cur, self._idxs(il))
 
     def cpy_v(self, v_cur: Tensor, il: int) -> Tensor:
         v = self.kv.v_l[il]
-        ctx0 = self.ctx0
-        if self.kv.v_trans:                                 # V stored transposed: one row per channel
-            n_embd_v_gqa = v.ne[1]                          # v is [size, n_embd_v_gqa]
-            view = ggml.view_2d(ctx0, v, self.n_tokens, n_embd_v_gqa, v.nb[1], self.kv.head * v.type.type_size)
-            self.cb(view, "v_cache_view", il)
-            v_cur = ggml.transpose(ctx0, ggml.reshape_2d(ctx0, v_cur, n_embd_v_gqa, self.n_tokens))
-            return ggml.cpy(ctx0, v_cur, view)
-        n_embd_v_gqa = v.ne[0]
-        view = ggml.view_1d(ctx0, v, self.n_tokens * n_embd_v_gqa, v.type.row_size(n_embd_v_gqa) * self.kv.head)
-        self.cb(view, "v_cache_view", il)
-        return ggml.cpy(ctx0, v_cur, view)
+        v_cur = ggml.reshape_2d(self.ctx0, v_cur, v.ne[0], self.n_tokens)
+        return ggml.set_rows(self.ctx0, v, v_cur, self._idxs(il))
 
     def get_k(self, il: int) -> Tensor:
         k, hp = self.kv.k_l[il], self.hparams
-        return ggml.view_3d(self.ctx0, k, hp.n_embd_head_k, hp.n_head_kv, self.kv.n_kv,
+        return ggml.view_3d(self.ctx0, k, hp.n_embd_head_k, hp.n_head_kv, self.kv.n_kv[il],
                             k.type.row_size(hp.n_embd_head_k), k.type.row_size(hp.n_embd_k_gqa), 0)
 
     def get_v(self, il: int) -> Tensor:
         v, hp = self.kv.v_l[il], self.hparams
-        if self.kv.v_trans:                                 # note: v.nb[1] > v.nb[2]
-            es = v.type.type_size
-            return ggml.view_3d(self.ctx0, v, self.kv.n_kv, hp.n_head_kv, hp.n_embd_head_v,
-                                es * self.kv.size * hp.n_embd_head_v, es * self.kv.size, 0)
-        return ggml.view_3d(self.ctx0, v, hp.n_embd_head_v, hp.n_head_kv, self.kv.n_kv,
+        return ggml.view_3d(self.ctx0, v, hp.n_embd_head_v, hp.n_head_kv, self.kv.n_kv[il],
                             v.type.row_size(hp.n_embd_head_v), v.type.row_size(hp.n_embd_v_gqa), 0)
 
     def build_attn_mha(self, q: Tensor, k: Tensor, v: Tensor, kq_mask: Tensor, kq_scale: float, il: int) -> Tensor:
@@ -155,7 +152,7 @@ class LLMGraph:
         # store to the KV cache
         build_forward_expand(gf, self.cpy_k(k_cur, il))
         build_forward_expand(gf, self.cpy_v(v_cur, il))
-        mask = self.inputs["kq_mask_swa" if self.hparams.is_swa(il) else "kq_mask"]
+        mask = self.inputs["kq_mask_swa" if self.kv.swa[il] else "kq_mask"]
         cur = self.build_attn_mha(q_cur, self.get_k(il), self.get_v(il), mask, kq_scale, il)
         self.cb(cur, "kqv_out", il)
         return ggml.mul_mat(self.ctx0, wo, cur)

@@ -248,6 +248,15 @@ def cpy(ctx, a: Tensor, b: Tensor) -> Tensor:
     return ctx.new(t)
 
 
+def set_rows(ctx, a: Tensor, b: Tensor, c: Tensor) -> Tensor:
+    """Write the rows of b into the rows of a listed in c (converting the type); the result is a view of a
+    (ggml_set_rows: how the KV cache is written)."""
+    _check(a.ne[0] == b.ne[0], f"set_rows: rows of {a.shape_str()} and {b.shape_str()} differ in length")
+    _check(c.type is I32 and c.ne[0] == b.ne[1], f"set_rows: need one i32 row index per row of {b.shape_str()}")
+    t = Tensor(a.type, a.ne, nb=a.nb, op="SET_ROWS", src=(b, c), name=f"{a.name} (view)", view_src=a, view_offs=0)
+    return ctx.new(t)
+
+
 def cast(ctx, a: Tensor, type) -> Tensor:
     return _node(ctx, "CPY", type, a.ne, (a,), name=f"{a.name} (copy)")
 

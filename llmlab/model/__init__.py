@@ -1,5 +1,6 @@
 """A model bound to the graph builders: ``Model`` (weights, hparams) and ``Context`` (decode)."""
-from .context import Batch, Context
+from ..batch import Batch
+from .context import Context
 from .hparams import HParams, load_hparams
 from .model import Model
 

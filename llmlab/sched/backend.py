@@ -21,7 +21,7 @@ from ..graph.ops import VIEW_OPS
 from ..graph.tensor import Tensor
 
 ALL_OPS = frozenset({"GET_ROWS", "MUL_MAT", "ADD", "MUL", "SCALE", "RMS_NORM", "NORM", "ROPE", "SOFT_MAX",
-                     "SILU", "GELU", "SWIGLU", "GEGLU", "CPY", "CONT", "FLASH_ATTN_EXT",
+                     "SILU", "GELU", "SWIGLU", "GEGLU", "CPY", "SET_ROWS", "CONT", "FLASH_ATTN_EXT",
                      "VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE"})
 
 

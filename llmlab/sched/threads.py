@@ -23,7 +23,7 @@ from ..graph.compute import COMPUTE, f32, mul_mat_quantized
 from ..graph.tensor import F16, Tensor
 
 INTERLEAVED = frozenset({"SOFT_MAX", "RMS_NORM", "NORM"})
-BLOCKS = frozenset({"ADD", "MUL", "SCALE", "ROPE", "GET_ROWS", "SILU", "GELU", "SWIGLU", "GEGLU", "CPY", "CONT"})
+BLOCKS = frozenset({"ADD", "MUL", "SCALE", "ROPE", "GET_ROWS", "SILU", "GELU", "SWIGLU", "GEGLU", "CPY", "SET_ROWS", "CONT"})
 
 
 def partition_kind(op: str) -> str:

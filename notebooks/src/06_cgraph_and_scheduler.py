@@ -164,10 +164,11 @@ md(r"""
 `llm_build_llama` does exactly what we did above, 30 times, between an
 embedding lookup (`get_rows` on `token_embd`) and the LM head. Nodes are named
 as llama.cpp's `cb(cur, "Qcur", il)` names them, so `Qcur-3` or `ffn_out-7` can
-be fetched after a run. The KV cache appears too: each layer **copies** its new
-K and V into the cache (`cpy` into a view of `cache_k_l0`), and the attention
-reads a view of the cache. Those copies are expanded into the graph *before*
-the attention, which is how their order is pinned.
+be fetched after a run. The KV cache appears too: each layer **writes** its new
+K and V rows into their cells (`SET_ROWS` into `cache_k_l0`, at the cell indices
+`find_slot` chose), and the attention reads a view of the cache's first `n_kv`
+cells (padded to 256). The writes are expanded into the graph *before* the
+attention, which is how their order is pinned.
 """)
 
 code(r"""
@@ -310,11 +311,11 @@ tiny32 = Model(write_tiny(pathlib.Path(tempfile.mkdtemp()) / "tiny32.gguf", "lla
                           n_head=4, n_head_kv=2, n_ff=64, n_vocab=64))
 sched32 = Scheduler([AccelBackend(), CPUBackend()], n_gpu_layers=20)
 c32 = Context(tiny32, n_ctx=32, sched=sched32)
-got = c32.decode(Batch.from_tokens([1, 2, 3]))
+got = c32.decode(Batch.from_tokens([1, 2, 3], logits="all"))
 print(viz.split_lines(sched32.last))
 assert sched32.last.n_splits == 3
 assert [r["backend"] for r in sched32.last.summary()] == ["CPU", "ACCEL", "CPU"]
-ref32 = Context(tiny32, n_ctx=32).decode(Batch.from_tokens([1, 2, 3]))
+ref32 = Context(tiny32, n_ctx=32).decode(Batch.from_tokens([1, 2, 3], logits="all"))
 assert np.array_equal(got, ref32)
 print("\nscheduled run == CPU-only run, bit for bit; bytes copied:", sched32.last.bytes_copied)
 """)
@@ -331,11 +332,11 @@ the small ops too, and why pass 2 lets the accelerator swallow its neighbours.
 code(r"""
 rows = []
 toks = list(range(100, 108))
-ref = Context(model, n_ctx=256).decode(Batch.from_tokens(toks))
+ref = Context(model, n_ctx=256).decode(Batch.from_tokens(toks, logits="all"))
 for label, ops in [("all ops", None), ("no ROPE", set(AccelBackend().supported_ops) - {"ROPE"}),
                    ("MUL_MAT, ADD, MUL, RMS_NORM", {"MUL_MAT", "ADD", "MUL", "RMS_NORM"}), ("MUL_MAT only", {"MUL_MAT"})]:
     sc = Scheduler([AccelBackend(supported_ops=ops), CPUBackend()], n_gpu_layers=31)
-    lg = Context(model, n_ctx=256, sched=sc).decode(Batch.from_tokens(toks))
+    lg = Context(model, n_ctx=256, sched=sc).decode(Batch.from_tokens(toks, logits="all"))
     assert np.array_equal(lg, ref)          # same logits whatever the placement
     rows.append(dict(accelerator_supports=label, splits=sc.last.n_splits, copies=sc.last.n_copies,
                      bytes_copied=sc.last.bytes_copied))
@@ -364,11 +365,7 @@ code(r"""
 from llmlab.sched.threads import trace_nodes
 from llmlab.graph.executor import run_nodes
 tctx = Context(model, n_ctx=256)
-tg = tctx.build_graph(8)
-ids = np.array(toks)
-tg.inputs["inp_tokens"].set_data(ids); tg.inputs["inp_pos"].set_data(np.arange(8)); tg.inputs["inp_out_ids"].set_data(np.arange(8))
-tctx.kv.pos[:8] = np.arange(8); tctx.kv.seq[:8] = 0; tctx.kv.head = 8
-tg.inputs["kq_mask"].set_data(tctx._mask(Batch.from_tokens(ids), slice(0, 8), tg.kv.n_kv, 0))
+tg = tctx.graph_for(Batch.from_tokens(toks, logits="all"))   # placed in the cache, inputs set, nothing computed
 end = next(i for i, t in enumerate(tg.gf.nodes) if t.name == "l_out-0") + 1
 traces = trace_nodes(tg.gf.nodes[:end], nth=4)
 run_nodes(tg.gf.nodes[end:])                             # the rest of the graph on the plain path
