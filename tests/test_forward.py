@@ -149,7 +149,7 @@ def test_graph_names_follow_llama_cpp(tiny):
     ctx = Context(m, n_ctx=32)
     ctx.decode(Batch.from_tokens(TOKENS[:3], logits="all"))
     names = {t.name for t in ctx.last_graph.gf.nodes}
-    for n in ["inp_embd", "inp_scaled", "attn_norm-0", "Qcur_normed-0", "Kcur-1", "kq_soft_max-2", "kqv_out-0",
+    for n in ["embd", "inp_scaled", "attn_norm-0", "Qcur_normed-0", "Kcur-1", "kq_soft_max-2", "kqv_out-0",
               "attn_post_norm-1", "sa_out-0", "ffn_geglu-2", "ffn_post_norm-0", "l_out-2", "result_norm",
               "result_output"]:
         assert n in names, n

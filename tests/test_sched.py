@@ -40,8 +40,8 @@ def test_seed_example_32_layers_ngl20_gives_3_splits(tiny32):
     assert s.n_splits == 3
     rows = s.summary()
     assert [r["backend"] for r in rows] == ["CPU", "ACCEL", "CPU"]
-    assert rows[0]["first"] == "inp_embd" and rows[0]["nodes"] == 1          # the embedding lookup
-    assert "inp_embd" in rows[1]["inputs"]                                    # copied into the accelerator
+    assert rows[0]["first"] == "embd" and rows[0]["nodes"] == 1          # the embedding lookup
+    assert "embd" in rows[1]["inputs"]                                    # copied into the accelerator
     assert rows[2]["last"] == "result_output"                                 # layers 20..31 + LM head
     assert "l_out-19" in rows[2]["inputs"]
     assert len(s.passes) == 4 and all(len(p[1]) == s.graph.n_nodes for p in s.passes)

@@ -30,9 +30,10 @@ class BuildLlama(LLMGraph):
             Qcur = self.cb(ggml.mul_mat(ctx0, L.wq, cur), "Qcur", il)
             Kcur = self.cb(ggml.mul_mat(ctx0, L.wk, cur), "Kcur", il)
             Vcur = self.cb(ggml.mul_mat(ctx0, L.wv, cur), "Vcur", il)
-            Qcur = ggml.reshape_3d(ctx0, Qcur, n_embd_head, hp.n_head, n_tokens)
-            Kcur = ggml.reshape_3d(ctx0, Kcur, n_embd_head, hp.n_head_kv, n_tokens)
-            Vcur = ggml.reshape_3d(ctx0, Vcur, n_embd_head, hp.n_head_kv, n_tokens)
+            # build_qkv names the reshaped views too
+            Qcur = self.cb(ggml.reshape_3d(ctx0, Qcur, n_embd_head, hp.n_head, n_tokens), "Qcur", il)
+            Kcur = self.cb(ggml.reshape_3d(ctx0, Kcur, n_embd_head, hp.n_head_kv, n_tokens), "Kcur", il)
+            Vcur = self.cb(ggml.reshape_3d(ctx0, Vcur, n_embd_head, hp.n_head_kv, n_tokens), "Vcur", il)
 
             Qcur = ggml.rope_ext(ctx0, Qcur, inp_pos, None, hp.n_rot, hp.rope_type, hp.n_ctx_train,
                                  hp.rope_freq_base, hp.rope_freq_scale)

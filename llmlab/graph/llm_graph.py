@@ -56,7 +56,7 @@ class LLMGraph:
     def build_inp_embd(self, tok_embd: Tensor) -> Tensor:
         tokens = self._input("inp_tokens", I32, self.n_tokens)
         cur = ggml.get_rows(self.ctx0, tok_embd, tokens)
-        return self.cb(cur, "inp_embd", -1)
+        return self.cb(cur, "embd", -1)            # the name the reference llama.cpp build gives it
 
     def build_inp_pos(self) -> Tensor:
         return self._input("inp_pos", I32, self.n_tokens)

@@ -41,7 +41,7 @@ def llmlab_nodes(model_path: str | Path, tokens: Iterable[int], flash_attn: bool
             return
         seen.append((t.name, t.op, tuple(t.ne), t.numpy()))
 
-    ctx.decode(Batch.from_tokens(toks, all_logits=(output == "all")), callback=on_node)
+    ctx.decode(Batch.from_tokens(toks, logits="all" if output == "all" else "last"), callback=on_node)
     # llmlab's internal names (``__fattn__-0``) are not llama.cpp's: label those nodes as unnamed ones
     names = labels([("" if name.startswith("__") else name, op) for name, op, _, _ in seen])
     return [(lab, op, ne, vals) for lab, (_, op, ne, vals) in zip(names, seen)]
