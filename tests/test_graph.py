@@ -276,8 +276,9 @@ def test_flash_attention_equals_naive_attention():
     fa, (Q, K, V, M) = _attention_graph(True)
     RNG = np.random.default_rng(5)
     naive, _ = _attention_graph(False)
-    np.testing.assert_allclose(fa, naive, rtol=2e-3, atol=2e-3)      # naive rounds probabilities to f16
-    # and both equal the textbook formula
+    # both round to f16 on the way (naive: the probabilities; ggml's flash attention: the running output)
+    np.testing.assert_allclose(fa, naive, rtol=3e-3, atol=3e-3)
+    # and both equal the textbook formula to f16 precision
     Qh = Q.astype(np.float16).astype(np.float64)
     want = []
     for h in range(4):
@@ -285,7 +286,8 @@ def test_flash_attention_equals_naive_attention():
         p = np.exp(s - s.max(-1, keepdims=True))
         want.append((p / p.sum(-1, keepdims=True)) @ V[h // 2])
     want = np.stack(want, 1).reshape(Q.shape[1], -1)
-    np.testing.assert_allclose(fa, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(fa, want, rtol=3e-3, atol=3e-3)
+    np.testing.assert_allclose(naive, want, rtol=3e-3, atol=3e-3)
 
 
 def test_executor_capture_and_replace_hooks():

@@ -52,3 +52,14 @@ def test_f16_products_in_16_lanes():
     B = rng.standard_normal((3, 64)).astype(np.float16)
     got = mul_mat_f16(A, B)
     np.testing.assert_allclose(got, B.astype(np.float64) @ A.astype(np.float64).T, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("n", [64, 256, 96])
+def test_vec_dot_f16_equals_ggml(n):
+    from llmlab.graph.ggml_cpu import vec_dot_f16
+    rng = np.random.default_rng(n)
+    W = rng.standard_normal((16, n)).astype(np.float16)
+    x = rng.standard_normal(n).astype(np.float32)
+    want = np.array([ggml_ref.vec_dot(W[r].view(np.uint8), "f16", x) for r in range(16)], np.float32)
+    got = vec_dot_f16(W.astype(np.float32), x.astype(np.float16).astype(np.float32)[None])
+    np.testing.assert_array_equal(got, want)

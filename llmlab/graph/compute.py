@@ -335,33 +335,49 @@ for _op in ("NONE", "VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE"):
 
 
 @register("FLASH_ATTN_EXT")
-def flash_attn_ext(dst: Tensor, tile: int = 64) -> None:
-    """Online softmax over tiles of keys: never holds more than one tile of scores per query."""
+def flash_attn_ext(dst: Tensor) -> None:
+    """ggml-cpu's flash attention (ggml_compute_forward_flash_attn_ext_f16, one query row at a time):
+    online softmax over the key cells in order, masked cells skipped; with an f16 V the running
+    output is kept in f16 (scaled by exp(M_old - M) when the max grows, then += v * exp(s - M))."""
     q, k, v = dst.src[0], dst.src[1], dst.src[2]
     mask = dst.src[3] if len(dst.src) > 3 else None
     scale = np.float32(dst.op_params["scale"])
     Q = f32(q)[0]                                       # (n_head, n_q, D)
     K = f32(k)[0]                                       # (n_head_kv, n_kv, D)
     V = f32(v)[0]                                       # (n_head_kv, n_kv, Dv)
-    if k.type is F16:                                   # ggml-cpu converts Q to the K type
+    if k.type is F16:                                   # Q converted to K's vec_dot type
         Q = Q.astype(np.float16).astype(np.float32)
     r = Q.shape[0] // K.shape[0]
     K, V = np.repeat(K, r, 0), np.repeat(V, r, 0)
-    M = f32(mask)[0, 0, : Q.shape[1]] if mask is not None else None   # (n_q, n_kv)
     n_head, n_q, _ = Q.shape
-    m = np.full((n_head, n_q, 1), -np.inf, np.float32)
-    s = np.zeros((n_head, n_q, 1), np.float32)
-    acc = np.zeros((n_head, n_q, V.shape[-1]), np.float32)
-    for j in range(0, K.shape[1], tile):
-        sc = Q @ K[:, j:j + tile].swapaxes(1, 2) * scale
-        if M is not None:
-            sc = sc + M[None, :, j:j + tile]
-        m_new = np.maximum(m, sc.max(-1, keepdims=True))
-        with np.errstate(invalid="ignore"):
-            corr = np.where(np.isneginf(m_new), 0, np.exp(m - m_new)).astype(np.float32)
-            p = np.where(np.isneginf(m_new), 0, np.exp(sc - m_new)).astype(np.float32)
-        s = s * corr + p.sum(-1, keepdims=True)
-        acc = acc * corr + p @ V[:, j:j + tile]
-        m = m_new
-    res = acc / s                                       # (n_head, n_q, Dv)
+    n_kv = K.shape[1]
+    M = f32(mask)[0, 0, :n_q, :n_kv] if mask is not None else np.zeros((n_q, n_kv), np.float32)
+    f16_acc = v.type is F16
+    S = np.zeros((n_head, n_q), np.float32)
+    Mx = np.full((n_head, n_q), -np.inf, np.float32)
+    acc = np.zeros((n_head, n_q, V.shape[-1]), np.float16 if f16_acc else np.float32)
+    from .ggml_cpu import vec_dot_f16
+    scores = (vec_dot_f16(Q[:, :, None, :], K[:, None, :, :]) * scale).astype(np.float32)   # (h, q, k)
+    for ic in range(n_kv):
+        mv = M[:, ic]
+        live = np.isfinite(mv)[None, :] & np.ones((n_head, 1), bool)
+        if not live.any():
+            continue
+        s = (scores[:, :, ic] + mv[None, :]).astype(np.float32)
+        grow = live & (s > Mx)
+        with np.errstate(invalid="ignore", over="ignore"):
+            ms = np.where(grow, np.exp((Mx - s).astype(np.float64)), 1.0).astype(np.float32)   # expf
+            vs = np.where(grow, 1.0, np.exp((s - Mx).astype(np.float64))).astype(np.float32)
+        ms = np.where(live, ms, np.float32(1))
+        vs = np.where(live, vs, np.float32(0))
+        Mx = np.where(grow, s, Mx)
+        if f16_acc:
+            a32 = acc.astype(np.float32) * ms[..., None]
+            a32 = (V[:, ic][:, None, :].astype(np.float64) * vs[..., None] + a32.astype(np.float16).astype(np.float64))
+            acc = np.where(live[..., None], a32.astype(np.float32).astype(np.float16), acc)
+        else:
+            a32 = (acc * ms[..., None]).astype(np.float32)
+            acc = np.where(live[..., None], (V[:, ic][:, None, :].astype(np.float64) * vs[..., None] + a32).astype(np.float32), acc)
+        S = np.where(live, (S.astype(np.float64) * ms + vs).astype(np.float32), S)    # S = S*ms + vs, fused
+    res = acc.astype(np.float32) * (np.float32(1) / S)[..., None]
     _out(dst)[0] = res.transpose(1, 0, 2)               # -> [Dv, n_head, n_q] in ggml order

@@ -348,3 +348,26 @@ def mul_mat_q4_k_repacked(raw: np.ndarray, qtype, x: np.ndarray) -> np.ndarray:
 
 # weight types the default CPU build repacks (when the row count is a multiple of 8), and how they then compute
 REPACKED_MUL_MAT: dict[str, Callable] = {"q4_k": mul_mat_q4_k_repacked}
+
+
+def vec_dot_f16(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """ggml_vec_dot_f16 on AVX-512 over the last axis (broadcasting): four 16-lane accumulators take
+    consecutive 16-element pieces of each 64-element step (fma), then (0+2),(1+3), (0+1), a 16-lane
+    reduction, added to a double; the tail (n % 64) is summed in double."""
+    x = np.asarray(x, F32)
+    y = np.asarray(y, F32)
+    n = x.shape[-1]
+    np_ = n - n % 64
+    shape = np.broadcast_shapes(x.shape[:-1], y.shape[:-1])
+    acc = np.zeros(shape + (4, 16), F64)
+    for i in range(0, np_, 64):
+        xs = x[..., i:i + 64].reshape(x.shape[:-1] + (4, 16)).astype(F64)
+        ys = y[..., i:i + 64].reshape(y.shape[:-1] + (4, 16)).astype(F64)
+        acc = (xs * ys + acc).astype(F32).astype(F64)
+    a = acc.astype(F32)
+    a0 = (a[..., 0, :] + a[..., 2, :]).astype(F32)
+    a1 = (a[..., 1, :] + a[..., 3, :]).astype(F32)
+    total = reduce_add_512((a0 + a1).astype(F32)).astype(F64)
+    if np_ < n:
+        total = total + (x[..., np_:].astype(F64) * y[..., np_:].astype(F64)).sum(-1)
+    return total.astype(F32)
