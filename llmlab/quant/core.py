@@ -90,6 +90,14 @@ def first_absmax(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.take_along_axis(a, i, -1)[..., 0], np.take_along_axis(x, i, -1)[..., 0]
 
 
+def first_min_max(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(min, max) per row as C's ``if (v < min) min = v`` loops find them: the first of equal
+    values wins, which decides the sign of a zero (-0.0 before 0.0 stays -0.0)."""
+    lo = np.take_along_axis(x, np.argmin(x, axis=-1)[..., None], -1)[..., 0]
+    hi = np.take_along_axis(x, np.argmax(x, axis=-1)[..., None], -1)[..., 0]
+    return lo, hi
+
+
 def nibbles(qs: np.ndarray) -> np.ndarray:
     """Split bytes ``(..., k)`` into ``(..., 2k)``: the k low nibbles, then the k high ones."""
     return np.concatenate([qs & 0x0F, qs >> 4], axis=-1)
