@@ -391,6 +391,11 @@ class GGUFFile:
         return name in self._by_name
 
     @property
+    def buffer(self) -> np.ndarray:
+        """The whole mapped file as a read-only uint8 array (no copy): ``buffer[a:b]`` are bytes a..b."""
+        return np.frombuffer(self._mm, dtype=np.uint8)
+
+    @property
     def architecture(self) -> str | None:
         return self.kv.get("general.architecture")
 
