@@ -243,3 +243,22 @@ def mul_mat(weight_raw, qtype, x: np.ndarray) -> np.ndarray:
     a = quantize_activations(x2, traits.vec_dot_type)
     out = traits.vec_dot(w, a)
     return out[0] if squeeze else out
+
+
+def affine_dot_terms(w_block, a_block) -> dict[str, float]:
+    """One q4_1 (or q5_1) block against one q8_1 block, term by term.
+
+    With w_i = d_w q_i + m_w and a_i ~ d_a p_i:
+        sum_i w_i a_i = d_w d_a sum_i q_i p_i  +  m_w (d_a sum_i p_i)
+    The second factor is the same for every weight row, so q8_1 stores it once per block
+    as ``s`` and the min term costs one multiply instead of 32 adds."""
+    w, a = w_block.reshape(-1)[:1], a_block.reshape(-1)[:1]
+    t = "q5_1" if w.dtype == L.BLOCK_Q5_1 else "q4_1"
+    q = (L.q5_codes(w) if t == "q5_1" else nibbles(w["qs"]))[0].astype(np.int64)
+    p = a["qs"][0].astype(np.int64)
+    dw, mw, da, s = (float(np.float32(v)) for v in (w["d"][0], w["m"][0], a["d"][0], a["s"][0]))
+    return {"sum_qp": int(q @ p), "sum_p": int(p.sum()), "d_w": dw, "m_w": mw, "d_a": da, "s_a": s,
+            "scale_term": float(np.float32(dw * da) * np.float32(q @ p)), "min_term": float(np.float32(mw * s)),
+            "min_term_from_codes": mw * da * int(p.sum()),
+            "dequantized_dot": float(L.dequantize_q4_1(w)[0].astype(np.float64) @ L.dequantize_q8_0(a)[0].astype(np.float64))
+            if t == "q4_1" else float(L.dequantize_q5_1(w)[0].astype(np.float64) @ L.dequantize_q8_0(a)[0].astype(np.float64))}
