@@ -2,6 +2,8 @@
 dequantizers bit for bit, ggml-cpu's activation quantizers and dot products."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -47,8 +49,8 @@ def test_dequantize_matches_llama_cpp(name):
     assert checklist.same_bits(Q.dequantize(raw, name), ref)
 
 
-@pytest.mark.parametrize("name", ["q4_0", "q8_0", "q4_1", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "tq1_0", "mxfp4"])
-@settings(max_examples=25, deadline=None)
+@pytest.mark.parametrize("name", CHUNK_TYPES)
+@settings(max_examples=int(os.environ.get("LLMLAB_HYPOTHESIS_EXAMPLES", 60)), deadline=None)
 @given(data=st.data())
 def test_quantize_property_matches_llama_cpp(name, data):
     """Any float32 rows (finite, moderate range, subnormals included) quantize to llama.cpp's bytes."""
