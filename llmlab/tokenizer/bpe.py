@@ -1,0 +1,112 @@
+"""Byte-level BPE (``tokenizer.ggml.model = gpt2``), as ``llm_tokenizer_bpe_session`` runs it.
+
+1. The pre-tokenizer cuts the text into words (``pretokenize.py``).
+2. Each word's UTF-8 bytes become GPT-2 byte characters, one symbol per byte ("Ġ" is a space).
+3. Adjacent symbol pairs found in the merge list go into a priority queue keyed by merge rank;
+   the lowest rank is merged first (the leftmost on ties), stale entries are skipped, and the
+   new symbol's pairs with its neighbours are queued.
+4. Each final symbol is looked up in the vocabulary (a symbol without an id falls back to its
+   single-byte tokens).
+
+Words repeat, so step 3 is cached per word: that cache is most of the speed.
+"""
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+from .pretokenize import PreTokenizer, pre_tokenizer
+from .unicode import byte_encoder
+from .vocab import Vocab
+
+
+@dataclass
+class Merge:
+    """One step of a replay: at ``rank`` the pair (left, right) became ``left + right``."""
+    rank: int
+    position: int
+    left: str
+    right: str
+    symbols: list[str]
+
+
+def bpe_merge(symbols: list[str], ranks: dict[str, int], trace: list[Merge] | None = None) -> list[str]:
+    """Merge ``symbols`` by rank; returns the final symbols (``llm_tokenizer_bpe_session::tokenize``)."""
+    sym = list(symbols)
+    n = len(sym)
+    if n < 2:
+        return sym
+    nxt = list(range(1, n + 1))
+    nxt[-1] = -1
+    prv = list(range(-1, n - 1))
+    queue: list[tuple[int, int, int, str]] = []
+
+    def add(left: int, right: int) -> None:
+        if left < 0 or right < 0:
+            return
+        rank = ranks.get(sym[left] + " " + sym[right])
+        if rank is not None:
+            heapq.heappush(queue, (rank, left, right, sym[left] + sym[right]))
+
+    for i in range(1, n):
+        add(i - 1, i)
+    while queue:
+        rank, left, right, text = heapq.heappop(queue)
+        if not sym[left] or not sym[right] or sym[left] + sym[right] != text:
+            continue   # outdated: one side has changed since this pair was queued
+        if trace is not None:
+            trace.append(Merge(rank, left, sym[left], sym[right], []))
+        sym[left], sym[right] = text, ""
+        nxt[left] = nxt[right]
+        if nxt[right] >= 0:
+            prv[nxt[right]] = left
+        add(prv[left], left)
+        add(left, nxt[left])
+        if trace is not None:
+            trace[-1].symbols = [s for s in sym if s]
+    return [s for s in sym if s]
+
+
+class BPE:
+    """A BPE tokenizer session factory: ``encode(fragment)`` for one raw text fragment."""
+
+    def __init__(self, vocab: Vocab, pre: PreTokenizer | None = None):
+        self.vocab = vocab
+        self.pre = pre or pre_tokenizer(vocab.pre)
+        self._enc = byte_encoder()
+        self._cache: dict[str, list[int]] = {}
+
+    def byte_symbols(self, word: str) -> str:
+        """The word's UTF-8 bytes as GPT-2 byte characters."""
+        return word.encode("utf-8").decode("latin-1").translate(self._enc)
+
+    def encode_word(self, word: str) -> list[int]:
+        v = self.vocab
+        chars = self.byte_symbols(word)
+        if self.pre.ignore_merges and chars in v.token_to_id:
+            return [v.token_to_id[chars]]
+        ids = []
+        for s in bpe_merge(list(chars), v.merges):
+            i = v.token_to_id.get(s)
+            if i is not None:
+                ids.append(i)
+            else:   # llama.cpp looks each byte of the symbol's UTF-8 up as a one-byte token
+                ids.extend(j for j in (v.token_to_id.get(chr(b)) for b in s.encode() if b < 0x80) if j is not None)
+        return ids
+
+    def encode(self, text: str) -> list[int]:
+        cache, out = self._cache, []
+        for word in self.pre.split(text):
+            ids = cache.get(word)
+            if ids is None:
+                if len(cache) > 1 << 20:
+                    cache.clear()
+                ids = cache[word] = self.encode_word(word)
+            out += ids
+        return out
+
+    def trace(self, word: str) -> list[Merge]:
+        """Every merge applied to one word, in order (for replays)."""
+        steps: list[Merge] = []
+        bpe_merge(list(self.byte_symbols(word)), self.vocab.merges, steps)
+        return steps

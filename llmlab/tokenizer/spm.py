@@ -1,0 +1,133 @@
+"""SentencePiece BPE (``tokenizer.ggml.model = llama``), as ``llm_tokenizer_spm_session`` runs it.
+
+1. Spaces become U+2581 "▁" (with one prepended first when ``add_space_prefix`` says so).
+2. Every UTF-8 character is a symbol. Each adjacent pair whose concatenation is a token (any
+   token, whatever its type) is queued with that token's score.
+3. The highest score merges first (the leftmost on ties); outdated pairs are skipped; the merged
+   symbol's new pairs are queued.
+4. A final symbol that is a token is emitted; one that is not (a character the vocabulary lacks)
+   falls back to its UTF-8 bytes as ``<0xXX>`` tokens.
+
+No pre-tokenizer cuts the text, but some cuts are safe anyway: if no token contains the two
+characters on either side of a position, no merge can ever cross it, so the text can be split
+there and each piece tokenized (and cached) on its own with the same result.
+"""
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+from .vocab import Vocab
+
+SPACE = "\u2581"
+
+
+@dataclass
+class Bigram:
+    """One step of a replay: the pair at ``position`` merged with ``score`` into ``text``."""
+    score: float
+    position: int
+    left: str
+    right: str
+    symbols: list[str]
+
+
+def spm_merge(text: str, token_to_id: dict[str, int], scores, trace: list[Bigram] | None = None) -> list[str]:
+    """Merge the characters of ``text`` by token score; returns the final symbols."""
+    sym = list(text)
+    n = len(sym)
+    if n < 2:
+        return sym
+    nxt = list(range(1, n + 1))
+    nxt[-1] = -1
+    prv = list(range(-1, n - 1))
+    queue: list[tuple[float, int, int, int]] = []
+
+    def add(left: int, right: int) -> None:
+        if left < 0 or right < 0:
+            return
+        i = token_to_id.get(sym[left] + sym[right])
+        if i is not None:
+            heapq.heappush(queue, (-scores[i], left, right, len(sym[left]) + len(sym[right])))
+
+    for i in range(1, n):
+        add(i - 1, i)
+    while queue:
+        neg_score, left, right, size = heapq.heappop(queue)
+        a, b = sym[left], sym[right]
+        if not a or not b or len(a) + len(b) != size:
+            continue   # outdated: one side has changed since this pair was queued
+        sym[left], sym[right] = a + b, ""
+        nxt[left] = nxt[right]
+        if nxt[right] >= 0:
+            prv[nxt[right]] = left
+        add(prv[left], left)
+        add(left, nxt[left])
+        if trace is not None:
+            trace.append(Bigram(-neg_score, left, a, b, [s for s in sym if s]))
+    return [s for s in sym if s]
+
+
+class SPM:
+    """A SentencePiece tokenizer: ``encode(fragment)`` for one raw text fragment (already escaped)."""
+
+    def __init__(self, vocab: Vocab):
+        self.vocab = vocab
+        self._scores = vocab.scores.tolist()
+        self._cache: dict[str, list[int]] = {}
+        t2i = vocab.token_to_id
+        self._byte_ids = [t2i.get(f"<0x{b:02X}>", t2i.get(chr(b)) if b < 0x80 else None) for b in range(256)]
+
+    @cached_property
+    def _pairs(self) -> np.ndarray:
+        """Sorted codes (first << 21 | second) of every adjacent character pair inside a token."""
+        joined = "\x00".join(self.vocab.tokens)
+        c = np.frombuffer(joined.encode("utf-32-le"), dtype=np.uint32).astype(np.int64)
+        return np.unique((c[:-1] << 21) | c[1:])
+
+    def chunks(self, text: str) -> list[str]:
+        """``text`` cut wherever no token can straddle the cut."""
+        if len(text) < 8:
+            return [text]
+        c = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32).astype(np.int64)
+        code = (c[:-1] << 21) | c[1:]
+        pairs = self._pairs
+        at = np.searchsorted(pairs, code)
+        inside = pairs[np.minimum(at, len(pairs) - 1)] == code
+        cuts = (np.flatnonzero(~inside) + 1).tolist()
+        return [text[a:b] for a, b in zip([0] + cuts, cuts + [len(text)])]
+
+    def encode_chunk(self, text: str) -> list[int]:
+        t2i, out = self.vocab.token_to_id, []
+        for s in spm_merge(text, t2i, self._scores):
+            i = t2i.get(s)
+            if i is not None:
+                out.append(i)
+                continue
+            for b in s.encode("utf-8"):
+                j = self._byte_ids[b]
+                if j is None:
+                    raise ValueError(f"no byte token for 0x{b:02X} in the vocabulary")
+                out.append(j)
+        return out
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of one raw fragment whose spaces are already U+2581."""
+        cache, out = self._cache, []
+        for chunk in self.chunks(text):
+            ids = cache.get(chunk)
+            if ids is None:
+                if len(cache) > 1 << 20:
+                    cache.clear()
+                ids = cache[chunk] = self.encode_chunk(chunk)
+            out += ids
+        return out
+
+    def trace(self, text: str) -> list[Bigram]:
+        """Every merge applied to ``text`` (spaces already escaped), in order (for replays)."""
+        steps: list[Bigram] = []
+        spm_merge(text, self.vocab.token_to_id, self._scores, steps)
+        return steps

@@ -1,0 +1,315 @@
+"""Writes notebooks/02_tokenizer.ipynb (run it, then execute the notebook with llmlab.notebook_runner --write)."""
+from pathlib import Path
+
+import nbformat as nbf
+
+cells = []
+md = lambda s: cells.append(nbf.v4.new_markdown_cell(s.strip()))
+code = lambda s: cells.append(nbf.v4.new_code_cell(s.strip()))
+
+md(r"""
+# 02 · Tokenizer: from text to token ids and back
+
+A language model never sees letters. It sees integers, one per **token**, and every number it computes
+depends on which integers it was given: one wrong id at the start changes everything after it. This
+notebook rebuilds llama.cpp's tokenizers from nothing but the vocabulary stored in the GGUF file and
+checks that they give llama.cpp's ids, exactly.
+
+Whatever the algorithm, llama.cpp tokenizes in three steps (`llama_vocab::impl::tokenize`):
+
+1. **Partition**: special tokens written in the text (`<|im_start|>`, `<start_of_turn>`, ...) are cut out first
+   and become ids directly (`tokenizer_st_partition`).
+2. **Algorithm**: every remaining piece of plain text goes through the model's tokenizer algorithm.
+3. **Decorate**: the model's BOS (and EOS) are added at the ends when its GGUF asks for them.
+
+Our two real models use two different algorithms: SmolLM2 uses **byte-level BPE** (like GPT-2 and LLaMA 3),
+Gemma 3 uses **SentencePiece** (like LLaMA 1/2).
+""")
+
+code(r"""
+import json, time
+from pathlib import Path
+import matplotlib.pyplot as plt
+from IPython.display import display, HTML
+
+from llmlab import models
+from llmlab.gguf import GGUFFile
+from llmlab.tokenizer import Tokenizer, Vocab
+from llmlab.viz import tokens as vt
+from llmlab.viz.html import table
+
+toks = {}
+for name, label in [("smollm2", "SmolLM2 (BPE)"), ("gemma3", "Gemma 3 (SPM)")]:
+    with GGUFFile(models.resolve(name)) as f:
+        t0 = time.perf_counter()
+        vocab = Vocab.from_gguf(f)
+        dt = time.perf_counter() - t0
+    toks[label] = Tokenizer(vocab)
+    print(f"{label:15} {vocab.model:>5}/{vocab.pre:<8} {len(vocab):>7,} tokens, vocabulary read in {dt*1e3:.0f} ms, "
+          f"add_bos={vocab.add_bos}, add_space_prefix={vocab.add_space_prefix}")
+smol, gemma = toks["SmolLM2 (BPE)"], toks["Gemma 3 (SPM)"]
+
+refs = {label: json.loads(Path(f"../tests/data/refs/{stem}.tokens.json").read_text())["cases"]
+        for label, stem in [("SmolLM2 (BPE)", "smollm2-135m-instruct-q4_1"), ("Gemma 3 (SPM)", "gemma-3-270m-q4_k_m")]}
+""")
+
+md(r"""
+Everything the tokenizer needs sits under `tokenizer.ggml.*` in the GGUF metadata: the token strings,
+a score per token (SPM), a type per token (normal, control, user-defined, unused, byte), the merge list
+(BPE), the special ids and a few flags. Reading 262,144 Gemma tokens takes a fraction of a second.
+
+## 1. Four algorithm families
+
+llama.cpp implements four families of tokenizers (`llama_vocab_type`); which one runs is decided by the
+GGUF key `tokenizer.ggml.model`, and for BPE the key `tokenizer.ggml.pre` selects the pre-tokenizer regexes.
+""")
+
+code(r"""
+vt.families_table(toks)
+""")
+
+md(r"""
+SPM and BPE are both *merge* algorithms: start from small pieces and glue neighbours together. They differ in
+what the pieces are and in who decides the order. SPM starts from characters and always merges the pair
+whose result has the best **score**; BPE starts from bytes, first cuts the text into words with a regex, and
+merges pairs in the order of a learned **merge list** (rank 0 first). WordPiece and Unigram do not merge:
+WordPiece matches the longest known prefix, Unigram searches for the segmentation with the best total score.
+llmlab implements the two families our models use.
+
+## 2. The example sentence, through both tokenizers
+
+The seed article's example is "我有一个苹果" ("I have an apple"), which it splits into six one-character
+tokens. Real tokenizers disagree with that picture and with each other. Hover over a box to see its id.
+""")
+
+code(r"""
+sentences = ["我有一个苹果", "The quick brown fox jumps over the lazy dog.", "Self-Attention 本质上就是回答一个问题"]
+display(vt.compare_html(toks, sentences))
+for label, tok in toks.items():
+    for s in sentences:
+        ref = next(c for c in refs[label] if c["text"] == s)
+        assert tok.tokenize(s) == ref["ids"], (label, s)
+print("both tokenizers give llama.cpp's ids for these sentences")
+""")
+
+md(r"""
+Gemma 3's vocabulary is large (262,144 entries) and multilingual: "苹果" (apple) and "一个" (one) are single
+tokens, so the sentence needs 3 ids. SmolLM2's 49,152 tokens are mostly English; most Chinese characters are
+not in its vocabulary at all, so BPE falls back to their UTF-8 **bytes**: 苹 is `e8 8b b9`, three tokens
+that are not even valid text on their own (shown as `<E8>` ...). On English the two are close: both need 10
+tokens for the pangram.
+
+## 3. Step 1: special tokens and BOS
+
+Chat models mark turns with special tokens. By default (`special=False`, llama.cpp's `parse_special=false`)
+text that *looks* like a special token is ordinary text, so a user cannot inject control tokens by typing them.
+With `special=True` the partition step cuts them out first: the candidates are all control, user-defined and
+unknown tokens, longest first, and each one splits every remaining fragment at its occurrences.
+Grey boxes are raw fragments that will go through the algorithm, pink ones are ids decided already.
+""")
+
+code(r"""
+chat = "<|im_start|>user\nHello<|im_end|>"
+for special in (False, True):
+    print(f"SmolLM2, special={special}:")
+    display(vt.fragments_html(smol, chat, special))
+    display(vt.tokens_html(smol, chat, special=special))
+""")
+
+md(r"""
+There is a twist: **user-defined** tokens are split out even when `special=False` (llama.cpp follows
+Hugging Face here). Gemma 3 declares runs of newlines, tabs and spaces as user-defined tokens, plus some HTML
+tags, so they never reach SentencePiece. Its `</s>` is user-defined in the file, but llama.cpp promotes it to a
+control token by its text (an end-of-generation marker), so it is only recognised with `special=True`.
+""")
+
+code(r"""
+text = "Hello  world\n\n<b>bold</b> and </s>"
+for special in (False, True):
+    print(f"Gemma 3, special={special}:")
+    display(vt.fragments_html(gemma, text, special))
+""")
+
+md(r"""
+Step 3 adds BOS where the model's `tokenizer.ggml.add_bos_token` asks for it (llama.cpp's `add_special`).
+Gemma 3 asks for `<bos>` (id 2), SmolLM2 does not, so `add_bos=True` changes nothing for it. When the ids are
+turned back into text, control tokens such as BOS print as nothing unless asked for.
+""")
+
+code(r"""
+rows = []
+for label, tok in toks.items():
+    ids = tok.tokenize("Hello world", add_bos=True)
+    rows.append([label, tok.vocab.add_bos, ids, repr(tok.detokenize(ids)), repr(tok.detokenize(ids, special=True))])
+table(["model", "add_bos_token", "ids with add_bos=True", "detokenize", "detokenize(special=True)"], rows)
+""")
+
+md(r"""
+## 4. Step 2 for BPE: pre-tokenize, then merge by rank
+
+SmolLM2's `tokenizer.ggml.pre` is `smollm`. llama.cpp maps that name to two regexes applied in sequence:
+`\p{N}` (every digit stands alone), then GPT-2's pattern
+
+```
+'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)
+```
+
+Words keep their leading space, and a run of spaces gives its last space to the next word
+(`\s+(?!\S)`). Letters, numbers and whitespace are decided by llama.cpp's own Unicode tables, which llmlab
+reads from the same source so that even rare characters split identically.
+""")
+
+code(r"""
+s = "I'm sure   it costs 1234 dollars.\n"
+words = smol.algorithm.pre.split(s)
+print(words)
+print([smol.algorithm.byte_symbols(w) for w in words])
+""")
+
+md(r"""
+Each word is then written in GPT-2's byte alphabet: every UTF-8 byte becomes one printable character
+(a space is `Ġ`, a newline `Ċ`), so a vocabulary of strings can hold arbitrary bytes. Merging starts from
+single bytes. All adjacent pairs that appear in the merge list go into a priority queue keyed by their
+**rank** (their line number in `tokenizer.ggml.merges`); the lowest rank merges first (the leftmost one on a
+tie), and the new symbol's pairs with its neighbours are queued. Here is the replay for " tokenization":
+""")
+
+code(r"""
+word = " tokenization"
+steps = smol.algorithm.trace(word)
+display(vt.bpe_replay_table(smol, word))
+vt.plot_replay(list(smol.algorithm.byte_symbols(word)), steps, f"BPE merges of {word!r} (SmolLM2)")
+plt.show()
+print("ids:", smol.tokenize(word), [smol.vocab.tokens[i] for i in smol.tokenize(word)])
+""")
+
+md(r"""
+The ranks come out in increasing order, and that is no accident: when the merge list was learned, a pair
+could only be merged once both of its halves existed, so every merge ranks after the merges that built its
+halves. Words repeat a lot in real text, so llmlab caches the result per word; on English that cache does
+most of the work.
+
+## 5. Step 2 for SPM: merge by score
+
+SentencePiece has no pre-tokenizer and no merge list. Spaces become `▁` (U+2581); every character is a
+symbol; each adjacent pair whose concatenation is *any* token is queued with that token's score, and the
+highest score merges first (`llm_tokenizer_spm_session`). Gemma 3 sets `add_space_prefix` to false, so no
+space is added in front of the text.
+""")
+
+code(r"""
+text = " tokenization"
+steps = gemma.algorithm.trace(text.replace(" ", "▁"))
+display(vt.spm_replay_table(gemma, text))
+vt.plot_replay(list(text.replace(" ", "▁")), steps, f"SPM bigram queue replay of {text!r} (Gemma 3)")
+plt.show()
+print("ids:", gemma.tokenize(text), [gemma.vocab.tokens[i] for i in gemma.tokenize(text)])
+""")
+
+md(r"""
+Scores here are log-probability-like numbers, so the order is the reverse of BPE's ranks: `▁t` (score 0)
+first, the long `▁to`+`ken` last. Both replays end on the same segmentation, `▁token` + `ization`, but for
+different reasons.
+
+**Byte fallback.** When a character is not in the vocabulary at all, no merge can produce it, and SPM emits
+its UTF-8 bytes as the 256 byte tokens `<0x00>`...`<0xFF>`. Gemma 3 knows 𝔸 but not an Egyptian hieroglyph,
+nor the Cyrillic ꙮ:
+""")
+
+code(r"""
+table(["id", "vocabulary entry", "type", "bytes"], vt.byte_fallback_rows(gemma, "𓀀 ꙮ 𝔸"))
+""")
+
+md(r"""
+## 6. Back to text, one token at a time
+
+Detokenizing concatenates each token's bytes: GPT-2 byte characters are mapped back to bytes, `▁` back to a
+space, `<0xXX>` to its byte. A token can end in the middle of a character, so a program printing tokens as
+they are generated must hold incomplete UTF-8 back. `StreamDecoder` does that:
+""")
+
+code(r"""
+from llmlab.tokenizer.stream import StreamDecoder
+table(["id", "token bytes", "printed now", "held back"], vt.stream_rows(smol, "苹果🙂"))
+""")
+
+md(r"""
+## 7. The vocabularies in numbers
+
+How long are tokens, and who gets them? Counting the normal tokens by the script of their text shows where
+each model spent its vocabulary: SmolLM2 has about 80 tokens with Chinese characters (hence the byte soup
+above), Gemma 3 has over 20,000.
+""")
+
+code(r"""
+stats = {label: vt.vocab_stats(tok) for label, tok in toks.items()}
+vt.plot_vocab_stats(stats)
+plt.show()
+rows = [[label, s["types"].get("normal", 0), s["types"].get("control", 0), s["types"].get("user-defined", 0),
+         s["types"].get("byte", 0), s["scripts"].get("English letters", 0), s["scripts"].get("Chinese (CJK ideographs)", 0)]
+        for label, s in stats.items()]
+table(["model", "normal", "control", "user-defined", "byte", "English-letter tokens", "Chinese tokens"], rows)
+""")
+
+md(r"""
+## 8. Try it
+
+Type in the box to retokenize with both models (the static output below shows the default text, since a
+headless run has no widgets).
+""")
+
+code(r"""
+import ipywidgets as w
+
+default = "llama.cpp 把文本切成 token：Hello, world! 🙂"
+box = w.Text(value=default, layout=w.Layout(width="90%"))
+special = w.Checkbox(value=False, description="special")
+bos = w.Checkbox(value=False, description="add_bos")
+out = w.Output()
+
+def show(_=None):
+    out.clear_output()
+    with out:
+        display(vt.compare_html(toks, [box.value], add_bos=bos.value, special=special.value))
+
+for c in (box, special, bos):
+    c.observe(show, names="value")
+show()
+display(w.VBox([box, w.HBox([special, bos]), out]))
+display(vt.compare_html(toks, [default]))
+""")
+
+md(r"""
+## 9. Checks
+
+Every shared reference case (46 texts per model, each with `special` and BOS variants) must give llama.cpp's
+ids, and detokenizing must give the text back. The same comparison runs live against llama-cpp-python on
+generated text in `tests/test_tokenizer_llamacpp.py`.
+""")
+
+code(r"""
+n = 0
+for label, tok in toks.items():
+    for c in refs[label]:
+        assert tok.tokenize(c["text"]) == c["ids"]
+        assert tok.tokenize(c["text"], special=True) == c["ids_special"]
+        assert tok.tokenize(c["text"], add_bos=True) == c["ids_bos"]
+        assert tok.detokenize(c["ids_bos"]) == c["text"]
+        n += 3
+print(f"{n} tokenizations identical to llama.cpp")
+
+article = Path("../data/llama-cpp-inference-walkthrough.txt").read_text(encoding="utf-8")
+for label, tok in toks.items():
+    t0 = time.perf_counter()
+    ids = tok.tokenize(article)
+    dt = time.perf_counter() - t0
+    assert tok.detokenize(ids) == article
+    print(f"{label}: the {len(article.encode()) / 1e3:.0f} KB seed article -> {len(ids)} tokens in {dt * 1e3:.0f} ms")
+""")
+
+nb = nbf.v4.new_notebook()
+nb["cells"] = cells
+nb["metadata"]["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+out = Path(__file__).resolve().parent.parent / "02_tokenizer.ipynb"
+nbf.write(nb, out)
+print(out)
