@@ -81,8 +81,8 @@ def quantize_file(src, dst, qtype: str, allow_requantize: bool = False, progress
         w.tensors.clear()
         w.add("general.file_type", FILE_TYPES[qtype], vtype=ValueType.UINT32)
         w.add("general.quantization_version", 2, vtype=ValueType.UINT32)
-        total = sum(t.n_elements for t, new in jobs if new and new != t.type.name) or 1
-        bar = Progress(total, f"quantize {qtype}", enabled=progress)
+        total = sum(4 * t.n_elements for t, new in jobs if new and new != t.type.name) or 1
+        bar = Progress(total, f"quantize {qtype}", unit="B", enabled=progress)     # float32 bytes processed
         done, types = 0, {}
         for t, new in jobs:
             if new is None or new == t.type.name:
@@ -93,7 +93,7 @@ def quantize_file(src, dst, qtype: str, allow_requantize: bool = False, progress
             raw = quant.quantize(values, new)
             w.add_tensor(t.name, raw, type=ggml_type(new), shape=t.shape)
             types[t.name] = new
-            done += t.n_elements
+            done += 4 * t.n_elements
             bar.update(done)
         bar.close()
         size_in = sum(t.nbytes for t in f.tensors)
