@@ -52,10 +52,14 @@ In llama.cpp a format exists once three things exist:
    `GGML_TYPE_COUNT` closes the enum and sizes every per-type array (43 in the 2026 header the seed quotes).
 2. **a block struct** in `ggml-common.h`, with a `static_assert` that pins its size: `block_q4_K` must be
    exactly 2 + 2 + 12 + 128 = 144 bytes, no padding. Every backend (CPU, CUDA, Metal) includes this header,
-   so all of them cut the same 144 bytes the same way.
+   so all of them cut the same 144 bytes the same way. (Its `d` and `dmin` sit in a union with a
+   `ggml_half2`, so a SIMD kernel can load both scales with one 4-byte read; the layout is unchanged.)
 3. **an entry in `type_traits[]`** in `ggml.c`: `type_name`, `blck_size`, `type_size`, `is_quantized`,
    `to_float` (the dequantizer) and `from_float_ref` (the reference quantizer). The table is indexed by id
    with no bounds check: an id without an entry gets a zeroed row (size 0, NULL function) and crashes at run time.
+
+A second enum, `llama_ftype`, numbers whole-file recipes rather than tensor types: it is what
+`general.file_type` stores (for example `MOSTLY_Q4_K_M = 15`, "mostly q4_k, with q6_k where it matters").
 
 llmlab mirrors this: `llmlab.types.TYPES` is the table (id, name, block size, bytes), and importing
 `llmlab.quant` attaches each family's block layout and converters to it, the way `ggml.c` fills
@@ -74,6 +78,9 @@ The removed ids are still in the table, so they can be named, but asking for the
 """)
 
 code(r"""
+print("SmolLM2 general.file_type =", smol.kv["general.file_type"], "(MOSTLY_Q4_1)")
+print("Gemma 3 general.file_type =", gemma.kv["general.file_type"], "(MOSTLY_Q4_K_M): tensor types",
+      sorted({t.type.name for t in gemma.tensors}))
 t = ggml_type("q4_0")
 print(t.name, t.type_size, "*8 /", t.block_size, "=", t.bits_per_weight, "bpw")
 display(vq.layout_table("q4_k"))
@@ -342,8 +349,15 @@ The seed's checklist for a new format, in dependency order:
 5. `test-quantize-fns`: add the type to the test table
 6. cross-check against an independent implementation (gguf-py), bit for bit
 
+What `test-quantize-fns` does for every type is short: random floats, reference quantize, dequantize, check
+the error against a per-type threshold; then quantize again with the optimized (SIMD) path and compare the
+bytes with the reference. `llmlab.quant.checklist.run_checklist` is the same idea, and the test-suite runs it
+for every built-in type.
+
 Then, and only then, the backends: CPU SIMD, Metal, CUDA/Vulkan, each one checked byte for byte against the
-reference again ("runs on the GPU" proves nothing: a swapped bit order still runs).
+reference again ("runs on the GPU" proves nothing: a swapped bit order still runs). Real formats travel this
+road slowly: the ternary STQ1_0 / PTQ1_0 variants were born in forks and pull requests with CPU (NEON, AVX2)
+kernels first and incomplete Metal coverage, so "passes the CPU tests" never meant "runs on every backend".
 
 **MINI1** is the seed's toy: 8 values per block, one f16 scale `d = max|x|` and one sign bit per value, so
 each value decodes to ±d. 3 bytes per 8 values = 3 bits per weight. `llmlab.quant.toy` holds its struct,
