@@ -8,7 +8,6 @@ copied and ``general.file_type`` set to the llama_ftype of the target.
 """
 from __future__ import annotations
 
-import numpy as np
 
 from .. import LLMLabError
 
