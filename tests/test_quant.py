@@ -189,3 +189,8 @@ def test_toy_format_registers_and_passes_the_checklist():
     assert "mini1" not in {t.name for t in TYPES.values()}
     with pytest.raises(Q.QuantError):
         Q.quantize(np.zeros(8, np.float32), "mini1")
+
+
+def test_package_doctest():
+    import doctest
+    assert doctest.testmod(Q).failed == 0

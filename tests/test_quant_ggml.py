@@ -105,3 +105,17 @@ def test_mul_mat_errors():
         Q.mul_mat(raw, "iq2_xxs", np.zeros(256, np.float32))
     with pytest.raises(Q.QuantError, match="activation quantizer"):
         Q.quantize_activations(np.zeros((1, 32), np.float32), "q4_0")
+
+
+@pytest.mark.parametrize("name", sorted(TYPE_TRAITS_CPU))
+def test_mul_mat_random_blocks_extreme_activations(name):
+    """Any block contents (largest scales and codes) and saturating activations: still ggml-cpu's bits."""
+    t = ggml_type(name)
+    rng = np.random.default_rng(11)
+    n = 1024
+    raw = random_blocks(t, 16 * n // t.block_size, 12).reshape(16, -1)
+    x = np.sign(rng.standard_normal((3, n))).astype(np.float32) * 100
+    x[:, ::7] *= 0.01
+    mine = Q.mul_mat(raw, name, x)
+    ref = np.array([[vec_dot(raw[r], name, x[i]) for r in range(16)] for i in range(3)], np.float32)
+    assert checklist.same_bits(mine, ref)

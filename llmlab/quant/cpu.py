@@ -100,7 +100,7 @@ def block_dots(qw: np.ndarray, qa: np.ndarray) -> np.ndarray:
 
 
 def _fma(a, b, c):
-    """float32 fused multiply-add (one rounding): the product of two float32 is exact in float64,
+    """float32 fused multiply-add: the product of two float32 is exact in float64,
     the sum is rounded there and then to float32 (a double rounding that can differ from the
     hardware only when the float64 sum lands exactly half-way between two float32)."""
     return (a.astype(np.float64) * b + c).astype(F32)
@@ -116,6 +116,7 @@ def _avx2_accumulate(d: np.ndarray, lanes: np.ndarray) -> np.ndarray:
     """The AVX2 kernels' accumulator: 8 float lanes, ``acc = fma(d_block, (float) lane_sums, acc)``
     block after block, then hsum_float_8. d: (T, R, nb) float32; lanes: (T, R, nb, 8) integers."""
     acc = np.zeros(lanes.shape[:2] + (8,), F32)
+    lanes = lanes.astype(F32)                       # _mm256_cvtepi32_ps: rounds beyond 2**24
     for b in range(lanes.shape[2]):
         acc = _fma(d[:, :, b, None], lanes[:, :, b, :], acc)
     return hsum_float_8(acc)
@@ -199,6 +200,7 @@ def vec_dot_q2_k_q8_k(w, a):
     d = a["d"][:, None, :] * _h(w, "d")[None]
     dmin = -a["d"][:, None, :] * _h(w, "dmin")[None]
     acc = np.zeros((T, R, 8), F32)
+    lanes, mlanes = lanes.astype(F32), mlanes.astype(F32)
     for i in range(nb):
         acc = _fma(dmin[:, :, i, None], mlanes[:, :, i, :], acc)
         acc = _fma(d[:, :, i, None], lanes[:, :, i, :], acc)
