@@ -47,7 +47,7 @@ def run_both(tmp_path, smollm2_path, qtype):
     return mine, compare(mine, ref)
 
 
-@pytest.mark.parametrize("qtype", ["q8_0", "q4_0"])
+@pytest.mark.parametrize("qtype", ["q8_0", "q4_0", "q5_1"])
 def test_bytes_identical_to_llama_cpp(tmp_path, smollm2_path, qtype):
     _, (same, diff, other) = run_both(tmp_path, smollm2_path, qtype)
     assert diff == []
@@ -61,6 +61,13 @@ def test_bytes_identical_to_llama_cpp_q4_k(tmp_path, smollm2_path):
     with GGUFFile(tmp_path / "mine-q4_k.gguf") as f:
         q4k = [t.name for t in f.tensors if t.type.name == "q4_k"]
     assert len(q4k) >= 20 and set(q4k) - set(other) and len(same) > 200
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("qtype", ["iq4_xs", "q6_k"])
+def test_bytes_identical_to_llama_cpp_more(tmp_path, smollm2_path, qtype):
+    _, (same, diff, other) = run_both(tmp_path, smollm2_path, qtype)
+    assert diff == [] and len(same) > 200
 
 
 @pytest.mark.slow

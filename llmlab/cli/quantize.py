@@ -14,11 +14,11 @@ from .. import LLMLabError
 # llama_ftype of a whole-model target (llama.h): the "mostly TYPE" file types
 FILE_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7, "q5_0": 8, "q5_1": 9, "q2_k": 10,
               "q3_k": 11, "q4_k": 14, "q5_k": 16, "q6_k": 18, "bf16": 32, "tq1_0": 36, "tq2_0": 37,
-              "mxfp4": 38, "q1_0": 40}
+              "mxfp4": 38, "q1_0": 40, "iq4_nl": 25, "iq4_xs": 30}
 
 # tensor_type_fallback() in llama-quant.cpp: rows not a multiple of the block size
 FALLBACK = {"q2_k": "q4_0", "q3_k": "q4_0", "tq1_0": "q4_0", "tq2_0": "q4_0", "q4_k": "q5_0",
-            "q5_k": "q5_1", "q6_k": "q8_0"}
+            "q5_k": "q5_1", "q6_k": "q8_0", "iq4_xs": "iq4_nl"}
 
 # substrings of weight names llama.cpp never quantizes (tensor_allows_quantization)
 KEEP = ("_norm.weight", "ffn_gate_inp.weight", "altup", "laurel", "per_layer_model_proj", "position_embd",
