@@ -161,7 +161,8 @@ _MIDPOINTS2 = (KVALUES_IQ4NL[:-1].astype(np.int32) + KVALUES_IQ4NL[1:]).astype(F
 def best_index_int8(x: np.ndarray) -> np.ndarray:
     """Index of the nearest kvalues_iq4nl entry: level j once 2x reaches val[j-1] + val[j] (exact in float)."""
     x2 = np.asarray(x, F32) * F32(2)
-    return (x2[..., None] >= _MIDPOINTS2).sum(-1).astype(np.uint8)
+    idx = np.searchsorted(_MIDPOINTS2, x2, side="right")          # how many midpoints are <= 2x
+    return np.where(np.isnan(x2), 0, idx).astype(np.uint8)
 
 
 def _nl_sums(x, w, idx):
