@@ -64,7 +64,10 @@ def to_float(raw: np.ndarray, qtype) -> np.ndarray:
     raw = np.ascontiguousarray(raw, np.uint8)
     n = raw.size // t.type_size * t.block_size
     out = np.zeros(n, np.float32)
-    TO_FLOAT(base.ggml_get_type_traits(t.id).contents.to_float)(raw.ctypes.data, out.ctypes.data, n)
+    fn = base.ggml_get_type_traits(t.id).contents.to_float
+    if not fn:
+        raise NotImplementedError(f"ggml has no to_float for {t.name}")
+    TO_FLOAT(fn)(raw.ctypes.data, out.ctypes.data, n)
     return out
 
 
@@ -90,3 +93,15 @@ def vec_dot(w_row: np.ndarray, qtype, x: np.ndarray) -> float:
     w_row = np.ascontiguousarray(w_row, np.uint8)
     VEC_DOT(tr.vec_dot)(x.size, C.byref(s), 0, w_row.ctypes.data, 0, a.ctypes.data, 0, 1)
     return s.value
+
+
+def quantize_row_ref(x: np.ndarray, qtype) -> np.ndarray:
+    """ggml-base's ``quantize_row_<type>_ref`` called by name (for q8_1 / q8_K, which quantize_chunk skips)."""
+    t = ggml_type(qtype)
+    base, _ = libs()
+    fn = getattr(base, f"quantize_row_{t.name.replace('_k', '_K')}_ref")
+    x = np.ascontiguousarray(x, np.float32).reshape(-1)
+    out = np.zeros(x.size // t.block_size * t.type_size, np.uint8)
+    fn.argtypes = [C.c_void_p, C.c_void_p, C.c_int64]
+    fn(x.ctypes.data, out.ctypes.data, x.size)
+    return out

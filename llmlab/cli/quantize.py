@@ -8,18 +8,17 @@ copied and ``general.file_type`` set to the llama_ftype of the target.
 """
 from __future__ import annotations
 
-import numpy as np
 
 from .. import LLMLabError
 
 # llama_ftype of a whole-model target (llama.h): the "mostly TYPE" file types
 FILE_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7, "q5_0": 8, "q5_1": 9, "q2_k": 10,
               "q3_k": 11, "q4_k": 14, "q5_k": 16, "q6_k": 18, "bf16": 32, "tq1_0": 36, "tq2_0": 37,
-              "mxfp4": 38, "q1_0": 40}
+              "mxfp4": 38, "q1_0": 40, "iq4_nl": 25, "iq4_xs": 30}
 
 # tensor_type_fallback() in llama-quant.cpp: rows not a multiple of the block size
 FALLBACK = {"q2_k": "q4_0", "q3_k": "q4_0", "tq1_0": "q4_0", "tq2_0": "q4_0", "q4_k": "q5_0",
-            "q5_k": "q5_1", "q6_k": "q8_0"}
+            "q5_k": "q5_1", "q6_k": "q8_0", "iq4_xs": "iq4_nl"}
 
 # substrings of weight names llama.cpp never quantizes (tensor_allows_quantization)
 KEEP = ("_norm.weight", "ffn_gate_inp.weight", "altup", "laurel", "per_layer_model_proj", "position_embd",
@@ -81,8 +80,8 @@ def quantize_file(src, dst, qtype: str, allow_requantize: bool = False, progress
         w.tensors.clear()
         w.add("general.file_type", FILE_TYPES[qtype], vtype=ValueType.UINT32)
         w.add("general.quantization_version", 2, vtype=ValueType.UINT32)
-        total = sum(t.n_elements for t, new in jobs if new and new != t.type.name) or 1
-        bar = Progress(total, f"quantize {qtype}", enabled=progress)
+        total = sum(4 * t.n_elements for t, new in jobs if new and new != t.type.name) or 1
+        bar = Progress(total, f"quantize {qtype}", unit="B", enabled=progress)     # float32 bytes processed
         done, types = 0, {}
         for t, new in jobs:
             if new is None or new == t.type.name:
@@ -93,7 +92,7 @@ def quantize_file(src, dst, qtype: str, allow_requantize: bool = False, progress
             raw = quant.quantize(values, new)
             w.add_tensor(t.name, raw, type=ggml_type(new), shape=t.shape)
             types[t.name] = new
-            done += t.n_elements
+            done += 4 * t.n_elements
             bar.update(done)
         bar.close()
         size_in = sum(t.nbytes for t in f.tensors)

@@ -6,7 +6,7 @@ dequantizer (``to_float``) and, where ggml has one, its reference quantizer
 (``from_float``). One module per family, like ggml-quants.c's sections:
 
 ========== ===================================================
-float      f32, f16, bf16
+floats     f32, f16, bf16
 legacy     q4_0 q4_1 q5_0 q5_1 q8_0 q8_1 (one scale per 32), q1_0
 k_quants   q2_k q3_k q4_k q5_k q6_k q8_k (super-blocks of 256)
 iq         iq1_s iq1_m iq2_xxs iq2_xs iq2_s iq3_xxs iq3_s iq4_nl iq4_xs
@@ -22,7 +22,7 @@ cpu        ggml-cpu's type_traits_cpu: activation partners, vec_dot, mul_mat
 """
 from __future__ import annotations
 
-from . import float, legacy, k_quants, iq, ternary, fp4  # noqa: F401  (registration)
+from . import floats, legacy, k_quants, iq, ternary, fp4  # noqa: F401  (registration)
 from .core import QuantError, dequantize, quantize, register
 from .cpu import TYPE_TRAITS_CPU, CPUTraits, mul_mat, quantize_activations, vec_dot_type
 

@@ -72,7 +72,7 @@ def seq_sum(a: np.ndarray, axis: int = -1) -> np.ndarray:
 def inv_or_zero(d: np.ndarray) -> np.ndarray:
     """``d ? 1.0f/d : 0.0f``"""
     d = np.asarray(d, F32)
-    with np.errstate(divide="ignore"):
+    with np.errstate(divide="ignore", over="ignore"):
         return np.where(d != 0, F32(1) / d, F32(0)).astype(F32)
 
 
@@ -87,7 +87,17 @@ def first_absmax(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     (the ``if (amax < fabsf(v)) { amax = fabsf(v); max = v; }`` loop)."""
     a = np.abs(x)
     i = np.argmax(a, axis=-1)[..., None]
-    return np.take_along_axis(a, i, -1)[..., 0], np.take_along_axis(x, i, -1)[..., 0]
+    amax = np.take_along_axis(a, i, -1)[..., 0]
+    mx = np.take_along_axis(x, i, -1)[..., 0]
+    return amax, np.where(amax > 0, mx, x.dtype.type(0))     # never replaced: max stays +0.0
+
+
+def first_min_max(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(min, max) per row as C's ``if (v < min) min = v`` loops find them: the first of equal
+    values wins, which decides the sign of a zero (-0.0 before 0.0 stays -0.0)."""
+    lo = np.take_along_axis(x, np.argmin(x, axis=-1)[..., None], -1)[..., 0]
+    hi = np.take_along_axis(x, np.argmax(x, axis=-1)[..., None], -1)[..., 0]
+    return lo, hi
 
 
 def nibbles(qs: np.ndarray) -> np.ndarray:

@@ -61,5 +61,38 @@ def quantize_mxfp4(x):
     return out
 
 
+def fp32_to_ue4m3(x: np.ndarray) -> np.ndarray:
+    """ggml_fp32_to_ue4m3: clamp to [0, 448]; normals keep 3 mantissa bits, rounded up on the 4th
+    (an overflow of the mantissa carries into the exponent, saturating at 0x7E); below 2^-6 the
+    subnormal code is round(x * 512) in 1..7."""
+    x = np.clip(np.asarray(x, F32), F32(0), F32(448)).astype(F32)
+    bits = x.view(np.uint32)
+    e0 = ((bits >> 23) & 0xFF).astype(np.int32) - 127 + 7          # the exponent decides the branch
+    man = ((bits >> 20) & 0x7).astype(np.int32) + ((bits >> 19) & 1).astype(np.int32)
+    exp = np.where(man > 7, e0 + 1, e0)
+    man = np.where(man > 7, 0, man)
+    normal = np.where((exp >= 15) | (e0 >= 15), 0x7E, (exp << 3) | man)
+    sub = np.clip((x * F32(512) + F32(0.5)).astype(np.int32), 0, 7)
+    out = np.where(e0 <= 0, sub, normal)
+    return np.where(x <= 0, 0, out).astype(np.uint8)
+
+
+def _best_index(x: np.ndarray, d: np.ndarray) -> np.ndarray:
+    """best_index_mxfp4: the code with the smallest |code * d - x|, the first one on ties."""
+    err = np.abs(d[..., None] * KVALUES_MXFP4.astype(F32) - x[..., None])
+    return np.argmin(err, axis=-1).astype(np.uint8)
+
+
+def quantize_nvfp4(x):
+    """Per 16 values: scale = ue4m3(amax / 6) (6 is the largest E2M1 value), then the nearest code."""
+    n = x.shape[0]
+    xs = x.reshape(n, 4, 16)
+    ue = fp32_to_ue4m3(np.abs(xs).max(-1) / F32(6))
+    q = _best_index(xs, np.broadcast_to(ue4m3_to_fp32_half(ue)[..., None], xs.shape))
+    out = np.zeros(n, BLOCK_NVFP4)
+    out["d"], out["qs"] = ue, (q[..., :8] | (q[..., 8:] << 4)).reshape(n, 32)
+    return out
+
+
 register("mxfp4", BLOCK_MXFP4, dequantize_mxfp4, quantize_mxfp4)
-register("nvfp4", BLOCK_NVFP4, dequantize_nvfp4, None)
+register("nvfp4", BLOCK_NVFP4, dequantize_nvfp4, quantize_nvfp4)

@@ -4,7 +4,8 @@ Instead of storing each weight's level, a group of 8 (or 4) weights stores one i
 into a lattice of likely 8-vectors (``iq2xxs_grid`` ...), plus sign bits (often 7 bits
 and a parity: ``ksigns_iq2xs``) and a small per-sub-block scale. iq4_nl/iq4_xs keep one
 4-bit code per weight but map it through a non-linear table (``kvalues_iq4nl``).
-Only dequantizers here (ggml's i-quant quantizers need an importance matrix search).
+Dequantizers for all of them; reference quantizers for iq4_nl and iq4_xs (the grid-based
+ones need ggml's lattice searches and an importance matrix to be worth using).
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import numpy as np
 
 from ..types import QK_K
 from . import _iq_tables
-from .core import F32, nibbles, register
+from .core import F32, first_absmax, fp16, nearest_int, nibbles, register, seq_sum
 
 KVALUES_IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int8)
 IQ1S_DELTA = F32(0.125)
@@ -151,6 +152,84 @@ def dequantize_iq4_xs(b):
     return (dl * KVALUES_IQ4NL[q].astype(F32)).reshape(n, QK_K)
 
 
+# ---------------------------------------------------------------- iq4_nl / iq4_xs quantizers
+
+GROUP_MAX_EPS = F32(1e-15)
+_MIDPOINTS2 = (KVALUES_IQ4NL[:-1].astype(np.int32) + KVALUES_IQ4NL[1:]).astype(F32)   # val[j-1] + val[j]
+
+
+def best_index_int8(x: np.ndarray) -> np.ndarray:
+    """Index of the nearest kvalues_iq4nl entry: level j once 2x reaches val[j-1] + val[j] (exact in float)."""
+    x2 = np.asarray(x, F32) * F32(2)
+    idx = np.searchsorted(_MIDPOINTS2, x2, side="right")          # how many midpoints are <= 2x
+    return np.where(np.isnan(x2), 0, idx).astype(np.uint8)
+
+
+def _nl_sums(x, w, idx):
+    q = KVALUES_IQ4NL[idx].astype(F32)
+    wq = w * q
+    return seq_sum(wq * x), seq_sum(wq * q)
+
+
+def _iq4_block_scales(x: np.ndarray, ntry: int) -> tuple[np.ndarray, np.ndarray]:
+    """quantize_row_iq4_nl_impl's per-32 search (no importance weights: w = x^2). Returns the scale
+    of each block and the codes of the first pass. x (m, 32)."""
+    w = x * x
+    amax, mx = first_absmax(x)
+    zero = amax < GROUP_MAX_EPS
+    v0 = F32(KVALUES_IQ4NL[0])
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        d = ((-mx if ntry > 0 else mx) / v0).astype(F32)
+        L = best_index_int8((F32(1) / d)[:, None] * x)
+        sumqx, sumq2 = _nl_sums(x, w, L)
+        d = np.where(sumq2 > 0, sumqx / sumq2, F32(0)).astype(F32)
+        best = d * sumqx
+        for itry in range(-ntry, ntry + 1):
+            idt = (F32(itry + int(KVALUES_IQ4NL[0])) / mx).astype(F32)
+            sqx, sq2 = _nl_sums(x, w, best_index_int8(idt[:, None] * x))
+            take = (sq2 > 0) & (sqx * sqx > best * sq2)
+            d = np.where(take, sqx / sq2, d).astype(F32)
+            best = np.where(take, d * sqx, best).astype(F32)
+    return np.where(zero, F32(0), d), np.where(zero[:, None], 0, L).astype(np.uint8)
+
+
+def quantize_iq4_nl(x, ntry: int = 7):
+    """ggml's quantize_iq4_nl without an importance matrix (what llama-quantize runs; ntry=7 tries
+    15 scales around -max/-127). ``quantize_row_iq4_nl_ref`` is the same with ntry=-1, except that
+    the build in llama-cpp-python leaves the codes of an all-zero block stale (d = 0 there, so they
+    decode to zeros anyway); here they are 0."""
+    d, L = _iq4_block_scales(np.asarray(x, F32), ntry)
+    if ntry > 0:
+        with np.errstate(divide="ignore"):
+            inv = np.where(d != 0, F32(1) / d, F32(0)).astype(F32)
+        L = best_index_int8(inv[:, None] * x)
+    out = np.zeros(len(x), BLOCK_IQ4_NL)
+    out["d"], out["qs"] = fp16(d), L[:, :16] | (L[:, 16:] << 4)
+    return out
+
+
+def quantize_iq4_xs(x):
+    """Eight iq4_nl-style block scales, quantized to 6 bits against d = -max_scale / 32."""
+    n = x.shape[0]
+    xs = np.asarray(x, F32).reshape(n * 8, 32)
+    scales = _iq4_block_scales(xs, 7)[0].reshape(n, 8)
+    _, max_scale = first_absmax(scales)
+    d = (-max_scale / F32(32)).astype(F32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        inv = np.where(d != 0, F32(1) / d, F32(0)).astype(F32)
+        l = np.clip(nearest_int(inv[:, None] * scales), -32, 31)
+        dl = d[:, None] * l.astype(F32)
+        idl = np.where(dl != 0, F32(1) / dl, F32(0)).astype(F32)
+    L = best_index_int8(idl.reshape(-1, 1) * xs).reshape(n, 8, 32)
+    l = (l + 32).astype(np.uint16)
+    out = np.zeros(n, BLOCK_IQ4_XS)
+    out["d"] = fp16(d)
+    out["scales_l"] = (l[:, 0::2] & 0xF) | ((l[:, 1::2] & 0xF) << 4)
+    out["scales_h"] = ((l >> 4) << (2 * np.arange(8, dtype=np.uint16))).sum(-1)
+    out["qs"] = (L[..., :16] | (L[..., 16:] << 4)).reshape(n, 128)
+    return out
+
+
 register("iq2_xxs", BLOCK_IQ2_XXS, dequantize_iq2_xxs, None)
 register("iq2_xs", BLOCK_IQ2_XS, dequantize_iq2_xs, None)
 register("iq2_s", BLOCK_IQ2_S, dequantize_iq2_s, None)
@@ -158,5 +237,5 @@ register("iq3_xxs", BLOCK_IQ3_XXS, dequantize_iq3_xxs, None)
 register("iq3_s", BLOCK_IQ3_S, dequantize_iq3_s, None)
 register("iq1_s", BLOCK_IQ1_S, dequantize_iq1_s, None)
 register("iq1_m", BLOCK_IQ1_M, dequantize_iq1_m, None)
-register("iq4_nl", BLOCK_IQ4_NL, dequantize_iq4_nl, None)
-register("iq4_xs", BLOCK_IQ4_XS, dequantize_iq4_xs, None)
+register("iq4_nl", BLOCK_IQ4_NL, dequantize_iq4_nl, quantize_iq4_nl)
+register("iq4_xs", BLOCK_IQ4_XS, dequantize_iq4_xs, quantize_iq4_xs)

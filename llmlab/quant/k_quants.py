@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..types import QK_K
-from .core import F32, first_absmax, fp16, nearest_int, register, seq_sum
+from .core import F32, first_absmax, first_min_max, fp16, nearest_int, register, seq_sum
 
 K_SCALE_SIZE = 12
 GROUP_MAX_EPS = F32(1e-15)
@@ -169,7 +169,7 @@ def make_qkx2_quants(x, w, nmax, rmin, rdelta, nstep, use_mad):
     error. Returns (scale (m,), -min (m,), L (m, n) uint8).
     """
     x, w = np.asarray(x, F32), np.asarray(w, F32)
-    mn, mx = x.min(-1), x.max(-1)
+    mn, mx = first_min_max(x)
     sum_w, sum_x = seq_sum(w), seq_sum(w * x)
     mn = np.minimum(mn, F32(0))
     flat = mx == mn

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .core import F32, fp16, first_absmax, inv_or_zero, nibbles, pack_nibbles, register, roundf, seq_sum, trunc_int
+from .core import F32, fp16, first_absmax, first_min_max, inv_or_zero, nibbles, pack_nibbles, register, roundf, seq_sum, trunc_int
 
 QK = 32
 
@@ -79,7 +79,7 @@ def _symmetric(x, nmax, offset, top):
 
 def _affine(x, nmax):
     """q4_1 / q5_1: d = (max - min) / nmax, q = (int)((x - min)/d + 0.5)."""
-    mn, mx = x.min(-1), x.max(-1)
+    mn, mx = first_min_max(x)
     d = ((mx - mn) / F32(nmax)).astype(F32)
     q = np.minimum(trunc_int((x - mn[:, None]) * inv_or_zero(d)[:, None] + F32(0.5)), nmax).astype(np.uint8)
     return d, mn, q

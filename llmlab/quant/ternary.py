@@ -47,7 +47,10 @@ def dequantize_tq2_0(b):
 
 def _ternary(x):
     d = np.abs(x).max(-1)
-    return d, (roundf(x * inv_or_zero(d)[:, None]) + 1).astype(np.uint8)    # -1, 0, 1 -> 0, 1, 2
+    with np.errstate(over="ignore", invalid="ignore"):
+        v = x * inv_or_zero(d)[:, None]                 # 1/d overflows for subnormal d
+    v = np.where(np.isfinite(v), roundf(v), 0)         # x86 lroundf(inf or NaN) ends up as int 0
+    return d, (v + 1).astype(np.uint8)                 # -1, 0, 1 -> 0, 1, 2
 
 
 def _pack5(t: np.ndarray, k: int) -> np.ndarray:
