@@ -300,7 +300,7 @@ the CPU holds only the embedding lookup, split 1 on the accelerator holds
 layers 0–19, split 2 on the CPU holds layers 20–31 and the LM head. A tiny
 32-layer llama (random weights, same architecture) reproduces it exactly —
 including the detail the seed glosses over: the boundary copies are the
-embeddings, the positions and the mask going in, and the residual stream
+embeddings, the positions, the KV cells to write and the mask going in, and the residual stream
 (`l_out-19`, plus the weightless first half of layer 20's norm) coming out.
 """)
 
