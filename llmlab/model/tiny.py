@@ -12,6 +12,9 @@ from pathlib import Path
 import numpy as np
 
 from ..gguf import GGUFFile, GGUFWriter
+from ..gguf.constants import ValueType
+
+U32, F32 = ValueType.UINT32, ValueType.FLOAT32
 
 
 def write_tiny(path: str | Path, arch: str = "llama", n_layer: int = 2, n_embd: int = 64, n_head: int = 4,
@@ -30,22 +33,22 @@ def write_tiny(path: str | Path, arch: str = "llama", n_layer: int = 2, n_embd: 
     a = arch + "."
     w.add("general.architecture", arch)
     w.add("general.name", f"tiny-{arch}")
-    w.add(a + "block_count", n_layer)
-    w.add(a + "context_length", n_ctx_train)
-    w.add(a + "embedding_length", n_embd)
-    w.add(a + "feed_forward_length", n_ff)
-    w.add(a + "attention.head_count", n_head)
-    w.add(a + "attention.head_count_kv", n_head_kv)
-    w.add(a + "attention.layer_norm_rms_epsilon", 1e-6)
+    w.add(a + "block_count", n_layer, U32)
+    w.add(a + "context_length", n_ctx_train, U32)
+    w.add(a + "embedding_length", n_embd, U32)
+    w.add(a + "feed_forward_length", n_ff, U32)
+    w.add(a + "attention.head_count", n_head, U32)
+    w.add(a + "attention.head_count_kv", n_head_kv, U32)
+    w.add(a + "attention.layer_norm_rms_epsilon", 1e-6, F32)
     if arch == "llama":
-        w.add(a + "rope.freq_base", 10000.0)
-        w.add(a + "rope.dimension_count", hd)
-        w.add(a + "vocab_size", n_vocab)
+        w.add(a + "rope.freq_base", 10000.0, F32)
+        w.add(a + "rope.dimension_count", hd, U32)
+        w.add(a + "vocab_size", n_vocab, U32)
     elif arch == "gemma3":
-        w.add(a + "rope.freq_base", 1000000.0)
-        w.add(a + "attention.key_length", hd)
-        w.add(a + "attention.value_length", hd)
-        w.add(a + "attention.sliding_window", sliding_window)
+        w.add(a + "rope.freq_base", 1000000.0, F32)
+        w.add(a + "attention.key_length", hd, U32)
+        w.add(a + "attention.value_length", hd, U32)
+        w.add(a + "attention.sliding_window", sliding_window, U32)
     else:
         raise ValueError(f"no tiny model recipe for {arch!r}")
 
