@@ -22,12 +22,13 @@ def _forward_pass():
 
 
 def llmlab_nodes(model_path: str | Path, tokens: Iterable[int], flash_attn: bool = False, output: str = "all",
-                 n_ctx: int | None = None) -> list[tuple[str, str, tuple[int, ...], np.ndarray | None]]:
+                 n_ctx: int | None = None, dispatch=None) -> list[tuple[str, str, tuple[int, ...], np.ndarray | None]]:
     """Decode ``tokens`` with llmlab (one micro-batch, one sequence) and return its compute nodes in order.
 
     Each entry is ``(label, op, ne, values)`` as :func:`llmlab.llamacpp.diff`
     takes it; unnamed nodes get the same ``<op>-<layer>`` labels as
-    llama.cpp's (:func:`~llmlab.llamacpp.eval_callback.labels`).
+    llama.cpp's (:func:`~llmlab.llamacpp.eval_callback.labels`). ``dispatch``: an executor hook that
+    swaps kernels (e.g. :func:`llmlab.graph.float_path.f32_activations`, no 8-bit activations).
     """
     Model, Context, Batch = _forward_pass()
     toks = np.asarray(list(tokens), np.int32)
@@ -41,7 +42,8 @@ def llmlab_nodes(model_path: str | Path, tokens: Iterable[int], flash_attn: bool
             return
         seen.append((t.name, t.op, tuple(t.ne), t.numpy()))
 
-    ctx.decode(Batch.from_tokens(toks, logits="all" if output == "all" else "last"), callback=on_node)
+    ctx.decode(Batch.from_tokens(toks, logits="all" if output == "all" else "last"), callback=on_node,
+               dispatch=dispatch)
     # llmlab's internal names (``__fattn__-0``) are not llama.cpp's: label those nodes as unnamed ones
     names = labels([("" if name.startswith("__") else name, op) for name, op, _, _ in seen])
     return [(lab, op, ne, vals) for lab, (_, op, ne, vals) in zip(names, seen)]

@@ -103,9 +103,12 @@ class Context:
         ub = self._ubatches(batch)[0]
         return self._graph(ub, self.kv.prepare([ub])[0])
 
-    def decode(self, batch: Batch, capture=None, replace=None, callback=None) -> np.ndarray:
+    def decode(self, batch: Batch, capture=None, replace=None, callback=None, dispatch=None) -> np.ndarray:
         """Run the batch; returns logits [n_outputs, n_vocab] for the tokens whose ``logits`` flag is set,
-        in batch order."""
+        in batch order. ``capture``, ``replace``, ``callback`` and ``dispatch`` are the executor's hooks
+        (``llmlab.graph.executor``); ``dispatch`` needs the plain path (no scheduler)."""
+        if dispatch is not None and self.sched is not None:
+            raise ValueError("decode: dispatch replaces kernels on the plain path; this context runs a scheduler")
         ubs = self._ubatches(batch)
         slots = self.kv.prepare(ubs)                # raises ContextFullError and leaves the cache as it was
         self.captured = {}
@@ -116,7 +119,7 @@ class Context:
             if self.sched is not None:
                 got = self.sched.compute(g, capture=capture, replace=replace, callback=callback)
             else:
-                got = compute_graph(g.gf, capture=capture, replace=replace, callback=callback)
+                got = compute_graph(g.gf, capture=capture, replace=replace, callback=callback, dispatch=dispatch)
             self.captured.update(got)
             out_ids = np.flatnonzero(ub.output)
             rows.append(g.t_logits.numpy().reshape(len(out_ids), -1))
