@@ -134,6 +134,11 @@ def test_trace_continues_a_context_and_attention_probs(tiny):
     assert p.shape == (m.hparams.n_head, 4, 10)                     # 4 new queries see all 10 cells
     whole = A.attention_probs(m, TOKENS, layers=[1])[1]
     np.testing.assert_allclose(p, whole[:, 6:], atol=1e-6)
+    full = A.trace(m, TOKENS)
+    ranked = full.rank_heads(5, [2, 3])
+    assert len(ranked) == 3 * m.hparams.n_head and ranked[0][0] >= ranked[-1][0]
+    w, il, h = ranked[0]
+    assert w == pytest.approx(full.probs(il)[h, 5, [2, 3]].sum())
     with pytest.raises(ValueError, match="out of range"):
         A.trace(m, TOKENS, layers=[3])
     with pytest.raises(ValueError, match="flash"):

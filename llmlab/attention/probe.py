@@ -66,6 +66,15 @@ class AttentionTrace:
         p = self[il].probs
         return p[..., :self.n_cells(il)] if trim else p
 
+    def rank_heads(self, query: int, keys, skip: tuple[int, ...] = (0,)) -> list[tuple[float, int, int]]:
+        """``(weight, layer, head)`` for every traced head, most first: the probability mass ``query``
+        puts on the key positions ``keys`` (``skip``: positions left out, e.g. the first token, which
+        many heads use as a resting place)."""
+        keys = [int(k) for k in keys if int(k) not in skip]
+        out = [(float(self[il].probs[h, query, keys].sum()), il, h)
+               for il in sorted(self.layers) for h in range(self.n_head)]
+        return sorted(out, key=lambda x: -x[0])
+
 
 def trace(model, tokens, layers=None, n_ctx: int | None = None, context=None) -> AttentionTrace:
     """Decode ``tokens`` (one sequence, one micro-batch, logits of the last) and record the attention of
