@@ -43,13 +43,13 @@ def find_token(texts: Sequence[str], s: str, start: int = 0) -> int:
 
 def plot_labels(texts: Sequence[str], romanize: Mapping[str, str] | None = None) -> list[str]:
     """Tick labels a font without CJK glyphs can draw: characters through ``romanize`` (e.g. pinyin),
-    '·' for a token that completes nothing (a leading byte), position numbers in front."""
+    '·' for a token that completes nothing (a leading byte), '␣' for a bare space, position numbers in front."""
     out = []
     for i, t in enumerate(texts):
         if romanize:
             t = "".join(romanize.get(c, c) for c in t)
         t = t.replace("\n", "\\n")
-        out.append(f"{i}:{t if t.strip() else ('·' if not t else repr(t)[1:-1])}")
+        out.append(f"{i}:{t if t.strip() else ('·' if not t else t.replace(' ', '␣'))}")
     return out
 
 

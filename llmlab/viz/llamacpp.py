@@ -160,3 +160,47 @@ def plot_error_profile(reports: Mapping[str, DiffReport] | Sequence[tuple[str, D
     ax.legend(fontsize=8)
     ax.set_title(title or "error along the depth (llmlab vs llama.cpp)", fontsize=10)
     return ax.figure
+
+
+def first_error(report: DiffReport, above: float = 0.0) -> NodeDiff | None:
+    """The first node, in llama.cpp's order, whose max_rel_err exceeds ``above`` (0: any difference at all):
+    where error enters the graph."""
+    return next((d for d in report.nodes if d.max_rel_err is not None and d.max_rel_err > above), None)
+
+
+def plot_node_errors(reports: Mapping[str, DiffReport] | Sequence[tuple[str, DiffReport]], ax=None,
+                     title: str | None = None, floor: float = 1e-9, mark_op: str = "MUL_MAT"):
+    """Every compared node's relative error in execution order (log scale, 0 drawn at ``floor``), layers
+    marked along the x axis, ``mark_op`` nodes as dots: shows which kind of node lets error in or makes it jump."""
+    import matplotlib.pyplot as plt
+    items = list(reports.items()) if isinstance(reports, Mapping) else list(reports)
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(10, 3.4))
+    for label, rep in items:
+        pts = [(i, d) for i, d in enumerate(rep.nodes) if d.max_rel_err is not None and math.isfinite(d.max_rel_err)]
+        if not pts:
+            continue
+        xs = [i for i, _ in pts]
+        ys = [max(d.max_rel_err, floor) for _, d in pts]
+        line, = ax.step(xs, ys, where="post", lw=1, label=label)
+        mx = [(i, max(d.max_rel_err, floor)) for i, d in pts if d.op == mark_op]
+        if mx:
+            ax.plot(*zip(*mx), ".", ms=3, color=line.get_color())
+    if items:
+        nodes = items[0][1].nodes
+        starts, seen = [], set()
+        for i, d in enumerate(nodes):
+            il = _layer(d.name)
+            if il is not None and il not in seen:
+                seen.add(il)
+                starts.append((i, il))
+        step = max(1, len(starts) // 10)
+        ax.set_xticks([i for i, _ in starts[::step]])
+        ax.set_xticklabels([str(il) for _, il in starts[::step]])
+        ax.axhline(items[0][1].tol, color="grey", ls="--", lw=1)
+    ax.set_yscale("log")
+    ax.set_xlabel("node, in llama.cpp's order (ticks: first node of a layer)")
+    ax.set_ylabel("max rel err")
+    ax.legend(fontsize=8)
+    ax.set_title(title or f"every node's error (dots: {mark_op}; {floor:g} = identical)", fontsize=10)
+    return ax.figure

@@ -186,7 +186,7 @@ Pick any layer and head (the widget needs a live kernel; the figure under it is 
 
 code(r"""
 display(va.heads_widget(tr, labels[key], layer=LAYER, head=HEAD, query=q))
-fig = va.plot_head(tr.probs(LAYER), labels[key], HEAD, q, f"SmolLM2 layer {LAYER}, head {HEAD}: red = the row of 它")
+fig = va.plot_head(tr.probs(LAYER), labels[key], HEAD, q, f"SmolLM2 layer {LAYER}, head {HEAD}: red = the row of {labels[key][q]}")
 """)
 
 md(r"""
@@ -194,16 +194,16 @@ The row of **它**, head by head, and the three keys each head weighs most:
 """)
 
 code(r"""
-fig = va.plot_query(tr.probs(LAYER), labels[key], q, title=f"SmolLM2, layer {LAYER}: where 它 (token {q}) attends")
+fig = va.plot_query(tr.probs(LAYER), labels[key], q, title=f"SmolLM2, layer {LAYER}: where {labels[key][q]} attends")
 display(va.top_attended(tr.probs(LAYER), texts[key], q))
 """)
 
 md(r"""
 The seed illustrates the idea with an imagined split of roles (head 0: coreference, 它 → 公司 0.45, 苹果 0.30;
-head 1: subject-predicate; head 2: modifiers; head 3: neighbours). Real heads are less tidy, but the same kind of
-specialisation is visible: in the best head the weight of **它** goes to the nouns it could refer to, while other
-heads of the same layer rest on the first token or look at the neighbouring punctuation. The same search in Gemma 3,
-and on the English sentence (query **its**), with the seed's picture in mind:
+head 1: subject-predicate; head 2: modifiers; head 3: neighbours). Real heads are less tidy, but specialisation is
+visible: one head of this layer sends the weight of **它** to the nouns before it, while its neighbours rest on the
+first token or look at the comma and at **它** itself. The same search in Gemma 3 and on the English sentence
+(query **its**):
 """)
 
 code(r"""
@@ -218,8 +218,17 @@ for (name, lang), trc in traces.items():
     rows.append([name, lang, f"{qq}: {tx[qq]!r}", il, h, f"{w:.2f}", ", ".join(f"{tx[i] or '·'!r} {p[i]:.2f}" for i in top)])
 display(table(["model", "sentence", "query", "layer", "head", "weight on the nouns", "top keys"], rows))
 gk = ("Gemma 3", "zh")
-w, gl, gh = rows[2][3], rows[2][3], rows[2][4]
-fig = va.plot_query(traces[gk].probs(gl), labels[gk], query[gk], heads=range(4), title=f"Gemma 3, layer {gl}: where 它的 attends")
+gl = rows[2][3]
+fig = va.plot_query(traces[gk].probs(gl), labels[gk], query[gk], heads=range(4),
+                    title=f"Gemma 3, layer {gl}: where {labels[gk][query[gk]]} attends")
+""")
+
+md(r"""
+Note what the noun-seeking heads pick: mostly the **phone** (手机, *phone*), the nearest noun, more than the
+company. That is not a failure of the mechanism. When a causal model processes **它** it has not yet seen 股价
+("stock price"), the words that tell a reader it must be the company (phones have no share price); attention at
+**它** can only gather the candidates. The disambiguation, if it happens, is spread over later tokens and layers:
+small models like these two do not resolve it in one clean head the way the seed's illustration suggests.
 """)
 
 md(r"""
@@ -407,21 +416,52 @@ print(f"time so far: {time.time() - T0:.0f}s")
 """)
 
 md(r"""
+**Where the error enters.** Take every compared node in execution order, not just the layer outputs, and find the
+first one whose values differ at all, and the first that differs by more than 1e-5:
+""")
+
+code(r"""
+rows = []
+for (name, mode), rep in reports.items():
+    e0, e5 = vl.first_error(rep), vl.first_error(rep, above=1e-5)
+    rows.append([name, mode] + [f"{d.name} ({d.op}, {d.max_rel_err:.1e})" if d else "none" for d in (e0, e5)])
+display(table(["model", "path", "first node ≠ llama.cpp", "first node > 1e-5"], rows))
+fig, axes = plt.subplots(2, 1, figsize=(12, 6.5))
+vl.plot_node_errors({m: r for (n, m), r in reports.items() if n == "Gemma 3"}, ax=axes[0],
+                    title="Gemma 3: every node's error against llama.cpp (dots: MUL_MAT)")
+vl.plot_node_errors({m: r for (n, m), r in reports.items() if n == "SmolLM2"}, ax=axes[1],
+                    title="SmolLM2 (exact: identical everywhere, drawn at 1e-9)")
+fig.tight_layout()
+assert vl.first_error(reports[("SmolLM2", "exact (8-bit activations, as ggml-cpu)")]) is None
+assert vl.first_error(reports[("SmolLM2", "float32 activations")]).op == "MUL_MAT"     # error enters at a matmul
+assert vl.first_error(reports[("Gemma 3", "exact (8-bit activations, as ggml-cpu)")]).op == "MUL_MAT"
+# the predictions: llama.cpp's last-position logits against llmlab's (exact path, from the traces above)
+for name in ("SmolLM2", "Gemma 3"):
+    a, b = traces[(name, "en")].logits[-1], caps[name].logits[-1]
+    cos = float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
+    print(f"{name:8} last position: top-1 llmlab {a.argmax()} / llama.cpp {b.argmax()}, cosine {cos:.6f}, "
+          f"max |diff| {np.abs(a - b).max():.3g} (logit range {b.min():.1f} .. {b.max():.1f})")
+    assert a.argmax() == b.argmax()
+""")
+
+md(r"""
 What the profile says:
 
 - **SmolLM2, exact**: zero at every layer. Every node of llama.cpp's graph (606 of them, `kq_soft_max` included)
   has the same bits in llmlab: activation quantization, f16 roundings and summation orders are reproduced, so no
   error ever *enters*.
-- **Gemma 3, exact**: zero (float32 noise, ~1e-7) in the first layers, then small differences enter around layer 2
-  and grow slowly, to a few 1e-3 at the top. Gemma's residual stream carries a few huge values, and a difference of
-  float32 noise in one input can tip an 8-bit activation code or an f16 value to its neighbour; the network then
-  carries that difference upwards. The model still agrees with llama.cpp on its predictions (notebook 06 and
-  the tests measure top-1 and cosine agreement).
-- **float32 activations**: the error is there from the very first matmul (`Qcur-0`) and stays at the 1e-3-1e-2
-  level through the depth: that is the size of what 8-bit activation quantization changes in every layer. It is
-  not a small correction one could ignore when the goal is to reproduce llama.cpp; it is the largest single
-  numerical effect in the CPU path. Dropping it is "more accurate" mathematically, but it moves every layer
-  away from what llama.cpp computes.
+- **Gemma 3, exact**: zero through the attention of layer 0; the first difference appears at a matmul
+  (`ffn_out-0`, the q6_K down projection), at float32-noise level (~1e-7): the two sides add the same products
+  in a slightly different order. It stays at that level until an 8-bit quantization amplifies it: in layer 2 the
+  FFN input is quantized to q8_0 before `ffn_gate-2`, a value that differs by 1e-7 can land on the other side of a
+  rounding boundary, an 8-bit code changes by 1, and the error jumps by more than three orders of magnitude
+  (~4e-4). From there the residual stream carries it upwards, to a few 1e-3 at the top; the last-position
+  predictions still agree (same top-1; cosine printed above).
+- **float32 activations**: the error is there from the very first matmul (`Qcur-0`) at the 1e-3 level and stays at
+  1e-3-1e-2 through the depth: that is the size of what 8-bit activation quantization changes in *every*
+  layer. Leaving it out is more accurate mathematically, and yet it moves every layer away from what llama.cpp
+  computes. 8-bit activations are thus both the largest numerical effect of the CPU path and, as Gemma 3 shows,
+  the amplifier that turns invisible float32 noise into visible differences.
 """)
 
 md(r"""
@@ -437,8 +477,9 @@ md(r"""
 - Flash attention computes the same result tile by tile with an online softmax and never stores the N x N
   matrix; llmlab's tiled reference equals the naive one to 1e-12, and the engine's FLASH_ATTN_EXT path agrees
   with its naive path up to f16 rounding (layer 0; deeper layers also see the drift of their inputs).
-- Against llama.cpp, SmolLM2 is bit-identical in every layer; Gemma 3 picks up rounding flips from layer 2 on;
-  leaving out the 8-bit activation quantization puts a 1e-3-1e-2 error into every layer.
+- Against llama.cpp, SmolLM2 is bit-identical in every node; in Gemma 3 float32 noise enters at one matmul and is
+  amplified by an 8-bit code flip in layer 2; leaving out the 8-bit activation quantization puts a 1e-3-1e-2 error
+  into every layer.
 """)
 
 nb = nbf.v4.new_notebook()
