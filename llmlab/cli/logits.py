@@ -11,7 +11,7 @@ from .. import LLMLabError
 
 def register(sub) -> None:
     p = sub.add_parser("logits", help="top-K logits at every prompt position (the model's forward pass)")
-    p.add_argument("-m", "--model", required=True, help="GGUF file or known model name (see `models`)")
+    p.add_argument("-m", "--model", default="smollm2", help="GGUF file or known model name (see `models`; default smollm2)")
     p.add_argument("-p", "--prompt", required=True, help="prompt text")
     p.add_argument("--top", type=int, default=5, help="how many logits per position (default 5)")
     p.add_argument("--json", action="store_true", help='print {"ids", "top_ids", "top_logits"} as JSON')
