@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
-from .. import LLMLabError
+from .. import models
 
 
 def register(sub) -> None:
@@ -20,16 +19,6 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def _resolve(model: str) -> Path:
-    p = Path(model)
-    if p.exists():
-        return p
-    from .. import models
-    if model in models.REGISTRY:
-        return models.resolve(model)
-    raise LLMLabError(f"no such model file or known model: {model!r}")
-
-
 def run(args) -> int:
     import numpy as np
 
@@ -38,7 +27,7 @@ def run(args) -> int:
 
     if args.top <= 0:
         raise ValueError("--top must be positive")
-    path = _resolve(args.model)
+    path = models.resolve(args.model)
     model = Model(path)
     if args.top > model.hparams.n_vocab:
         raise ValueError(f"--top {args.top} exceeds the vocabulary ({model.hparams.n_vocab})")
