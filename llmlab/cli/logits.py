@@ -4,30 +4,19 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
-from .. import LLMLabError
+from .. import models
 
 
 def register(sub) -> None:
     p = sub.add_parser("logits", help="top-K logits at every prompt position (the model's forward pass)")
-    p.add_argument("-m", "--model", required=True, help="GGUF file or known model name (see `models`)")
+    p.add_argument("-m", "--model", default="smollm2", help="GGUF file or known model name (see `models`; default smollm2)")
     p.add_argument("-p", "--prompt", required=True, help="prompt text")
     p.add_argument("--top", type=int, default=5, help="how many logits per position (default 5)")
     p.add_argument("--json", action="store_true", help='print {"ids", "top_ids", "top_logits"} as JSON')
     p.add_argument("--n-ctx", type=int, default=None, help="context size (default: the prompt length)")
     p.add_argument("--flash-attn", action="store_true", help="use the flash-attention path")
     p.set_defaults(func=run)
-
-
-def _resolve(model: str) -> Path:
-    p = Path(model)
-    if p.exists():
-        return p
-    from .. import models
-    if model in models.REGISTRY:
-        return models.resolve(model)
-    raise LLMLabError(f"no such model file or known model: {model!r}")
 
 
 def run(args) -> int:
@@ -38,7 +27,7 @@ def run(args) -> int:
 
     if args.top <= 0:
         raise ValueError("--top must be positive")
-    path = _resolve(args.model)
+    path = models.resolve(args.model)
     model = Model(path)
     if args.top > model.hparams.n_vocab:
         raise ValueError(f"--top {args.top} exceeds the vocabulary ({model.hparams.n_vocab})")

@@ -55,7 +55,8 @@ def roundf(x: np.ndarray) -> np.ndarray:
     x = np.asarray(x, F32)
     a = np.abs(x)
     fl = np.floor(a)
-    return np.copysign(fl + np.floor(F32(2) * (a - fl)), x)
+    with np.errstate(invalid="ignore"):   # +-inf gives nan here (C: inf); lroundf of inf is undefined anyway
+        return np.copysign(fl + np.floor(F32(2) * (a - fl)), x)
 
 
 def trunc_int(x: np.ndarray) -> np.ndarray:

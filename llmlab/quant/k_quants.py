@@ -336,11 +336,11 @@ def _k4_scales(x, nmax, rmin, rdelta, nstep):
     scales, mins, L = scales.reshape(n, 8), mins.reshape(n, 8), L.reshape(n, 8, 32).astype(np.int32)
     max_scale = np.maximum(scales.max(-1), F32(0))
     max_min = np.maximum(mins.max(-1), F32(0))
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):   # C divides by subnormals too
         inv_scale = np.where(max_scale > 0, F32(63) / max_scale, F32(0)).astype(F32)
         inv_min = np.where(max_min > 0, F32(63) / max_min, F32(0)).astype(F32)
-    ls = np.minimum(nearest_int(inv_scale[:, None] * scales) & 0xFF, 63)
-    lm = np.minimum(nearest_int(inv_min[:, None] * mins) & 0xFF, 63)
+        ls = np.minimum(nearest_int(inv_scale[:, None] * scales) & 0xFF, 63)
+        lm = np.minimum(nearest_int(inv_min[:, None] * mins) & 0xFF, 63)
     packed = pack_scale_min_k4(ls, lm)
     d16, dmin16 = fp16(max_scale / F32(63)), fp16(max_min / F32(63))
     sc, m = scale_min_k4(packed)
