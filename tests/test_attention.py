@@ -224,3 +224,17 @@ def test_decode_dispatch_needs_the_plain_path(tiny):
     ctx = Context(m, n_ctx=16, sched=object())
     with pytest.raises(ValueError, match="dispatch"):
         ctx.decode(Batch.from_tokens(TOKENS, logits="last"), dispatch=f32_activations)
+
+
+def test_probs_are_llama_cpps(smollm2_path):
+    """The hook's probabilities are llama.cpp's own kq_soft_max nodes, bit for bit (SmolLM2, non-flash)."""
+    llamacpp = pytest.importorskip("llama_cpp") and __import__("llmlab.llamacpp", fromlist=["capture"])
+    from llmlab.tokenizer import Tokenizer
+    ids = Tokenizer.from_model(smollm2_path).tokenize("Apple released a new phone, and its price rose.")
+    layers = [0, 13, 29]
+    cap = llamacpp.capture(smollm2_path, ids, flash_attn=False, output="last",
+                           values=[f"kq_soft_max-{il}" for il in layers])
+    tr = A.trace(Model(smollm2_path), ids, layers=layers)
+    for il in layers:
+        theirs = cap[f"kq_soft_max-{il}"].values.reshape(tr[il].probs.shape)
+        np.testing.assert_array_equal(tr.probs(il, trim=False), theirs)
