@@ -229,7 +229,8 @@ def plot_tiles(mask: np.ndarray, block_q: int, block_k: int, ax=None, title: str
             ax.add_patch(Rectangle((k0 - 0.5, q0 - 0.5), min(block_k, n_kv - k0), min(block_q, n_q - q0),
                                    fill=live, alpha=0.25 if live else 1, fc="tab:orange", ec="black", lw=0.8,
                                    ls="-" if live else ":"))
-    ax.set_title(title or f"{done} tiles computed, {skipped} skipped ({block_q}x{block_k})", fontsize=9)
+    counts = f"{done} tiles computed, {skipped} skipped ({block_q}x{block_k})"
+    ax.set_title(f"{title}\n{counts}" if title else counts, fontsize=9)
     ax.set_xlabel("key")
     ax.set_ylabel("query")
     return ax.figure
