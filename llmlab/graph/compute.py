@@ -61,8 +61,15 @@ def mul_mat_quantized(raw: np.ndarray, qtype, x: np.ndarray, repacked: bool = Fa
 
     Types whose x86 accumulation order is reproduced (``ggml_cpu``) are bit-exact; the others
     use llmlab.quant's reference (exact integer sums, float terms summed in another order)."""
-    from .ggml_cpu import EXACT_MUL_MAT, REPACKED_MUL_MAT
-    exact = (REPACKED_MUL_MAT.get(qtype.name) if repacked else None) or EXACT_MUL_MAT.get(qtype.name)
+    from .ggml_cpu import EXACT_MUL_MAT, REPACK_TYPES, REPACKED_MUL_MAT, TILED_MIN_ROWS, TILED_MUL_MAT
+    repacked = repacked and qtype.name in REPACK_TYPES
+    if repacked:                                   # the REPACK buffer's kernels
+        exact = REPACKED_MUL_MAT.get(qtype.name)
+    elif len(x) >= TILED_MIN_ROWS:                 # ggml_compute_forward_mul_mat_tiled takes K-quants
+        exact = TILED_MUL_MAT.get(qtype.name)
+    else:
+        exact = None
+    exact = exact or EXACT_MUL_MAT.get(qtype.name)
     if exact is not None and _quant_mul_mat() is not None:
         return exact(raw, qtype, x)
     qmm = _quant_mul_mat()
