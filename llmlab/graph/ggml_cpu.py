@@ -10,7 +10,15 @@ which ggml adds the float terms:
   block after block; at the end the 8 lanes are added pairwise (``hsum_float_8``:
   (0+4)+(2+6), (1+5)+(3+7), then those two). q4_1 adds ``sum_b m_w * s_x`` separately.
 - f16 x f16 (the KV cache, through llamafile's ``tinyBLAS`` on AVX-512): 16 lanes,
-  lane i accumulates elements i, i+16, ... with fma, then ``_mm512_reduce_add_ps``.
+  lane i accumulates elements i, i+16, ... with fma, then ``_mm512_reduce_add_ps``; a single
+  activation row (a decode step) is declined by tinyBLAS and runs ``ggml_vec_dot_f16`` instead.
+- K-quants x q8_K: below 8 activation rows the AVX2 ``vec_dot`` lanes (or, for weights in the
+  REPACK buffer, its gemv/gemm); from 8 rows on, plain K-quant weights go through ggml-cpu's
+  tiled kernels, which take one float step per 256-value super-block.
+
+Which kernel runs depends on the shape, so every one of them must be reproduced: a forward pass
+meets all of them (Gemma 3's q6_K ``ffn_down`` takes vec_dot for a decode step and the tiled
+kernel for a prompt of 8 tokens or more).
 
 Fused multiply-adds are emulated in float64 and rounded once to float32 (the product
 of two float32 values is exact in float64), which matches the hardware except for
