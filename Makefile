@@ -26,9 +26,12 @@ $(STAMP): pyproject.toml
 	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $(STAMP)
 
+DEMO_PROMPT ?= <|im_start|>user\nWhat is the capital of France? Answer in one sentence.<|im_end|>\n<|im_start|>assistant\n
+
+# the main job: text generation on the default model, llama.cpp-exact and token by token
 demo: setup
 	$(PY) -m llmlab fetch $(MODEL)
-	$(PY) -m llmlab gguf-dump $(MODEL) --max-tensors 20
+	$(PY) -m llmlab generate -m $(MODEL) -n 32 -p "$$(printf '$(DEMO_PROMPT)')"
 
 test: setup
 	$(PY) -m llmlab fetch smollm2 --quiet
@@ -41,6 +44,8 @@ test-slow: setup
 
 bench: setup
 	$(PY) benchmarks/bench_gguf_open.py
+	$(PY) benchmarks/bench_tokenizer.py
+	$(PY) benchmarks/bench_quant.py
 
 lab: setup
 	$(VENV)/bin/jupyter lab notebooks/
