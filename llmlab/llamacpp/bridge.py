@@ -14,11 +14,11 @@ VIEW_OPS = {"NONE", "VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE"}
 
 def _forward_pass():
     try:
-        from ..model import Batch, Context, Model
+        from ..model import Context, Model
     except ImportError as e:
         raise LLMLabError("llmlab's forward pass (llmlab.model: Model, Context) is not available in this "
                           f"checkout, so there is no llmlab graph to compare with ({e})") from e
-    return Model, Context, Batch
+    return Model, Context
 
 
 def llmlab_nodes(model_path: str | Path, tokens: Iterable[int], flash_attn: bool = False, output: str = "all",
@@ -29,7 +29,8 @@ def llmlab_nodes(model_path: str | Path, tokens: Iterable[int], flash_attn: bool
     takes it; unnamed nodes get the same ``<op>-<layer>`` labels as
     llama.cpp's (:func:`~llmlab.llamacpp.eval_callback.labels`).
     """
-    Model, Context, Batch = _forward_pass()
+    from ..batch import Batch
+    Model, Context = _forward_pass()
     toks = np.asarray(list(tokens), np.int32)
     n = len(toks)
     model = Model(model_path)
@@ -41,7 +42,7 @@ def llmlab_nodes(model_path: str | Path, tokens: Iterable[int], flash_attn: bool
             return
         seen.append((t.name, t.op, tuple(t.ne), t.numpy()))
 
-    ctx.decode(Batch.from_tokens(toks, all_logits=(output == "all")), callback=on_node)
+    ctx.decode(Batch.from_tokens(toks.tolist(), logits=output), callback=on_node)
     # llmlab's internal names (``__fattn__-0``) are not llama.cpp's: label those nodes as unnamed ones
     names = labels([("" if name.startswith("__") else name, op) for name, op, _, _ in seen])
     return [(lab, op, ne, vals) for lab, (_, op, ne, vals) in zip(names, seen)]
