@@ -244,6 +244,7 @@ ONE_F32 = [("t", [8], F32, 0)]
     (_file([("k", 13, b"\0" * 8)]), "unknown metadata value type 13"),
     (_file([("k", 9, struct.pack("<IQ", 4, 2**61))]), "array of 2305843009213693952 UINT32"),
     (_file([("k", 9, struct.pack("<IQ", 8, 2**50))]), "cannot fit"),
+    (_file([("k", 9, struct.pack("<IQQ", 8, 1, 2**63 + 1) + bytes(16))]), "runs past the end"),
     (_file([("k", 9, struct.pack("<IQ", 42, 1))]), "unknown metadata value type 42"),
     (_file([("k", 7, b"\x02")]), "bool value 2"),
     (_file([("k", 8, _s(b"\xff\xfe"))]), "not valid UTF-8"),

@@ -241,11 +241,11 @@ def _read_string_array(cur: _Cursor, count: int, what: str) -> StringArray:
         for i in range(count):   # each length says where the next one starts: inherently a scan
             n = unpack(buf, pos)[0]
             pos += 8
+            if n > size - pos:
+                raise GGUFError(pos - 8, f"{what}[{i}]: string of {n} bytes runs past the end of the file")
             starts[i] = pos
             lengths[i] = n
             pos += n
-            if pos > size:
-                raise GGUFError(pos - n - 8, f"{what}[{i}]: string of {n} bytes runs past the end of the file")
     except struct.error:
         raise GGUFError(pos, f"truncated file: {what}[{i}] length needs 8 bytes, {size - pos} left") from None
     cur.pos = pos

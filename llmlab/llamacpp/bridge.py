@@ -14,11 +14,11 @@ VIEW_OPS = {"NONE", "VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE"}
 
 def _forward_pass():
     try:
-        from ..model import Context, Model
+        from ..model import Batch, Context, Model
     except ImportError as e:
         raise LLMLabError("llmlab's forward pass (llmlab.model: Model, Context) is not available in this "
                           f"checkout, so there is no llmlab graph to compare with ({e})") from e
-    return Model, Context
+    return Model, Context, Batch
 
 
 def llmlab_nodes(model_path: str | Path, tokens: Iterable[int], flash_attn: bool = False, output: str = "all",
@@ -29,8 +29,7 @@ def llmlab_nodes(model_path: str | Path, tokens: Iterable[int], flash_attn: bool
     takes it; unnamed nodes get the same ``<op>-<layer>`` labels as
     llama.cpp's (:func:`~llmlab.llamacpp.eval_callback.labels`).
     """
-    from ..batch import Batch
-    Model, Context = _forward_pass()
+    Model, Context, Batch = _forward_pass()
     toks = np.asarray(list(tokens), np.int32)
     n = len(toks)
     model = Model(model_path)
@@ -42,7 +41,7 @@ def llmlab_nodes(model_path: str | Path, tokens: Iterable[int], flash_attn: bool
             return
         seen.append((t.name, t.op, tuple(t.ne), t.numpy()))
 
-    ctx.decode(Batch.from_tokens(toks.tolist(), logits=output), callback=on_node)
+    ctx.decode(Batch.from_tokens(toks, logits="all" if output == "all" else "last"), callback=on_node)
     # llmlab's internal names (``__fattn__-0``) are not llama.cpp's: label those nodes as unnamed ones
     names = labels([("" if name.startswith("__") else name, op) for name, op, _, _ in seen])
     return [(lab, op, ne, vals) for lab, (_, op, ne, vals) in zip(names, seen)]

@@ -1,0 +1,66 @@
+"""``logits``: run a prompt through the model's graph and print, for every prompt position,
+the top-K token ids and logits (tokenized with BOS and special tokens, as llama.cpp's refs)."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from .. import LLMLabError
+
+
+def register(sub) -> None:
+    p = sub.add_parser("logits", help="top-K logits at every prompt position (the model's forward pass)")
+    p.add_argument("-m", "--model", required=True, help="GGUF file or known model name (see `models`)")
+    p.add_argument("-p", "--prompt", required=True, help="prompt text")
+    p.add_argument("--top", type=int, default=5, help="how many logits per position (default 5)")
+    p.add_argument("--json", action="store_true", help='print {"ids", "top_ids", "top_logits"} as JSON')
+    p.add_argument("--n-ctx", type=int, default=None, help="context size (default: the prompt length)")
+    p.add_argument("--flash-attn", action="store_true", help="use the flash-attention path")
+    p.set_defaults(func=run)
+
+
+def _resolve(model: str) -> Path:
+    p = Path(model)
+    if p.exists():
+        return p
+    from .. import models
+    if model in models.REGISTRY:
+        return models.resolve(model)
+    raise LLMLabError(f"no such model file or known model: {model!r}")
+
+
+def run(args) -> int:
+    import numpy as np
+
+    from ..model import Batch, Context, Model
+    from ..tokenizer import Tokenizer
+
+    if args.top <= 0:
+        raise ValueError("--top must be positive")
+    path = _resolve(args.model)
+    model = Model(path)
+    if args.top > model.hparams.n_vocab:
+        raise ValueError(f"--top {args.top} exceeds the vocabulary ({model.hparams.n_vocab})")
+    tok = Tokenizer.from_model(path)
+    ids = tok.tokenize(args.prompt, add_bos=True, special=True)
+    if not ids:
+        raise ValueError("the prompt produced no tokens")
+    n_ctx = args.n_ctx or max(len(ids), 1)
+    if len(ids) > n_ctx:
+        raise ValueError(f"prompt of {len(ids)} tokens does not fit --n-ctx {n_ctx}")
+    ctx = Context(model, n_ctx=n_ctx, n_batch=max(len(ids), 1), n_ubatch=512, flash_attn=args.flash_attn)
+    logits = ctx.decode(Batch.from_tokens(ids, logits="all"))
+    k = args.top
+    top = np.argsort(-logits, axis=1, kind="stable")[:, :k]
+    vals = np.take_along_axis(logits, top, 1)
+    if args.json:
+        json.dump({"ids": [int(i) for i in ids], "top_ids": top.tolist(),
+                   "top_logits": [[float(v) for v in row] for row in vals]}, sys.stdout)
+        print()
+        return 0
+    for i, t in enumerate(ids):
+        piece = tok.token_to_piece(int(t)).decode("utf-8", "replace")
+        pairs = "  ".join(f"{int(a)}:{v:.4f}" for a, v in zip(top[i], vals[i]))
+        print(f"{i:4d} {int(t):7d} {piece!r:>14}  {pairs}")
+    return 0

@@ -1,0 +1,116 @@
+"""Hyperparameters read from the GGUF ``{arch}.*`` keys, as llama_model::load_hparams does."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from .. import LLMLabError
+
+ROPE_TYPE_NORM = 0
+ROPE_TYPE_NEOX = 2
+
+# per-architecture facts llama.cpp hard-codes (llama_model_rope_type, load_hparams)
+ARCH_DEFAULTS = {
+    "llama": dict(rope_type=ROPE_TYPE_NORM),
+    "gemma3": dict(rope_type=ROPE_TYPE_NEOX, swa_pattern=6, rope_freq_base_swa=10000.0, embd_scale=True),
+}
+
+
+@dataclass
+class HParams:
+    arch: str
+    n_vocab: int
+    n_ctx_train: int
+    n_embd: int
+    n_layer: int
+    n_ff: int
+    n_head: int
+    n_head_kv: int
+    n_embd_head_k: int
+    n_embd_head_v: int
+    n_rot: int
+    f_norm_rms_eps: float
+    rope_freq_base: float
+    rope_freq_scale: float = 1.0
+    rope_type: int = ROPE_TYPE_NORM
+    n_swa: int = 0                 # sliding window (0: none)
+    swa_pattern: int = 0           # layer il is local when il % pattern < pattern - 1
+    rope_freq_base_swa: float = 0.0
+    f_attention_scale: float = 0.0  # 0: 1/sqrt(head size) in the attention
+    embd_scale: bool = False        # Gemma: embeddings times sqrt(n_embd)
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def n_gqa(self) -> int:
+        return self.n_head // self.n_head_kv
+
+    @property
+    def n_embd_k_gqa(self) -> int:
+        return self.n_embd_head_k * self.n_head_kv
+
+    @property
+    def n_embd_v_gqa(self) -> int:
+        return self.n_embd_head_v * self.n_head_kv
+
+    def is_swa(self, il: int) -> bool:
+        return self.n_swa > 0 and self.swa_pattern > 0 and il % self.swa_pattern < self.swa_pattern - 1
+
+    def rope_base(self, il: int) -> float:
+        return self.rope_freq_base_swa if self.is_swa(il) else self.rope_freq_base
+
+
+def _get(kv: dict, key: str, default=None, required=True):
+    if key in kv:
+        return kv[key]
+    if required and default is None:
+        raise LLMLabError(f"GGUF metadata is missing {key!r}")
+    return default
+
+
+def _scalar(v, key: str) -> int:
+    if isinstance(v, (list, tuple)) or hasattr(v, "__len__") and not isinstance(v, str):
+        vals = set(int(x) for x in v)
+        if len(vals) != 1:
+            raise LLMLabError(f"{key}: per-layer values {sorted(vals)} are not supported")
+        return vals.pop()
+    return int(v)
+
+
+def load_hparams(kv: dict, n_vocab: int | None = None) -> HParams:
+    arch = kv.get("general.architecture")
+    if arch is None:
+        raise LLMLabError("GGUF metadata has no general.architecture")
+    if arch not in ARCH_DEFAULTS:
+        raise LLMLabError(f"architecture {arch!r} is not supported (known: {', '.join(ARCH_DEFAULTS)})")
+    a = arch + "."
+    n_embd = int(_get(kv, a + "embedding_length"))
+    n_head = _scalar(_get(kv, a + "attention.head_count"), a + "attention.head_count")
+    n_head_kv = _scalar(kv.get(a + "attention.head_count_kv", n_head), a + "attention.head_count_kv")
+    if n_head <= 0 or n_head_kv <= 0 or n_head % n_head_kv:
+        raise LLMLabError(f"{arch}: head_count {n_head} is not a multiple of head_count_kv {n_head_kv}")
+    head_k = int(kv.get(a + "attention.key_length", n_embd // n_head))
+    head_v = int(kv.get(a + "attention.value_length", n_embd // n_head))
+    if n_vocab is None:
+        n_vocab = int(kv.get(a + "vocab_size", 0)) or len(kv.get("tokenizer.ggml.tokens", []))
+    d = dict(ARCH_DEFAULTS[arch])
+    hp = HParams(
+        arch=arch, n_vocab=n_vocab,
+        n_ctx_train=int(_get(kv, a + "context_length")),
+        n_embd=n_embd, n_layer=int(_get(kv, a + "block_count")),
+        n_ff=_scalar(_get(kv, a + "feed_forward_length"), a + "feed_forward_length"),
+        n_head=n_head, n_head_kv=n_head_kv, n_embd_head_k=head_k, n_embd_head_v=head_v,
+        n_rot=int(kv.get(a + "rope.dimension_count", head_k)),
+        f_norm_rms_eps=float(_get(kv, a + "attention.layer_norm_rms_epsilon")),
+        rope_freq_base=float(kv.get(a + "rope.freq_base", 10000.0)),
+        rope_freq_scale=1.0 / float(kv.get(a + "rope.scaling.factor", 1.0) or 1.0),
+        rope_type=d["rope_type"],
+        n_swa=int(kv.get(a + "attention.sliding_window", 0)),
+        swa_pattern=d.get("swa_pattern", 0),
+        embd_scale=d.get("embd_scale", False),
+    )
+    hp.rope_freq_base_swa = d.get("rope_freq_base_swa", hp.rope_freq_base)
+    if arch == "gemma3":
+        # llama_model::load_hparams: 1/sqrt(head size) (the 27B uses n_embd/n_head instead)
+        hp.f_attention_scale = (1.0 / math.sqrt(n_embd / n_head) if hp.n_layer == 62
+                                else 1.0 / math.sqrt(head_k))
+    return hp

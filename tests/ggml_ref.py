@@ -1,0 +1,107 @@
+"""ctypes bridge to the real ggml shipped inside llama-cpp-python (test helper only).
+
+Gives the tests llama.cpp's own answers: ``ggml_quantize_chunk`` (the reference quantizers
+llama-quantize runs), the type table's ``to_float``, and ggml-cpu's ``type_traits_cpu``
+(``from_float`` for activations and ``vec_dot``) as this machine's build runs them.
+"""
+from __future__ import annotations
+
+import ctypes as C
+import os
+from functools import lru_cache
+
+import numpy as np
+
+from llmlab.types import ggml_type
+
+
+class TypeTraits(C.Structure):
+    _fields_ = [("type_name", C.c_char_p), ("blck_size", C.c_int64), ("blck_size_interleave", C.c_int64),
+                ("type_size", C.c_size_t), ("is_quantized", C.c_bool), ("to_float", C.c_void_p),
+                ("from_float_ref", C.c_void_p)]
+
+
+class TypeTraitsCPU(C.Structure):
+    _fields_ = [("from_float", C.c_void_p), ("vec_dot", C.c_void_p), ("vec_dot_type", C.c_int), ("nrows", C.c_int64)]
+
+
+TO_FLOAT = C.CFUNCTYPE(None, C.c_void_p, C.c_void_p, C.c_int64)
+FROM_FLOAT = C.CFUNCTYPE(None, C.c_void_p, C.c_void_p, C.c_int64)
+VEC_DOT = C.CFUNCTYPE(None, C.c_int, C.POINTER(C.c_float), C.c_size_t, C.c_void_p, C.c_size_t, C.c_void_p, C.c_size_t, C.c_int)
+
+
+@lru_cache(maxsize=None)
+def libs():
+    import llama_cpp  # noqa: F401  (raises ImportError when llama-cpp-python is missing)
+    d = os.path.join(os.path.dirname(llama_cpp.__file__), "lib")
+    base = C.CDLL(os.path.join(d, "libggml-base.so"), mode=C.RTLD_GLOBAL)
+    cpu = C.CDLL(os.path.join(d, "libggml-cpu.so"), mode=C.RTLD_GLOBAL)
+    base.ggml_quantize_chunk.restype = C.c_size_t
+    base.ggml_quantize_chunk.argtypes = [C.c_int, C.c_void_p, C.c_void_p, C.c_int64, C.c_int64, C.c_int64, C.c_void_p]
+    base.ggml_get_type_traits.restype = C.POINTER(TypeTraits)
+    base.ggml_get_type_traits.argtypes = [C.c_int]
+    cpu.ggml_get_type_traits_cpu.restype = C.POINTER(TypeTraitsCPU)
+    cpu.ggml_get_type_traits_cpu.argtypes = [C.c_int]
+    cpu.ggml_cpu_init()
+    return base, cpu
+
+
+def quantize_chunk(x: np.ndarray, qtype) -> np.ndarray:
+    """llama.cpp's quantizer (no importance matrix): rows of x (nrows, n) -> raw bytes."""
+    t = ggml_type(qtype)
+    base, _ = libs()
+    x = np.ascontiguousarray(x, np.float32)
+    nrows, n = x.reshape(-1, x.shape[-1]).shape
+    out = np.zeros(nrows * t.row_size(n), np.uint8)
+    base.ggml_quantize_init(t.id)
+    base.ggml_quantize_chunk(t.id, x.ctypes.data, out.ctypes.data, 0, nrows, n, None)
+    return out
+
+
+def to_float(raw: np.ndarray, qtype) -> np.ndarray:
+    t = ggml_type(qtype)
+    base, _ = libs()
+    raw = np.ascontiguousarray(raw, np.uint8)
+    n = raw.size // t.type_size * t.block_size
+    out = np.zeros(n, np.float32)
+    fn = base.ggml_get_type_traits(t.id).contents.to_float
+    if not fn:
+        raise NotImplementedError(f"ggml has no to_float for {t.name}")
+    TO_FLOAT(fn)(raw.ctypes.data, out.ctypes.data, n)
+    return out
+
+
+def cpu_traits(qtype):
+    _, cpu = libs()
+    return cpu.ggml_get_type_traits_cpu(ggml_type(qtype).id).contents
+
+
+def activation_quantize(x: np.ndarray, partner) -> np.ndarray:
+    """ggml-cpu's from_float for the partner type, one row."""
+    t = ggml_type(partner)
+    x = np.ascontiguousarray(x, np.float32).reshape(-1)
+    out = np.zeros(t.row_size(x.size), np.uint8)
+    FROM_FLOAT(cpu_traits(t).from_float)(x.ctypes.data, out.ctypes.data, x.size)
+    return out
+
+
+def vec_dot(w_row: np.ndarray, qtype, x: np.ndarray) -> float:
+    """ggml-cpu: quantize x to the partner type, then vec_dot with one weight row."""
+    tr = cpu_traits(qtype)
+    a = activation_quantize(x, tr.vec_dot_type)
+    s = C.c_float(0)
+    w_row = np.ascontiguousarray(w_row, np.uint8)
+    VEC_DOT(tr.vec_dot)(x.size, C.byref(s), 0, w_row.ctypes.data, 0, a.ctypes.data, 0, 1)
+    return s.value
+
+
+def quantize_row_ref(x: np.ndarray, qtype) -> np.ndarray:
+    """ggml-base's ``quantize_row_<type>_ref`` called by name (for q8_1 / q8_K, which quantize_chunk skips)."""
+    t = ggml_type(qtype)
+    base, _ = libs()
+    fn = getattr(base, f"quantize_row_{t.name.replace('_k', '_K')}_ref")
+    x = np.ascontiguousarray(x, np.float32).reshape(-1)
+    out = np.zeros(x.size // t.block_size * t.type_size, np.uint8)
+    fn.argtypes = [C.c_void_p, C.c_void_p, C.c_int64]
+    fn(x.ctypes.data, out.ctypes.data, x.size)
+    return out

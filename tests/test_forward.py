@@ -1,0 +1,221 @@
+"""The forward pass through the graph: both real models against llama.cpp's logits, batch
+consistency on tiny models, and clear errors for bad model files."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import ref_logits
+from llmlab import LLMLabError
+from llmlab.gguf import GGUFFile, GGUFWriter
+from llmlab.model import Batch, Context, Model
+from llmlab.model.tiny import write_tiny
+
+TOKENS = [5, 17, 200, 3, 3, 99, 41, 7, 128, 64, 250, 1]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tinyfw")
+    return {a: Model(write_tiny(d / f"{a}.gguf", a, n_layer=3, seed=2, sliding_window=4)) for a in ("llama", "gemma3")}
+
+
+@pytest.fixture(scope="module")
+def smollm2(smollm2_path):
+    return Model(smollm2_path)
+
+
+@pytest.fixture(scope="module")
+def gemma3(gemma3_path):
+    return Model(gemma3_path)
+
+
+def agreement(model, name, i):
+    meta, npz = ref_logits(name)
+    ids = npz[f"p{i}_ids"]
+    lg = Context(model, n_ctx=max(64, len(ids))).decode(Batch.from_tokens(ids, logits="all"))
+    tid, tl = npz[f"p{i}_top_ids"].astype(np.int64), npz[f"p{i}_top_logits"]
+    last = npz[f"p{i}_last_logits"]
+    a = lg[-1]
+    return dict(top1=(lg.argmax(1) == tid[:, 0]).mean(),
+                top32=float(np.abs(np.take_along_axis(lg, tid, 1) - tl).max()),
+                cos=float(a @ last / np.linalg.norm(a) / np.linalg.norm(last)),
+                bitexact=bool((a == last).all()))
+
+
+# SmolLM2 (q4_1 weights, q8_0 tied head): every path reproduces ggml-cpu's order of float
+# operations, so the logits are bit-identical to llama.cpp's (measured on all 5 ref prompts).
+def test_smollm2_matches_llama_cpp_prompt0(smollm2):
+    r = agreement(smollm2, "smollm2", 0)
+    assert r["top1"] == 1.0 and r["top32"] <= 1e-4 and r["cos"] > 0.9999
+    assert r["bitexact"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("i", [1, 2, 3, 4])
+def test_smollm2_matches_llama_cpp_all_prompts(smollm2, i):
+    r = agreement(smollm2, "smollm2", i)
+    assert r["top1"] == 1.0 and r["top32"] <= 1e-4 and r["cos"] > 0.9999
+
+
+# Gemma 3 (q5_0/q8_0 plain, q4_K repacked, q6_K): bit-exact for micro-batches of fewer than 8
+# tokens; from 8 tokens on, llama.cpp's build computes q6_K products with a kernel whose float
+# order is not reproduced yet, so the ref prompts (9-30 tokens) agree to a tolerance. Measured:
+# top-1 agreement 100 / 93.3 / 100 / 94.1 / 100 % (prompts 0-4), last-position cosine >= 0.99946.
+@pytest.mark.slow
+@pytest.mark.parametrize("i", [0, 1, 2, 3, 4])
+def test_gemma3_close_to_llama_cpp(gemma3, i):
+    r = agreement(gemma3, "gemma3", i)
+    assert r["top1"] >= 0.9 and r["cos"] > 0.999
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["smollm2", "gemma3"])
+def test_short_prompt_bit_exact_with_llama_cpp(name, real_model):
+    """Fewer than 8 tokens: every kernel of both models is reproduced, so every logit is identical."""
+    pytest.importorskip("llama_cpp")
+    from llmlab.llamacpp.eval_callback import run_logits
+    mname, path = real_model
+    if mname != name:
+        pytest.skip("one model per parameter")
+    ids = ref_logits(name)[1]["p0_ids"].tolist()[:6]
+    want = run_logits(path, ids)
+    got = Context(Model(path), n_ctx=256).decode(Batch.from_tokens(ids, logits="all"))
+    np.testing.assert_array_equal(got, want.reshape(got.shape))
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_one_batch_token_by_token_and_ubatches_agree(tiny, arch):
+    m = tiny[arch]
+    full = Context(m, n_ctx=64).decode(Batch.from_tokens(TOKENS, logits="all"))
+    ctx = Context(m, n_ctx=64)
+    step = np.concatenate([ctx.decode(Batch.from_tokens([t], pos0=i, logits="all")) for i, t in enumerate(TOKENS)])
+    ub = Context(m, n_ctx=64, n_batch=64, n_ubatch=5).decode(Batch.from_tokens(TOKENS, logits="all"))
+    # f32 BLAS sums differ with the batch size by an ulp, which the f16 KV cache can round either way
+    np.testing.assert_allclose(step, full, rtol=1e-3, atol=2e-3)
+    np.testing.assert_allclose(ub, full, rtol=1e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_flash_attention_path_equals_naive_path(tiny, arch):
+    m = tiny[arch]
+    naive = Context(m, n_ctx=64).decode(Batch.from_tokens(TOKENS, logits="all"))
+    fa = Context(m, n_ctx=64, flash_attn=True).decode(Batch.from_tokens(TOKENS, logits="all"))
+    # the naive path rounds probabilities to f16 before the V product, flash attention does not
+    assert np.abs(fa - naive).max() < 1e-3 * np.abs(naive).max()
+
+
+def test_two_sequences_in_one_batch_equal_separate_runs(tiny):
+    m = tiny["llama"]
+    a, b = TOKENS[:7], TOKENS[5:]
+    sep_a = Context(m, n_ctx=64).decode(Batch.from_tokens(a, logits="all"))
+    sep_b = Context(m, n_ctx=64).decode(Batch.from_tokens(b, logits="all"))
+    batch = Batch(a + b, list(range(len(a))) + list(range(len(b))), [(0,)] * len(a) + [(1,)] * len(b),
+                  [True] * (len(a) + len(b)))
+    both = Context(m, n_ctx=64, n_seq_max=2).decode(batch)
+    np.testing.assert_allclose(both[:len(a)], sep_a, rtol=1e-3, atol=2e-3)
+    np.testing.assert_allclose(both[len(a):], sep_b, rtol=1e-3, atol=2e-3)
+
+
+def test_seq_rm_then_redecode_equals_fresh_run(tiny):
+    m = tiny["llama"]
+    ctx = Context(m, n_ctx=64)
+    ctx.decode(Batch.from_tokens(TOKENS, logits="all"))
+    ctx.kv.seq_rm(0, 6)
+    again = ctx.decode(Batch.from_tokens([9, 8, 7], pos0=6, logits="all"))
+    fresh = Context(m, n_ctx=64).decode(Batch.from_tokens(TOKENS[:6] + [9, 8, 7], logits="all"))[6:]
+    np.testing.assert_allclose(again, fresh, rtol=1e-3, atol=2e-3)
+
+
+def test_only_requested_logits_and_context_overflow(tiny):
+    m = tiny["llama"]
+    ctx = Context(m, n_ctx=16)
+    out = ctx.decode(Batch.from_tokens(TOKENS, logits="last"))
+    full = Context(m, n_ctx=16).decode(Batch.from_tokens(TOKENS, logits="all"))
+    assert out.shape == (1, m.hparams.n_vocab)
+    np.testing.assert_allclose(out[0], full[-1], rtol=1e-5, atol=1e-5)
+    assert ctx.n_ctx == 256                                  # padded like llama.cpp's
+    before = ctx.kv.used
+    with pytest.raises(LLMLabError, match="KV cache is full"):  # does not fit: nothing is placed
+        ctx.decode(Batch.from_tokens(list(range(250)), pos0=len(TOKENS), logits="last"))
+    assert ctx.kv.used == before
+    ctx.decode(Batch.from_tokens(list(range(240)), pos0=len(TOKENS), logits="last"))
+    with pytest.raises(LLMLabError, match="KV cache is full"):
+        ctx.decode(Batch.from_tokens(TOKENS, pos0=len(TOKENS) + 240, logits="all"))
+    with pytest.raises(ValueError, match="invalid token"):
+        Context(m, n_ctx=16).decode(Batch.from_tokens([10**6], logits="all"))
+
+
+def test_named_nodes_can_be_captured_and_replaced(tiny):
+    m = tiny["llama"]
+    ctx = Context(m, n_ctx=32)
+    base = ctx.decode(Batch.from_tokens(TOKENS[:4], logits="all"), capture=["Qcur-1", "kq_soft_max-0", "ffn_out-2"])
+    assert ctx.captured["Qcur-1"].shape == (4, m.hparams.n_head, m.hparams.n_embd_head_k)
+    p = ctx.captured["kq_soft_max-0"]          # (n_head, n_q, n_kv): causal probabilities
+    assert np.allclose(p.sum(-1), 1, atol=1e-5) and (p[:, 0, 1:] == 0).all()
+    zeroed = Context(m, n_ctx=32).decode(Batch.from_tokens(TOKENS[:4], logits="all"), replace={"ffn_out-2": lambda t, a: a * 0})
+    assert not np.allclose(zeroed, base)
+
+
+def test_graph_names_follow_llama_cpp(tiny):
+    m = tiny["gemma3"]
+    ctx = Context(m, n_ctx=32)
+    ctx.decode(Batch.from_tokens(TOKENS[:3], logits="all"))
+    names = {t.name for t in ctx.last_graph.gf.nodes}
+    for n in ["embd", "inp_scaled", "attn_norm-0", "Qcur_normed-0", "Kcur-1", "kq_soft_max-2", "kqv_out-0",
+              "attn_post_norm-1", "sa_out-0", "ffn_geglu-2", "ffn_post_norm-0", "l_out-2", "result_norm",
+              "result_output"]:
+        assert n in names, n
+
+
+def test_missing_and_mismatched_tensors_are_named(tmp_path):
+    src = write_tiny(tmp_path / "ok.gguf", "llama", n_layer=2)
+    f = GGUFFile(src)
+    w = GGUFWriter.from_file(f)
+    del w.tensors["blk.1.ffn_up.weight"]
+    w.write(tmp_path / "missing.gguf")
+    with pytest.raises(LLMLabError, match=r"missing tensor 'blk.1.ffn_up.weight' \(expected shape \[64, 128\]\)"):
+        Model(tmp_path / "missing.gguf")
+    w = GGUFWriter.from_file(GGUFFile(src))
+    t, shape, raw = w.tensors["blk.0.attn_q.weight"]
+    w.tensors["blk.0.attn_q.weight"] = (t, (32, 128), raw)
+    w.write(tmp_path / "bad.gguf")
+    with pytest.raises(LLMLabError, match=r"'blk.0.attn_q.weight' has shape \[32, 128\], expected \[64, 64\]"):
+        Model(tmp_path / "bad.gguf")
+
+
+def test_cli_logits_json(smollm2_path):
+    meta, npz = ref_logits("smollm2")
+    prompt = meta["prompts"][0]["prompt"]
+    out = subprocess.run([sys.executable, "-m", "llmlab", "logits", "-m", str(smollm2_path), "-p", prompt,
+                          "--top", "4", "--json"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)
+    assert d["ids"] == npz["p0_ids"].tolist()
+    assert np.array_equal(np.array(d["top_ids"]), npz["p0_top_ids"][:, :4])
+    np.testing.assert_allclose(np.array(d["top_logits"]), npz["p0_top_logits"][:, :4], atol=1e-4)
+    bad = subprocess.run([sys.executable, "-m", "llmlab", "logits", "-m", "nope.gguf", "-p", "x"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and bad.stderr.startswith("error:") and "Traceback" not in bad.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch,vocab_of", [("llama", "smollm2"), ("gemma3", "gemma3")])
+def test_tiny_models_load_in_llama_cpp_and_agree(tmp_path, arch, vocab_of):
+    """Tiny random f32 models with a real vocabulary, written by llmlab: llama.cpp loads them and its
+    logits agree (f32 weights: only summation order differs; measured max |diff| / max |logit|:
+    4e-7 for llama, 5e-5 for gemma3)."""
+    pytest.importorskip("llama_cpp")
+    from llmlab import models
+    from llmlab.llamacpp.eval_callback import run_logits
+    p = write_tiny(tmp_path / f"{arch}.gguf", arch, n_layer=2, n_embd=64, n_head=4, n_head_kv=2, n_ff=128,
+                   vocab_from=models.resolve(vocab_of), head_dim=16 if arch == "gemma3" else None)
+    ids = [1, 5, 100, 2000, 7, 8, 9, 10, 11, 12]
+    want = run_logits(p, ids).reshape(len(ids), -1)
+    got = Context(Model(p), n_ctx=256).decode(Batch.from_tokens(ids, logits="all"))
+    assert (got.argmax(1) == want.argmax(1)).all()
+    assert np.abs(got - want).max() <= 2e-4 * np.abs(want).max()

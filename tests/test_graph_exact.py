@@ -1,0 +1,65 @@
+"""ggml-cpu's numerics reproduced bit for bit, checked against the real ggml in llama-cpp-python."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+llama_cpp = pytest.importorskip("llama_cpp")
+quant = pytest.importorskip("llmlab.quant")
+import ggml_ref  # noqa: E402  (tests/ggml_ref.py: ctypes bridge to ggml)
+
+from llmlab.graph.ggml_cpu import EXACT_MUL_MAT, mul_mat_f16, soft_max_rows, v_expf  # noqa: E402
+from llmlab.graph.compute import gelu_table  # noqa: E402
+from llmlab.types import ggml_type  # noqa: E402
+
+
+@pytest.mark.parametrize("qtype,n", [("q4_0", 96), ("q4_1", 96), ("q5_0", 96), ("q8_0", 96), ("q4_k", 512), ("q6_k", 512)])
+def test_quantized_dot_products_equal_ggml_vec_dot(qtype, n):
+    rng = np.random.default_rng(3)
+    W = rng.standard_normal((24, n)).astype(np.float32)
+    raw = ggml_ref.quantize_chunk(W, qtype).reshape(24, -1)
+    x = (rng.standard_normal((3, n)) * 2).astype(np.float32)
+    got = EXACT_MUL_MAT[qtype](raw, ggml_type(qtype), x)
+    want = np.array([[ggml_ref.vec_dot(raw[r], qtype, x[t]) for r in range(24)] for t in range(3)], np.float32)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_gelu_table_equals_ggml_table():
+    import ctypes as C
+    _, cpu = ggml_ref.libs()
+    try:
+        tab = np.ctypeslib.as_array((C.c_uint16 * 65536).in_dll(cpu, "ggml_table_gelu_f16")).copy()
+    except ValueError:
+        pytest.skip("this ggml build does not export ggml_table_gelu_f16")
+    mine = gelu_table().view(np.uint16)
+    finite = np.isfinite(np.arange(65536, dtype=np.uint16).view(np.float16))
+    np.testing.assert_array_equal(mine[finite], tab[finite])
+
+
+def test_exp_and_softmax_are_accurate():
+    x = np.linspace(-80, 0, 100001, dtype=np.float32)
+    e = v_expf(x)
+    np.testing.assert_allclose(e, np.exp(x.astype(np.float64)), rtol=4e-7)
+    w = np.random.default_rng(0).standard_normal((5, 64)).astype(np.float32)
+    p = soft_max_rows(w)
+    want = np.exp(w - w.max(-1, keepdims=True))
+    np.testing.assert_allclose(p, want / want.sum(-1, keepdims=True), rtol=1e-6)
+
+
+def test_f16_products_in_16_lanes():
+    rng = np.random.default_rng(1)
+    A = rng.standard_normal((7, 64)).astype(np.float16)
+    B = rng.standard_normal((3, 64)).astype(np.float16)
+    got = mul_mat_f16(A, B)
+    np.testing.assert_allclose(got, B.astype(np.float64) @ A.astype(np.float64).T, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("n", [64, 256, 96])
+def test_vec_dot_f16_equals_ggml(n):
+    from llmlab.graph.ggml_cpu import vec_dot_f16
+    rng = np.random.default_rng(n)
+    W = rng.standard_normal((16, n)).astype(np.float16)
+    x = rng.standard_normal(n).astype(np.float32)
+    want = np.array([ggml_ref.vec_dot(W[r].view(np.uint8), "f16", x) for r in range(16)], np.float32)
+    got = vec_dot_f16(W.astype(np.float32), x.astype(np.float16).astype(np.float32)[None])
+    np.testing.assert_array_equal(got, want)

@@ -1,0 +1,158 @@
+"""The backend scheduler: n_gpu_layers placement, the five passes, splits and copies, CPU threads, plug-ins."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from llmlab.graph import Context as GGMLContext, build_forward, graph_compute
+from llmlab.graph import ops as ggml
+from llmlab.model import Batch, Context, Model
+from llmlab.model.tiny import write_tiny
+from llmlab.sched import AccelBackend, CPUBackend, Scheduler
+from llmlab.sched.placement import layer_device
+from llmlab.sched.threads import mul_mat_chunking, rows_blocks, rows_interleaved, trace_nodes
+
+TOKENS = [3, 17, 5, 99, 42, 7, 1, 250]
+
+
+@pytest.fixture(scope="module")
+def tiny_models(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tiny")
+    return {arch: Model(write_tiny(d / f"{arch}.gguf", arch, n_layer=4, seed=1)) for arch in ("llama", "gemma3")}
+
+
+@pytest.fixture(scope="module")
+def tiny32(tmp_path_factory):
+    p = write_tiny(tmp_path_factory.mktemp("t32") / "t32.gguf", "llama", n_layer=32, n_embd=32, n_head=4,
+                   n_head_kv=2, n_ff=64, n_vocab=64)
+    return Model(p)
+
+
+def test_layer_placement_rule():
+    assert [layer_device(il, 20, 32) for il in (0, 19, 20, 31, 32)] == [True, True, False, False, False]
+    assert layer_device(32, 33, 32) and not layer_device(32, 32, 32)    # output follows: needs n_layer + 1
+
+
+def test_seed_example_32_layers_ngl20_gives_3_splits(tiny32):
+    sched = Scheduler([AccelBackend(), CPUBackend()], n_gpu_layers=20)
+    Context(tiny32, n_ctx=32, sched=sched).decode(Batch.from_tokens([1, 2, 3], logits="all"))
+    s = sched.last
+    assert s.n_splits == 3
+    rows = s.summary()
+    assert [r["backend"] for r in rows] == ["CPU", "ACCEL", "CPU"]
+    assert rows[0]["first"] == "embd" and rows[0]["nodes"] == 1          # the embedding lookup
+    assert "embd" in rows[1]["inputs"]                                    # copied into the accelerator
+    assert rows[2]["last"] == "result_output"                                 # layers 20..31 + LM head
+    assert "l_out-19" in rows[2]["inputs"]
+    assert len(s.passes) == 4 and all(len(p[1]) == s.graph.n_nodes for p in s.passes)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+@pytest.mark.parametrize("ngl,ops", [(0, None), (2, None), (5, None), (3, {"MUL_MAT", "ADD", "MUL", "RMS_NORM"}),
+                                     (5, {"MUL_MAT"}), (5, {"MUL_MAT", "SOFT_MAX", "ROPE", "CPY", "CONT"})])
+def test_scheduled_run_equals_single_backend(tiny_models, arch, ngl, ops):
+    m = tiny_models[arch]
+    ref = Context(m, n_ctx=32).decode(Batch.from_tokens(TOKENS, logits="all"))
+    sched = Scheduler([AccelBackend(supported_ops=ops), CPUBackend()], n_gpu_layers=ngl)
+    got = Context(m, n_ctx=32, sched=sched).decode(Batch.from_tokens(TOKENS, logits="all"))
+    np.testing.assert_array_equal(got, ref)
+    s = sched.last
+    if ngl == 0:
+        assert s.n_splits == 1 and s.n_copies == 0
+    else:
+        assert s.n_splits >= 2 and s.bytes_copied > 0
+        assert s.n_copies == sum(len(sp.inputs) for sp in s.splits)
+
+
+def test_unsupported_ops_make_more_splits(tiny_models):
+    m = tiny_models["llama"]
+    n = {}
+    for name, ops in [("all", None), ("matmul only", {"MUL_MAT"})]:
+        sched = Scheduler([AccelBackend(supported_ops=ops), CPUBackend()], n_gpu_layers=5)
+        Context(m, n_ctx=32, sched=sched).decode(Batch.from_tokens(TOKENS, logits="all"))
+        n[name] = sched.last.n_splits
+    assert n["all"] == 2 and n["matmul only"] > 4 * 4
+
+
+def test_op_offload_of_large_batches(tiny_models):
+    """Weights on the CPU, a batch of >= 32 tokens: the accelerator asks to take the matmuls (pass 1 '1.off')."""
+    m = tiny_models["llama"]
+    sched = Scheduler([AccelBackend(), CPUBackend()], n_gpu_layers=0)
+    toks = list(range(40))
+    ref = Context(m, n_ctx=64).decode(Batch.from_tokens(toks, logits="all"))
+    got = Context(m, n_ctx=64, sched=sched).decode(Batch.from_tokens(toks, logits="all"))
+    np.testing.assert_array_equal(got, ref)
+    assert "1.off" in sched.last.causes.values()
+
+
+def test_copies_are_required():
+    """The accelerator refuses to read CPU memory directly: the copies are not decoration."""
+    from llmlab.sched.scheduler import Schedule, Split
+    sched = Scheduler([AccelBackend(), CPUBackend()])
+    ctx = GGMLContext()
+    a = ggml.new_tensor(ctx, "f32", 4, name="a")
+    a.set_data(np.ones(4))
+    b = ggml.silu(ctx, a)
+    g = build_forward(b)
+    s = Schedule(g, sched.backends, {id(a): 1, id(b): 0}, [], {}, [Split(0, 0, 1)], {})
+    with pytest.raises(RuntimeError, match="without a copy"):
+        sched.compute_schedule(s)
+
+
+def test_thread_partitions():
+    assert rows_interleaved(12, 4)[1] == [1, 5, 9]
+    assert rows_blocks(12, 4)[1] == [3, 4, 5]
+    assert rows_blocks(10, 4) == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9]]
+    # ggml: few chunks -> one per thread along the larger dimension
+    assert mul_mat_chunking(576, 1, 2) == (9, 1, 64, 1)         # 64-row chunks for a matrix-vector product
+    assert mul_mat_chunking(100, 1, 4) == (4, 1, 25, 1)
+    n0, n1, dr0, dr1 = mul_mat_chunking(1536, 64, 4)
+    assert (n0, n1, dr0, dr1) == (96, 4, 16, 16)
+
+
+def test_traced_threads_compute_the_same_and_cover_every_chunk():
+    rng = np.random.default_rng(0)
+    ctx = GGMLContext()
+    w = ggml.new_tensor(ctx, "f32", 32, 200, name="w")
+    w.set_data(rng.standard_normal((200, 32)))
+    x = ggml.new_tensor(ctx, "f32", 32, 40, name="x")
+    x.set_data(rng.standard_normal((40, 32)))
+    y = ggml.mul_mat(ctx, w, x)
+    z = ggml.soft_max(ctx, y)
+    g = build_forward(z)
+    traces = trace_nodes(g.nodes, nth=3)
+    traced = z.numpy().copy()
+    graph_compute(g)
+    np.testing.assert_allclose(traced, z.numpy(), rtol=1e-4, atol=1e-9)   # f32 sums in another order
+    mm = traces[0]
+    n0, n1, _, _ = mul_mat_chunking(200, 40, 3)
+    chunks = sorted(c[0] for per_thread in mm.work for c in per_thread)
+    assert chunks == list(range(n0 * n1))                         # every chunk exactly once
+    assert [c[0] for c in mm.work[1]][0] == 1                      # thread ith starts at chunk ith
+    assert traces[1].kind == "interleaved"
+
+
+def test_plugin_first_plain_path_as_fallback():
+    quant = pytest.importorskip("llmlab.quant")
+    from llmlab.sched.repack import RepackPlugin
+    rng = np.random.default_rng(1)
+    ctx = GGMLContext()
+    W = rng.standard_normal((16, 64)).astype(np.float32)
+    w = ggml.new_tensor(ctx, "q8_0", 64, 16, name="w")
+    w.data[:] = quant.quantize(W.reshape(-1), "q8_0")
+    x = ggml.new_tensor(ctx, "f32", 64, 3, name="x")
+    x.set_data(rng.standard_normal((3, 64)))
+    f = ggml.new_tensor(ctx, "f32", 64, 16, name="f")
+    f.set_data(W)
+    y, yf = ggml.mul_mat(ctx, w, x), ggml.mul_mat(ctx, f, x)
+    g = build_forward(y)
+    graph_compute(g)
+    plain = y.numpy().copy()
+    cpu = CPUBackend(extra=[RepackPlugin()])
+    y.data = None
+    cpu.compute(g.nodes)
+    np.testing.assert_array_equal(y.numpy(), plain)
+    assert cpu.plugin_log == [(y.name, "REPACK")]
+    cpu.compute(build_forward(yf).nodes)          # f32 weight: the plug-in declines, plain path runs
+    assert len(cpu.plugin_log) == 1
+    np.testing.assert_allclose(yf.numpy(), x.numpy() @ W.T, rtol=1e-5, atol=1e-5)
