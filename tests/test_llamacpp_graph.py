@@ -37,7 +37,7 @@ def test_smollm2_graph_is_llama_cpps_node_by_node(smollm2_path, flash_attn):
     assert report.first_divergence is None, report.summary()
 
 
-@pytest.mark.parametrize("flash_attn", [False, True], ids=["fa_off", "fa_on"])
+@pytest.mark.parametrize("flash_attn", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["fa_off", "fa_on"])
 def test_gemma3_graph_is_llama_cpps_node_by_node(gemma3_path, flash_attn):
     cap, report = report_for("gemma3", gemma3_path, flash_attn)
     assert report.total == len(cap.compute_nodes()) > 450
