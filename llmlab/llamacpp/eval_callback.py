@@ -212,13 +212,14 @@ def _logs(lc) -> _Logs:
     return _LOGS
 
 
-def capture(model_path: str | Path, tokens: Iterable[int], flash_attn: bool | str = False, n_threads: int = 2,
+def capture(model_path: str | Path, tokens: Iterable[int], flash_attn: bool | str = False, n_threads: int = 1,
             values: bool | Iterable[str] | Callable[[str], bool] = True, output: str = "all",
             n_ctx: int | None = None, type_k: str = "f16", type_v: str | None = None,
             prefix: Iterable[int] = (), n_ubatch: int | None = None) -> Capture:
     """Decode ``tokens`` (one sequence) in llama.cpp and return the graph it computed, node by node.
 
-    ``flash_attn``: on/off (True/False). ``values``: True for every node's
+    ``flash_attn``: on/off (True/False). ``n_threads``: 1 by default, since the node-by-node run
+    synchronizes the threads after every node. ``values``: True for every node's
     values, False for none, or the names (or a predicate on names) of the
     nodes to copy. ``output``: ``"all"`` asks for logits at every position,
     ``"last"`` only at the last (llama.cpp then drops the other rows before
