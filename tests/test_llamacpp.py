@@ -128,8 +128,11 @@ def test_self_diff_is_exact_and_finds_an_injected_error(smollm2_path):
 def test_tokenize_matches_the_references(real_model):
     name, path = real_model
     from conftest import ref_tokens
-    for case in ref_tokens(name)[:5]:
-        assert tokenize(path, case["text"], add_special=False, parse_special=False) == case["ids"]
+    cases = ref_tokens(name)
+    texts = [c["text"] for c in cases]
+    assert tokenize(path, texts, add_special=False, parse_special=False) == [c["ids"] for c in cases]
+    assert tokenize(path, texts, add_special=False, parse_special=True) == [c["ids_special"] for c in cases]
+    assert tokenize(path, texts, add_special=True, parse_special=False) == [c["ids_bos"] for c in cases]
 
 
 def test_decode_after_prefill_reuses_the_cache(smollm2_path):

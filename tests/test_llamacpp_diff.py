@@ -67,7 +67,7 @@ def test_alignment_by_name_op_and_occurrence():
     assert [d.llama_cpp_op for d in qs] == ["MUL_MAT", "ROPE"]
     assert not qs[0].matched and qs[0].op == "ROPE"        # a Qcur-0 exists, but it computes something else
     assert qs[1].matched and qs[1].max_abs_err == 0
-    assert rep.first_divergence == "norm-0"
+    assert rep.first_divergence == "norm-0" and rep.first_inexact == "norm-0"
     norms = [d for d in rep.nodes if d.name == "norm-0"]
     assert norms[0].max_abs_err == 0 and norms[1].max_abs_err == pytest.approx(0.5)
     assert rep.matched == rep.total - 1

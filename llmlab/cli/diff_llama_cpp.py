@@ -12,7 +12,8 @@ def register(sub) -> None:
     p.add_argument("-p", "--prompt", required=True, help="text; tokenized by llama.cpp with BOS and special tokens")
     p.add_argument("--flash-attn", choices=["on", "off"], default="off", help="attention path (default: off)")
     p.add_argument("--layers", default=None, metavar="A:B", help="only nodes of layers A..B-1 (plus the layer-less ones)")
-    p.add_argument("--threads", type=int, default=2, help="llama.cpp threads (default 2)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="llama.cpp threads (default 1: the node-by-node run synchronizes its threads at every node)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
 

@@ -103,6 +103,11 @@ class DiffReport:
         return None
 
     @property
+    def first_inexact(self) -> str | None:
+        """The first node whose values differ at all (where an exact reimplementation first departs)."""
+        return next((n.name for n in self.nodes if n.max_abs_err), None)
+
+    @property
     def unmatched(self) -> list[NodeDiff]:
         return [n for n in self.nodes if not n.matched]
 
@@ -113,7 +118,8 @@ class DiffReport:
     def summary(self) -> str:
         fd = self.first_divergence
         return (f"compute nodes matched: {self.matched}/{self.total}; "
-                f"first divergence (max rel err > {self.tol:g}): {fd or 'none'}")
+                f"first divergence (max rel err > {self.tol:g}): {fd or 'none'}; "
+                f"first inexact node: {self.first_inexact or 'none (bit-identical)'}")
 
     def table(self) -> str:
         rows = [f"{'name':<28} {'op':<14} {'shape':<22} {'llama.cpp op':<14} {'max rel err':>12}"]

@@ -212,13 +212,14 @@ def _logs(lc) -> _Logs:
     return _LOGS
 
 
-def capture(model_path: str | Path, tokens: Iterable[int], flash_attn: bool | str = False, n_threads: int = 2,
+def capture(model_path: str | Path, tokens: Iterable[int], flash_attn: bool | str = False, n_threads: int = 1,
             values: bool | Iterable[str] | Callable[[str], bool] = True, output: str = "all",
             n_ctx: int | None = None, type_k: str = "f16", type_v: str | None = None,
             prefix: Iterable[int] = (), n_ubatch: int | None = None) -> Capture:
     """Decode ``tokens`` (one sequence) in llama.cpp and return the graph it computed, node by node.
 
-    ``flash_attn``: on/off (True/False). ``values``: True for every node's
+    ``flash_attn``: on/off (True/False). ``n_threads``: 1 by default, since the node-by-node run
+    synchronizes the threads after every node. ``values``: True for every node's
     values, False for none, or the names (or a predicate on names) of the
     nodes to copy. ``output``: ``"all"`` asks for logits at every position,
     ``"last"`` only at the last (llama.cpp then drops the other rows before
@@ -372,26 +373,43 @@ def run_logits(model_path: str | Path, tokens: Iterable[int], flash_attn: bool |
         lc.llama_model_free(model)
 
 
-def tokenize(model_path: str | Path, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
-    """llama.cpp's own tokenization of ``text`` (``llama_tokenize``; BOS where the model asks for it)."""
+def tokenize(model_path: str | Path, text: str | list[str], add_special: bool = True,
+             parse_special: bool = True) -> list[int] | list[list[int]]:
+    """llama.cpp's own tokenization (``llama_tokenize``; BOS where the model asks for it).
+
+    ``text`` may be a list of texts: the vocabulary is then loaded once and a list of id lists returned.
+    """
     lc = _llama_cpp()
-    _logs(lc)
-    mp = lc.llama_model_default_params()
-    mp.vocab_only = True
-    model = lc.llama_model_load_from_file(str(model_path).encode(), mp)
-    if not model:
-        raise LLMLabError(f"llama.cpp could not load {model_path}")
-    try:
-        vocab = lc.llama_model_get_vocab(model)
-        raw = text.encode()
+    vocab = _vocab(lc, str(Path(model_path).resolve()))
+    out = []
+    for t in ([text] if isinstance(text, str) else text):
+        raw = t.encode()
         cap = len(raw) + 8
         buf = (lc.llama_token * cap)()
         n = lc.llama_tokenize(vocab, raw, len(raw), buf, cap, add_special, parse_special)
+        if n < 0:                      # the buffer was too small: -n is the size needed
+            buf = (lc.llama_token * -n)()
+            n = lc.llama_tokenize(vocab, raw, len(raw), buf, -n, add_special, parse_special)
         if n < 0:
             raise LLMLabError(f"llama_tokenize failed ({n})")
-        return list(buf[:n])
-    finally:
-        lc.llama_model_free(model)
+        out.append(list(buf[:n]))
+    return out[0] if isinstance(text, str) else out
+
+
+_VOCABS: dict[str, object] = {}
+
+
+def _vocab(lc, path: str):
+    """A vocabulary-only llama.cpp model per file, loaded once per process (kept: a few MB)."""
+    if path not in _VOCABS:
+        _logs(lc)
+        mp = lc.llama_model_default_params()
+        mp.vocab_only = True
+        model = lc.llama_model_load_from_file(path.encode(), mp)
+        if not model:
+            raise LLMLabError(f"llama.cpp could not load {path}")
+        _VOCABS[path] = model
+    return lc.llama_model_get_vocab(_VOCABS[path])
 
 
 _KV_LINE = re.compile(r"llama_kv_cache: size = +([\d.]+) MiB \( *(\d+) cells, +(\d+) layers, +(\d+)/(\d+) seqs\), "

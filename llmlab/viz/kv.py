@@ -245,21 +245,22 @@ def prefill_decode_run(model_path: str | Path, prompt: Sequence[int], n_decode: 
     whole sequence (which recomputes every K and V).
     """
     import time
-    from ..model import Batch, Context, Model
+    from ..batch import Batch
+    from ..model import Context, Model
     model = Model(model_path)
     prompt = [int(t) for t in prompt]
     ctx = Context(model, n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx)
     t0 = time.perf_counter()
-    logits = ctx.decode(Batch.from_tokens(prompt, all_logits=False))
+    logits = ctx.decode(Batch.from_tokens(prompt, logits="last"))
     prefill_s = time.perf_counter() - t0
     out, decode_s = [], []
     for i in range(n_decode):
         tok = int(np.argmax(logits[-1]))
         out.append(tok)
         t0 = time.perf_counter()
-        logits = ctx.decode(Batch.from_tokens([tok], pos0=len(prompt) + i, all_logits=False))
+        logits = ctx.decode(Batch.from_tokens([tok], pos0=len(prompt) + i, logits="last"))
         decode_s.append(time.perf_counter() - t0)
     fresh = Context(model, n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx)
-    full = fresh.decode(Batch.from_tokens(prompt + out, all_logits=False))
+    full = fresh.decode(Batch.from_tokens(prompt + out, logits="last"))
     return dict(n_prompt=len(prompt), prefill_s=prefill_s, decode_s=decode_s, generated=out,
                 max_abs_diff=float(np.abs(full[-1] - logits[-1]).max()), logits_scale=float(np.abs(full[-1]).max()))

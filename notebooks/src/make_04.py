@@ -104,7 +104,7 @@ cache; finally a fresh run over the whole text, recomputing every K and V, must 
 """)
 
 code(r"""
-run = vk.prefill_decode_run(p, prompt, n_decode=6)
+run = vk.prefill_decode_run(p, prompt, n_decode=4)
 print(f"prefill: {run['n_prompt']} tokens in {run['prefill_s'] * 1e3:.0f} ms "
       f"({run['prefill_s'] * 1e3 / run['n_prompt']:.0f} ms/token)")
 print("decode steps (ms):", [round(s * 1e3) for s in run["decode_s"]],
