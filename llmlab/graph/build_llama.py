@@ -5,7 +5,6 @@ import math
 
 from . import ops as ggml
 from . import register_builder
-from .cgraph import build_forward_expand
 from .llm_graph import LLMGraph
 
 
@@ -59,10 +58,4 @@ class BuildLlama(LLMGraph):
             inpL = cur
             self.mark_layer(il)
 
-        cur = self.build_norm(inpL, m.output_norm, -1)
-        self.cb(cur, "result_norm", -1)
-        self.t_embd = cur
-        cur = self.cb(ggml.mul_mat(ctx0, m.output, cur), "result_output", -1)
-        self.t_logits = cur
-        build_forward_expand(self.gf, cur)
-        self.mark_layer(hp.n_layer)
+        self.build_output(inpL)

@@ -160,6 +160,17 @@ class LLMGraph:
     def build(self) -> None:
         raise NotImplementedError
 
+    def build_output(self, inpL: Tensor) -> Tensor:
+        """The tail every builder shares: final norm, LM head (tied or not), expand from the logits."""
+        cur = self.build_norm(inpL, self.model.output_norm, -1)
+        self.cb(cur, "result_norm", -1)
+        self.t_embd = cur
+        cur = self.cb(ggml.mul_mat(self.ctx0, self.model.output, cur), "result_output", -1)
+        self.t_logits = cur
+        build_forward_expand(self.gf, cur)
+        self.mark_layer(self.model.hparams.n_layer)
+        return cur
+
     def mark_layer(self, il: int) -> None:
         """Record which layer the tensors made since the last call belong to (for drawing and placement)."""
         for t in self.ctx0.tensors:
