@@ -42,7 +42,7 @@ class Context:
 
     def __init__(self, model: Model, n_ctx: int = 512, n_batch: int = 512, n_ubatch: int = 512,
                  flash_attn: bool = False, type_k: str = "f16", type_v: str = "f16", n_seq_max: int = 1,
-                 sched=None):
+                 sched=None, graph_reuse: bool = True):
         if n_ctx <= 0 or n_ubatch <= 0 or n_batch <= 0:
             raise ValueError("n_ctx, n_batch and n_ubatch must be positive")
         hp = model.hparams
@@ -63,6 +63,9 @@ class Context:
         self.builder = get_builder(model.arch)
         self.sched = sched
         self.last_graph = None            # the LLMGraph of the last micro-batch (for inspection)
+        self.graph_reuse = graph_reuse    # keep the last graph and run it again when the shapes repeat
+        self._reuse = None
+        self.n_built = self.n_reused = 0
         self.captured: dict[str, np.ndarray] = {}
 
     # ---- one micro-batch: place it, build its graph, fill the inputs
@@ -74,8 +77,15 @@ class Context:
         n_kv = [kv.n_kv(il) if two else kv.n_kv() for il in range(hp.n_layer)]
         swa = [hp.is_swa(il) for il in range(hp.n_layer)]
         out_ids = np.flatnonzero(ub.output).astype(np.int32)
-        view = KVView(self.k_l, self.v_l, n_kv, swa)
-        g = self.builder(self.model, ub.n_tokens, len(out_ids), view, flash_attn=self.flash_attn)
+        key = (ub.n_tokens, len(out_ids), tuple(n_kv))
+        if self._reuse is not None and self._reuse[0] == key and self.sched is None:   # the scheduler rewires a graph it splits
+            g = self._reuse[1]           # same shapes as last time: only the inputs change (llama.cpp's can_reuse)
+            self.n_reused += 1
+        else:
+            g = self.builder(self.model, ub.n_tokens, len(out_ids), KVView(self.k_l, self.v_l, n_kv, swa),
+                             flash_attn=self.flash_attn)
+            self._reuse = (key, g) if self.graph_reuse else None
+            self.n_built += 1
         inp = g.inputs
         inp["inp_tokens"].set_data(ub.tokens)
         inp["inp_pos"].set_data(ub.pos)
@@ -144,3 +154,4 @@ class Context:
 
     def clear(self) -> None:
         self.kv.clear()
+        self._reuse = None
