@@ -405,11 +405,47 @@ print("plug-in path == plain path, bit for bit")
 """)
 
 md(r"""
+## llama.cpp's own graph, beside llmlab's
+
+Everything above claims that llmlab's graph *is* llama.cpp's. llama.cpp can tell us
+itself: its scheduler calls an evaluation callback (`cb_eval`) for every node it
+computes, and `llmlab.llamacpp.capture` reads each node's name, op, shape and
+values from the `ggml_tensor` struct. We decode the same 8 tokens in llama.cpp
+and in llmlab, pair the nodes by name and compare them. Layer 0 side by side:
+""")
+
+code(r"""
+from llmlab import llamacpp
+from llmlab.viz import llamacpp as vl
+from llmlab.tokenizer import Tokenizer
+from IPython.display import display
+
+path = models.resolve("smollm2")
+ids = Tokenizer.from_model(path).tokenize("The history of the printing press begins in", add_bos=True, special=True)
+cap = llamacpp.capture(path, ids, flash_attn=False)
+report = llamacpp.diff(llamacpp.llmlab_nodes(path, ids, flash_attn=False), cap)
+print(f"llama.cpp computed {len(cap.nodes)} nodes ({len(cap.compute_nodes())} compute nodes);", report.summary())
+display(vl.diff_table(report, layer=0))
+assert report.matched == report.total and report.first_inexact is None
+""")
+
+md(r"""
+The same layer as llama.cpp recorded it, drawn from the capture and coloured by
+the comparison (green: same op, same shape, same values):
+""")
+
+code(r"""
+render(vl.capture_dot(cap, 0, report))
+""")
+
+md(r"""
 ## Summary
 
 - A graph is built, not stored: op constructors only record nodes; `build_forward_expand`
   orders them depth-first; the executor is the only thing that computes.
-- Weights meet the graph by name; intermediate tensors carry llama.cpp's names.
+- Weights meet the graph by name; intermediate tensors carry llama.cpp's names, and
+  llama.cpp's own callback confirms it: every compute node has an llmlab twin with the
+  same op, shape and values.
 - `MUL_MAT` is well over 90% of the FLOPs.
 - The scheduler's passes place every node, the cut makes splits, copies carry tensors
   across; a scheduled run gives exactly the single-backend logits, and the seed's
