@@ -10,7 +10,9 @@ which ggml adds the float terms:
   block after block; at the end the 8 lanes are added pairwise (``hsum_float_8``:
   (0+4)+(2+6), (1+5)+(3+7), then those two). q4_1 adds ``sum_b m_w * s_x`` separately.
 - f16 x f16 (the KV cache, through llamafile's ``tinyBLAS`` on AVX-512): 16 lanes,
-  lane i accumulates elements i, i+16, ... with fma, then ``_mm512_reduce_add_ps``.
+  lane i accumulates elements i, i+16, ... with fma, then ``_mm512_reduce_add_ps``;
+  except for a single activation row (a one-token decode), which tinyBLAS refuses:
+  ``ggml_vec_dot_f16`` then sums four 16-lane accumulators per 64 elements.
 
 Fused multiply-adds are emulated in float64 and rounded once to float32 (the product
 of two float32 values is exact in float64), which matches the hardware except for
@@ -97,7 +99,17 @@ def mul_mat_q32(raw: np.ndarray, qtype, x: np.ndarray) -> np.ndarray:
 
 
 def mul_mat_f16(A: np.ndarray, B: np.ndarray) -> np.ndarray:
-    """tinyBLAS on AVX-512: A (R, K) f16 weights, B (T, K) activations already rounded to f16 -> (T, R)."""
+    """A (R, K) f16 weights (the KV cache) times B (T, K) activations already rounded to f16 -> (T, R),
+    through the kernel ggml_compute_forward_mul_mat ends up in. ``llamafile_sgemm`` refuses a single
+    activation row ("only enable sgemm for prompt processing": ``n < 2`` returns false), so a one-token
+    decode computes each output with ``ggml_vec_dot_f16``; from two rows on, tinyBLAS does."""
+    if B.shape[0] < 2:
+        return vec_dot_f16(B[:, None, :], A[None, :, :])
+    return tinyblas_f16(A, B)
+
+
+def tinyblas_f16(A: np.ndarray, B: np.ndarray) -> np.ndarray:
+    """llamafile's tinyBLAS on AVX-512: A (R, K) f16 weights, B (T, K) activations already rounded to f16 -> (T, R)."""
     R, K = A.shape
     T = B.shape[0]
     if K % 16:
