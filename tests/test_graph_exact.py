@@ -63,3 +63,15 @@ def test_vec_dot_f16_equals_ggml(n):
     want = np.array([ggml_ref.vec_dot(W[r].view(np.uint8), "f16", x) for r in range(16)], np.float32)
     got = vec_dot_f16(W.astype(np.float32), x.astype(np.float16).astype(np.float32)[None])
     np.testing.assert_array_equal(got, want)
+
+
+def test_f16_product_of_one_row_is_ggml_vec_dot_f16():
+    """A single activation row (a one-token decode) is refused by tinyBLAS (llamafile_sgemm: n < 2)
+    and goes through ggml_vec_dot_f16 output by output; two rows or more sum in tinyBLAS's 16 lanes."""
+    rng = np.random.default_rng(5)
+    A = rng.standard_normal((16, 256)).astype(np.float16)
+    x = rng.standard_normal(256).astype(np.float32)
+    want = np.array([ggml_ref.vec_dot(A[r].view(np.uint8), "f16", x) for r in range(16)], np.float32)
+    np.testing.assert_array_equal(mul_mat_f16(A, x.astype(np.float16)[None])[0], want)
+    two = mul_mat_f16(A, np.stack([x, x]).astype(np.float16))
+    assert (two[0] == two[1]).all() and (two[0] != want).any()      # the other kernel, another order
