@@ -105,3 +105,45 @@ def quantize_row_ref(x: np.ndarray, qtype) -> np.ndarray:
     fn.argtypes = [C.c_void_p, C.c_void_p, C.c_int64]
     fn(x.ctypes.data, out.ctypes.data, x.size)
     return out
+
+
+def mul_mat(raw: np.ndarray, qtype, x: np.ndarray, n_threads: int = 2) -> np.ndarray:
+    """ggml-cpu's whole MUL_MAT op on a plain (not repacked) weight: rows raw (R, row_bytes) of
+    ``qtype`` times activations x (T, n) -> (T, R), through ggml_graph_compute_with_ctx, so ggml
+    picks the kernel itself (vec_dot, llamafile's sgemm, the tiled K-quant kernels...)."""
+    from llmlab.llamacpp.ggml_tensor import GGMLInitParams, GGMLTensor, check_layout
+    check_layout()
+    t = ggml_type(qtype)
+    base, cpu = libs()
+    for lib, fn, args, res in [
+        (base, "ggml_init", [GGMLInitParams], C.c_void_p),
+        (base, "ggml_free", [C.c_void_p], None),
+        (base, "ggml_new_tensor_2d", [C.c_void_p, C.c_int, C.c_int64, C.c_int64], C.c_void_p),
+        (base, "ggml_mul_mat", [C.c_void_p, C.c_void_p, C.c_void_p], C.c_void_p),
+        (base, "ggml_new_graph", [C.c_void_p], C.c_void_p),
+        (base, "ggml_build_forward_expand", [C.c_void_p, C.c_void_p], None),
+        (cpu, "ggml_graph_compute_with_ctx", [C.c_void_p, C.c_void_p, C.c_int], C.c_int),
+    ]:
+        f = getattr(lib, fn)
+        f.argtypes, f.restype = args, res
+    x = np.ascontiguousarray(x, np.float32).reshape(-1, x.shape[-1])
+    T, n = x.shape
+    raw = np.ascontiguousarray(raw, np.uint8).reshape(-1)
+    R = raw.size // t.row_size(n)
+    mem = raw.size + 8 * x.nbytes + 8 * T * R + (n_threads + 2) * (1 << 20) + (8 << 20)
+    ctx = base.ggml_init(GGMLInitParams(mem, None, False))
+    try:
+        a = base.ggml_new_tensor_2d(ctx, t.id, n, R)
+        b = base.ggml_new_tensor_2d(ctx, 0, n, T)
+        C.memmove(GGMLTensor.from_address(a).data, raw.ctypes.data, raw.size)
+        C.memmove(GGMLTensor.from_address(b).data, x.ctypes.data, x.nbytes)
+        d = base.ggml_mul_mat(ctx, a, b)
+        g = base.ggml_new_graph(ctx)
+        base.ggml_build_forward_expand(g, d)
+        if cpu.ggml_graph_compute_with_ctx(ctx, g, n_threads) != 0:
+            raise RuntimeError("ggml_graph_compute_with_ctx failed")
+        out = np.empty((T, R), np.float32)
+        C.memmove(out.ctypes.data, GGMLTensor.from_address(d).data, out.nbytes)
+    finally:
+        base.ggml_free(ctx)
+    return out

@@ -61,8 +61,15 @@ def mul_mat_quantized(raw: np.ndarray, qtype, x: np.ndarray, repacked: bool = Fa
 
     Types whose x86 accumulation order is reproduced (``ggml_cpu``) are bit-exact; the others
     use llmlab.quant's reference (exact integer sums, float terms summed in another order)."""
-    from .ggml_cpu import EXACT_MUL_MAT, REPACKED_MUL_MAT
-    exact = (REPACKED_MUL_MAT.get(qtype.name) if repacked else None) or EXACT_MUL_MAT.get(qtype.name)
+    from .ggml_cpu import EXACT_MUL_MAT, REPACK_TYPES, REPACKED_MUL_MAT, TILED_MIN_ROWS, TILED_MUL_MAT
+    repacked = repacked and qtype.name in REPACK_TYPES
+    if repacked:                                   # the REPACK buffer's kernels
+        exact = REPACKED_MUL_MAT.get(qtype.name)
+    elif len(x) >= TILED_MIN_ROWS:                 # ggml_compute_forward_mul_mat_tiled takes K-quants
+        exact = TILED_MUL_MAT.get(qtype.name)
+    else:
+        exact = None
+    exact = exact or EXACT_MUL_MAT.get(qtype.name)
     if exact is not None and _quant_mul_mat() is not None:
         return exact(raw, qtype, x)
     qmm = _quant_mul_mat()
@@ -135,11 +142,15 @@ def mul_mat(dst: Tensor) -> None:
         return
     A = a.array()
     if a.type is F16:                                   # ggml-cpu: vec_dot_type f16, activations rounded to f16
-        from .ggml_cpu import mul_mat_f16
+        from .ggml_cpu import mul_mat_f16, vec_dot_f16
         Bh = B.astype(np.float16)
+        # llamafile's tinyBLAS takes the product from 2 activation rows on (and K a multiple of its
+        # 16 lanes); a single row (a decode step's KQ and KQV) goes through ggml_vec_dot_f16
+        tiny = b.ne[1] >= 2 and a.ne[0] % 16 == 0
         for i3 in range(b.ne[3]):
             for i2 in range(b.ne[2]):
-                out[i3, i2] = mul_mat_f16(A[i3 // r3, i2 // r2], Bh[i3, i2])
+                W, X = A[i3 // r3, i2 // r2], Bh[i3, i2]
+                out[i3, i2] = mul_mat_f16(W, X) if tiny else vec_dot_f16(X[:, None, :], W[None, :, :])
         return
     if A.dtype != np.float32:
         A = A.astype(np.float32)

@@ -358,8 +358,87 @@ def mul_mat_q4_k_repacked(raw: np.ndarray, qtype, x: np.ndarray) -> np.ndarray:
     return out
 
 
-# weight types the default CPU build repacks (when the row count is a multiple of 8), and how they then compute
+# weight types the default CPU build repacks on x86 (when the row count is a multiple of 8: q2_K only
+# with AVX-512), and how they then compute where llmlab reproduces the kernel
+REPACK_TYPES = frozenset({"q4_0", "q4_k", "q2_k", "iq4_nl", "mxfp4"})
 REPACKED_MUL_MAT: dict[str, Callable] = {"q4_k": mul_mat_q4_k_repacked}
+
+
+# ---- K-quants through ggml-cpu's tiled matmul (tiled/tiled.cpp) ----------------------------------
+#
+# ggml_compute_forward_mul_mat first offers the product to the tiled kernels: a K-quant weight that
+# is not in the REPACK buffer, times at least 8 activation rows (ne11 >= 8), runs there, in 256x256
+# windows of 16x16 micro-tiles. Per super-block the whole integer dot is exact in int32
+# (s1 = sum_s scale_s * dot_s, with q6_K's -32 and q3_K's -4 taken out through the bsums, and
+# s2 = sum_s min_s * bsum_s), and each output takes ONE float step per super-block:
+#     res = d_w * (float) s1            [res = fma(-dmin_w, (float) s2, res) for q2_K/q4_K/q5_K]
+#     acc = fma(res, d_x, acc)          (AVX-512 VNNI and AVX2 builds alike)
+# super-block after super-block, K in order (windows and thread chunks never split K).
+
+TILED_MIN_ROWS = 8                      # ggml_tiled_min_batch: profitable from 8 activation rows
+
+
+def _tiled_terms(ws: np.ndarray, tname: str):
+    """Per-row super-block terms of the tiled kernel: W (n, nb, 256) signed codes times their
+    sub-block scale, mins (n, nb, n_sub) or None, sub-block size, d_w and dmin_w (n, nb)."""
+    from ..quant import k_quants as K
+    n, nb = ws.shape
+    flat = ws.reshape(-1)
+    mins, dmin = None, None
+    if tname in ("q4_k", "q5_k"):
+        sc, mins = K.scale_min_k4(flat["scales"])                       # (n*nb, 8) each
+        codes = K.q4k_codes(flat["qs"]) if tname == "q4_k" else K.q5k_codes(flat)
+        W = codes.astype(np.int32).reshape(-1, 8, 32) * sc.astype(np.int32)[:, :, None]
+        sub = 32
+    elif tname == "q6_k":
+        W = K.q6k_codes(flat).astype(np.int32).reshape(-1, 16, 16) * flat["scales"].astype(np.int32)[:, :, None]
+        sub = 16
+    elif tname == "q3_k":
+        W = K.q3_codes(flat).astype(np.int32).reshape(-1, 16, 16) * K.q3_scales(flat["scales"]).astype(np.int32)[:, :, None]
+        sub = 16
+    elif tname == "q2_k":
+        sc = flat["scales"].astype(np.int32)
+        W = K.crumbs(flat["qs"]).astype(np.int32).reshape(-1, 16, 16) * (sc & 0x0F)[:, :, None]
+        mins, sub = sc >> 4, 16
+    else:
+        raise KeyError(tname)
+    if mins is not None:
+        mins = mins.astype(np.int64).reshape(n, nb, -1)
+        dmin = ws["dmin"].astype(F32)
+    return W.reshape(n, nb, 256), mins, sub, ws["d"].astype(F32), dmin
+
+
+def mul_mat_k_tiled(raw: np.ndarray, qtype, x: np.ndarray) -> np.ndarray:
+    """x (T, K) times K-quant rows raw (R, row_bytes) -> (T, R), as the tiled kernels sum it."""
+    from ..quant import quantize_activations
+    from ..quant.core import blocks_of
+    x = np.asarray(x, F32).reshape(-1, x.shape[-1])
+    nb = x.shape[1] // 256
+    w = blocks_of(raw, qtype).reshape(-1, nb)
+    a = quantize_activations(x, "q8_K")                               # (T, nb)
+    T, R = a.shape[0], w.shape[0]
+    qa = a["qs"].astype(F64).transpose(1, 0, 2)                        # (nb, T, 256)
+    ya = a["d"].astype(F32)                                            # (T, nb)
+    bsums = a["bsums"].astype(np.int64)                                # (T, nb, 16): sums of 16 codes
+    out = np.empty((T, R), F32)
+    for r0 in range(0, R, ROW_CHUNK):
+        W, mins, sub, dw, dmin = _tiled_terms(w[r0:r0 + ROW_CHUNK], qtype.name)
+        n = len(dw)
+        s1 = np.matmul(qa, W.astype(F64).transpose(1, 2, 0))          # (nb, T, n): exact integers
+        if mins is not None:
+            bs = bsums.reshape(T, nb, -1, sub // 16).sum(-1)            # sums over each sub-block
+            s2 = np.einsum("tbs,rbs->btr", bs, mins)
+        acc = np.zeros((T, n), F32)
+        for b in range(nb):
+            res = (dw[None, :, b] * s1[b].astype(F32)).astype(F32)
+            if mins is not None:
+                res = (-dmin[None, :, b].astype(F64) * s2[b].astype(F32) + res).astype(F32)
+            acc = (res.astype(F64) * ya[:, b, None] + acc).astype(F32)
+        out[:, r0:r0 + n] = acc
+    return out
+
+
+TILED_MUL_MAT: dict[str, Callable] = {t: mul_mat_k_tiled for t in ("q2_k", "q3_k", "q4_k", "q5_k", "q6_k")}
 
 
 def vec_dot_f16(x: np.ndarray, y: np.ndarray) -> np.ndarray:
