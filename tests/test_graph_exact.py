@@ -65,13 +65,13 @@ def test_vec_dot_f16_equals_ggml(n):
     np.testing.assert_array_equal(got, want)
 
 
-def test_f16_product_of_one_row_is_ggml_vec_dot_f16():
-    """A single activation row (a one-token decode) is refused by tinyBLAS (llamafile_sgemm: n < 2)
-    and goes through ggml_vec_dot_f16 output by output; two rows or more sum in tinyBLAS's 16 lanes."""
-    rng = np.random.default_rng(5)
-    A = rng.standard_normal((16, 256)).astype(np.float16)
-    x = rng.standard_normal(256).astype(np.float32)
-    want = np.array([ggml_ref.vec_dot(A[r].view(np.uint8), "f16", x) for r in range(16)], np.float32)
-    np.testing.assert_array_equal(mul_mat_f16(A, x.astype(np.float16)[None])[0], want)
-    two = mul_mat_f16(A, np.stack([x, x]).astype(np.float16))
-    assert (two[0] == two[1]).all() and (two[0] != want).any()      # the other kernel, another order
+
+@pytest.mark.parametrize("T,R,K", [(1, 16, 256), (1, 12, 64), (2, 16, 64), (5, 8, 256), (3, 7, 64), (3, 8, 40)])
+def test_f16_mul_mat_takes_ggml_cpus_kernel(T, R, K):
+    """ggml's whole MUL_MAT op on an f16 weight: tinyBLAS from 2 activation rows on (K % 16 == 0,
+    R % 4 == 0), otherwise ggml_vec_dot_f16 per output (a one-token decode's KQ and KQV)."""
+    rng = np.random.default_rng(T * 1000 + R * 10 + K)
+    A = rng.standard_normal((R, K)).astype(np.float16)
+    x = rng.standard_normal((T, K)).astype(np.float32)
+    want = ggml_ref.mul_mat(A.view(np.uint8), "f16", x)
+    np.testing.assert_array_equal(mul_mat_f16(A, x.astype(np.float16)), want)

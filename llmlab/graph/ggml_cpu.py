@@ -101,19 +101,20 @@ def mul_mat_q32(raw: np.ndarray, qtype, x: np.ndarray) -> np.ndarray:
 def mul_mat_f16(A: np.ndarray, B: np.ndarray) -> np.ndarray:
     """A (R, K) f16 weights (the KV cache) times B (T, K) activations already rounded to f16 -> (T, R),
     through the kernel ggml_compute_forward_mul_mat ends up in. ``llamafile_sgemm`` refuses a single
-    activation row ("only enable sgemm for prompt processing": ``n < 2`` returns false), so a one-token
-    decode computes each output with ``ggml_vec_dot_f16``; from two rows on, tinyBLAS does."""
-    if B.shape[0] < 2:
-        return vec_dot_f16(B[:, None, :], A[None, :, :])
-    return tinyblas_f16(A, B)
+    activation row ("only enable sgemm for prompt processing": ``n < 2`` returns false) and tinyBLAS
+    refuses K not a multiple of its 16 lanes or R not a multiple of 4; then each output is one
+    ``ggml_vec_dot_f16``. So a one-token decode's KQ and KQV take another order than a batch's."""
+    R, K = A.shape
+    if B.shape[0] >= 2 and K % 16 == 0 and R % 4 == 0:
+        return tinyblas_f16(A, B)
+    return vec_dot_f16(B[:, None, :], A[None, :, :])
 
 
 def tinyblas_f16(A: np.ndarray, B: np.ndarray) -> np.ndarray:
-    """llamafile's tinyBLAS on AVX-512: A (R, K) f16 weights, B (T, K) activations already rounded to f16 -> (T, R)."""
+    """llamafile's tinyBLAS on AVX-512: A (R, K) f16 weights, B (T, K) activations already rounded to
+    f16 -> (T, R); K a multiple of 16."""
     R, K = A.shape
     T = B.shape[0]
-    if K % 16:
-        return (B.astype(F64) @ A.astype(F64).T).astype(F32)
     A = A.astype(F64)
     B = B.astype(F64)
     acc = np.zeros((T, R, 16), F64)
