@@ -14,8 +14,6 @@ import pytest
 from conftest import ref_logits
 from llmlab.model import Batch, Context, Model
 
-llama_cpp = pytest.importorskip("llama_cpp")
-
 N_SEQ = 24                     # prompt 0 (8 tokens) and the first 16 tokens of its greedy continuation
 
 
@@ -27,6 +25,7 @@ def smollm2(smollm2_path):
 @pytest.fixture(scope="module")
 def llama(smollm2_path):
     """llama-cpp-python's defaults (flash attention off, f16 KV cache), 2 threads, every logit kept."""
+    llama_cpp = pytest.importorskip("llama_cpp")
     return llama_cpp.Llama(str(smollm2_path), n_ctx=256, n_threads=2, n_threads_batch=2, logits_all=True,
                            verbose=False)
 
@@ -111,8 +110,16 @@ def greedy_agreement(model, name: str, i: int, n: int) -> tuple[list[int], list[
     return got, want
 
 
+@pytest.fixture(scope="module")
+def models_by_name(smollm2, gemma3_path):
+    return {"smollm2": smollm2, "gemma3": Model(gemma3_path)}
+
+
+# measured: all 48 ref tokens (or up to the ref's EOS) agree for every ref prompt of both models
 @pytest.mark.slow
+@pytest.mark.parametrize("name", ["smollm2", "gemma3"])
 @pytest.mark.parametrize("i", [0, 1, 2, 3, 4])
-def test_smollm2_greedy_continuation_equals_llama_cpp(smollm2, i):
-    got, want = greedy_agreement(smollm2, "smollm2", i, 16)
+def test_greedy_continuation_equals_llama_cpp(models_by_name, name, i):
+    """Prefill, then one token at a time: the first 16 tokens of llama.cpp's greedy continuation."""
+    got, want = greedy_agreement(models_by_name[name], name, i, 16)
     assert got == want
