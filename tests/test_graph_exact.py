@@ -8,7 +8,7 @@ llama_cpp = pytest.importorskip("llama_cpp")
 quant = pytest.importorskip("llmlab.quant")
 import ggml_ref  # noqa: E402  (tests/ggml_ref.py: ctypes bridge to ggml)
 
-from llmlab.graph.ggml_cpu import EXACT_MUL_MAT, mul_mat_f16, soft_max_rows, v_expf  # noqa: E402
+from llmlab.graph.ggml_cpu import EXACT_MUL_MAT, mul_mat_f16, mul_mat_f16_op, soft_max_rows, v_expf  # noqa: E402
 from llmlab.graph.compute import gelu_table  # noqa: E402
 from llmlab.types import ggml_type  # noqa: E402
 
@@ -74,4 +74,4 @@ def test_f16_mul_mat_takes_ggml_cpus_kernel(T, R, K):
     A = rng.standard_normal((R, K)).astype(np.float16)
     x = rng.standard_normal((T, K)).astype(np.float32)
     want = ggml_ref.mul_mat(A.view(np.uint8), "f16", x)
-    np.testing.assert_array_equal(mul_mat_f16(A, x.astype(np.float16)), want)
+    np.testing.assert_array_equal(mul_mat_f16_op(A, x.astype(np.float16)), want)

@@ -142,11 +142,11 @@ def mul_mat(dst: Tensor) -> None:
         return
     A = a.array()
     if a.type is F16:                                   # ggml-cpu: vec_dot_type f16, activations rounded to f16
-        from .ggml_cpu import mul_mat_f16                # tinyBLAS, or ggml_vec_dot_f16 for one row
+        from .ggml_cpu import mul_mat_f16_op
         Bh = B.astype(np.float16)
         for i3 in range(b.ne[3]):
             for i2 in range(b.ne[2]):
-                out[i3, i2] = mul_mat_f16(A[i3 // r3, i2 // r2], Bh[i3, i2])
+                out[i3, i2] = mul_mat_f16_op(A[i3 // r3, i2 // r2], Bh[i3, i2])
         return
     if A.dtype != np.float32:
         A = A.astype(np.float32)

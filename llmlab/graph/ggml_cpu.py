@@ -10,9 +10,15 @@ which ggml adds the float terms:
   block after block; at the end the 8 lanes are added pairwise (``hsum_float_8``:
   (0+4)+(2+6), (1+5)+(3+7), then those two). q4_1 adds ``sum_b m_w * s_x`` separately.
 - f16 x f16 (the KV cache, through llamafile's ``tinyBLAS`` on AVX-512): 16 lanes,
-  lane i accumulates elements i, i+16, ... with fma, then ``_mm512_reduce_add_ps``;
-  except for a single activation row (a one-token decode), which tinyBLAS refuses:
-  ``ggml_vec_dot_f16`` then sums four 16-lane accumulators per 64 elements.
+  lane i accumulates elements i, i+16, ... with fma, then ``_mm512_reduce_add_ps``; a single
+  activation row (a decode step) is declined by tinyBLAS and runs ``ggml_vec_dot_f16`` instead.
+- K-quants x q8_K: below 8 activation rows the AVX2 ``vec_dot`` lanes (or, for weights in the
+  REPACK buffer, its gemv/gemm); from 8 rows on, plain K-quant weights go through ggml-cpu's
+  tiled kernels, which take one float step per 256-value super-block.
+
+Which kernel runs depends on the shape, so every one of them must be reproduced: a forward pass
+meets all of them (Gemma 3's q6_K ``ffn_down`` takes vec_dot for a decode step and the tiled
+kernel for a prompt of 8 tokens or more).
 
 Fused multiply-adds are emulated in float64 and rounded once to float32 (the product
 of two float32 values is exact in float64), which matches the hardware except for
@@ -99,28 +105,27 @@ def mul_mat_q32(raw: np.ndarray, qtype, x: np.ndarray) -> np.ndarray:
 
 
 def mul_mat_f16(A: np.ndarray, B: np.ndarray) -> np.ndarray:
-    """A (R, K) f16 weights (the KV cache) times B (T, K) activations already rounded to f16 -> (T, R),
-    through the kernel ggml_compute_forward_mul_mat ends up in. ``llamafile_sgemm`` refuses a single
-    activation row ("only enable sgemm for prompt processing": ``n < 2`` returns false) and tinyBLAS
-    refuses K not a multiple of its 16 lanes or R not a multiple of 4; then each output is one
-    ``ggml_vec_dot_f16``. So a one-token decode's KQ and KQV take another order than a batch's."""
-    R, K = A.shape
-    if B.shape[0] >= 2 and K % 16 == 0 and R % 4 == 0:
-        return tinyblas_f16(A, B)
-    return vec_dot_f16(B[:, None, :], A[None, :, :])
-
-
-def tinyblas_f16(A: np.ndarray, B: np.ndarray) -> np.ndarray:
-    """llamafile's tinyBLAS on AVX-512: A (R, K) f16 weights, B (T, K) activations already rounded to
-    f16 -> (T, R); K a multiple of 16."""
+    """tinyBLAS on AVX-512: A (R, K) f16 weights, B (T, K) activations already rounded to f16 -> (T, R)."""
     R, K = A.shape
     T = B.shape[0]
+    if K % 16:
+        return (B.astype(F64) @ A.astype(F64).T).astype(F32)
     A = A.astype(F64)
     B = B.astype(F64)
     acc = np.zeros((T, R, 16), F64)
     for s in range(0, K, 16):
         acc = (B[:, None, s:s + 16] * A[None, :, s:s + 16] + acc).astype(F32).astype(F64)
     return reduce_add_512(acc.astype(F32))
+
+
+def mul_mat_f16_op(A: np.ndarray, B: np.ndarray) -> np.ndarray:
+    """ggml-cpu's MUL_MAT for an f16 weight A (R, K), activations B (T, K) already rounded to f16.
+    llamafile_sgemm (tinyBLAS) takes it from 2 activation rows on ("only enable sgemm for prompt
+    processing": n < 2 returns false), when K is a multiple of its 16 lanes and R of 4 (its tiles);
+    otherwise (a decode step's KQ and KQV: one row) each output is a ggml_vec_dot_f16."""
+    if len(B) >= 2 and A.shape[1] % 16 == 0 and A.shape[0] % 4 == 0:
+        return mul_mat_f16(A, B)
+    return vec_dot_f16(B[:, None, :], A[None, :, :])
 
 
 EXACT_MUL_MAT: dict[str, Callable] = {name: mul_mat_q32 for name in PARTNER}

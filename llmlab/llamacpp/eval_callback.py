@@ -336,8 +336,9 @@ def capture(model_path: str | Path, tokens: Iterable[int], flash_attn: bool | st
 
 
 def run_logits(model_path: str | Path, tokens: Iterable[int], flash_attn: bool | str = False, n_threads: int = 2,
-               n_ctx: int | None = None) -> np.ndarray:
-    """llama.cpp's logits for every position of ``tokens``, without the callback (the fused, normal run)."""
+               n_ctx: int | None = None, n_ubatch: int | None = None) -> np.ndarray:
+    """llama.cpp's logits for every position of ``tokens``, without the callback (the fused, normal run).
+    ``n_ubatch``: micro-batch size (default: all tokens in one; 1 decodes token by token)."""
     lc = _llama_cpp()
     toks = [int(t) for t in tokens]
     _logs(lc)
@@ -347,7 +348,8 @@ def run_logits(model_path: str | Path, tokens: Iterable[int], flash_attn: bool |
     n = len(toks)
     cparams = lc.llama_context_default_params()
     cparams.n_ctx = max(n, n_ctx or 0)
-    cparams.n_batch = cparams.n_ubatch = n
+    cparams.n_batch = n
+    cparams.n_ubatch = min(n_ubatch or n, n)
     cparams.n_threads = cparams.n_threads_batch = n_threads
     cparams.flash_attn_type = FLASH_ATTN[flash_attn]
     cparams.no_perf = True
