@@ -8,7 +8,7 @@ llama_cpp = pytest.importorskip("llama_cpp")
 quant = pytest.importorskip("llmlab.quant")
 import ggml_ref  # noqa: E402  (tests/ggml_ref.py: ctypes bridge to ggml)
 
-from llmlab.graph.ggml_cpu import EXACT_MUL_MAT, mul_mat_f16, soft_max_rows, v_expf  # noqa: E402
+from llmlab.graph.ggml_cpu import EXACT_MUL_MAT, mul_mat_f16, mul_mat_f16_op, soft_max_rows, v_expf  # noqa: E402
 from llmlab.graph.compute import gelu_table  # noqa: E402
 from llmlab.types import ggml_type  # noqa: E402
 
@@ -63,3 +63,15 @@ def test_vec_dot_f16_equals_ggml(n):
     want = np.array([ggml_ref.vec_dot(W[r].view(np.uint8), "f16", x) for r in range(16)], np.float32)
     got = vec_dot_f16(W.astype(np.float32), x.astype(np.float16).astype(np.float32)[None])
     np.testing.assert_array_equal(got, want)
+
+
+
+@pytest.mark.parametrize("T,R,K", [(1, 16, 256), (1, 12, 64), (2, 16, 64), (5, 8, 256), (3, 7, 64), (3, 8, 40)])
+def test_f16_mul_mat_takes_ggml_cpus_kernel(T, R, K):
+    """ggml's whole MUL_MAT op on an f16 weight: tinyBLAS from 2 activation rows on (K % 16 == 0,
+    R % 4 == 0), otherwise ggml_vec_dot_f16 per output (a one-token decode's KQ and KQV)."""
+    rng = np.random.default_rng(T * 1000 + R * 10 + K)
+    A = rng.standard_normal((R, K)).astype(np.float16)
+    x = rng.standard_normal((T, K)).astype(np.float32)
+    want = ggml_ref.mul_mat(A.view(np.uint8), "f16", x)
+    np.testing.assert_array_equal(mul_mat_f16_op(A, x.astype(np.float16)), want)

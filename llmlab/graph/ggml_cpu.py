@@ -120,9 +120,10 @@ def mul_mat_f16(A: np.ndarray, B: np.ndarray) -> np.ndarray:
 
 def mul_mat_f16_op(A: np.ndarray, B: np.ndarray) -> np.ndarray:
     """ggml-cpu's MUL_MAT for an f16 weight A (R, K), activations B (T, K) already rounded to f16.
-    llamafile_sgemm (tinyBLAS) takes it from 2 activation rows on, when K is a multiple of its 16
-    lanes; otherwise (a decode step's KQ and KQV: one row) each output is a ggml_vec_dot_f16."""
-    if len(B) >= 2 and A.shape[1] % 16 == 0:
+    llamafile_sgemm (tinyBLAS) takes it from 2 activation rows on ("only enable sgemm for prompt
+    processing": n < 2 returns false), when K is a multiple of its 16 lanes and R of 4 (its tiles);
+    otherwise (a decode step's KQ and KQV: one row) each output is a ggml_vec_dot_f16."""
+    if len(B) >= 2 and A.shape[1] % 16 == 0 and A.shape[0] % 4 == 0:
         return mul_mat_f16(A, B)
     return vec_dot_f16(B[:, None, :], A[None, :, :])
 
