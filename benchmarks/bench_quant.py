@@ -18,6 +18,7 @@ import llmlab.quant as Q
 from llmlab import models
 from llmlab.gguf import GGUFFile
 from llmlab.quant.checklist import rms_error, same_bits
+from llmlab.quant.core import random_blocks
 from llmlab.types import TYPES
 
 try:
@@ -42,12 +43,7 @@ def blocks_for(t, x, nbytes, rng):
         m = x.size // t.block_size * t.block_size
         raw = Q.quantize(x[:m], t)
         return np.resize(raw.reshape(-1, t.type_size), (n_blocks, t.type_size)).reshape(-1)
-    raw = rng.integers(0, 256, n_blocks * t.type_size, dtype=np.uint8)
-    b = raw.view(t.layout)
-    for f in t.layout.names or ():
-        if t.layout[f] == np.dtype("<f2"):
-            b[f] = rng.uniform(-1, 1, b[f].shape).astype(np.float16)
-    return raw
+    return random_blocks(t, n_blocks, int(rng.integers(1 << 31)), scale=1.0)
 
 
 def main(argv=None) -> int:

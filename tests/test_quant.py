@@ -6,6 +6,7 @@ import pytest
 
 import llmlab.quant as Q
 from llmlab.quant import checklist, toy
+from llmlab.quant import core as Q_core
 from llmlab.types import QK_K, TYPES, ggml_type
 
 gguf = pytest.importorskip("gguf")
@@ -60,14 +61,7 @@ def test_quantizers_required_by_the_issue():
 # ---------------------------------------------------------------- dequantize vs gguf-py, random blocks
 
 def random_blocks(t, n, seed):
-    """Random bytes, with the f16 scale fields made finite so the values are meaningful too."""
-    rng = np.random.default_rng(seed)
-    raw = rng.integers(0, 256, n * t.type_size, dtype=np.uint8)
-    b = raw.view(t.layout)
-    for f in t.layout.names or ():
-        if t.layout[f] == np.dtype("<f2"):
-            b[f] = rng.uniform(-2, 2, b[f].shape).astype(np.float16)
-    return raw
+    return Q_core.random_blocks(t, n, seed)
 
 
 DEQUANT_GGUF = [n for n in WITH_LAYOUT if n.upper() in G.__members__

@@ -141,6 +141,19 @@ def blocks_of(raw, t: GGMLType) -> np.ndarray:
     return data.view(t.layout)
 
 
+def random_blocks(qtype, n: int, seed: int = 0, scale: float = 2.0) -> np.ndarray:
+    """``n`` blocks of random bytes whose f16 fields (the scales) hold finite values in [-scale, scale]:
+    every bit pattern of the codes, meaningful numbers out (for tests and benchmarks)."""
+    t = _type(qtype)
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, 256, n * t.type_size, dtype=np.uint8)
+    b = raw.view(t.layout)
+    for f in t.layout.names or ():
+        if t.layout[f] == np.dtype("<f2"):
+            b[f] = rng.uniform(-scale, scale, b[f].shape).astype(np.float16)
+    return raw
+
+
 def dequantize(raw, qtype) -> np.ndarray:
     """Raw blocks of ``qtype`` (bytes or uint8 array) -> flat float32 values (ggml's ``to_float``)."""
     t = _type(qtype)
