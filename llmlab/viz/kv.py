@@ -240,9 +240,9 @@ def ubatch_attention_table(rows: list[dict]) -> HTML:
 def prefill_decode_run(model_path: str | Path, prompt: Sequence[int], n_decode: int = 8, n_ctx: int = 512) -> dict:
     """Prefill ``prompt`` with llmlab in one batch, then decode ``n_decode`` greedy tokens one at a time.
 
-    Returns the times (``prefill_s``, ``decode_s`` per step), the generated ids, and ``max_abs_diff``:
-    how far the last step's logits (computed from the cache) are from a fresh one-batch run over the
-    whole sequence (which recomputes every K and V).
+    Returns the times (``prefill_s``, ``decode_s`` per step), the generated ids, the last step's logits
+    (``last_logits``, computed from the cache), those of a fresh one-batch run over the whole sequence
+    (``fresh_logits``, recomputing every K and V), and ``max_abs_diff`` between the two.
     """
     import time
     from ..batch import Batch
@@ -263,4 +263,5 @@ def prefill_decode_run(model_path: str | Path, prompt: Sequence[int], n_decode: 
     fresh = Context(model, n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx)
     full = fresh.decode(Batch.from_tokens(prompt + out, logits="last"))
     return dict(n_prompt=len(prompt), prefill_s=prefill_s, decode_s=decode_s, generated=out,
+                last_logits=logits[-1], fresh_logits=full[-1],
                 max_abs_diff=float(np.abs(full[-1] - logits[-1]).max()), logits_scale=float(np.abs(full[-1]).max()))
