@@ -255,14 +255,19 @@ def _k_lane_sums(W: np.ndarray, qa: np.ndarray) -> np.ndarray:
     return np.matmul(Al.astype(F64), Wl.astype(F64))
 
 
-def mul_mat_k(raw: np.ndarray, qtype, x: np.ndarray) -> np.ndarray:
+def _k_operands(raw: np.ndarray, qtype, x: np.ndarray):
+    """The weight super-blocks (R, nb) and the activations quantized to q8_K (T, nb), as both K-quant
+    kernels (vec_dot and tiled) start."""
     from ..quant import quantize_activations
-    from ..quant import k_quants as K
     from ..quant.core import blocks_of
     x = np.asarray(x, F32).reshape(-1, x.shape[-1])
     nb = x.shape[1] // 256
-    w = blocks_of(raw, qtype).reshape(-1, nb)
-    a = quantize_activations(x, "q8_K")                               # (T, nb)
+    return blocks_of(raw, qtype).reshape(-1, nb), quantize_activations(x, "q8_K"), nb
+
+
+def mul_mat_k(raw: np.ndarray, qtype, x: np.ndarray) -> np.ndarray:
+    from ..quant import k_quants as K
+    w, a, nb = _k_operands(raw, qtype, x)
     T, R = a.shape[0], w.shape[0]
     qa = a["qs"].astype(np.int32)
     ya = a["d"].astype(F32)                                           # (T, nb)
@@ -416,12 +421,7 @@ def _tiled_terms(ws: np.ndarray, tname: str):
 
 def mul_mat_k_tiled(raw: np.ndarray, qtype, x: np.ndarray) -> np.ndarray:
     """x (T, K) times K-quant rows raw (R, row_bytes) -> (T, R), as the tiled kernels sum it."""
-    from ..quant import quantize_activations
-    from ..quant.core import blocks_of
-    x = np.asarray(x, F32).reshape(-1, x.shape[-1])
-    nb = x.shape[1] // 256
-    w = blocks_of(raw, qtype).reshape(-1, nb)
-    a = quantize_activations(x, "q8_K")                               # (T, nb)
+    w, a, nb = _k_operands(raw, qtype, x)
     T, R = a.shape[0], w.shape[0]
     qa = a["qs"].astype(F64).transpose(1, 0, 2)                        # (nb, T, 256)
     ya = a["d"].astype(F32)                                            # (T, nb)
