@@ -6,7 +6,8 @@ because MMVQ decodes the weights again for every column. Then the launch shape:
 
 * ``nwarps``: how many warps of one CUDA block share the K loop of a row (a parameter table per GPU family);
 * ``rows_per_block``: 1 for one column, 2 for 2..8 columns (the q8_1 loads are shared between the rows),
-  or ``nwarps`` when K is too short to keep every warp busy (``small_k``);
+  or ``nwarps`` when K is so short that part of the block has nothing to do (``small_k``): the busy
+  threads then do ``nwarps`` rows each and the grid shrinks by that factor;
 * ``blocks_per_iter = vdr * nwarps * warp_size / qi``: weight blocks the CUDA block eats per trip of the K loop;
 * grid ``(ceil(nrows / rows_per_block), 1, 1)``, block ``(warp_size, nwarps, 1)``.
 
@@ -89,8 +90,8 @@ def blocks_per_iter(type_name, nwarps: int, warp_size: int = WARP_SIZE) -> int:
 
 
 def small_k(type_name, ncols: int, ncols_dst: int = 1, arch="generic") -> bool:
-    """``should_use_small_k``: one column, and so few blocks per row that the warps would sit idle
-    (fewer than ``nwarps`` warps' worth of one trip); then each warp takes a row of its own."""
+    """``should_use_small_k``: one column, and fewer blocks per row than ``nwarps`` warps take in one trip,
+    so some threads never get a block; then each CUDA block does ``nwarps`` rows, giving its busy threads more work."""
     t, a = cuda_type(type_name), arch_of(arch)
     nwarps = calc_nwarps(t.name, ncols_dst, a)
     use = ncols_dst == 1 and nwarps > 1 and ncols // t.qk < nwarps * blocks_per_iter(t.name, 1)
