@@ -13,7 +13,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from .batch import Batch
+from .llama.batch import Batch
 
 
 def greedy(logits: np.ndarray) -> int:

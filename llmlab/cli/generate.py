@@ -19,9 +19,9 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from ..generate import Timings, generate
-    from ..model import Context, Model
-    from ..tokenizer import Tokenizer
-    from ..tokenizer.stream import StreamDecoder
+    from ..llama import Context, Model
+    from ..llama.vocab import Tokenizer
+    from ..llama.vocab.stream import StreamDecoder
 
     path = models.resolve(args.model)
     model = Model(path)
