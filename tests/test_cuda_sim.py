@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 
 import llmlab.cuda_sim as cs
-import llmlab.quant as Q
+import llmlab.ggml.quant as Q
 from llmlab.cuda_sim.dp4a import Memory, pack_s8
-from llmlab.gguf import GGUFFile
-from llmlab.quant.core import nibbles, random_blocks
-from llmlab.quant.k_quants import q4k_codes, q6k_codes
-from llmlab.quant.legacy import q5_codes
-from llmlab.types import ggml_type
+from llmlab.ggml.gguf import GGUFFile
+from llmlab.ggml.quant.core import nibbles, random_blocks
+from llmlab.ggml.quant.k_quants import q4k_codes, q6k_codes
+from llmlab.ggml.quant.legacy import q5_codes
+from llmlab.ggml.types import ggml_type
 
 TYPES = ["q4_0", "q4_1", "q5_0", "q8_0", "q4_K", "q6_K"]
 EPS32 = 2.0 ** -24

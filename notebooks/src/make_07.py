@@ -41,16 +41,16 @@ import numpy as np
 import matplotlib.pyplot as plt
 from IPython.display import display
 
-import llmlab.quant as Q
+import llmlab.ggml.quant as Q
 import llmlab.cuda_sim as cs
 from llmlab import models
-from llmlab.gguf import GGUFFile
+from llmlab.ggml.gguf import GGUFFile
 from llmlab.cuda_sim import exercises
 from llmlab.cuda_sim.dp4a import Memory, bytes_s8
-from llmlab.quant.core import nibbles
-from llmlab.quant.k_quants import q6k_codes, scale_min_k4
-from llmlab.quant.legacy import q5_codes
-from llmlab.types import ggml_type
+from llmlab.ggml.quant.core import nibbles
+from llmlab.ggml.quant.k_quants import q6k_codes, scale_min_k4
+from llmlab.ggml.quant.legacy import q5_codes
+from llmlab.ggml.types import ggml_type
 from llmlab.viz import mmvq as vm
 from llmlab.viz.html import table
 
@@ -196,7 +196,7 @@ try:
 except ValueError as e:
     print("a 4-byte load at byte 2 is refused:", e)
 
-# q4_K scales: the branch-free unpacking inside vec_dot equals llmlab.quant's scale_min_k4, for every sub-block
+# q4_K scales: the branch-free unpacking inside vec_dot equals llmlab.ggml.quant's scale_min_k4, for every sub-block
 att = rows_of(gemma, "blk.0.attn_output.weight")[0]
 blk = att[0, :144].view(ggml_type("q4_k").layout)
 print("6-bit scales:", scale_min_k4(blk["scales"])[0][0].tolist(), " mins:", scale_min_k4(blk["scales"])[1][0].tolist())
