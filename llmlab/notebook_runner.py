@@ -93,6 +93,9 @@ def save_like_jupyterlab(nb, path: Path) -> None:
     indented JSON with sorted keys, a final newline), with no runner-only metadata."""
     import nbformat
     nb.metadata.pop("papermill", None)
+    state = nb.metadata.get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {})
+    if "widgets" in nb.metadata and not state.get("state"):
+        del nb.metadata["widgets"]          # no widgets: JupyterLab writes no widget metadata either
     for cell in nb.cells:
         cell.metadata.pop("execution", None)
     nbformat.validate(nb)

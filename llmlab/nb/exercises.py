@@ -5,6 +5,32 @@ from __future__ import annotations
 import numpy as np
 
 
+def _unanswered(answer) -> bool:
+    if answer is None or answer is Ellipsis:
+        return True
+    if isinstance(answer, (int, float)) and answer == 0:
+        return True
+    return isinstance(answer, (list, tuple, bytes, str)) and len(answer) == 0
+
+
+def _needs(arg: str):
+    """Say "fill in your answer" instead of judging the placeholder a notebook starts with."""
+    import functools
+    import inspect
+
+    def wrap(fn):
+        sig = inspect.signature(fn)
+
+        @functools.wraps(fn)
+        def check(*a, **kw):
+            if _unanswered(sig.bind(*a, **kw).arguments.get(arg)):
+                print(f"no answer yet: put yours in the cell (the `{arg}` argument), then run it again")
+                return False
+            return fn(*a, **kw)
+        return check
+    return wrap
+
+
 def _report(ok: bool, what: str, hint: str = "") -> bool:
     print(f"correct: {what}" if ok else f"not yet: {what}: {hint}")
     return ok
@@ -12,6 +38,7 @@ def _report(ok: bool, what: str, hint: str = "") -> bool:
 
 # ---------------------------------------------------------------- 00 overview
 
+@_needs("answer")
 def check_kv_cache_bytes(model_path, n_ctx: int, answer: int, type_bytes: int = 2) -> bool:
     """KV cache size = n_ctx x n_layer x 2 (K and V) x n_embd_k_gqa x bytes per element (f16: 2)."""
     from ..ggml.gguf import GGUFFile
@@ -27,6 +54,7 @@ def check_kv_cache_bytes(model_path, n_ctx: int, answer: int, type_bytes: int = 
     return _report(False, f"{answer:,} bytes", hint)
 
 
+@_needs("answer")
 def check_decode_tokens_per_s(weight_bytes: int, bandwidth_gb_s: float, answer: float) -> bool:
     """Upper bound of decode speed when every step reads every weight once from memory."""
     want = bandwidth_gb_s * 1e9 / weight_bytes
@@ -35,6 +63,7 @@ def check_decode_tokens_per_s(weight_bytes: int, bandwidth_gb_s: float, answer: 
                    "one decode step reads all weight bytes once: tokens/s = bytes per second / bytes per step")
 
 
+@_needs("answer")
 def check_arithmetic_intensity(bits_per_weight: float, answer: float, batch: int = 1) -> bool:
     """FLOPs per byte of weights in a matrix-vector product over ``batch`` tokens: each weight
     gives one multiply and one add per token."""
@@ -46,6 +75,7 @@ def check_arithmetic_intensity(bits_per_weight: float, answer: float, batch: int
 
 # ---------------------------------------------------------------- 01 GGUF
 
+@_needs("key")
 def check_kv_pair(path, offset: int, key: str, value_type: int, value, end: int) -> bool:
     """A metadata pair decoded by hand: its key, type id, value and the offset where it ends."""
     from ..ggml.gguf import GGUFFile
@@ -67,6 +97,7 @@ def check_kv_pair(path, offset: int, key: str, value_type: int, value, end: int)
     return _report(True, f"{key} = {value!r} (type {value_type}), bytes {offset}..{end}")
 
 
+@_needs("answer")
 def check_tensor_nbytes(path, name: str, answer: int) -> bool:
     """Bytes of a tensor's data: rows x blocks per row x bytes per block."""
     from ..ggml.gguf import GGUFFile
@@ -82,6 +113,7 @@ def check_tensor_nbytes(path, name: str, answer: int) -> bool:
     return _report(False, f"{answer:,} bytes", hint)
 
 
+@_needs("answer")
 def check_tensor_file_offset(path, name: str, answer: int) -> bool:
     """Where a tensor's first byte sits in the file: data section start + the tensor's offset."""
     from ..ggml.gguf import GGUFFile
@@ -96,6 +128,7 @@ def check_tensor_file_offset(path, name: str, answer: int) -> bool:
 
 # ---------------------------------------------------------------- 02 tokenizers
 
+@_needs("answer")
 def check_next_bpe_merge(tok, word: str, step: int, answer: tuple[str, str]) -> bool:
     """The pair BPE merges at ``step`` (0-based) of ``word``: the adjacent pair of lowest rank."""
     steps = tok.algorithm.trace(word)
@@ -113,6 +146,7 @@ def check_next_bpe_merge(tok, word: str, step: int, answer: tuple[str, str]) -> 
     return _report(False, f"{answer}{extra}", f"another adjacent pair has a lower rank (the merge at this step has rank {m.rank})")
 
 
+@_needs("answer")
 def check_segmentation(expected: list[str], answer: list[str], what: str) -> bool:
     ok = list(answer) == list(expected)
     if ok:
@@ -123,11 +157,13 @@ def check_segmentation(expected: list[str], answer: list[str], what: str) -> boo
     return _report(False, f"{answer}", f"pieces agree up to piece {first}; look again from there")
 
 
+@_needs("answer")
 def check_wordpiece(text: str, answer: list[str]) -> bool:
     from ..viz.tokenizers_demo import wordpiece
     return check_segmentation(wordpiece(text), answer, f"WordPiece of {text!r}")
 
 
+@_needs("answer")
 def check_unigram(text: str, answer: list[str]) -> bool:
     from ..viz.tokenizers_demo import UGM_VOCAB, score, unigram
     want = unigram(text)
@@ -139,6 +175,7 @@ def check_unigram(text: str, answer: list[str]) -> bool:
 
 # ---------------------------------------------------------------- 05 quantization
 
+@_needs("answer")
 def check_q4_1_block(x, answer) -> bool:
     """20 bytes of a q4_1 block made by hand: f16 d, f16 m, then 16 bytes of nibbles (low
     nibbles = weights 0..15, high nibbles = 16..31)."""
@@ -160,6 +197,7 @@ def check_q4_1_block(x, answer) -> bool:
     return _report(False, f"code byte {bad}", "q = min(15, (int)((x - m) / d + 0.5)), with 1/d computed once in f32")
 
 
+@_needs("answer")
 def check_bits_per_weight(qtype, answer: float) -> bool:
     from ..ggml.types import ggml_type
     t = ggml_type(qtype)
@@ -167,6 +205,7 @@ def check_bits_per_weight(qtype, answer: float) -> bool:
     return _report(ok, f"{t.name}: {answer:g} bits per weight", "" if ok else "type_size x 8 / blck_size")
 
 
+@_needs("answer")
 def check_q8_0_decode(raw, answer) -> bool:
     from ..ggml import quant as Q
     want = Q.dequantize(np.asarray(raw, np.uint8), "q8_0")

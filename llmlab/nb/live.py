@@ -100,10 +100,12 @@ class LiveView:
         return {k: c.value for k, c in self.controls.items()}
 
     def _changed(self, _change=None):
-        self.update()
+        if self.values() != self._last:      # linked controls may fire twice for one change
+            self.update()
 
     def update(self):
         W = self.W
+        self._last = self.values()
         try:
             parts = _parts(self.render(**self.values()))
             self.status.value = ""
