@@ -21,7 +21,7 @@ WPM_VOCAB = ["[UNK]", "▁un", "▁una", "▁unaff", "aff", "able", "ab", "le", 
 
 # Unigram: piece -> log probability. Built so that greedy longest-prefix and the best total score disagree.
 UGM_VOCAB = {"▁": -3.0, "▁h": -5.5, "▁hu": -6.0, "▁hug": -4.0, "▁hugs": -9.5, "ug": -4.5, "ugs": -6.5,
-             "s": -2.5, "g": -5.0, "u": -5.0, "h": -5.0, "▁the": -2.0, "▁b": -5.0, "▁bun": -5.5,
+             "s": -2.5, "g": -5.0, "u": -5.0, "h": -5.0, "▁the": -2.0, "▁b": -5.0, "▁bun": -9.8,
              "un": -4.0, "n": -5.0, "b": -5.0}
 
 
