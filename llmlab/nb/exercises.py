@@ -10,7 +10,9 @@ def _unanswered(answer) -> bool:
         return True
     if isinstance(answer, (int, float)) and answer == 0:
         return True
-    return isinstance(answer, (list, tuple, bytes, str)) and len(answer) == 0
+    if isinstance(answer, (list, tuple)) and all(isinstance(a, str) and not a for a in answer):
+        return True      # [] or ("", "")
+    return isinstance(answer, (bytes, str)) and len(answer) == 0
 
 
 def _needs(arg: str):
