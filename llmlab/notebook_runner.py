@@ -83,9 +83,22 @@ def run_notebook(path: str | Path, timeout: int = 600, write: bool = False, chec
 
     client.on_cell_executed = on_cell_executed
     client.execute()
+    _kernelspec_as_jupyterlab(nb, "python3")
     if write:
         save_like_jupyterlab(nb, path)
     return nb
+
+
+def _kernelspec_as_jupyterlab(nb, kernel_name: str) -> None:
+    """JupyterLab rewrites ``metadata.kernelspec`` from the installed kernel when it opens a
+    notebook; a different display name (e.g. "Python 3" vs "Python 3 (ipykernel)") marks the
+    notebook as modified before any edit. Store what JupyterLab would."""
+    try:
+        from jupyter_client.kernelspec import KernelSpecManager
+        spec = KernelSpecManager().get_kernel_spec(kernel_name)
+    except Exception:   # no such kernel installed: leave the notebook's own
+        return
+    nb.metadata["kernelspec"] = {"display_name": spec.display_name, "language": spec.language, "name": kernel_name}
 
 
 def save_like_jupyterlab(nb, path: Path) -> None:

@@ -236,7 +236,7 @@ Next, **01 · GGUF bytes**: open the file every stage reads from.
 
 nb = nbf.v4.new_notebook()
 nb["cells"] = cells
-nb["metadata"] = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
+nb["metadata"] = {"kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"},
                   "language_info": {"name": "python"}}
 out = Path(__file__).resolve().parents[1] / "00_overview.ipynb"
 nbf.write(nb, out)

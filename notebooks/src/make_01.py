@@ -416,7 +416,7 @@ md(r"""
 Next, **02 · tokenizer**: the vocabulary we just saw in `tokenizer.ggml.tokens` turns text into ids.
 """)
 
-notebook = nbf.v4.new_notebook(cells=cells, metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}})
+notebook = nbf.v4.new_notebook(cells=cells, metadata={"kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}})
 out = Path(__file__).resolve().parent.parent / "01_gguf_bytes.ipynb"
 nbf.write(notebook, out)
 print("wrote", out)

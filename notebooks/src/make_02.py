@@ -434,7 +434,7 @@ Next, **03 · attention and heads**: the ids become vectors, and the vectors loo
 
 notebook = nbf.v4.new_notebook()
 notebook["cells"] = cells
-notebook["metadata"]["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+notebook["metadata"]["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
 out = Path(__file__).resolve().parent.parent / "02_tokenizer.ipynb"
 nbf.write(notebook, out)
 print(out)

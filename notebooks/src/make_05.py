@@ -520,7 +520,7 @@ smol.close(); gemma.close()
 
 nb = nbf.v4.new_notebook()
 nb["cells"] = cells
-nb["metadata"] = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
+nb["metadata"] = {"kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"},
                   "language_info": {"name": "python"}}
 out = Path(__file__).resolve().parents[1] / "05_quant_blocks.ipynb"
 nbf.write(nb, out)
