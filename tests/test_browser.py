@@ -69,6 +69,9 @@ def lab(tmp_path_factory):
            f"--LabApp.workspaces_dir={served / '.workspaces'}", f"--LabApp.user_settings_dir={served / '.settings'}"]
     if os.geteuid() == 0:
         cmd.append("--allow-root")
+    news = served / ".settings" / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
+    news.parent.mkdir(parents=True)
+    news.write_text('{"fetchNews": "false", "checkForUpdates": false}')     # no pop-up over the screenshots
     log = open(served / "lab.log", "w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=served)
     base = f"http://127.0.0.1:{port}"
@@ -149,7 +152,10 @@ def test_notebook_in_browser(lab, name):
     assert broken.count() == 0, f"{name}: a widget failed to display"
 
     if want["svg"]:
-        assert page.locator(".jp-OutputArea-output svg").count() > 0, f"{name}: no graph rendered as SVG"
+        svg = page.locator(".jp-OutputArea-output svg")
+        assert svg.count() > 0, f"{name}: no graph rendered as SVG"
+        svg.first.scroll_into_view_if_needed()
+        page.locator(".jp-Cell", has=svg.first).last.screenshot(path=str(SHOTS / f"{name}-graph.png"))
 
     if want["control"]:
         assert page.locator(".jp-OutputArea-output .jupyter-widgets").count() > 0, f"{name}: no live widget rendered"

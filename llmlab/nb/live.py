@@ -90,6 +90,9 @@ class LiveView:
         self.panes_box = W.VBox(layout=W.Layout(width="100%"))
         self.status = W.HTML(value="")
         children = list(self.controls.values())
+        for c in children:      # descriptions in full ("values shown", not "values sh...")
+            if getattr(c, "description", "") and hasattr(c, "style") and hasattr(c.style, "description_width"):
+                c.style.description_width = "initial"
         ctl = W.HBox(children, layout=W.Layout(flex_flow="row wrap")) if columns > 1 else W.VBox(children)
         self.box = W.VBox([ctl, self.status, self.panes_box])
         self.first = self.update()

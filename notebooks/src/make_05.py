@@ -270,7 +270,9 @@ Pick a type: the row is quantized with ggml's reference quantizer and decoded ag
 error per weight; it is bounded by each block's own scale, so blocks of small weights get small errors.
 The row comes from Gemma 3's `blk.2.ffn_down.weight`; its type is read from the file (Q4_K_M mixes
 types: this tensor is q4_k while `ffn_down` of layers 0 and 1 is q6_k), so the row we start from is
-exactly what the model uses. (Without a live kernel the view shows the default, q4_k.)
+exactly what the model uses. Requantizing it to its own type, q4_k, gives back exactly the same values
+(error 0: the quantizer finds the same scales again); any other type loses something. (Without a live
+kernel the view shows the default, q4_0.)
 """)
 
 code(r"""
@@ -284,7 +286,7 @@ quantizable = [t.name for t in TYPES.values() if t.from_float is not None and t.
 def show(qtype, n):
     return vq.plot_reconstruction(g_row, qtype, n)
 
-nb.live(show, {"qtype": W.Dropdown(options=quantizable, value="q4_k", description="type"),
+nb.live(show, {"qtype": W.Dropdown(options=quantizable, value="q4_0", description="type"),
                "n": W.IntSlider(value=160, min=32, max=1024, step=32, description="values shown")}, columns=2);
 """)
 
