@@ -12,8 +12,9 @@ same JSON layout, the kernel's ``language_info``. The run stops at the first fai
 unless ``--keep-going``.
 
 ``--html DIR`` runs nothing: it exports the (executed) notebooks as static HTML pages that need
-no kernel and no network, each live widget replaced by the static copy of its first view, plus
-an ``index.html``.
+no kernel, each live widget replaced by the static copy of its first view, plus an
+``index.html``. Images are embedded; only MathJax comes from a CDN (offline, formulas show as
+TeX source).
 """
 from __future__ import annotations
 
@@ -143,6 +144,9 @@ def export_html(paths, outdir: str | Path) -> list[Path]:
         p = Path(p)
         nb = _strip_widgets(nbformat.read(p, as_version=4))
         body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": p.stem}})
+        # widgets are gone, so require.js (fetched from a CDN) is not needed; MathJax stays: hosted
+        # online it typesets the formulas, offline they show as TeX source
+        body = re.sub(r'<script src="https://cdnjs[^"]*require[^"]*"></script>\s*', "", body)
         dest = outdir / (p.stem + ".html")
         dest.write_text(body, encoding="utf-8")
         written.append(dest)
