@@ -245,8 +245,26 @@ def test_cli_logits_json(smollm2_path):
     assert bad.returncode == 2 and bad.stderr.startswith("error:") and "Traceback" not in bad.stderr
 
 
+@pytest.mark.parametrize("arch,vocab_of", [("llama", "smollm2"), ("gemma3", "gemma3"), ("qwen2", "smollm2")])
+def test_tiny_q8_0_models_are_bit_exact_with_llama_cpp(tmp_path, arch, vocab_of):
+    """Every architecture's tiny model, with q8_0 matrices (the kernels llmlab reproduces), written by llmlab
+    and loaded by llama.cpp: the logits of every position are llama.cpp's, bit for bit. (With f32 matrices
+    they differ in the last bits: llmlab's f32 MUL_MAT is NumPy's, not ggml-cpu's vec_dot_f32 order.)"""
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (optional oracle)")
+    from llmlab import models
+    from llmlab.llamacpp.eval_callback import run_logits
+    p = write_tiny(tmp_path / f"{arch}.gguf", arch, n_layer=2, n_embd=64, n_head=4, n_head_kv=2, n_ff=128,
+                   vocab_from=models.resolve(vocab_of), head_dim=16 if arch == "gemma3" else None, wtype="q8_0")
+    ids = [1, 5, 100, 2000, 7, 8, 9, 10, 11, 12]
+    want = run_logits(p, ids).reshape(len(ids), -1)
+    m = Model(p)
+    assert m.unused_tensors() == []
+    got = Context(m, n_ctx=256).decode(Batch.from_tokens(ids, logits="all"))
+    assert np.array_equal(got, want)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("arch,vocab_of", [("llama", "smollm2"), ("gemma3", "gemma3")])
+@pytest.mark.parametrize("arch,vocab_of", [("llama", "smollm2"), ("gemma3", "gemma3"), ("qwen2", "smollm2")])
 def test_tiny_models_load_in_llama_cpp_and_agree(tmp_path, arch, vocab_of):
     """Tiny random f32 models with a real vocabulary, written by llmlab: llama.cpp loads them and its
     logits agree (f32 weights: only summation order differs; measured max |diff| / max |logit|:
