@@ -84,7 +84,7 @@ def test_gemma3_matches_llama_cpp_all_prompts(gemma3, i):
 @pytest.mark.parametrize("name", ["smollm2", "gemma3"])
 def test_short_prompt_bit_exact_with_llama_cpp(name, real_model):
     """Fewer than 8 tokens (ggml-cpu's vec_dot and REPACK gemv/gemm paths): every logit is identical."""
-    pytest.importorskip("llama_cpp")
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (optional oracle)")
     from llmlab.llamacpp.eval_callback import run_logits
     mname, path = real_model
     if mname != name:
@@ -100,7 +100,7 @@ def test_short_prompt_bit_exact_with_llama_cpp(name, real_model):
 def test_token_by_token_bit_exact_with_llama_cpp(name, real_model):
     """Micro-batches of one token (decode steps: KQ and KQV through ggml_vec_dot_f16, every weight
     product through vec_dot / gemv) after a cache filled the same way: every logit is identical."""
-    pytest.importorskip("llama_cpp")
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (optional oracle)")
     from llmlab.llamacpp.eval_callback import run_logits
     mname, path = real_model
     if mname != name:
@@ -269,7 +269,7 @@ def test_tiny_models_load_in_llama_cpp_and_agree(tmp_path, arch, vocab_of):
     """Tiny random f32 models with a real vocabulary, written by llmlab: llama.cpp loads them and its
     logits agree (f32 weights: only summation order differs; measured max |diff| / max |logit|:
     4e-7 for llama, 5e-5 for gemma3)."""
-    pytest.importorskip("llama_cpp")
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (optional oracle)")
     from llmlab import models
     from llmlab.llamacpp.eval_callback import run_logits
     p = write_tiny(tmp_path / f"{arch}.gguf", arch, n_layer=2, n_embd=64, n_head=4, n_head_kv=2, n_ff=128,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (optional dependency)")
+llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (optional oracle)")
 
 from llmlab.llama.batch import Batch, BatchAllocator, BatchError  # noqa: E402
 from llmlab.ggml.gguf import GGUFFile  # noqa: E402

@@ -9,6 +9,7 @@ from llmlab.ggml import ops as ggml
 from llmlab.llama import Batch, Context, Model
 from llmlab.llama.tiny import write_tiny
 from llmlab.ggml.sched import AccelBackend, CPUBackend, Scheduler
+from llmlab.ggml import quant
 from llmlab.ggml.sched.placement import layer_device
 from llmlab.ggml.cpu.threads import mul_mat_chunking, rows_blocks, rows_interleaved, trace_nodes
 
@@ -133,7 +134,6 @@ def test_traced_threads_compute_the_same_and_cover_every_chunk():
 
 
 def test_plugin_first_plain_path_as_fallback():
-    quant = pytest.importorskip("llmlab.ggml.quant")
     from llmlab.ggml.cpu.repack import RepackPlugin
     rng = np.random.default_rng(1)
     ctx = GGMLContext()
