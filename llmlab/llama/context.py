@@ -72,7 +72,7 @@ class Context:
         swa = [hp.is_swa(il) for il in range(hp.n_layer)]
         out_ids = np.flatnonzero(ub.output).astype(np.int32)
         key = (ub.n_tokens, len(out_ids), tuple(n_kv))
-        if self._reuse is not None and self._reuse[0] == key and self.sched is None:   # the scheduler rewires a graph it splits
+        if self._reuse is not None and self._reuse[0] == key:
             g = self._reuse[1]           # same shapes as last time: only the inputs change (llama.cpp's can_reuse)
             self.n_reused += 1
         else:
