@@ -248,7 +248,8 @@ def test_cli_logits_json(smollm2_path):
 @pytest.mark.parametrize("arch,vocab_of", [("llama", "smollm2"), ("gemma3", "gemma3"), ("qwen2", "smollm2")])
 def test_tiny_q8_0_models_are_bit_exact_with_llama_cpp(tmp_path, arch, vocab_of):
     """Every architecture's tiny model, with q8_0 matrices (the kernels llmlab reproduces), written by llmlab
-    and loaded by llama.cpp: the logits of every position are llama.cpp's, bit for bit. (With f32 matrices
+    and loaded by llama.cpp: the logits of every position, and every named node of the graph, are llama.cpp's,
+    bit for bit. (With f32 matrices
     they differ in the last bits: llmlab's f32 MUL_MAT is NumPy's, not ggml-cpu's vec_dot_f32 order.)"""
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (optional oracle)")
     from llmlab import models
@@ -261,6 +262,9 @@ def test_tiny_q8_0_models_are_bit_exact_with_llama_cpp(tmp_path, arch, vocab_of)
     assert m.unused_tensors() == []
     got = Context(m, n_ctx=256).decode(Batch.from_tokens(ids, logits="all"))
     assert np.array_equal(got, want)
+    from llmlab.llamacpp import capture, diff, llmlab_nodes      # and node by node: same names, same bits
+    rep = diff(llmlab_nodes(p, ids[:6]), capture(p, ids[:6]))
+    assert rep.matched == rep.total and not rep.unmatched and rep.first_divergence is None, rep.summary()
 
 
 @pytest.mark.slow

@@ -14,6 +14,8 @@ from . import spec as S
 
 
 class BuildLlama(LLMGraph):
+    name_attn_out = True      # llm_build_llama names the projected attention output "attn_out"
+
     def build(self) -> None:
         m, hp, ctx0 = self.model, self.hparams, self.ctx0
         n_embd_head = hp.n_embd_head_v
@@ -37,8 +39,9 @@ class BuildLlama(LLMGraph):
             self.cb(Kcur, "Kcur", il)
             self.cb(Vcur, "Vcur", il)
 
-            cur = self.build_attn(L.wo, Qcur, Kcur, Vcur, kq_scale, il, wo_b=L.bo)
-            self.cb(cur, "attn_out", il)
+            cur = self.build_attn(L.wo, Qcur, Kcur, Vcur, kq_scale, il, wo_b=getattr(L, "bo", None))
+            if self.name_attn_out:
+                self.cb(cur, "attn_out", il)
             if il == hp.n_layer - 1:
                 cur = ggml.get_rows(ctx0, cur, inp_out_ids)
                 inpSA = ggml.get_rows(ctx0, inpSA, inp_out_ids)

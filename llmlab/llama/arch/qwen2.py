@@ -6,48 +6,19 @@ Graph: ``llm_build_qwen2`` (src/models/qwen2.cpp).
 """
 from __future__ import annotations
 
-import math
-
-from ...ggml import ops as ggml
-from ..graph import LLMGraph
 from . import spec as S
+from .llama import BuildLlama
 
 
-class BuildQwen2(LLMGraph):
-    def build(self) -> None:
-        m, hp, ctx0 = self.model, self.hparams, self.ctx0
-        n_embd_head = hp.n_embd_head_v
-        inpL = self.build_inp_embd(m.tok_embd)
-        inp_pos = self.build_inp_pos()
-        self.build_attn_inp()
-        inp_out_ids = self.build_inp_out_ids()
-        self.mark_layer(-1)
+class BuildQwen2(BuildLlama):
+    """llm_build_qwen2 (src/models/qwen2.cpp) takes exactly the steps of llm_build_llama, minus options
+    Qwen2 does not have (an attention-scale override, RoPE factors, an attention output bias): norm, q/k/v
+    projections *with their biases* (``build_qkv`` adds them, and names each sum ``Qcur``/``Kcur``/``Vcur``
+    as llama.cpp does), RoPE (NEOX, from the hparams), attention scaled by 1/sqrt(head size), residual,
+    norm, SiLU-gated FFN, residual, and the LM head with its optional bias. So it is llama's builder (what
+    makes Qwen2 Qwen2 is its spec below), except that qwen2.cpp leaves the attention output unnamed."""
 
-        for il in range(hp.n_layer):
-            L = m.layers[il]
-            inpSA = inpL
-            cur = self.build_norm(inpL, L.attn_norm, il)
-            self.cb(cur, "attn_norm", il)
-
-            Qcur, Kcur, Vcur = self.build_qkv(L, cur, il)      # with the biases
-            Qcur = self.cb(self.build_rope(Qcur, inp_pos), "Qcur", il)
-            Kcur = self.cb(self.build_rope(Kcur, inp_pos), "Kcur", il)
-            self.cb(Vcur, "Vcur", il)
-            cur = self.build_attn(L.wo, Qcur, Kcur, Vcur, 1.0 / math.sqrt(n_embd_head), il)
-            if il == hp.n_layer - 1:
-                cur = ggml.get_rows(ctx0, cur, inp_out_ids)
-                inpSA = ggml.get_rows(ctx0, inpSA, inp_out_ids)
-            ffn_inp = self.cb(ggml.add(ctx0, cur, inpSA), "ffn_inp", il)
-
-            cur = self.build_norm(ffn_inp, L.ffn_norm, il)
-            self.cb(cur, "ffn_norm", il)
-            cur = self.build_ffn(cur, L.ffn_up, L.ffn_gate, L.ffn_down, "silu", il)
-            self.cb(cur, "ffn_out", il)
-            cur = self.cb(ggml.add(ctx0, cur, ffn_inp), "l_out", il)
-            inpL = cur
-            self.mark_layer(il)
-
-        self.build_output(inpL)
+    name_attn_out = False
 
 
 def _tiny_kv(hd: int, n_vocab: int, sliding_window: int) -> dict:
