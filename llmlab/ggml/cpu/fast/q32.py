@@ -55,7 +55,8 @@ def _block16(W, a, t, o, dab, dwb, acc):
 
 @njit(inline="always", **NOPYTHON)
 def _block32(W, a, t, o, dab, dwb, acc):
-    """As _block16 with int32 lane sums (q8_0 codes: 4 * 128 * 127 exceeds int16)."""
+    """As _block16 (W int8 or int16) with int32 lane sums (q8_0 codes: 4 * 128 * 127 exceeds int16), each the sum of two int16
+    pair sums (2 * 128 * 127 fits)."""
     a0 = np.int16(a[t, o + 0]); a1 = np.int16(a[t, o + 1]); a2 = np.int16(a[t, o + 2]); a3 = np.int16(a[t, o + 3])
     a4 = np.int16(a[t, o + 4]); a5 = np.int16(a[t, o + 5]); a6 = np.int16(a[t, o + 6]); a7 = np.int16(a[t, o + 7])
     a8 = np.int16(a[t, o + 8]); a9 = np.int16(a[t, o + 9]); a10 = np.int16(a[t, o + 10]); a11 = np.int16(a[t, o + 11])
@@ -65,14 +66,22 @@ def _block32(W, a, t, o, dab, dwb, acc):
     a24 = np.int16(a[t, o + 24]); a25 = np.int16(a[t, o + 25]); a26 = np.int16(a[t, o + 26]); a27 = np.int16(a[t, o + 27])
     a28 = np.int16(a[t, o + 28]); a29 = np.int16(a[t, o + 29]); a30 = np.int16(a[t, o + 30]); a31 = np.int16(a[t, o + 31])
     for r in range(G):                       # vectorized across the G rows
-        l0 = np.int32(W[0, r] * a0 + W[1, r] * a1 + W[2, r] * a2 + W[3, r] * a3)
-        l1 = np.int32(W[4, r] * a4 + W[5, r] * a5 + W[6, r] * a6 + W[7, r] * a7)
-        l2 = np.int32(W[8, r] * a8 + W[9, r] * a9 + W[10, r] * a10 + W[11, r] * a11)
-        l3 = np.int32(W[12, r] * a12 + W[13, r] * a13 + W[14, r] * a14 + W[15, r] * a15)
-        l4 = np.int32(W[16, r] * a16 + W[17, r] * a17 + W[18, r] * a18 + W[19, r] * a19)
-        l5 = np.int32(W[20, r] * a20 + W[21, r] * a21 + W[22, r] * a22 + W[23, r] * a23)
-        l6 = np.int32(W[24, r] * a24 + W[25, r] * a25 + W[26, r] * a26 + W[27, r] * a27)
-        l7 = np.int32(W[28, r] * a28 + W[29, r] * a29 + W[30, r] * a30 + W[31, r] * a31)
+        l0 = np.int32(np.int16(W[0, r] * a0 + W[1, r] * a1)
+                      + np.int16(W[2, r] * a2 + W[3, r] * a3))
+        l1 = np.int32(np.int16(W[4, r] * a4 + W[5, r] * a5)
+                      + np.int16(W[6, r] * a6 + W[7, r] * a7))
+        l2 = np.int32(np.int16(W[8, r] * a8 + W[9, r] * a9)
+                      + np.int16(W[10, r] * a10 + W[11, r] * a11))
+        l3 = np.int32(np.int16(W[12, r] * a12 + W[13, r] * a13)
+                      + np.int16(W[14, r] * a14 + W[15, r] * a15))
+        l4 = np.int32(np.int16(W[16, r] * a16 + W[17, r] * a17)
+                      + np.int16(W[18, r] * a18 + W[19, r] * a19))
+        l5 = np.int32(np.int16(W[20, r] * a20 + W[21, r] * a21)
+                      + np.int16(W[22, r] * a22 + W[23, r] * a23))
+        l6 = np.int32(np.int16(W[24, r] * a24 + W[25, r] * a25)
+                      + np.int16(W[26, r] * a26 + W[27, r] * a27))
+        l7 = np.int32(np.int16(W[28, r] * a28 + W[29, r] * a29)
+                      + np.int16(W[30, r] * a30 + W[31, r] * a31))
         d = np.float64(dab * dwb[r])
         acc[t, 0, r] = np.float32(d * np.float64(l0) + np.float64(acc[t, 0, r]))
         acc[t, 1, r] = np.float32(d * np.float64(l1) + np.float64(acc[t, 1, r]))
@@ -152,14 +161,14 @@ def mul_mat_q5_0(qs, qh, d, aq, ad):
         acc = np.zeros((T, 8, G), np.float32)
         for b in range(nb):
             for i in range(16):
-                lo_byte, lo_bit = i >> 3, np.uint8(i & 7)
-                hi_byte = (i + 16) >> 3
+                k_lo, k_hi = i >> 3, (i + 16) >> 3
+                mask = np.uint8(1 << (i & 7))
                 for r in range(G):
                     v = qs[g, b, i, r]
-                    hl = (qh[g, b, lo_byte, r] >> lo_bit) & np.uint8(1)
-                    hh = (qh[g, b, hi_byte, r] >> lo_bit) & np.uint8(1)
-                    W[i, r] = np.int16((v & np.uint8(15)) | (hl << np.uint8(4))) - np.int16(16)
-                    W[i + 16, r] = np.int16((v >> np.uint8(4)) | (hh << np.uint8(4))) - np.int16(16)
+                    h_lo = np.int16(0) if qh[g, b, k_lo, r] & mask == 0 else np.int16(16)
+                    h_hi = np.int16(0) if qh[g, b, k_hi, r] & mask == 0 else np.int16(16)
+                    W[i, r] = (np.int16(v & np.uint8(15)) | h_lo) - np.int16(16)
+                    W[i + 16, r] = (np.int16(v >> np.uint8(4)) | h_hi) - np.int16(16)
             for t in range(T):
                 _block16(W, aq, t, b * 32, ad[t, b], d[g, b], acc)
         for t in range(T):
@@ -174,14 +183,10 @@ def mul_mat_q8_0(qs, d, aq, ad):
     T = aq.shape[0]
     out = np.empty((T, ng * G), np.float32)
     for g in prange(ng):
-        W = np.empty((32, G), np.int16)
         acc = np.zeros((T, 8, G), np.float32)
         for b in range(nb):
-            for i in range(32):
-                for r in range(G):
-                    W[i, r] = qs[g, b, i, r]
             for t in range(T):
-                _block32(W, aq, t, b * 32, ad[t, b], d[g, b], acc)
+                _block32(qs[g, b], aq, t, b * 32, ad[t, b], d[g, b], acc)
         for t in range(T):
             _finish(acc, out, t, g * G)
     return out
