@@ -6,10 +6,11 @@ Packed layout (``pack_q4_k`` / ``pack_q6_k``), G rows side by side per super-blo
 
 * q4_K: ``qs[g, b, l, r]`` byte l of row r (low nibble: value 64(l//32) + l%32, high nibble: +32),
   ``sc``/``mn[g, b, c, r]`` the 6-bit scale and min of 32-value sub-block c (int16), ``d``/``dmin`` float32;
-* q6_K: ``ql[g, b, 128, r]``, ``qh[g, b, 64, r]`` as in the block, ``sc[g, b, 16, r]`` (int16), ``d`` float32.
+* q6_K: ``W6[g, b, i, r]`` the unsigned 6-bit code (0..63) of value i as uint8 (its bits gathered at load),
+  ``sc[g, b, 16, r]`` (int16), ``d`` float32.
 
-Each super-block is unpacked once into unsigned codes W (256, G) int16 (q6_K: 0..63, its -32 comes back
-through the q8_K block sums), then for every activation row the integer sums (exact) and the reference's
+Each q4_K super-block is unpacked once into codes W (256, G) int16 (q6_K's codes are stored unpacked; their -32
+comes back through the q8_K block sums), then for every activation row the integer sums (exact) and the reference's
 float steps in its order.
 """
 from __future__ import annotations
@@ -46,18 +47,10 @@ def _unpack_q4_k(qs, g, b, W, nr):
 
 
 @njit(inline="always", **NOPYTHON)
-def _unpack_q6_k(ql, qh, g, b, W, nr):
-    for h in range(2):
-        for j in range(32):
-            o = 128 * h + j
-            for r in range(nr):
-                b0 = np.int16(ql[g, b, 64 * h + j, r])
-                b1 = np.int16(ql[g, b, 64 * h + 32 + j, r])
-                hb = np.int16(qh[g, b, 32 * h + j, r])
-                W[o, r] = np.int16((b0 & 15) | ((hb & 3) << 4))
-                W[o + 32, r] = np.int16((b1 & 15) | (((hb >> 2) & 3) << 4))
-                W[o + 64, r] = np.int16((b0 >> 4) | (((hb >> 4) & 3) << 4))
-                W[o + 96, r] = np.int16((b1 >> 4) | (((hb >> 6) & 3) << 4))
+def _quad(W, i, r, a, t, o):
+    """One lane sum: W[i..i+3, r] . a[t, o..o+3] (int16)."""
+    return np.int16(W[i, r] * np.int16(a[t, o]) + W[i + 1, r] * np.int16(a[t, o + 1])
+                    + W[i + 2, r] * np.int16(a[t, o + 2]) + W[i + 3, r] * np.int16(a[t, o + 3]))
 
 
 @njit(inline="always", **NOPYTHON)
@@ -66,7 +59,7 @@ def _chunk_dots(W, a, t, o, D, nr):
     for c in range(8):
         for r in range(nr):
             q0, q1, q2, q3, q4, q5, q6, q7 = _quads(W, 32 * c, r, a, t, o + 32 * c)
-            D[c, r] = np.int32(q0 + q1 + q2 + q3) + np.int32(q4 + q5 + q6 + q7)
+            D[c, r] = np.int32(np.int32(q0 + q1 + q2 + q3) + np.int32(q4 + q5 + q6 + q7))
 
 
 @njit(inline="always", **NOPYTHON)
@@ -96,16 +89,14 @@ def mul_mat_q4_k(qs, sc, mn, d, dmin, aq, ad, bsums):
         for b in range(nb):
             _unpack_q4_k(qs, g, b, W, nr)
             for t in range(T):
-                for c in range(8):
+                o = 256 * b
+                for u in range(8):              # one output stream per loop: few runtime alias checks
                     for r in range(nr):
-                        q0, q1, q2, q3, q4, q5, q6, q7 = _quads(W, 32 * c, r, aq, t, 256 * b + 32 * c)
-                        s = np.int32(sc[g, b, c, r])
-                        if c == 0:
-                            L[0, r] = s * q0; L[1, r] = s * q1; L[2, r] = s * q2; L[3, r] = s * q3
-                            L[4, r] = s * q4; L[5, r] = s * q5; L[6, r] = s * q6; L[7, r] = s * q7
-                        else:
-                            L[0, r] += s * q0; L[1, r] += s * q1; L[2, r] += s * q2; L[3, r] += s * q3
-                            L[4, r] += s * q4; L[5, r] += s * q5; L[6, r] += s * q6; L[7, r] += s * q7
+                        L[u, r] = np.int32(sc[g, b, 0, r] * _quad(W, 4 * u, r, aq, t, o + 4 * u))
+                    for c in range(1, 8):
+                        i = 32 * c + 4 * u
+                        for r in range(nr):
+                            L[u, r] += np.int32(sc[g, b, c, r] * _quad(W, i, r, aq, t, o + i))
                 ya = ad[t, b]
                 k = 16 * b
                 p0 = np.int32(bsums[t, k + 0]) + np.int32(bsums[t, k + 1])
@@ -121,10 +112,10 @@ def mul_mat_q4_k(qs, sc, mn, d, dmin, aq, ad, bsums):
                     for u in range(8):
                         acc[t, u, r] = np.float32(dd * np.float64(L[u, r]) + np.float64(acc[t, u, r]))
                     dm = np.float64(-ya * dmin[g, b, r])
-                    m0 = np.int32(mn[g, b, 0, r] * p0 + mn[g, b, 1, r] * p1)
-                    m1 = np.int32(mn[g, b, 2, r] * p2 + mn[g, b, 3, r] * p3)
-                    m2 = np.int32(mn[g, b, 4, r] * p4 + mn[g, b, 5, r] * p5)
-                    m3 = np.int32(mn[g, b, 6, r] * p6 + mn[g, b, 7, r] * p7)
+                    m0 = np.int32(np.int32(mn[g, b, 0, r] * p0) + np.int32(mn[g, b, 1, r] * p1))
+                    m1 = np.int32(np.int32(mn[g, b, 2, r] * p2) + np.int32(mn[g, b, 3, r] * p3))
+                    m2 = np.int32(np.int32(mn[g, b, 4, r] * p4) + np.int32(mn[g, b, 5, r] * p5))
+                    m3 = np.int32(np.int32(mn[g, b, 6, r] * p6) + np.int32(mn[g, b, 7, r] * p7))
                     accm[t, 0, r] = np.float32(dm * np.float64(m0) + np.float64(accm[t, 0, r]))
                     accm[t, 1, r] = np.float32(dm * np.float64(m1) + np.float64(accm[t, 1, r]))
                     accm[t, 2, r] = np.float32(dm * np.float64(m2) + np.float64(accm[t, 2, r]))
@@ -138,37 +129,35 @@ def mul_mat_q4_k(qs, sc, mn, d, dmin, aq, ad, bsums):
 
 
 @njit(parallel=True, **NOPYTHON)
-def mul_mat_q6_k(ql, qh, sc, d, aq, ad, bsums):
+def mul_mat_q6_k(W6, sc, d, aq, ad, bsums):
     """vec_dot: lanes from the unsigned codes (chunk c: lanes 0-3 scale 2c, lanes 4-7 scale 2c+1), lane k
     minus 32 (sc[2k] bsum[2k] + sc[2k+1] bsum[2k+1]); acc = fma(d_x d_w, lane, acc); hsum."""
-    ng, nb, nr = ql.shape[0], ql.shape[1], ql.shape[3]
+    ng, nb, nr = W6.shape[0], W6.shape[1], W6.shape[3]
     T = aq.shape[0]
     out = np.empty((T, ng * nr), np.float32)
     for g in prange(ng):
-        W = np.empty((256, nr), np.int16)
         L = np.empty((8, nr), np.int32)
         acc = np.zeros((T, 8, nr), np.float32)
         for b in range(nb):
-            _unpack_q6_k(ql, qh, g, b, W, nr)
+            W = W6[g, b]
             for t in range(T):
-                for c in range(8):
+                o = 256 * b
+                for u in range(8):              # chunk c: lanes 0-3 take scale 2c, lanes 4-7 scale 2c+1
+                    h = u >> 2
                     for r in range(nr):
-                        q0, q1, q2, q3, q4, q5, q6, q7 = _quads(W, 32 * c, r, aq, t, 256 * b + 32 * c)
-                        s = np.int32(sc[g, b, 2 * c, r])
-                        z = np.int32(sc[g, b, 2 * c + 1, r])
-                        if c == 0:
-                            L[0, r] = s * q0; L[1, r] = s * q1; L[2, r] = s * q2; L[3, r] = s * q3
-                            L[4, r] = z * q4; L[5, r] = z * q5; L[6, r] = z * q6; L[7, r] = z * q7
-                        else:
-                            L[0, r] += s * q0; L[1, r] += s * q1; L[2, r] += s * q2; L[3, r] += s * q3
-                            L[4, r] += z * q4; L[5, r] += z * q5; L[6, r] += z * q6; L[7, r] += z * q7
+                        L[u, r] = np.int32(sc[g, b, h, r] * _quad(W, 4 * u, r, aq, t, o + 4 * u))
+                    for c in range(1, 8):
+                        i = 32 * c + 4 * u
+                        s = 2 * c + h
+                        for r in range(nr):
+                            L[u, r] += np.int32(sc[g, b, s, r] * _quad(W, i, r, aq, t, o + i))
                 ya = ad[t, b]
                 k = 16 * b
                 for u in range(8):
                     b0 = np.int32(bsums[t, k + 2 * u])
                     b1 = np.int32(bsums[t, k + 2 * u + 1])
                     for r in range(nr):
-                        L[u, r] -= 32 * (np.int32(sc[g, b, 2 * u, r]) * b0 + np.int32(sc[g, b, 2 * u + 1, r]) * b1)
+                        L[u, r] -= np.int32(32 * np.int32(np.int32(sc[g, b, 2 * u, r]) * b0 + np.int32(sc[g, b, 2 * u + 1, r]) * b1))
                 for r in range(nr):
                     dd = np.float64(ya * d[g, b, r])
                     for u in range(8):
@@ -202,8 +191,8 @@ def mul_mat_q4_k_tiled(qs, sc, mn, d, dmin, aq, ad, bsums):
                     s1 = np.int32(0)
                     s2 = np.int32(0)
                     for c in range(8):
-                        s1 += np.int32(sc[g, b, c, r]) * D[c, r]
-                        s2 += np.int32(mn[g, b, c, r]) * (np.int32(bsums[t, k + 2 * c]) + np.int32(bsums[t, k + 2 * c + 1]))
+                        s1 = np.int32(s1 + np.int32(sc[g, b, c, r] * D[c, r]))
+                        s2 = np.int32(s2 + np.int32(mn[g, b, c, r] * np.int32(bsums[t, k + 2 * c] + bsums[t, k + 2 * c + 1])))
                     res = d[g, b, r] * np.float32(s1)
                     res = np.float32(-np.float64(dmin[g, b, r]) * np.float64(np.float32(s2)) + np.float64(res))
                     acc[t, r] = np.float32(np.float64(res) * ya + np.float64(acc[t, r]))
@@ -214,17 +203,16 @@ def mul_mat_q4_k_tiled(qs, sc, mn, d, dmin, aq, ad, bsums):
 
 
 @njit(parallel=True, **NOPYTHON)
-def mul_mat_q6_k_tiled(ql, qh, sc, d, aq, ad, bsums):
+def mul_mat_q6_k_tiled(W6, sc, d, aq, ad, bsums):
     """res = d_w * (float) s1 (s1 with the signed codes); acc = fma(res, d_x, acc)."""
-    ng, nb, nr = ql.shape[0], ql.shape[1], ql.shape[3]
+    ng, nb, nr = W6.shape[0], W6.shape[1], W6.shape[3]
     T = aq.shape[0]
     out = np.empty((T, ng * nr), np.float32)
     for g in prange(ng):
-        W = np.empty((256, nr), np.int16)
         D = np.empty((16, nr), np.int32)
         acc = np.zeros((T, nr), np.float32)
         for b in range(nb):
-            _unpack_q6_k(ql, qh, g, b, W, nr)
+            W = W6[g, b]
             for t in range(T):
                 _half_chunk_dots(W, aq, t, 256 * b, D, nr)
                 ya = np.float64(ad[t, b])
@@ -232,7 +220,7 @@ def mul_mat_q6_k_tiled(ql, qh, sc, d, aq, ad, bsums):
                 for r in range(nr):
                     s1 = np.int32(0)
                     for s in range(16):
-                        s1 += np.int32(sc[g, b, s, r]) * (D[s, r] - 32 * np.int32(bsums[t, k + s]))
+                        s1 = np.int32(s1 + np.int32(sc[g, b, s, r] * np.int32(D[s, r] - 32 * bsums[t, k + s])))
                     res = d[g, b, r] * np.float32(s1)
                     acc[t, r] = np.float32(np.float64(res) * ya + np.float64(acc[t, r]))
         for t in range(T):
@@ -271,14 +259,14 @@ def mul_mat_q4_k_repacked(qs, sc, mn, d, dmin, aq, ad, bsums):
                 p6 = np.int32(bsums[t, k + 12]) + np.int32(bsums[t, k + 13])
                 p7 = np.int32(bsums[t, k + 14]) + np.int32(bsums[t, k + 15])
                 for r in range(nr):
-                    i0 = np.int32(sc[g, b, 0, r]) * D[0, r] + np.int32(sc[g, b, 1, r]) * D[1, r]
-                    i1 = np.int32(sc[g, b, 2, r]) * D[2, r] + np.int32(sc[g, b, 3, r]) * D[3, r]
-                    i2 = np.int32(sc[g, b, 4, r]) * D[4, r] + np.int32(sc[g, b, 5, r]) * D[5, r]
-                    i3 = np.int32(sc[g, b, 6, r]) * D[6, r] + np.int32(sc[g, b, 7, r]) * D[7, r]
-                    m0 = np.int32(mn[g, b, 0, r]) * p0 + np.int32(mn[g, b, 1, r]) * p1
-                    m1 = np.int32(mn[g, b, 2, r]) * p2 + np.int32(mn[g, b, 3, r]) * p3
-                    m2 = np.int32(mn[g, b, 4, r]) * p4 + np.int32(mn[g, b, 5, r]) * p5
-                    m3 = np.int32(mn[g, b, 6, r]) * p6 + np.int32(mn[g, b, 7, r]) * p7
+                    i0 = np.int32(np.int32(np.int32(sc[g, b, 0, r]) * D[0, r]) + np.int32(np.int32(sc[g, b, 1, r]) * D[1, r]))
+                    i1 = np.int32(np.int32(np.int32(sc[g, b, 2, r]) * D[2, r]) + np.int32(np.int32(sc[g, b, 3, r]) * D[3, r]))
+                    i2 = np.int32(np.int32(np.int32(sc[g, b, 4, r]) * D[4, r]) + np.int32(np.int32(sc[g, b, 5, r]) * D[5, r]))
+                    i3 = np.int32(np.int32(np.int32(sc[g, b, 6, r]) * D[6, r]) + np.int32(np.int32(sc[g, b, 7, r]) * D[7, r]))
+                    m0 = np.int32(np.int32(np.int32(mn[g, b, 0, r]) * p0) + np.int32(np.int32(mn[g, b, 1, r]) * p1))
+                    m1 = np.int32(np.int32(np.int32(mn[g, b, 2, r]) * p2) + np.int32(np.int32(mn[g, b, 3, r]) * p3))
+                    m2 = np.int32(np.int32(np.int32(mn[g, b, 4, r]) * p4) + np.int32(np.int32(mn[g, b, 5, r]) * p5))
+                    m3 = np.int32(np.int32(np.int32(mn[g, b, 6, r]) * p6) + np.int32(np.int32(mn[g, b, 7, r]) * p7))
                     dd = np.float64(d[g, b, r] * ya)
                     dm = np.float64(dmin[g, b, r] * ya)
                     a = np.float64(acc[t, r])
@@ -293,8 +281,8 @@ def mul_mat_q4_k_repacked(qs, sc, mn, d, dmin, aq, ad, bsums):
                         am = np.float64(np.float32(np.float64(m2) * dm + am))
                         am = np.float64(np.float32(np.float64(m3) * dm + am))
                     else:
-                        a = np.float64(np.float32(np.float64(np.int32(i0 + i1 + i2 + i3)) * dd + a))
-                        am = np.float64(np.float32(np.float64(np.int32(m0 + m1 + m2 + m3)) * dm + am))
+                        a = np.float64(np.float32(np.float64(np.int32(np.int32(i0 + i1) + np.int32(i2 + i3))) * dd + a))
+                        am = np.float64(np.float32(np.float64(np.int32(np.int32(m0 + m1) + np.int32(m2 + m3))) * dm + am))
                     acc[t, r] = np.float32(a)
                     accm[t, r] = np.float32(am)
         for t in range(T):
@@ -323,5 +311,5 @@ def pack_q6_k(raw: np.ndarray, K: int) -> tuple:
     nb = K // 256
     w = np.ascontiguousarray(raw).reshape(-1).view(KQ.BLOCK_Q6_K).reshape(-1, nb)
     R = w.shape[0]
-    return (_groups(np.ascontiguousarray(w["ql"]), R), _groups(np.ascontiguousarray(w["qh"]), R),
-            _groups(w["scales"].astype(np.int16), R), _groups(w["d"].astype(np.float32), R))
+    codes = (KQ.q6k_codes(w.reshape(-1)).astype(np.int16) + 32).astype(np.uint8).reshape(R, nb, 256)
+    return (_groups(codes, R), _groups(w["scales"].astype(np.int16), R), _groups(w["d"].astype(np.float32), R))
