@@ -64,12 +64,12 @@ def _chunk_dots(W, a, t, o, D, nr):
 
 @njit(inline="always", **NOPYTHON)
 def _half_chunk_dots(W, a, t, o, D, nr):
-    """D[s, r] = the integer dot of 16-value sub-block s with activation row t."""
-    for c in range(8):
+    """D[s, r] = the integer dot of 16-value sub-block s with activation row t (one stream per loop)."""
+    for s in range(16):
+        i = 16 * s
         for r in range(nr):
-            q0, q1, q2, q3, q4, q5, q6, q7 = _quads(W, 32 * c, r, a, t, o + 32 * c)
-            D[2 * c, r] = np.int32(q0 + q1 + q2 + q3)
-            D[2 * c + 1, r] = np.int32(q4 + q5 + q6 + q7)
+            D[s, r] = np.int32(np.int32(_quad(W, i, r, a, t, o + i)) + np.int32(_quad(W, i + 4, r, a, t, o + i + 4))
+                               + np.int32(_quad(W, i + 8, r, a, t, o + i + 8)) + np.int32(_quad(W, i + 12, r, a, t, o + i + 12)))
 
 
 # ---- vec_dot (ggml_vec_dot_q4_K_q8_K / q6_K_q8_K, AVX2 lanes) ---------------------------------------
