@@ -97,3 +97,12 @@ def set_threads(n: int | None = None) -> int:
     n = thread_count() if n is None else max(1, min(int(n), numba.config.NUMBA_NUM_THREADS))
     numba.set_num_threads(n)
     return n
+
+
+@njit(**NOPYTHON)
+def round_to_f16(x):
+    """float32 array -> its float16 roundings as float32 (for tests of the conversion)."""
+    out = np.empty_like(x)
+    for i in range(x.size):
+        out.flat[i] = f16_round(x.flat[i])
+    return out
