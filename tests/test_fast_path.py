@@ -125,3 +125,24 @@ def test_fast_plan_binds_every_compute_node_of_a_real_decode_step(smollm2_path):
 def test_unknown_kernel_set_is_refused(tiny):
     with pytest.raises(ValueError, match="kernels"):
         Context(tiny["llama"], kernels="turbo")
+
+
+@pytest.mark.parametrize("tiny_blas", [False, True])
+def test_threaded_kernels_do_not_depend_on_the_split(tiny_blas):
+    """Each output is computed whole by one thread, so how the rows are cut cannot change a bit."""
+    from llmlab.ggml.cpu.fast import vec as fvec
+    A = rng.standard_normal((2, 96, 64)).astype(np.float16).view(np.uint16)
+    B = rng.standard_normal((6, 5, 64)).astype(np.float16).astype(np.float32)
+    one = np.empty((6, 5, 96), np.float32)
+    fvec.mul_mat_f16(A, B, one, fvec.F16_TO_F32, 16, tiny_blas)
+    x = rng.standard_normal((6, 5, 96)).astype(np.float32)
+    m = np.zeros((0, 96), np.float32)
+    sm = np.empty_like(x)
+    fvec.soft_max(x, m, np.float32(0.5), sm, 16)
+    for n in (1, 2, 7):
+        many = np.empty_like(one)
+        fvec.mul_mat_f16_mt(A, B, many, fvec.F16_TO_F32, 16, tiny_blas, n)
+        assert same_bits(one, many)
+        sm2 = np.empty_like(x)
+        fvec.soft_max_mt(x, m, np.float32(0.5), sm2, 16, n)
+        assert same_bits(sm, sm2)

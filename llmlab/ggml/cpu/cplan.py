@@ -26,6 +26,7 @@ from .kernels import rope_cache
 from .ops import COMPUTE, mul_mat_quantized
 
 Step = Callable[[], None]
+PARALLEL_MIN_WORK = 1 << 21     # multiply-adds below which waking the other threads costs more than it saves
 BINDERS: dict[str, Callable[[Tensor, "CPUProfileLike"], Step | None]] = {}
 CPUProfileLike = object
 
@@ -199,6 +200,9 @@ def _soft_max(node, cpu):
         M = m.array()[0, 0][: x.ne[1]]
     scale = np.float32(node.op_params["scale"])
     lanes = _lanes(cpu)
+    if X.size >= PARALLEL_MIN_WORK // 8 and _threads() > 1:
+        n = _threads()
+        return lambda: fvec.soft_max_mt(X, M, scale, O, lanes, n)
     return lambda: fvec.soft_max(X, M, scale, O, lanes)
 
 
@@ -235,12 +239,17 @@ def _mul_mat(node, cpu):
         T, R, K = b.ne[1], a.ne[1], a.ne[0]
         tiny = T >= 2 and K % 16 == 0 and R % 4 == 0        # llamafile_sgemm takes it, else vec_dot_f16
         lanes, lut = _lanes(cpu), fvec.F16_TO_F32
-
-        def step():
-            fvec.mul_mat_f16(A, X.astype(np.float16).astype(np.float32), Y, lut, lanes, tiny)
-        return step
+        if Y.size * K >= PARALLEL_MIN_WORK and _threads() > 1:
+            n = _threads()
+            return lambda: fvec.mul_mat_f16_mt(A, X.astype(np.float16).astype(np.float32), Y, lut, lanes, tiny, n)
+        return lambda: fvec.mul_mat_f16(A, X.astype(np.float16).astype(np.float32), Y, lut, lanes, tiny)
     return None
 
 
 def _lanes(cpu) -> int:
     return 16
+
+
+def _threads() -> int:
+    import numba
+    return numba.get_num_threads()

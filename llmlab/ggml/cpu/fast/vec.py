@@ -78,17 +78,30 @@ def _tinyblas_f16(a, b, lut, lanes):
     return reduce_lanes(acc, lanes)
 
 
-@njit(cache=True, parallel=True)
-def mul_mat_f16(A, B, out, lut, lanes, tiny):
-    """out[h, t, r] = A[h // (H / Hk), r] . B[h, t] for f16 A (uint16 bits, (Hk, R, K), any strides)
-    and B (H, T, K) float32 values already rounded to f16; ``tiny`` picks tinyBLAS over vec_dot."""
+@njit(inline="always")
+def _mul_mat_f16_rows(A, B, out, lut, lanes, tiny, j0, j1):
     H, T, R = out.shape
     g = H // A.shape[0]
-    for hr in prange(H * R):
+    for hr in range(j0, j1):
         h, r = hr // R, hr % R
         a = A[h // g, r]
         for t in range(T):
             out[h, t, r] = _tinyblas_f16(a, B[h, t], lut, lanes) if tiny else _vec_dot_f16(a, B[h, t], lut, lanes)
+
+
+@njit(cache=True)
+def mul_mat_f16(A, B, out, lut, lanes, tiny):
+    """out[h, t, r] = A[h // (H / Hk), r] . B[h, t] for f16 A (uint16 bits, (Hk, R, K), any strides)
+    and B (H, T, K) float32 values already rounded to f16; ``tiny`` picks tinyBLAS over vec_dot."""
+    _mul_mat_f16_rows(A, B, out, lut, lanes, tiny, 0, out.shape[0] * out.shape[2])
+
+
+@njit(cache=True, parallel=True)
+def mul_mat_f16_mt(A, B, out, lut, lanes, tiny, n_chunks):
+    """:func:`mul_mat_f16` with the (head, row) pairs cut into ``n_chunks`` for the threads."""
+    n = out.shape[0] * out.shape[2]
+    for c in prange(n_chunks):
+        _mul_mat_f16_rows(A, B, out, lut, lanes, tiny, c * n // n_chunks, (c + 1) * n // n_chunks)
 
 
 # ---- exp, SiLU, softmax: ggml_v_expf per instruction set -------------------------------------------
@@ -132,23 +145,21 @@ def silu(x):
     return x / (ONE + v_expf_512(-x))
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True)
 def swiglu(g, u, out):
     """ggml_vec_swiglu_f32 over rows: silu(g) * u."""
-    for r in prange(out.shape[0]):
+    for r in range(out.shape[0]):
         for i in range(out.shape[1]):
             out[r, i] = silu(g[r, i]) * u[r, i]
 
 
-@njit(cache=True, parallel=True)
-def soft_max(x, mask, scale, out, lanes):
-    """ggml_compute_forward_soft_max_f32 per row: w = x*scale + mask, exp(w - max) in blocks of
-    ``lanes`` whose reductions add up in double, then times (float)(1/sum). ``mask`` has one row per
-    query row (broadcast over heads), or zero rows for none."""
+@njit(inline="always")
+def _soft_max_rows(x, mask, scale, out, lanes, j0, j1):
     n_head, n_q, n = x.shape
-    for hq in prange(n_head * n_q):
+    w = np.empty(n, np.float32)
+    blk = np.empty(lanes, np.float32)
+    for hq in range(j0, j1):
         h, q = hq // n_q, hq % n_q
-        w = np.empty(n, np.float32)
         mx = np.float32(-np.inf)
         for i in range(n):
             v = x[h, q, i] * scale
@@ -158,7 +169,6 @@ def soft_max(x, mask, scale, out, lanes):
             if v > mx:
                 mx = v
         s = np.float64(0.0)
-        blk = np.empty(lanes, np.float32)
         nv = n - n % lanes
         for i0 in range(0, nv, lanes):
             for l in range(lanes):
@@ -174,3 +184,17 @@ def soft_max(x, mask, scale, out, lanes):
         for i in range(n):
             out[h, q, i] = w[i] * inv
 
+
+@njit(cache=True)
+def soft_max(x, mask, scale, out, lanes):
+    """ggml_compute_forward_soft_max_f32 per row: w = x*scale + mask, exp(w - max) in blocks of
+    ``lanes`` whose reductions add up in double, then times (float)(1/sum). ``mask`` has one row per
+    query row (broadcast over heads), or zero rows for none."""
+    _soft_max_rows(x, mask, scale, out, lanes, 0, x.shape[0] * x.shape[1])
+
+
+@njit(cache=True, parallel=True)
+def soft_max_mt(x, mask, scale, out, lanes, n_chunks):
+    n = x.shape[0] * x.shape[1]
+    for c in prange(n_chunks):
+        _soft_max_rows(x, mask, scale, out, lanes, c * n // n_chunks, (c + 1) * n // n_chunks)
