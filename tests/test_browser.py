@@ -57,7 +57,11 @@ def lab(tmp_path_factory):
         pytest.skip("JupyterLab is not installed (make setup)")
     served = tmp_path_factory.mktemp("lab")
     (served / "notebooks").mkdir()
+    # LLMLAB_BROWSER_NOTEBOOKS: another folder of executed notebooks to serve (e.g. fresh runs)
+    source = Path(os.environ.get("LLMLAB_BROWSER_NOTEBOOKS", ROOT / "notebooks"))
     for p in (ROOT / "notebooks").glob("*.ipynb"):
+        if (source / p.name).exists():
+            p = source / p.name
         shutil.copy2(p, served / "notebooks" / p.name)
     for d in ("data", "tests", "llmlab"):           # relative paths the notebooks read (../data, ../tests/data)
         (served / d).symlink_to(ROOT / d)
