@@ -156,7 +156,8 @@ def test_notebook_in_browser(lab, name):
     assert broken.count() == 0, f"{name}: a widget failed to display"
 
     if want["svg"]:
-        svg = page.locator(".jp-OutputArea-output svg")
+        # inline <svg>, or JupyterLab's SVG renderer (an output of MIME type image/svg+xml, drawn as <img>)
+        svg = page.locator(".jp-OutputArea-output svg, .jp-OutputArea-output[data-mime-type='image/svg+xml']")
         assert svg.count() > 0, f"{name}: no graph rendered as SVG"
         svg.first.scroll_into_view_if_needed()
         page.locator(".jp-Cell", has=svg.first).last.screenshot(path=str(SHOTS / f"{name}-graph.png"))
