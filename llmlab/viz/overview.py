@@ -25,8 +25,8 @@ STAGES = [  # (node id, label, notebook)
 def pipeline_dot() -> str:
     """Graphviz source of the pipeline: the forward pass left to right, the decode loop dashed."""
     lines = ['digraph pipeline {', 'rankdir=LR; bgcolor="transparent"; nodesep=0.25; ranksep=0.3;',
-             'node [shape=box, style="rounded,filled", fontname="Helvetica", fontsize=10, fillcolor="#e8f1f8", color="#555577"];',
-             'edge [color="#555555", fontname="Helvetica", fontsize=9];']
+             'node [shape=box, style="rounded,filled", fontname="Helvetica", fontsize=12, fillcolor="#e8f1f8", color="#555577"];',
+             'edge [color="#555555", fontname="Helvetica", fontsize=10];']
     for nid, label, nbs in STAGES:
         extra = f"\\n[{nbs}]" if nbs else ""
         fill = "#fde2a7" if nid == "gguf" else "#d5f0c8" if nid in ("text", "out") else "#e8f1f8"
