@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 import subprocess
 import sys
 import tempfile
@@ -153,8 +154,15 @@ def resolve(model: str | os.PathLike | None = None, fetch_missing: bool = True) 
     model = DEFAULT_MODEL if model is None else model
     if isinstance(model, os.PathLike) or str(model) not in REGISTRY:
         p = Path(model)
-        if p.is_file():
-            return p
+        try:
+            st = os.stat(p)          # never blocks, unlike opening a FIFO
+        except OSError:
+            st = None
+        if st is not None:
+            if stat.S_ISREG(st.st_mode):
+                return p
+            from .safeio import not_regular
+            raise not_regular(f"model {str(model)!r}", st)
         if p.suffix == ".gguf" or os.sep in str(model):
             raise LLMLabError(f"model file {str(model)!r} does not exist")
         spec_for(str(model))   # raises the "unknown model" message

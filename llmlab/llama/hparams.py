@@ -5,6 +5,7 @@ import math
 from dataclasses import dataclass, field
 
 from .. import LLMLabError
+from ..ggml.gguf.meta import Metadata
 
 ROPE_TYPE_NORM = 0
 ROPE_TYPE_NEOX = 2
@@ -77,6 +78,7 @@ def _scalar(v, key: str) -> int:
 
 
 def load_hparams(kv: dict, n_vocab: int | None = None) -> HParams:
+    kv = Metadata.of(kv)   # every key read below is type- and range-checked (llmlab.ggml.gguf.meta)
     arch = kv.get("general.architecture")
     if arch is None:
         raise LLMLabError("GGUF metadata has no general.architecture")

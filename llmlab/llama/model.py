@@ -11,10 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import LLMLabError
-from ..ggml.gguf import GGUFFile
+from ..ggml.gguf import GGUFFile, Metadata
 from ..ggml.context import GGMLContext
 from ..ggml.tensor import Tensor
 from .hparams import HParams, load_hparams
+from .validate import validate_model
 
 
 @dataclass
@@ -66,7 +67,8 @@ class Model:
         self.gguf = GGUFFile(self.path)
         self._info = {t.name: t for t in self.gguf.tensors}
         emb = self._info.get("token_embd.weight")
-        self.hparams: HParams = load_hparams(self.gguf.kv, n_vocab=emb.shape[1] if emb is not None else None)
+        n_vocab = emb.shape[1] if emb is not None and len(emb.shape) >= 2 else None
+        self.hparams: HParams = load_hparams(Metadata.of(self.gguf), n_vocab=n_vocab)
         self.arch = self.hparams.arch
         self.ctx = GGMLContext(no_alloc=True, name="weights")
         self.weights: dict[str, Tensor] = {}
@@ -82,6 +84,7 @@ class Model:
         self.layers = [LayerWeights(**{f: self._bind(f"blk.{il}.{suffix}.weight", ne)
                                        for f, suffix, ne in _layer_spec(hp)})
                        for il in range(hp.n_layer)]
+        validate_model(self)   # before any compute: layout, hparams, unused tensors, weight types (llama.validate)
 
     def _bind(self, name: str, ne: tuple[int, ...]) -> Tensor:
         info = self._info.get(name)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import struct
-from pathlib import Path
 from typing import Any, BinaryIO
 
 import numpy as np
@@ -140,10 +139,9 @@ class GGUFWriter:
     def write(self, path: str | os.PathLike | BinaryIO, progress=None) -> None:
         """Write the file; ``progress(done_bytes, total_bytes)`` is called per tensor."""
         if isinstance(path, (str, os.PathLike)):
-            tmp = Path(str(path) + ".part")
-            with open(tmp, "wb") as fh:
+            from ...safeio import atomic_write
+            with atomic_write(path) as fh:      # a temporary file beside it, renamed at the end
                 self.write(fh, progress)
-            os.replace(tmp, path)
             return
         head, _ = self._layout()
         path.write(head)

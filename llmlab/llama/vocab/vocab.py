@@ -104,7 +104,8 @@ class Vocab:
     @classmethod
     def from_gguf(cls, gguf) -> "Vocab":
         """Read ``tokenizer.ggml.*`` from an open ``llmlab.ggml.gguf.GGUFFile``."""
-        kv = gguf.kv
+        from ...ggml.gguf.meta import Metadata
+        kv = Metadata.of(gguf)   # type- and range-checked reads (llmlab.ggml.gguf.meta)
         get = lambda k, d=None: kv.get("tokenizer.ggml." + k, d)   # noqa: E731
         model = get("model")
         if model is None:
