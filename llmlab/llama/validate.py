@@ -51,7 +51,11 @@ def check_layout(gguf, where: str = "") -> None:
 
 
 # ---------------------------------------------------------------------------- hyperparameters
-def check_hparams(hp, where: str = "") -> None:
+PER_LAYER_KEYS = ("feed_forward_length", "attention.head_count", "attention.head_count_kv")
+
+
+def check_hparams(hp, where: str = "", kv=None) -> None:
+    """``kv`` (the file's metadata): also check per-layer arrays have one value per layer."""
     def bad(key: str, msg: str):
         raise ValidationError(f"{where}{hp.arch}.{key}: {msg}")
 
@@ -61,6 +65,12 @@ def check_hparams(hp, where: str = "") -> None:
                    ("attention.value_length", hp.n_embd_head_v), ("vocab_size", hp.n_vocab)):
         if not isinstance(v, (int, np.integer)) or v <= 0:
             bad(key, f"{v!r} must be a positive integer")
+    if kv is not None:
+        from ..ggml.gguf.meta import Metadata
+        md = Metadata.of(kv)
+        for key in PER_LAYER_KEYS:     # get_key_or_arr: "key %s has wrong array length; expected %u, got %u"
+            if hp.arch + "." + key in md:
+                md.per_layer(hp.arch + "." + key, hp.n_layer)
     if hp.n_head % hp.n_head_kv:
         bad("attention.head_count_kv", f"head_count {hp.n_head} is not a multiple of head_count_kv {hp.n_head_kv}")
     if hp.n_embd_head_k != hp.n_embd_head_v:
@@ -106,10 +116,11 @@ def check_tensors(model, where: str = "") -> None:
 
 
 def check_vocab(model, where: str = "") -> None:
-    fld = model.gguf.fields.get("tokenizer.ggml.tokens")
-    if fld is None or not hasattr(fld.value, "__len__"):
+    from ..ggml.gguf.meta import Metadata
+    tokens = Metadata.of(model.gguf).get("tokenizer.ggml.tokens")    # type-checked: an array of strings
+    if tokens is None:
         return
-    n_tok, n_vocab = len(fld.value), model.hparams.n_vocab
+    n_tok, n_vocab = len(tokens), model.hparams.n_vocab
     if n_tok != n_vocab:
         raise ValidationError(f"{where}the tokenizer has {n_tok} tokens but token_embd.weight has {n_vocab} rows")
 
@@ -118,7 +129,7 @@ def validate_model(model) -> None:
     """All of the above, in llama.cpp's order (layout, hparams, tensors, vocabulary)."""
     where = _name(model)
     check_layout(model.gguf, where)
-    check_hparams(model.hparams, where)
+    check_hparams(model.hparams, where, model.gguf)
     check_tensors(model, where)
     check_vocab(model, where)
 

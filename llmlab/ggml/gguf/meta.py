@@ -62,8 +62,10 @@ class Spec:
                 "str[]": "an array of strings", "int|int[]": "an integer or an array of integers"}[self.kind]
         if self.lo is None and self.hi is None:
             return what
-        if self.kind in ("str", "str[]"):
-            return f"{what} of length in [{_num(self.lo or 0)}, {_num(self.hi)}]"
+        if self.kind == "str":
+            return f"a string of {_num(self.lo or 0)} to {_num(self.hi)} characters"
+        if self.kind == "str[]":
+            return f"an array of {_num(self.lo or 0)} to {_num(self.hi)} strings"
         lo = "(" if self.lo_open else "["
         inner = "" if self.kind in ("int", "float") else " with items"
         if self.hi is None:
@@ -161,7 +163,8 @@ def describe(value, vtype: ValueType | None, item: ValueType | None = None) -> s
     """What a value is, for an error message: ``uint32 0``, ``a string 'x'``, ``an array of 3 float32``."""
     if vtype == ValueType.ARRAY:
         n = len(value) if hasattr(value, "__len__") else "?"
-        return f"an array of {n} {item.name.lower() if item is not None else 'items'}"
+        what = {None: "items", ValueType.STRING: "strings", ValueType.ARRAY: "arrays"}.get(item) or f"{item.name.lower()} values"
+        return f"an array of {n} {what}"
     if vtype == ValueType.STRING:
         s = value if len(value) <= 40 else value[:37] + "..."
         return f"a string {s!r}"
