@@ -83,7 +83,12 @@ class GGUFWriter:
 
     @property
     def alignment(self) -> int:
-        return int(self.kv["general.alignment"][0]) if "general.alignment" in self.kv else DEFAULT_ALIGNMENT
+        if "general.alignment" not in self.kv:
+            return DEFAULT_ALIGNMENT
+        a = self.kv["general.alignment"][0]
+        if isinstance(a, (bool, np.bool_)) or not isinstance(a, (int, np.integer)) or a <= 0 or a & (a - 1):
+            raise ValueError(f"general.alignment {a!r} is not a power of two")
+        return int(a)
 
     def add(self, key: str, value, vtype: ValueType | None = None, item_type: ValueType | None = None) -> None:
         if vtype is None:

@@ -139,6 +139,10 @@ class Vocab:
 
         scores = array("scores", np.float32, 0.0)
         types = array("token_type", np.int32, TokenType.NORMAL)
+        for i in np.flatnonzero(types == TokenType.BYTE).tolist():   # their text names their byte: <0xXX>
+            t = tokens[i]
+            if len(t) != 6 or not t.startswith("<0x") or t[5] != ">" or any(c not in "0123456789abcdefABCDEF" for c in t[3:5]):
+                raise LLMLabError(f"token {i} {t!r} has type BYTE, but its text is not of the form <0xXX>")
         attrs = _TYPE_TO_ATTR[np.clip(types, 0, 6)] * ((types >= 0) & (types <= 6))
 
         merges: dict[str, int] = {}
