@@ -189,6 +189,12 @@ def _nan(raw, sh):
     return np.full(raw.size // 2, np.nan, np.float16).view(np.uint8)
 
 
+def _inf(raw, sh):
+    v = raw.view(np.float16).copy()
+    v[::2], v[1::2] = np.inf, -np.inf
+    return v.view(np.uint8)
+
+
 def _tokens(tokens):
     return _kv("tokenizer.ggml.tokens", tokens, ARR, STR)
 
@@ -252,6 +258,7 @@ CASES: dict[str, tuple[str, Callable]] = {
                             data=lambda raw, sh: np.ones(sh[0], np.float64).view(np.uint8))),
     # compute: a file whose numbers are poison
     "weights_nan": ("blk.0.attn_q.weight is all NaN", _tensor("blk.0.attn_q.weight", data=_nan)),
+    "weights_inf": ("blk.0.ffn_up.weight holds +inf and -inf", _tensor("blk.0.ffn_up.weight", data=_inf)),
 }
 
 # the data section, placed other than gguf.cpp places it (written by write_raw)

@@ -14,6 +14,7 @@ import pkgutil
 import signal
 import sys
 import traceback
+import warnings
 
 from .. import LLMLabError
 
@@ -68,6 +69,8 @@ def _run(argv, cli: bool) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)      # usage errors: SystemExit(2)
     debug = getattr(args, "debug", False) or bool(os.environ.get("LLMLAB_DEBUG"))
+    if not debug:        # numpy's overflow/NaN warnings: a non-finite result is reported as one error instead
+        warnings.simplefilter("ignore", RuntimeWarning)
     if cli:              # from here Ctrl-C unwinds, so what a command writes is cleaned up
         signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
