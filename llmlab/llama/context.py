@@ -17,12 +17,14 @@ import numpy as np
 
 from .batch import Batch, BatchAllocator, UBatch
 from .arch import get_builder
+from ..ggml.cpu.cplan import CPlan, graph_plan
 from ..ggml.executor import compute as compute_graph
 from .graph import KVView
 from ..ggml.tensor import Tensor
 from .kv_cache import make_kv_cache
 from .model import Model
 
+KERNELS = ("fast", "reference")
 CTX_PAD = 256     # llama.cpp pads n_ctx to a multiple of 256
 
 
@@ -42,7 +44,7 @@ class Context:
 
     def __init__(self, model: Model, n_ctx: int = 512, n_batch: int = 512, n_ubatch: int = 512,
                  flash_attn: bool = False, type_k: str = "f16", type_v: str = "f16", n_seq_max: int = 1,
-                 sched=None, graph_reuse: bool = True):
+                 sched=None, graph_reuse: bool = True, kernels: str = "fast"):
         if n_ctx <= 0 or n_ubatch <= 0 or n_batch <= 0:
             raise ValueError("n_ctx, n_batch and n_ubatch must be positive")
         hp = model.hparams
@@ -67,6 +69,10 @@ class Context:
         self._reuse = None
         self.n_built = self.n_reused = 0
         self.captured: dict[str, np.ndarray] = {}
+        if kernels not in KERNELS:
+            raise ValueError(f"kernels must be one of {', '.join(KERNELS)}, not {kernels!r}")
+        self.kernels = kernels            # "fast": a compiled plan per graph; "reference": the NumPy executor
+        self._plan = (None, None)         # (graph, its plan): kept while the graph is reused
 
     # ---- one micro-batch: place it, build its graph, fill the inputs
     def _graph(self, ub: UBatch, slots):
@@ -128,6 +134,8 @@ class Context:
             self.last_graph = g
             if self.sched is not None:
                 got = self.sched.compute(g, capture=capture, replace=replace, callback=callback)
+            elif dispatch is None:
+                got = self._plan_for(g).compute(capture=capture, replace=replace, callback=callback)
             else:
                 got = compute_graph(g.gf, capture=capture, replace=replace, callback=callback, dispatch=dispatch)
             self.captured.update(got)
@@ -136,6 +144,11 @@ class Context:
             order.append(ub.batch_idxs[out_ids])
         logits = np.concatenate(rows, 0)
         return logits[np.argsort(np.concatenate(order), kind="stable")]
+
+    def _plan_for(self, g) -> CPlan:
+        if self._plan[0] is not g:
+            self._plan = (g, graph_plan(g.gf.nodes, fast=self.kernels == "fast"))
+        return self._plan[1]
 
     def build_graph(self, n_tokens: int):
         """The graph a fresh micro-batch of ``n_tokens`` (sequence 0, all outputs) would run; nothing is

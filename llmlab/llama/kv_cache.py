@@ -46,7 +46,6 @@ A graph that keeps its own K/V tensors can use the cache for its cells only
 """
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -54,6 +53,8 @@ import numpy as np
 
 from .. import LLMLabError
 from .batch import LLAMA_MAX_SEQ, UBatch
+from ..ggml.cpu.quants import quantize_activations
+from ..ggml.quant import dequantize
 from ..ggml.types import GGMLType, ggml_type
 
 N_KV_PAD = 256   # llama_kv_cache::get_n_kv pads the attended cells to a multiple of 256
@@ -722,13 +723,6 @@ def _alloc(t: GGMLType, n_rows: int, n_embd: int) -> np.ndarray:
     return np.zeros((n_rows, t.row_size(n_embd)), np.uint8)
 
 
-def _quant():
-    try:
-        return importlib.import_module("llmlab.ggml.quant")
-    except ImportError as e:
-        raise LLMLabError("a q8_0 KV cache needs llmlab.ggml.quant, which is not available in this checkout") from e
-
-
 def _from_float(t: GGMLType, x: np.ndarray) -> np.ndarray:
     """Rows of float32 -> rows of the cache type, as ggml-cpu's SET_ROWS converts (its ``from_float``).
 
@@ -737,14 +731,14 @@ def _from_float(t: GGMLType, x: np.ndarray) -> np.ndarray:
     """
     if t.name in _NUMPY:
         return x.astype(_NUMPY[t.name])
-    blocks = _quant().quantize_activations(np.ascontiguousarray(x, np.float32), t.name)
+    blocks = quantize_activations(np.ascontiguousarray(x, np.float32), t.name)
     return np.ascontiguousarray(blocks).view(np.uint8).reshape(len(x), -1)
 
 
 def _to_float(t: GGMLType, rows: np.ndarray, n_embd: int) -> np.ndarray:
     if t.name in _NUMPY:
         return rows.astype(np.float32)
-    return _quant().dequantize(np.ascontiguousarray(rows).reshape(-1), t.name).reshape(len(rows), n_embd)
+    return dequantize(np.ascontiguousarray(rows).reshape(-1), t.name).reshape(len(rows), n_embd)
 
 
 __all__ = ["KVCache", "KVCacheISWA", "Slot", "make_kv_cache", "ContextFullError", "kv_cache_bytes", "swa_cache_size",
