@@ -4,15 +4,14 @@ from __future__ import annotations
 import sys
 
 from .. import models
-from ._common import nonnegative_int, positive_int
 
 
 def register(sub) -> None:
     p = sub.add_parser("generate", help="generate text from a prompt (greedy), streaming tokens as they come")
     p.add_argument("-m", "--model", default=models.DEFAULT_MODEL, help="registry name or path to a .gguf file")
     p.add_argument("-p", "--prompt", required=True, help="prompt text (special tokens such as <|im_start|> are parsed)")
-    p.add_argument("-n", "--n-predict", type=nonnegative_int, default=32, help="tokens to generate at most (default 32)")
-    p.add_argument("--n-ctx", type=positive_int, default=None, help="context size (default: prompt + n-predict)")
+    p.add_argument("-n", "--n-predict", type=int, default=32, help="tokens to generate at most (default 32)")
+    p.add_argument("--n-ctx", type=int, default=None, help="context size (default: prompt + n-predict)")
     p.add_argument("--flash-attn", action="store_true", help="use the flash-attention path")
     p.add_argument("--no-timings", action="store_true", help="do not print the speed summary on stderr")
     p.set_defaults(func=run)
@@ -21,7 +20,6 @@ def register(sub) -> None:
 def run(args) -> int:
     from ..generate import Timings, generate
     from ..llama import Context, Model
-    from ..llama.validate import check_context
     from ..llama.vocab import Tokenizer
     from ..llama.vocab.stream import StreamDecoder
 
@@ -31,8 +29,7 @@ def run(args) -> int:
     ids = tok.tokenize(args.prompt, add_bos=True, special=True)
     if not ids:
         raise ValueError("the prompt produced no tokens")
-    n_ctx = args.n_ctx if args.n_ctx is not None else len(ids) + args.n_predict
-    check_context(model.hparams, n_ctx, n_predict=args.n_predict, n_prompt=len(ids))   # before the KV cache exists
+    n_ctx = args.n_ctx or len(ids) + max(args.n_predict, 0)
     ctx = Context(model, n_ctx=n_ctx, n_batch=max(len(ids), 1), flash_attn=args.flash_attn)
     stream = StreamDecoder(tok)
     sys.stdout.write(args.prompt)

@@ -175,10 +175,15 @@ def check_context(hp, n_ctx: int, n_predict: int | None = None, n_prompt: int | 
         raise LLMLabError(f"the prompt ({n_prompt} tokens) does not fit in {what} {n_ctx}")
     if n_predict is not None and n_prompt is not None and n_prompt + n_predict > n_ctx:
         raise LLMLabError(f"the prompt ({n_prompt} tokens) + --n-predict {n_predict} exceeds {what} {n_ctx}")
+    check_kv_memory(hp, n_ctx, type_k, type_v)
+
+
+def check_kv_memory(hp, n_ctx: int, type_k: str = "f16", type_v: str = "f16") -> None:
+    """Refuse a KV cache bigger than half the memory still available (``Context`` calls this)."""
     need = kv_cache_bytes(hp, n_ctx, type_k, type_v)
     avail = available_memory()
     if avail is not None and need > avail // 2:
-        raise LLMLabError(f"a context of {n_ctx} tokens needs a {need / 2**20:,.0f} MiB KV cache; "
+        raise LLMLabError(f"a context of {n_ctx:,} tokens needs a {need / 2**20:,.0f} MiB KV cache; "
                           f"only {avail / 2**20:,.0f} MiB of memory is available")
 
 
