@@ -212,6 +212,10 @@ def kv_mutation(draw):
     key = draw(st.sampled_from(list(gen.base_writer().kv) + EXTRA_KEYS))
     if draw(st.integers(0, 9)) == 0:
         return ("kvdel", key)
+    if key == "tokenizer.ggml.model" and draw(st.booleans()):     # a BPE vocabulary with arbitrary merges
+        merges = draw(st.lists(st.sampled_from(["h e", "l l", "\u2581 h", "o r", "he llo", "x", "", "a b c", " "]) |
+                               st.text(max_size=4), max_size=6))
+        return ("gpt2", merges, draw(st.sampled_from([None, "default", "smollm", "llama3", "qwen2", "gpt-2"])))
     if key in ("tokenizer.ggml.model", "tokenizer.ggml.pre") and draw(st.booleans()):
         return ("set", key, (draw(st.sampled_from(["gpt2", "llama", "bert", "", "default", "smollm", "llama3", "qwen2"])),
                              ValueType.STRING, None))
@@ -256,6 +260,11 @@ def apply(w: GGUFWriter, m) -> None:
     elif m[0] == "set":
         value, vt, item = m[2]
         w.kv[m[1]] = (value, vt, item)
+    elif m[0] == "gpt2":
+        w.kv["tokenizer.ggml.model"] = ("gpt2", ValueType.STRING, None)
+        w.kv["tokenizer.ggml.merges"] = (m[1], ValueType.ARRAY, ValueType.STRING)
+        if m[2] is not None:
+            w.kv["tokenizer.ggml.pre"] = (m[2], ValueType.STRING, None)
     elif m[0] == "token":
         toks = list(gen.TOKENS)
         toks[m[1]] = m[2]
