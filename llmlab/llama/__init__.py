@@ -1,0 +1,1 @@
+"""llama.cpp's ``src/`` layer (``llama-*.cpp``) rebuilt: sampling, chat templates, ..."""
