@@ -40,6 +40,7 @@ def run(args) -> int:
     path = models.resolve(args.model)
     tok = Tokenizer.from_model(path)
     template = ChatTemplate.from_model(path, tok)
+    template.apply([{"role": "user", "content": "test"}])   # a broken or hostile template stops here
     ctx, cpu = load_context(args, path, args.n_ctx or 2048)
     chat = ChatSession(ctx, tok, template, sampler, system=args.system)
     kind = f"llama.cpp's built-in {template.source!r}" if template.builtin else "the model's Jinja template"

@@ -15,7 +15,8 @@ llama.cpp has two routes, and so does this module:
 A chat template comes from a file anyone can edit, so it is untrusted code. It runs in jinja2's
 ``ImmutableSandboxedEnvironment`` (no attributes that start with ``_``, no internals such as
 ``__globals__`` or ``__subclasses__``, no mutating methods), and any attempt is refused with a
-:class:`ChatTemplateError` instead of jinja2's silent undefined. Rendering is bounded: a time
+:class:`ChatTemplateError` instead of jinja2's silent undefined; a name with ``__`` in it is
+refused before the template runs at all, which stops the known injection payloads up front. Rendering is bounded: a time
 limit (checked on every line the template executes), an output-size limit, a cap on ``**``
 exponents, and on Linux an address-space cap for the duration of the render, so huge loops,
 string bombs and deep recursion end in the same clear error.
@@ -222,6 +223,10 @@ def render_jinja(source: str, messages: list[dict], add_generation_prompt: bool 
                    bos_token=bos_token, eos_token=eos_token)
     parts, size = [], 0
     try:
+        for line, kind, value in _env().lex(source):   # payloads reach internals through dunder names
+            if kind == "name" and "__" in value:
+                raise ChatTemplateError(f"chat template refused: line {line} names {value!r}; "
+                                        "names with '__' lead to Python internals")
         with _Limits(max_seconds, max_extra_memory):
             template = _env().from_string(source)
             for chunk in template.generate(**context):

@@ -1,0 +1,184 @@
+"""Chat templates against llama.cpp's ``llama_chat_apply_template`` (llama-cpp-python, the oracle),
+hostile templates in the sandbox, and multi-turn chat that keeps the KV cache."""
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from llmlab.gguf import GGUFFile, GGUFWriter
+from llmlab.llama.chat import (BUILTINS, ChatTemplate, ChatTemplateError, llama_chat_apply_template,
+                               llm_chat_detect_template, render_jinja)
+
+ROOT = Path(__file__).resolve().parent.parent
+SMOL_SYSTEM = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+
+CONVERSATIONS = [
+    [{"role": "user", "content": "Hello"}],
+    [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "What is 2+2?"}],
+    [{"role": "system", "content": "  Be kind.\n"}, {"role": "user", "content": " Hi \n"},
+     {"role": "assistant", "content": "\tHello! "}, {"role": "user", "content": "苹果公司发布了一款新的手机，🙂"}],
+    [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"},
+     {"role": "assistant", "content": "d"}],
+    [{"role": "system", "content": "one"}, {"role": "system", "content": "two"}, {"role": "user", "content": "x"}],
+]
+
+
+def oracle(tmpl: str, chat: list[dict], add_ass: bool) -> str:
+    """llama.cpp's llama_chat_apply_template, called through llama-cpp-python."""
+    L = pytest.importorskip("llama_cpp", reason="llama-cpp-python's llama_chat_apply_template is the oracle")
+    keep = [(m["role"].encode(), m["content"].encode()) for m in chat]
+    arr = (L.llama_chat_message * len(chat))()
+    for i, (role, content) in enumerate(keep):
+        arr[i].role, arr[i].content = role, content
+    n = L.llama_chat_apply_template(tmpl.encode(), arr, len(chat), add_ass, None, 0)
+    assert n >= 0, f"llama.cpp does not know template {tmpl[:40]!r}"
+    buf = ctypes.create_string_buffer(n + 1)
+    L.llama_chat_apply_template(tmpl.encode(), arr, len(chat), add_ass, buf, n + 1)
+    return buf.raw[:n].decode("utf-8")
+
+
+# ---- equal to llama.cpp ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("family", sorted(BUILTINS))
+@pytest.mark.parametrize("add_ass", [True, False])
+def test_builtin_formats_equal_llama_cpp(family, add_ass):
+    for chat in CONVERSATIONS:
+        assert llama_chat_apply_template(family, chat, add_ass) == oracle(family, chat, add_ass)
+
+
+def test_smollm2_template_equals_llama_cpp():
+    """SmolLM2's Jinja template renders as llama.cpp formats it (llama.cpp detects ChatML from the
+    same source), except that the template adds SmolLM's default system turn when there is none."""
+    t = ChatTemplate.from_model("smollm2")
+    assert not t.builtin and llm_chat_detect_template(t.source) == "chatml"
+    for chat in CONVERSATIONS:
+        for add_ass in (True, False):
+            want = oracle(t.source, chat, add_ass)
+            got = t.apply(chat, add_ass)
+            assert got == (want if chat[0]["role"] == "system" else SMOL_SYSTEM + want)
+
+
+def test_gemma3_template_equals_llama_cpp():
+    """The Gemma 3 file has no tokenizer.chat_template: its family's built-in, llama.cpp's "gemma"."""
+    t = ChatTemplate.from_model("gemma3")
+    assert t.source == "gemma" and t.add_bos and t.bos_token == "<bos>"
+    for chat in CONVERSATIONS:
+        for add_ass in (True, False):
+            assert t.apply(chat, add_ass) == oracle("gemma", chat, add_ass)
+
+
+def test_jinja_gemma_style_template_cuts_the_bos_it_renders():
+    src = ("{{ bos_token }}{% for m in messages %}<start_of_turn>{{ 'model' if m['role'] == 'assistant' else m['role'] }}\n"
+           "{{ m['content'] | trim }}<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
+    chat = CONVERSATIONS[3]
+    t = ChatTemplate(src, bos_token="<bos>", add_bos=True)
+    assert t.apply(chat) == oracle("gemma", chat, True)
+    assert ChatTemplate(src, bos_token="<bos>", add_bos=False).apply(chat).startswith("<bos><start_of_turn>")
+
+
+def test_detection_follows_llama_cpp_order():
+    assert llm_chat_detect_template("{{ '<|im_start|>' }}{{ '<|im_sep|>' }}") == "phi4"
+    assert llm_chat_detect_template("<start_of_turn>[INST]") == "mistral/llama2"
+    assert llm_chat_detect_template("<|start_header_id|>x<|end_header_id|>") == "llama3"
+    assert llm_chat_detect_template("{{ messages }}") is None
+    with pytest.raises(ChatTemplateError, match="not rebuilt"):
+        llama_chat_apply_template("[INST]", CONVERSATIONS[0])
+
+
+def test_format_single_is_the_new_turn():
+    t = ChatTemplate.from_model("smollm2")
+    past = CONVERSATIONS[1] + [{"role": "assistant", "content": "4"}]
+    assert t.format_single(past, {"role": "user", "content": "and 3+3?"}) == \
+        "<|im_start|>user\nand 3+3?<|im_end|>\n<|im_start|>assistant\n"
+
+
+# ---- hostile templates -----------------------------------------------------------------------------------------
+
+SSTI = [   # known server-side template injection payloads, each one a walk to Python internals
+    "{{ ''.__class__.__mro__[1].__subclasses__() }}",
+    "{{ ''.__class__.__base__.__subclasses__()[40]('/etc/passwd').read() }}",
+    "{{ cycler.__init__.__globals__.os.popen('id').read() }}",
+    "{{ joiner.__init__.__globals__.os.system('touch {marker}') }}",
+    "{{ lipsum.__globals__['os'].popen('id').read() }}",
+    "{{ namespace.__init__.__globals__.__builtins__['__import__']('os').system('touch {marker}') }}",
+    "{{ config.__class__.__init__.__globals__['os'].popen('id').read() }}",
+    "{{ request.application.__globals__.__builtins__.__import__('os').popen('id').read() }}",
+    "{{ self._TemplateReference__context.cycler.__init__.__globals__.os }}",
+    "{{ messages|attr('__class__')|attr('__mro__') }}",
+    "{{ messages.__class__.__mro__[-1].__subclasses__() }}",
+    "{% for c in [].__class__.__base__.__subclasses__() %}{{ c }}{% endfor %}",
+    "{{ '{0.__class__.__mro__}'.format(messages) }}",
+    "{{ (1).__class__.__base__.__subclasses__() }}",
+    "{{ raise_exception.__globals__ }}",
+    "{{ range.__self__ }}",
+    "{{ messages.append('x') }}{{ messages.pop() }}",
+    "{{ bos_token.__add__.__self__ }}",
+]
+
+
+@pytest.mark.parametrize("payload", SSTI)
+def test_injection_payloads_are_refused_and_run_nothing(payload, tmp_path):
+    marker = tmp_path / "pwned"
+    with pytest.raises(ChatTemplateError, match="refused"):
+        render_jinja(payload.replace("{marker}", str(marker)), CONVERSATIONS[0])
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("source, limit, message", [
+    ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", dict(max_seconds=0.3), "longer than"),
+    ("{% for i in range(100000) %}{{ 'x' * 1000 }}{% endfor %}", {}, "output exceeds"),
+    ("{{ 'x' * 10 ** 12 }}", {}, "memory|too large"),
+    ("{% set ns = namespace(s='xx') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s|length }}",
+     {}, "memory|longer than"),
+    ("{{ 9 ** 999999999 }}", {}, "too large"),
+    ("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", {}, "recursed"),
+    ("{{ range(10 ** 9)|list }}", {}, "MAX_RANGE"),
+    ("{% if %}", {}, "line 1"),
+    ("{{ raise_exception('only user and assistant roles') }}", {}, "says: only user"),
+])
+def test_expensive_or_broken_templates_end_in_a_clear_error(source, limit, message):
+    t0 = time.monotonic()
+    with pytest.raises(ChatTemplateError, match=message):
+        render_jinja(source, CONVERSATIONS[0], **limit)
+    assert time.monotonic() - t0 < 10
+
+
+def test_limits_are_lifted_after_a_render():
+    import resource
+    before, tracer = resource.getrlimit(resource.RLIMIT_AS), sys.gettrace()
+    with pytest.raises(ChatTemplateError):
+        render_jinja("{{ 'x' * 10 ** 12 }}", [])
+    assert resource.getrlimit(resource.RLIMIT_AS) == before and sys.gettrace() is tracer
+    assert render_jinja("{% for m in messages %}{{ m.role }}:{{ m.content }};{% endfor %}", CONVERSATIONS[3]) == "user:a;assistant:b;user:c;assistant:d;"
+
+
+def tiny_chat_model(tmp_path, template: str | None = None) -> Path:
+    """A tiny random model with SmolLM2's tokenizer (and template, unless one is given)."""
+    from llmlab import models
+    from llmlab.model.tiny import write_tiny
+    path = write_tiny(tmp_path / "tiny.gguf", n_layer=2, seed=3, vocab_from=models.resolve("smollm2"))
+    if template is None:
+        return path
+    w = GGUFWriter.from_file(GGUFFile(path))
+    w.add("tokenizer.chat_template", template)
+    w.write(tmp_path / "hostile.gguf")
+    return tmp_path / "hostile.gguf"
+
+
+def run_cli(*args, input=None, timeout=300):
+    return subprocess.run([sys.executable, "-m", "llmlab", *args], input=input, capture_output=True, text=True,
+                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=timeout)
+
+
+def test_hostile_template_in_a_model_file_stops_chat_with_one_error_line(tmp_path):
+    marker = tmp_path / "pwned"
+    r = run_cli("chat", "-m", str(tiny_chat_model(tmp_path, SSTI[3].replace("{marker}", str(marker)))), input="hi\n")
+    assert r.returncode == 2 and "Traceback" not in r.stderr and not marker.exists()
+    assert r.stderr.strip().splitlines()[-1].startswith("error: chat template refused")
