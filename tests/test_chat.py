@@ -182,3 +182,132 @@ def test_hostile_template_in_a_model_file_stops_chat_with_one_error_line(tmp_pat
     r = run_cli("chat", "-m", str(tiny_chat_model(tmp_path, SSTI[3].replace("{marker}", str(marker)))), input="hi\n")
     assert r.returncode == 2 and "Traceback" not in r.stderr and not marker.exists()
     assert r.stderr.strip().splitlines()[-1].startswith("error: chat template refused")
+
+
+# ---- multi-turn chat on one cache ------------------------------------------------------------------------------
+
+def scripted(tokens):
+    it = iter(tokens)
+    return lambda logits: next(it)
+
+
+def play(chat, user, script):
+    chat.sampler = scripted(script)
+    return list(chat.send(user))
+
+
+@pytest.fixture(scope="module")
+def tiny_chat(tmp_path_factory):
+    from llmlab import models
+    from llmlab.model import Context, Model
+    from llmlab.tokenizer import Tokenizer
+    path = tiny_chat_model(tmp_path_factory.mktemp("chat"))
+    tok = Tokenizer.from_model(models.resolve("smollm2"))
+    return Model(path), tok
+
+
+def session(tiny_chat, template=None, system="Be brief."):
+    from llmlab.generate import ChatSession
+    from llmlab.model import Context
+    model, tok = tiny_chat
+    return ChatSession(Context(model, n_ctx=512), tok, template or ChatTemplate.from_model("smollm2", tok), system=system)
+
+
+def check_cache(chat):
+    """The cache holds exactly ``chat.cached``, and their text starts the rendered conversation."""
+    tok = chat.tokenizer
+    assert chat.ctx.kv.seq_pos_max(0) + 1 == len(chat.cached)
+    text = tok.detokenize_bytes(chat.cached, special=True).decode()
+    assert chat.template.apply(chat.messages, add_generation_prompt=False).startswith(text)
+
+
+def test_second_turn_decodes_only_the_new_turn(tiny_chat):
+    _, tok = tiny_chat
+    chat = session(tiny_chat)
+    end = tok.tokenize("<|im_end|>", special=True)
+    play(chat, "What is the capital of France?", tok.tokenize("Paris.") + end)
+    first = chat.last
+    assert first.n_cached == 0 and first.stop_reason == "eog" and chat.pending == end
+    check_cache(chat)
+    play(chat, "And of Italy?", tok.tokenize("Rome.") + end)
+    second = chat.last
+    new_turn = chat.template.format_single(chat.messages[:3], chat.messages[3])
+    assert second.n_cached == first.n_past                         # everything cached was kept
+    assert second.prompt_ids == end + tok.tokenize("\n" + new_turn, special=True)   # its end of turn, then the new turn
+    assert len(second.prompt_ids) < second.n_cached
+    assert chat.messages[-1] == {"role": "assistant", "content": "Rome."}
+    check_cache(chat)
+
+
+def test_a_reply_the_template_formats_differently_is_decoded_again(tiny_chat):
+    _, tok = tiny_chat
+    chat = session(tiny_chat, ChatTemplate("gemma"), system=None)   # Gemma's format trims the reply
+    end = tok.tokenize("<|im_end|>", special=True)
+    play(chat, "Hi", tok.tokenize("  Hello there  ") + end)
+    n_before = chat.last.n_past
+    play(chat, "Again", tok.tokenize("Yes") + end)
+    assert 0 < chat.last.n_cached < n_before                        # cut where the text differs
+    check_cache(chat)
+
+
+def test_an_interrupted_reply_still_joins_the_conversation(tiny_chat):
+    _, tok = tiny_chat
+    chat = session(tiny_chat)
+    chat.sampler = scripted(tok.tokenize(" one two three four five"))
+    stream = chat.send("Count")
+    for _ in range(3):
+        next(stream)
+    stream.close()
+    assert chat.messages[-1] == {"role": "assistant", "content": " one two three"}
+    check_cache(chat)
+    play(chat, "Go on", tok.tokenize("six") + tok.tokenize("<|im_end|>", special=True))
+    check_cache(chat)
+    chat.clear()
+    assert chat.ctx.kv.seq_pos_max(0) == -1 and chat.messages == [{"role": "system", "content": "Be brief."}]
+
+
+def test_chat_cli_two_turns_through_a_pipe_reuse_the_cache():
+    import re
+    r = run_cli("chat", "-m", "smollm2", "--system", "Answer in one short sentence.", "-n", "4", "--temp", "0",
+                input="What is the capital of France?\nAnd of Italy?\n/exit\n")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    turns = [tuple(map(int, m)) for m in re.findall(r"\[turn \d+: (\d+) prompt tokens decoded, (\d+) reused from the cache; "
+                                                     r".*? cache holds (\d+)\]", r.stderr)]
+    assert len(turns) == 2, r.stderr
+    (p1, r1, h1), (p2, r2, h2) = turns
+    assert r1 == 0 and r2 == h1 and p2 < h2 - 4                     # turn 2 decoded fewer than the history holds
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("The capital of France") and lines[1].startswith("The capital of Italy")
+
+
+def _wait_for(stream, text: str, limit: float = 120) -> str:
+    seen, t0 = "", time.monotonic()
+    while text not in seen and time.monotonic() - t0 < limit:
+        ch = stream.read(1)
+        if not ch:
+            break
+        seen += ch
+    return seen
+
+
+@pytest.mark.parametrize("where", ["reply", "prompt"])
+def test_chat_ctrl_c_stops_a_reply_or_ends_the_chat(tmp_path, where):
+    p = subprocess.Popen([sys.executable, "-m", "llmlab", "chat", "-m", str(tiny_chat_model(tmp_path)), "--temp", "0"],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        assert "Ctrl-C" in _wait_for(p.stderr, "\n")                  # the banner: the model is loaded
+        if where == "reply":
+            p.stdin.write("Count to a thousand\n")
+            p.stdin.flush()
+            assert p.stdout.read(1)                                    # the reply is streaming (-n -1: it goes on)
+        time.sleep(0.3)
+        p.send_signal(signal.SIGINT)
+        if where == "reply":
+            assert "[reply stopped]" in _wait_for(p.stderr, "[reply stopped]")
+            p.stdin.write("/exit\n")
+            p.stdin.flush()
+        err = p.communicate(timeout=60)[1]
+    finally:
+        p.kill()
+    assert p.returncode == (0 if where == "reply" else 130) and "Traceback" not in err
