@@ -2,8 +2,6 @@
 and llama.cpp's own samplers (llama-cpp-python, no model needed) as the oracle."""
 from __future__ import annotations
 
-import ctypes
-
 import numpy as np
 import pytest
 
@@ -144,35 +142,6 @@ def test_bad_parameters_are_refused():
 
 
 # ---- llama.cpp's own samplers as the oracle ---------------------------------------------------------------
-
-def _ref_apply(L, smpl, logits) -> TokenDataArray:
-    n = len(logits)
-    arr = (L.llama_token_data * n)()
-    raw = np.ctypeslib.as_array(ctypes.cast(arr, ctypes.POINTER(ctypes.c_float)), (n, 3))
-    raw[:, 0] = np.arange(n, dtype=np.int32).view(np.float32)
-    raw[:, 1], raw[:, 2] = logits, 0.0
-    cur = L.llama_token_data_array(data=arr, size=n, selected=-1, sorted=False)
-    L.llama_sampler_apply(smpl, ctypes.byref(cur))
-    k = cur.size
-    return TokenDataArray(raw[:k, 0].copy().view(np.int32), raw[:k, 1].copy(), raw[:k, 2].copy(), cur.sorted, cur.selected)
-
-
-def _ref_chain(L, p: SamplingParams, n_vocab: int):
-    """common_sampler_init's chain, built from llama.cpp's samplers."""
-    make = {"penalties": lambda: L.llama_sampler_init_penalties(n_vocab, p.penalty_last_n, p.penalty_repeat,
-                                                                p.penalty_freq, p.penalty_present),
-            "top_k": lambda: L.llama_sampler_init_top_k(p.top_k),
-            "typ_p": lambda: L.llama_sampler_init_typical(p.typ_p, p.min_keep),
-            "top_p": lambda: L.llama_sampler_init_top_p(p.top_p, p.min_keep),
-            "min_p": lambda: L.llama_sampler_init_min_p(p.min_p, p.min_keep),
-            "temperature": lambda: L.llama_sampler_init_temp_ext(p.temp, 0.0, 1.0)}
-    chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
-    for name in p.samplers:
-        L.llama_sampler_chain_add(chain, make[name]())
-    L.llama_sampler_chain_add(chain, L.llama_sampler_init_dist(p.seed))
-    return chain
-
-
 CONFIGS = [dict(), dict(top_k=0), dict(top_k=0, top_p=1.0), dict(temp=0.0), dict(top_k=0, typ_p=0.5, min_p=0.0),
            dict(temp=1.5, top_p=0.5, min_p=0.2, min_keep=3),
            dict(penalty_repeat=1.5, penalty_freq=0.5, penalty_present=0.5, penalty_last_n=8),
@@ -183,25 +152,24 @@ CONFIGS = [dict(), dict(top_k=0), dict(top_k=0, top_p=1.0), dict(temp=0.0), dict
 def test_chain_equals_llama_cpp_draw_for_draw(cfg):
     """Same seed, same history, same logits: llama.cpp's candidates (ids, logits, order, sorted flag)
     and its token, step after step; probabilities to 2 ulps (glibc's expf vs numpy's exp)."""
-    L = pytest.importorskip("llama_cpp", reason="llama-cpp-python is the oracle for the samplers")
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is the oracle for the samplers")
+    from llmlab.llamacpp.sampling import LlamaCppChain
     rng = np.random.default_rng(abs(hash(str(cfg))) % 2**32)
     for n_vocab in (50, 3000, 49152):
         p = SamplingParams(seed=int(rng.integers(0, 2**32 - 1)), **cfg)
-        ref, ours = _ref_chain(L, p, n_vocab), common_sampler_init(p)
-        try:
+        ours = common_sampler_init(p)
+        with LlamaCppChain(p, n_vocab) as ref:
             for t in rng.integers(0, n_vocab, 70):        # a prompt the penalties remember
-                L.llama_sampler_accept(ref, int(t))
+                ref.accept(t)
                 ours.accept(int(t))
             for _ in range(4):
                 logits = (rng.standard_normal(n_vocab) * 3).astype(np.float32)
-                want, got = _ref_apply(L, ref, logits), TokenDataArray.from_logits(logits)
+                want, got = ref.apply(logits), TokenDataArray.from_logits(logits)
                 ours.apply(got)
                 assert got.token == want.token
                 np.testing.assert_array_equal(got.id, want.id)
                 np.testing.assert_array_equal(got.logit, want.logit)
                 assert got.sorted == want.sorted
                 np.testing.assert_array_max_ulp(got.p, want.p, 2)
-                L.llama_sampler_accept(ref, want.token)
+                ref.accept(want.token)
                 ours.accept(got.token)
-        finally:
-            L.llama_sampler_free(ref)

@@ -23,6 +23,7 @@ and ``typical`` takes 0·log 0 as 0 where llama.cpp's float math gives NaN.
 """
 from __future__ import annotations
 
+import inspect
 import math
 import secrets
 from collections import Counter, deque
@@ -124,8 +125,9 @@ class Sampler:
         return out
 
     def __repr__(self) -> str:
-        args = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if not k.startswith("_"))
-        return f"{type(self).__name__}({args})"
+        names = [n for n in inspect.signature(type(self)).parameters if hasattr(self, n)]
+        show = lambda v: f"{float(v):g}" if isinstance(v, (float, np.floating)) else repr(v)   # noqa: E731
+        return f"{type(self).__name__}({', '.join(f'{n}={show(getattr(self, n))}' for n in names)})"
 
 
 class Greedy(Sampler):
