@@ -13,7 +13,7 @@ import statistics
 import time
 
 from llmlab import models
-from llmlab.gguf import GGUFFile, StringArray
+from llmlab.ggml.gguf import GGUFFile, StringArray
 
 
 def best_of(fn, repeat: int) -> float:

@@ -1,5 +1,5 @@
 """The quant type table: bits per weight, RMS error on a real tensor, and dequantize speed of
-llmlab.quant next to gguf-py's (same input, same run, ratio printed).
+llmlab.ggml.quant next to gguf-py's (same input, same run, ratio printed).
 
 The real tensor is 400 rows of Gemma 3's token embedding (q8_0 in the file, decoded to float32).
 Dequantize speed is measured on 4 MB of blocks of each type (quantized from that tensor where
@@ -14,12 +14,12 @@ import time
 
 import numpy as np
 
-import llmlab.quant as Q
+import llmlab.ggml.quant as Q
 from llmlab import models
-from llmlab.gguf import GGUFFile
-from llmlab.quant.checklist import rms_error, same_bits
-from llmlab.quant.core import random_blocks
-from llmlab.types import TYPES
+from llmlab.ggml.gguf import GGUFFile
+from llmlab.ggml.quant.checklist import rms_error, same_bits
+from llmlab.ggml.quant.core import random_blocks
+from llmlab.ggml.types import TYPES
 
 try:
     import gguf

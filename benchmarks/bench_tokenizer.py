@@ -16,8 +16,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # this checkout's llmlab
 
 from llmlab import models
-from llmlab.gguf import GGUFFile
-from llmlab.tokenizer import Tokenizer, Vocab
+from llmlab.ggml.gguf import GGUFFile
+from llmlab.llama.vocab import Tokenizer, Vocab
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 TEXTS = {"English (Python docs)": DATA / "english_python_docs.txt",

@@ -80,7 +80,7 @@ def check_greedy_loop(fn, model, tokenizer, prompt: str = "The capital of France
     """``fn(ctx, prompt_ids, n) -> generated ids``: prefill, then greedy one token at a time (stop at
     an end-of-generation token), compared with ``llmlab.generate`` on a fresh context."""
     from .generate import generate
-    from .model import Context
+    from .llama import Context
     ids = tokenizer.tokenize(prompt, add_bos=True, special=True)
     want = [t for t, _ in generate(Context(model, n_ctx=len(ids) + n), tokenizer, ids, n)
             if t not in tokenizer.vocab.eog]

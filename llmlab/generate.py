@@ -17,9 +17,9 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from . import LLMLabError
-from .batch import Batch
+from .llama.batch import Batch
 from .llama.sampling import Greedy, SamplerChain
-from .tokenizer.stream import StreamDecoder
+from .llama.vocab.stream import StreamDecoder
 
 
 @dataclass

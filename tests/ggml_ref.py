@@ -12,7 +12,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from llmlab.types import ggml_type
+from llmlab.ggml.types import ggml_type
 
 
 class TypeTraits(C.Structure):

@@ -6,12 +6,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llmlab import attention as A
-from llmlab.graph import Context as GGMLContext
-from llmlab.graph import build_forward_expand, CGraph, graph_compute, ops as ggml
-from llmlab.graph.float_path import f32_activations, mul_mat_f32
-from llmlab.kv_cache import kv_cache_bytes
-from llmlab.model import Batch, Context, Model
-from llmlab.model.tiny import write_tiny
+from llmlab.ggml import GGMLContext
+from llmlab.ggml import build_forward_expand, CGraph, graph_compute, ops as ggml
+from llmlab.ggml.cpu.float_path import f32_activations, mul_mat_f32
+from llmlab.llama.kv_cache import kv_cache_bytes
+from llmlab.llama import Batch, Context, Model
+from llmlab.llama.tiny import write_tiny
 
 TOKENS = [5, 17, 99, 3, 42, 7, 11, 200, 64, 1]
 
@@ -184,8 +184,8 @@ def test_kv_sizes_follow_llama_cpp_formula(tiny):
 # ---- float32 path without activation quantization -------------------------------------------------------
 
 def test_f32_activations_skips_the_8_bit_rounding():
-    from llmlab.quant import dequantize, quantize
-    from llmlab.types import ggml_type
+    from llmlab.ggml.quant import dequantize, quantize
+    from llmlab.ggml.types import ggml_type
     rng = np.random.default_rng(3)
     K, M, N = 64, 16, 3
     W = rng.standard_normal((M, K)).astype(np.float32)
@@ -229,7 +229,7 @@ def test_decode_dispatch_needs_the_plain_path(tiny):
 def test_probs_are_llama_cpps(smollm2_path):
     """The hook's probabilities are llama.cpp's own kq_soft_max nodes, bit for bit (SmolLM2, non-flash)."""
     llamacpp = pytest.importorskip("llama_cpp") and __import__("llmlab.llamacpp", fromlist=["capture"])
-    from llmlab.tokenizer import Tokenizer
+    from llmlab.llama.vocab import Tokenizer
     ids = Tokenizer.from_model(smollm2_path).tokenize("Apple released a new phone, and its price rose.")
     layers = [0, 13, 29]
     cap = llamacpp.capture(smollm2_path, ids, flash_attn=False, output="last",

@@ -11,9 +11,9 @@ from test_llamacpp_diff import fake_capture, mine_of  # noqa: E402
 
 from llmlab import attention as A  # noqa: E402
 from llmlab.llamacpp import diff  # noqa: E402
-from llmlab.model import Model  # noqa: E402
-from llmlab.model.tiny import write_tiny  # noqa: E402
-from llmlab.tokenizer import Tokenizer  # noqa: E402
+from llmlab.llama import Model  # noqa: E402
+from llmlab.llama.tiny import write_tiny  # noqa: E402
+from llmlab.llama.vocab import Tokenizer  # noqa: E402
 from llmlab.viz import attention as VA  # noqa: E402
 from llmlab.viz import llamacpp as VL  # noqa: E402
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from llmlab.gguf import GGUFFile, GGUFWriter
+from llmlab.ggml.gguf import GGUFFile, GGUFWriter
 from llmlab.llama.chat import (BUILTINS, ChatTemplate, ChatTemplateError, llama_chat_apply_template,
                                llm_chat_detect_template, render_jinja)
 
@@ -162,7 +162,7 @@ def test_limits_are_lifted_after_a_render():
 def tiny_chat_model(tmp_path, template: str | None = None) -> Path:
     """A tiny random model with SmolLM2's tokenizer (and template, unless one is given)."""
     from llmlab import models
-    from llmlab.model.tiny import write_tiny
+    from llmlab.llama.tiny import write_tiny
     path = write_tiny(tmp_path / "tiny.gguf", n_layer=2, seed=3, vocab_from=models.resolve("smollm2"))
     if template is None:
         return path
@@ -199,8 +199,8 @@ def play(chat, user, script):
 @pytest.fixture(scope="module")
 def tiny_chat(tmp_path_factory):
     from llmlab import models
-    from llmlab.model import Context, Model
-    from llmlab.tokenizer import Tokenizer
+    from llmlab.llama import Context, Model
+    from llmlab.llama.vocab import Tokenizer
     path = tiny_chat_model(tmp_path_factory.mktemp("chat"))
     tok = Tokenizer.from_model(models.resolve("smollm2"))
     return Model(path), tok
@@ -208,7 +208,7 @@ def tiny_chat(tmp_path_factory):
 
 def session(tiny_chat, template=None, system="Be brief."):
     from llmlab.generate import ChatSession
-    from llmlab.model import Context
+    from llmlab.llama import Context
     model, tok = tiny_chat
     return ChatSession(Context(model, n_ctx=512), tok, template or ChatTemplate.from_model("smollm2", tok), system=system)
 

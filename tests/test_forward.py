@@ -11,9 +11,9 @@ import pytest
 
 from conftest import ref_logits
 from llmlab import LLMLabError
-from llmlab.gguf import GGUFFile, GGUFWriter
-from llmlab.model import Batch, Context, Model
-from llmlab.model.tiny import write_tiny
+from llmlab.ggml.gguf import GGUFFile, GGUFWriter
+from llmlab.llama import Batch, Context, Model
+from llmlab.llama.tiny import write_tiny
 
 TOKENS = [5, 17, 200, 3, 3, 99, 41, 7, 128, 64, 250, 1]
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from conftest import ref_logits
-from llmlab.model import Batch, Context, Model
+from llmlab.llama import Batch, Context, Model
 
 N_SEQ = 24                     # prompt 0 (8 tokens) and the first 16 tokens of its greedy continuation
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from llmlab.graph.compute import mul_mat_quantized
-from llmlab.graph.ggml_cpu import TILED_MIN_ROWS, mul_mat_f16, mul_mat_f16_op, mul_mat_k
-from llmlab.types import ggml_type
+from llmlab.ggml.cpu.ops import mul_mat_quantized
+from llmlab.ggml.cpu.kernels import TILED_MIN_ROWS, mul_mat_f16, mul_mat_f16_op, mul_mat_k
+from llmlab.ggml.types import ggml_type
 
 ggml_ref = pytest.importorskip("ggml_ref")
 pytest.importorskip("llama_cpp")

@@ -14,9 +14,9 @@ from conftest import ref_logits
 from llmlab import LLMLabError, models
 from llmlab.generate import Generation, generate
 from llmlab.llama.sampling import SamplingParams, common_sampler_init
-from llmlab.model import Context, Model
-from llmlab.model.tiny import write_tiny
-from llmlab.tokenizer import Tokenizer
+from llmlab.llama import Context, Model
+from llmlab.llama.tiny import write_tiny
+from llmlab.llama.vocab import Tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 

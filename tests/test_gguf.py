@@ -10,8 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from llmlab.gguf import GGUFError, GGUFFile, GGUFWriter, ValueType
-from llmlab.types import TYPES, ggml_type
+from llmlab.ggml.gguf import GGUFError, GGUFFile, GGUFWriter, ValueType
+from llmlab.ggml.types import TYPES, ggml_type
 
 # -- against gguf-py, on both real models -----------------------------------------------------
 

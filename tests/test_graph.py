@@ -4,10 +4,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from llmlab.graph import CGraph, Context, build_forward, build_forward_expand, graph_compute, plan_memory
-from llmlab.graph import ops as ggml
-from llmlab.graph.compute import gelu_f32
-from llmlab.graph.dot import render, to_dot
+from llmlab.ggml import CGraph, GGMLContext, build_forward, build_forward_expand, graph_compute, plan_memory
+from llmlab.ggml import ops as ggml
+from llmlab.ggml.cpu.ops import gelu_f32
+from llmlab.ggml.dot import render, to_dot
 
 RNG = np.random.default_rng(0)
 
@@ -30,7 +30,7 @@ def test_dfs_order_matches_ggml_visit_parents():
     # e = mul_mat(w, add(mul(x, a), x)) ; hand-derived from ggml_visit_parents:
     # visit e -> src0 w (leaf 0) -> src1 add -> src0 mul -> x (leaf 1), a (leaf 2), mul is node 0
     #          -> add's src1 x already visited, add is node 1 -> e is node 2
-    ctx = Context()
+    ctx = GGMLContext()
     w, x, a = leaf(ctx, "w", 4, 3), leaf(ctx, "x", 4, 2), leaf(ctx, "a", 4, 1)
     m = ggml.mul(ctx, x, a)
     s = ggml.add(ctx, m, x)
@@ -47,7 +47,7 @@ def test_dfs_order_matches_ggml_visit_parents():
 
 
 def test_src_order_decides_order():
-    ctx = Context()
+    ctx = GGMLContext()
     a, b = leaf(ctx, "a", 3), leaf(ctx, "b", 3)
     ua, ub = ggml.silu(ctx, a), ggml.silu(ctx, b)
     g1 = build_forward(ggml.add(ctx, ua, ub))
@@ -56,7 +56,7 @@ def test_src_order_decides_order():
 
 
 def test_nothing_computes_before_the_executor():
-    ctx = Context(no_alloc=True)
+    ctx = GGMLContext(no_alloc=True)
     a = ggml.new_tensor(ctx, "f32", 4, 2, name="a")
     b = ggml.scale(ctx, a, 3.0)
     assert a.data is None and b.data is None
@@ -69,7 +69,7 @@ def test_nothing_computes_before_the_executor():
 
 
 def test_views_share_memory():
-    ctx = Context()
+    ctx = GGMLContext()
     a = leaf(ctx, "a", 6, 4, values=np.arange(24, dtype=np.float32).reshape(4, 6))
     v = ggml.view_2d(ctx, a, 3, 2, a.nb[1], 2 * a.nb[0])
     r = ggml.reshape_3d(ctx, a, 3, 2, 4)
@@ -95,18 +95,18 @@ def test_views_share_memory():
 
 
 def test_context_bump_allocator_and_no_alloc():
-    ctx = Context(mem_size=4096)
+    ctx = GGMLContext(mem_size=4096)
     t = ggml.new_tensor(ctx, "f32", 100, name="t")       # 400 bytes + overhead
     assert t.data is not None and ctx.used >= 400
     with pytest.raises(MemoryError, match="not enough space"):
         ggml.new_tensor(ctx, "f32", 1000)
-    na = Context(no_alloc=True)
+    na = GGMLContext(no_alloc=True)
     u = ggml.new_tensor(na, "f32", 1000)
     assert u.data is None and na.used < 1000
 
 
 def test_memory_plan_reuses_dead_results():
-    ctx = Context()
+    ctx = GGMLContext()
     x = leaf(ctx, "x", 1024)
     cur = x
     for _ in range(6):
@@ -120,7 +120,7 @@ def test_memory_plan_reuses_dead_results():
 # ---- every op against a plain formula ----------------------------------------------------
 
 def test_elementwise_ops():
-    ctx = Context()
+    ctx = GGMLContext()
     a, b, row = leaf(ctx, "a", 8, 3), leaf(ctx, "b", 8, 3), leaf(ctx, "row", 8)
     A, B, Row = a.numpy(), b.numpy(), row.numpy()
     np.testing.assert_array_equal(run(ggml.add(ctx, a, b)), A + B)
@@ -137,7 +137,7 @@ def test_elementwise_ops():
 
 def test_gelu_goes_through_the_f16_table():
     x = np.linspace(-12, 12, 2001, dtype=np.float32)
-    ctx = Context()
+    ctx = GGMLContext()
     t = leaf(ctx, "x", len(x), values=x)
     got = run(ggml.gelu(ctx, t))
     # the table's value at x's f16 neighbour: the tanh formula evaluated in double, rounded to f16
@@ -150,7 +150,7 @@ def test_gelu_goes_through_the_f16_table():
 
 
 def test_norms():
-    ctx = Context()
+    ctx = GGMLContext()
     a = leaf(ctx, "a", 64, 5)
     A = a.numpy().astype(np.float64)
     rms = A / np.sqrt((A ** 2).mean(-1, keepdims=True) + 1e-5)
@@ -160,7 +160,7 @@ def test_norms():
 
 
 def test_soft_max_ext_with_mask_and_scale():
-    ctx = Context()
+    ctx = GGMLContext()
     a = leaf(ctx, "a", 6, 4, 2)                       # [n_kv, n_q, heads]
     M = np.where(np.arange(6)[None, :] <= np.arange(4)[:, None] + 2, 0, -np.inf).astype(np.float32)
     m = leaf(ctx, "m", 6, 4, values=M)
@@ -174,7 +174,7 @@ def test_soft_max_ext_with_mask_and_scale():
 
 @pytest.mark.parametrize("mode", [0, 2])
 def test_rope_norm_and_neox(mode):
-    ctx = Context()
+    ctx = GGMLContext()
     hd, nh, nt, n_dims, base = 16, 3, 5, 12, 10000.0
     x = leaf(ctx, "x", hd, nh, nt)
     pos = ggml.new_tensor(ctx, "i32", nt, name="pos")
@@ -196,7 +196,7 @@ def test_rope_norm_and_neox(mode):
 
 
 def test_mul_mat_ggml_convention_and_broadcast():
-    ctx = Context()
+    ctx = GGMLContext()
     w = leaf(ctx, "w", 8, 5, 2)          # [K, M, 2 kv heads]
     x = leaf(ctx, "x", 8, 3, 6)          # [K, N, 6 heads] -> heads 0-2 use kv head 0
     got = run(ggml.mul_mat(ctx, w, x))
@@ -209,7 +209,7 @@ def test_mul_mat_ggml_convention_and_broadcast():
 
 
 def test_mul_mat_f16_rounds_activations_like_ggml_cpu():
-    ctx = Context()
+    ctx = GGMLContext()
     W = RNG.standard_normal((4, 32)).astype(np.float16)
     w = leaf(ctx, "w", 32, 4, type="f16", values=W)
     x = leaf(ctx, "x", 32, 2)
@@ -219,8 +219,8 @@ def test_mul_mat_f16_rounds_activations_like_ggml_cpu():
 
 
 def test_get_rows_and_quantized_weights():
-    quant = pytest.importorskip("llmlab.quant")
-    ctx = Context()
+    quant = pytest.importorskip("llmlab.ggml.quant")
+    ctx = GGMLContext()
     E = RNG.standard_normal((10, 64)).astype(np.float32)
     raw = quant.quantize(E.reshape(-1), "q8_0")
     emb = ggml.new_tensor(ctx, "q8_0", 64, 10, name="emb")
@@ -239,7 +239,7 @@ def test_get_rows_and_quantized_weights():
 
 
 def test_cpy_converts_and_writes_into_a_view():
-    ctx = Context()
+    ctx = GGMLContext()
     dst = ggml.new_tensor(ctx, "f16", 8, 4, name="cache")
     dst.set_data(np.zeros((4, 8)))
     src = leaf(ctx, "src", 8, 2)
@@ -251,7 +251,7 @@ def test_cpy_converts_and_writes_into_a_view():
 
 
 def _attention_graph(flash: bool, n_q=5, n_kv=37, hd=16, nh=4, nkv=2, scale=0.25):
-    ctx = Context()
+    ctx = GGMLContext()
     q = leaf(ctx, "q", hd, n_q, nh)             # already permuted layouts: [D, n, heads]
     k = leaf(ctx, "k", hd, n_kv, nkv, type="f16", values=RNG.standard_normal((nkv, n_kv, hd)).astype(np.float16))
     v = leaf(ctx, "v", hd, n_kv, nkv, type="f16", values=RNG.standard_normal((nkv, n_kv, hd)).astype(np.float16))
@@ -291,7 +291,7 @@ def test_flash_attention_equals_naive_attention():
 
 
 def test_executor_capture_and_replace_hooks():
-    ctx = Context()
+    ctx = GGMLContext()
     a = leaf(ctx, "a", 4)
     b = ggml.set_name(ggml.scale(ctx, a, 2.0), "doubled")
     c = ggml.set_name(ggml.add(ctx, b, a), "out")
@@ -305,7 +305,7 @@ def test_executor_capture_and_replace_hooks():
 
 
 def test_to_dot_and_render():
-    ctx = Context()
+    ctx = GGMLContext()
     a = leaf(ctx, "a", 4)
     b = ggml.set_name(ggml.silu(ctx, a), "act-0")
     g = build_forward(b)

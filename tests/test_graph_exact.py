@@ -5,12 +5,12 @@ import numpy as np
 import pytest
 
 llama_cpp = pytest.importorskip("llama_cpp")
-quant = pytest.importorskip("llmlab.quant")
+quant = pytest.importorskip("llmlab.ggml.quant")
 import ggml_ref  # noqa: E402  (tests/ggml_ref.py: ctypes bridge to ggml)
 
-from llmlab.graph.ggml_cpu import EXACT_MUL_MAT, mul_mat_f16, mul_mat_f16_op, soft_max_rows, v_expf  # noqa: E402
-from llmlab.graph.compute import gelu_table  # noqa: E402
-from llmlab.types import ggml_type  # noqa: E402
+from llmlab.ggml.cpu.kernels import EXACT_MUL_MAT, mul_mat_f16, mul_mat_f16_op, soft_max_rows, v_expf  # noqa: E402
+from llmlab.ggml.cpu.ops import gelu_table  # noqa: E402
+from llmlab.ggml.types import ggml_type  # noqa: E402
 
 
 @pytest.mark.parametrize("qtype,n", [("q4_0", 96), ("q4_1", 96), ("q5_0", 96), ("q8_0", 96), ("q4_k", 512), ("q6_k", 512)])
@@ -56,7 +56,7 @@ def test_f16_products_in_16_lanes():
 
 @pytest.mark.parametrize("n", [64, 256, 96])
 def test_vec_dot_f16_equals_ggml(n):
-    from llmlab.graph.ggml_cpu import vec_dot_f16
+    from llmlab.ggml.cpu.kernels import vec_dot_f16
     rng = np.random.default_rng(n)
     W = rng.standard_normal((16, n)).astype(np.float16)
     x = rng.standard_normal(n).astype(np.float32)

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from llmlab.model import Batch, Context, Model
-from llmlab.model.tiny import write_tiny
-from llmlab.sched import AccelBackend, CPUBackend, Scheduler
+from llmlab.llama import Batch, Context, Model
+from llmlab.llama.tiny import write_tiny
+from llmlab.ggml.sched import AccelBackend, CPUBackend, Scheduler
 
 
 def decode_steps(model, tokens, n_prompt, **kw):

@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from llmlab.batch import Batch, BatchAllocator, BatchError, UBatch, split_simple
-from llmlab.kv_cache import (ContextFullError, KVCache, KVCacheISWA, context_shift, is_masked_swa,
+from llmlab.llama.batch import Batch, BatchAllocator, BatchError, UBatch, split_simple
+from llmlab.llama.kv_cache import (ContextFullError, KVCache, KVCacheISWA, context_shift, is_masked_swa,
                              kv_cache_bytes, swa_cache_size)
 
 INT_MAX = 2**31 - 1

@@ -8,7 +8,7 @@ llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not ins
 
 from conftest import ref_logits  # noqa: E402
 
-from llmlab.gguf import GGUFFile  # noqa: E402
+from llmlab.ggml.gguf import GGUFFile  # noqa: E402
 from llmlab.llamacpp import capture, diff, run_logits, tokenize  # noqa: E402
 from llmlab.llamacpp import ggml_tensor as gt  # noqa: E402
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (optional dependency)")
-pytest.importorskip("llmlab.model", reason="llmlab's forward pass (llmlab.model) is not in this checkout")
+pytest.importorskip("llmlab.llama", reason="llmlab's forward pass (llmlab.llama) is not in this checkout")
 
 from conftest import ref_logits  # noqa: E402
 

@@ -7,9 +7,9 @@ import pytest
 
 llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (optional dependency)")
 
-from llmlab.batch import Batch, BatchAllocator, BatchError  # noqa: E402
-from llmlab.gguf import GGUFFile  # noqa: E402
-from llmlab.kv_cache import KVCache, KVCacheISWA, kv_cache_bytes, make_kv_cache  # noqa: E402
+from llmlab.llama.batch import Batch, BatchAllocator, BatchError  # noqa: E402
+from llmlab.ggml.gguf import GGUFFile  # noqa: E402
+from llmlab.llama.kv_cache import KVCache, KVCacheISWA, kv_cache_bytes, make_kv_cache  # noqa: E402
 from llmlab.llamacpp.eval_callback import _logs, kv_cache_report  # noqa: E402
 
 MiB = 1024 * 1024
@@ -169,7 +169,7 @@ def test_inconsistent_positions_are_refused_by_both(smollm2_path):
 def test_stored_rows_are_llama_cpp_cache_rows(smollm2_path, type_k):
     """K rows written by KVCache.store are byte for byte the rows llama.cpp's SET_ROWS writes into its cache."""
     if type_k == "q8_0":
-        pytest.importorskip("llmlab.quant", reason="the q8_0 cache needs llmlab.quant")
+        pytest.importorskip("llmlab.ggml.quant", reason="the q8_0 cache needs llmlab.ggml.quant")
     from llmlab.llamacpp import capture
     ids = [1, 504, 1463, 282, 260, 3606]
     cap = capture(smollm2_path, ids, flash_attn=True, type_k=type_k)

@@ -4,10 +4,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import llmlab.quant as Q
-from llmlab.quant import checklist, toy
-from llmlab.quant import core as Q_core
-from llmlab.types import QK_K, TYPES, ggml_type
+import llmlab.ggml.quant as Q
+from llmlab.ggml.quant import checklist, toy
+from llmlab.ggml.quant import core as Q_core
+from llmlab.ggml.types import QK_K, TYPES, ggml_type
 
 gguf = pytest.importorskip("gguf")
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as G  # noqa: E402
@@ -160,7 +160,7 @@ def test_accepts_bytes_and_arrays():
 def test_import_is_light():
     import subprocess
     import sys
-    code = "import sys, time; import numpy; t=time.perf_counter(); import llmlab.quant; print(time.perf_counter()-t, 'numba' in sys.modules)"
+    code = "import sys, time; import numpy; t=time.perf_counter(); import llmlab.ggml.quant; print(time.perf_counter()-t, 'numba' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert float(out[0]) < 0.3 and out[1] == "False"
 

@@ -11,7 +11,7 @@ import pytest
 
 from llmlab.cli import main
 from llmlab.cli.quantize import FILE_TYPES
-from llmlab.gguf import GGUFFile
+from llmlab.ggml.gguf import GGUFFile
 
 
 def llama_quantize(src, dst, qtype):
@@ -101,7 +101,7 @@ def test_missing_input(tmp_path, capsys):
 
 def test_small_file_roundtrip(tmp_path):
     """A tiny synthetic model: 2-D weights quantized, norms kept, odd widths fall back like llama.cpp."""
-    from llmlab.gguf import GGUFWriter
+    from llmlab.ggml.gguf import GGUFWriter
     rng = np.random.default_rng(0)
     w = GGUFWriter()
     w.add("general.architecture", "llama")

@@ -11,10 +11,11 @@ pytest.importorskip("llama_cpp")
 from hypothesis import given, settings, strategies as st  # noqa: E402
 from hypothesis.extra.numpy import arrays  # noqa: E402
 
-import llmlab.quant as Q  # noqa: E402
-from llmlab.quant import checklist  # noqa: E402
-from llmlab.quant.cpu import TYPE_TRAITS_CPU  # noqa: E402
-from llmlab.types import TYPES, ggml_type  # noqa: E402
+import llmlab.ggml.quant as Q  # noqa: E402
+from llmlab.ggml.cpu import quants as C  # noqa: E402
+from llmlab.ggml.quant import checklist  # noqa: E402
+from llmlab.ggml.cpu.quants import TYPE_TRAITS_CPU  # noqa: E402
+from llmlab.ggml.types import TYPES, ggml_type  # noqa: E402
 
 from ggml_ref import activation_quantize, quantize_chunk, quantize_row_ref, to_float, vec_dot  # noqa: E402
 from test_quant import random_blocks, sample_data  # noqa: E402
@@ -67,7 +68,7 @@ def test_activation_quantization_matches_ggml_cpu(partner):
     t = ggml_type(partner)
     x = sample_data(t.block_size, rows=24, seed=8)
     for row in x:
-        mine = Q.quantize_activations(row[None], partner).view(np.uint8).reshape(-1)
+        mine = C.quantize_activations(row[None], partner).view(np.uint8).reshape(-1)
         assert np.array_equal(mine, activation_quantize(row, partner))
 
 
@@ -75,10 +76,10 @@ def test_activation_rounding_differs_from_model_file_reference():
     """ggml-cpu's q8_0 (x86) rounds halves to even with id = 127/amax; the file quantizer rounds them away."""
     x = np.zeros(32, np.float32)
     x[0], x[1] = 127.0, 2.5                   # d = 1: 2.5 is an exact half
-    act = Q.quantize_activations(x[None], "q8_0")["qs"][0, 0]
+    act = C.quantize_activations(x[None], "q8_0")["qs"][0, 0]
     ref = Q.quantize(x, "q8_0").view(ggml_type("q8_0").layout)["qs"][0]
     assert act[1] == 2 and ref[1] == 3
-    assert np.array_equal(Q.quantize_activations(x[None], "q8_0").view(np.uint8).reshape(-1), activation_quantize(x, "q8_0"))
+    assert np.array_equal(C.quantize_activations(x[None], "q8_0").view(np.uint8).reshape(-1), activation_quantize(x, "q8_0"))
 
 
 @pytest.mark.parametrize("name", sorted(TYPE_TRAITS_CPU))
@@ -89,22 +90,22 @@ def test_mul_mat_matches_ggml_cpu_vec_dot(name):
     w = (rng.standard_normal((24, n)) * 0.05 + rng.uniform(-0.03, 0.03, (24, 1))).astype(np.float32)
     x = (rng.standard_normal((3, n)) * rng.uniform(0.1, 10, (3, 1))).astype(np.float32)
     raw = Q.quantize(w, name).reshape(24, -1)
-    mine = Q.mul_mat(raw, name, x)
+    mine = C.mul_mat(raw, name, x)
     ref = np.array([[vec_dot(raw[r], name, x[i]) for r in range(24)] for i in range(3)], np.float32)
-    assert Q.vec_dot_type(name).lower() == ggml_type(TYPE_TRAITS_CPU[name].vec_dot_type).name
+    assert C.vec_dot_type(name).lower() == ggml_type(TYPE_TRAITS_CPU[name].vec_dot_type).name
     # integer lane sums, block scales and the AVX2 accumulation order: the same float32 bits
     assert checklist.same_bits(mine, ref)
-    assert checklist.same_bits(Q.mul_mat(raw, name, x[0]), mine[0])
+    assert checklist.same_bits(C.mul_mat(raw, name, x[0]), mine[0])
 
 
 def test_mul_mat_errors():
     raw = Q.quantize(np.zeros((4, 64), np.float32), "q4_0")
     with pytest.raises(Q.QuantError, match="multiple of the block size"):
-        Q.mul_mat(raw, "q4_0", np.zeros(48, np.float32))
+        C.mul_mat(raw, "q4_0", np.zeros(48, np.float32))
     with pytest.raises(Q.QuantError, match="no CPU dot product"):
-        Q.mul_mat(raw, "iq2_xxs", np.zeros(256, np.float32))
+        C.mul_mat(raw, "iq2_xxs", np.zeros(256, np.float32))
     with pytest.raises(Q.QuantError, match="activation quantizer"):
-        Q.quantize_activations(np.zeros((1, 32), np.float32), "q4_0")
+        C.quantize_activations(np.zeros((1, 32), np.float32), "q4_0")
 
 
 @pytest.mark.parametrize("name", sorted(TYPE_TRAITS_CPU))
@@ -116,6 +117,6 @@ def test_mul_mat_random_blocks_extreme_activations(name):
     raw = random_blocks(t, 16 * n // t.block_size, 12).reshape(16, -1)
     x = np.sign(rng.standard_normal((3, n))).astype(np.float32) * 100
     x[:, ::7] *= 0.01
-    mine = Q.mul_mat(raw, name, x)
+    mine = C.mul_mat(raw, name, x)
     ref = np.array([[vec_dot(raw[r], name, x[i]) for r in range(16)] for i in range(3)], np.float32)
     assert checklist.same_bits(mine, ref)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import llmlab.quant as Q
-from llmlab.gguf import GGUFFile
-from llmlab.quant import checklist
-from llmlab.types import TYPES
+import llmlab.ggml.quant as Q
+from llmlab.ggml.gguf import GGUFFile
+from llmlab.ggml.quant import checklist
+from llmlab.ggml.types import TYPES
 
 gguf = pytest.importorskip("gguf")
 

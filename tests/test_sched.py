@@ -4,13 +4,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from llmlab.graph import Context as GGMLContext, build_forward, graph_compute
-from llmlab.graph import ops as ggml
-from llmlab.model import Batch, Context, Model
-from llmlab.model.tiny import write_tiny
-from llmlab.sched import AccelBackend, CPUBackend, Scheduler
-from llmlab.sched.placement import layer_device
-from llmlab.sched.threads import mul_mat_chunking, rows_blocks, rows_interleaved, trace_nodes
+from llmlab.ggml import GGMLContext, build_forward, graph_compute
+from llmlab.ggml import ops as ggml
+from llmlab.llama import Batch, Context, Model
+from llmlab.llama.tiny import write_tiny
+from llmlab.ggml.sched import AccelBackend, CPUBackend, Scheduler
+from llmlab.ggml.sched.placement import layer_device
+from llmlab.ggml.cpu.threads import mul_mat_chunking, rows_blocks, rows_interleaved, trace_nodes
 
 TOKENS = [3, 17, 5, 99, 42, 7, 1, 250]
 
@@ -87,7 +87,7 @@ def test_op_offload_of_large_batches(tiny_models):
 
 def test_copies_are_required():
     """The accelerator refuses to read CPU memory directly: the copies are not decoration."""
-    from llmlab.sched.scheduler import Schedule, Split
+    from llmlab.ggml.sched.scheduler import Schedule, Split
     sched = Scheduler([AccelBackend(), CPUBackend()])
     ctx = GGMLContext()
     a = ggml.new_tensor(ctx, "f32", 4, name="a")
@@ -133,8 +133,8 @@ def test_traced_threads_compute_the_same_and_cover_every_chunk():
 
 
 def test_plugin_first_plain_path_as_fallback():
-    quant = pytest.importorskip("llmlab.quant")
-    from llmlab.sched.repack import RepackPlugin
+    quant = pytest.importorskip("llmlab.ggml.quant")
+    from llmlab.ggml.cpu.repack import RepackPlugin
     rng = np.random.default_rng(1)
     ctx = GGMLContext()
     W = rng.standard_normal((16, 64)).astype(np.float32)

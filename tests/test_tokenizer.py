@@ -11,9 +11,9 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from conftest import ref_tokens
 from llmlab import LLMLabError
-from llmlab.tokenizer import Tokenizer, Vocab
-from llmlab.tokenizer.pretokenize import PRE_TOKENIZERS, PreTokenizer
-from llmlab.tokenizer.stream import StreamDecoder
+from llmlab.llama.vocab import Tokenizer, Vocab
+from llmlab.llama.vocab.pretokenize import PRE_TOKENIZERS, PreTokenizer
+from llmlab.llama.vocab.stream import StreamDecoder
 
 _TOKENIZERS: dict[str, Tokenizer] = {}
 
@@ -150,7 +150,7 @@ def test_errors(tok):
 
 def test_unsupported_pre_tokenizer(tmp_path):
     from llmlab import models
-    from llmlab.gguf import GGUFFile, GGUFWriter
+    from llmlab.ggml.gguf import GGUFFile, GGUFWriter
     with GGUFFile(models.resolve("smollm2")) as f:
         w = GGUFWriter.from_file(f)
     w.tensors.clear()

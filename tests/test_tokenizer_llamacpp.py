@@ -7,7 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from llmlab import models
-from llmlab.tokenizer import Tokenizer, Vocab
+from llmlab.llama.vocab import Tokenizer, Vocab
 
 llama_cpp = pytest.importorskip("llama_cpp")
 
@@ -88,7 +88,7 @@ def test_live_long_mixed_text(name):
 
 @pytest.fixture(scope="module")
 def smollm2_vocab_only(tmp_path_factory):
-    from llmlab.gguf import GGUFFile, GGUFWriter
+    from llmlab.ggml.gguf import GGUFFile, GGUFWriter
     with GGUFFile(models.resolve("smollm2")) as f:
         w = GGUFWriter.from_file(f)
     w.tensors.clear()

@@ -5,8 +5,8 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-from llmlab.batch import Batch, BatchAllocator  # noqa: E402
-from llmlab.kv_cache import KVCache  # noqa: E402
+from llmlab.llama.batch import Batch, BatchAllocator  # noqa: E402
+from llmlab.llama.kv_cache import KVCache  # noqa: E402
 from llmlab.viz import kv as V  # noqa: E402
 
 

@@ -1,4 +1,4 @@
-"""Regenerate ``llmlab/tokenizer/unicode_data.py`` from the llama.cpp library that llama-cpp-python ships.
+"""Regenerate ``llmlab/llama/vocab/unicode_data.py`` from the llama.cpp library that llama-cpp-python ships.
 
 llama.cpp classifies code points with its own tables (``src/unicode-data.cpp``, generated from
 UnicodeData.txt by ``scripts/gen-unicode-data.py``), not with the C library or Python's
@@ -7,7 +7,7 @@ reference does, llmlab uses the very same tables: this script finds them in ``li
 (``unicode_ranges_flags``: (first code point, flags) pairs, and ``unicode_set_whitespace``)
 and writes them out as a small Python module.
 
-    /work/main/.venv/bin/python tools/gen_unicode_data.py > llmlab/tokenizer/unicode_data.py
+    /work/main/.venv/bin/python tools/gen_unicode_data.py > llmlab/llama/vocab/unicode_data.py
 """
 from __future__ import annotations
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..graph.compute import f32
+from ..ggml.cpu.ops import f32
 
 _NAME = re.compile(r"^(kq|kq_soft_max|kqv|kqv_out)-(\d+)$")
 
@@ -78,9 +78,9 @@ class AttentionTrace:
 
 def trace(model, tokens, layers=None, n_ctx: int | None = None, context=None) -> AttentionTrace:
     """Decode ``tokens`` (one sequence, one micro-batch, logits of the last) and record the attention of
-    ``layers`` (default: all). ``context``: an existing non-flash ``llmlab.model.Context`` to decode in
+    ``layers`` (default: all). ``context``: an existing non-flash ``llmlab.llama.Context`` to decode in
     (the tokens then continue what its cache holds); by default a fresh one is made."""
-    from ..model import Batch, Context
+    from ..llama import Batch, Context
     hp = model.hparams
     toks = [int(t) for t in tokens]
     if not toks:

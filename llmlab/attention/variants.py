@@ -64,7 +64,7 @@ class AttnShape:
 
 
 def shape_of(name: str, hp) -> AttnShape:
-    """The attention shape of a loaded model's hparams (``llmlab.model.HParams``)."""
+    """The attention shape of a loaded model's hparams (``llmlab.llama.HParams``)."""
     return AttnShape(name, hp.n_layer, hp.n_head, hp.n_head_kv, hp.n_embd_head_k, hp.n_embd_head_v,
                      source="GGUF hparams")
 

@@ -33,7 +33,7 @@ def run(args) -> int:
     from ..generate import ChatSession
     from ..llama.chat import ChatTemplate
     from ..llama.sampling import common_sampler_init
-    from ..tokenizer import Tokenizer
+    from ..llama.vocab import Tokenizer
     if args.n_predict < -1:
         raise LLMLabError("-n must be >= -1")
     sampler = common_sampler_init(sampling_params(args))

@@ -34,6 +34,8 @@ def add_engine_args(p) -> None:
     p.add_argument("--threads", type=int, default=None, help="CPU threads for the kernels (default: all)")
     p.add_argument("--cpu", choices=CPUS, default="auto",
                    help="which llama.cpp CPU build to reproduce bit for bit: avx2, avx512, or auto (this machine's)")
+    p.add_argument("--kernels", choices=("fast", "reference"), default="fast",
+                   help="numba kernels or the NumPy reference ops (the same numbers; default fast)")
     p.add_argument("--flash-attn", action="store_true", help="use the flash-attention path")
 
 
@@ -42,6 +44,15 @@ def sampling_params(args):
     return SamplingParams(seed=args.seed, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, typ_p=args.typical,
                           temp=args.temp, penalty_last_n=args.repeat_last_n, penalty_repeat=args.repeat_penalty,
                           penalty_freq=args.frequency_penalty, penalty_present=args.presence_penalty)
+
+
+def resolve_cpu(name: str) -> str:
+    """The CPU profile's name for ``--cpu`` (``auto``: this machine's)."""
+    try:
+        from ..ggml.cpu import profiles
+    except ImportError:        # no CPU profiles in the engine yet: name the host's SIMD level
+        return host_cpu() if name == "auto" else name
+    return profiles.resolve(None if name == "auto" else name).name
 
 
 def host_cpu() -> str:
@@ -57,23 +68,22 @@ def host_cpu() -> str:
 def load_context(args, path, n_ctx: int):
     """(Context, the CPU name it reproduces) for the options; ``cpu`` and the thread count go to
     the engine where it takes them."""
-    from ..model import Context, Model
+    from ..llama import Context, Model
     if args.threads is not None and args.threads < 1:
         raise LLMLabError("--threads must be >= 1")
-    cpu = host_cpu() if args.cpu == "auto" else args.cpu
+    cpu = resolve_cpu(args.cpu)
     params = inspect.signature(Context).parameters
     extra = {}
     if "cpu" in params:
         extra["cpu"] = cpu
+    if "kernels" in params:
+        extra["kernels"] = args.kernels
     for name in ("n_threads", "threads"):
         if name in params and args.threads is not None:
             extra[name] = args.threads
     if args.threads is not None:
-        try:
-            import numba
-            numba.set_num_threads(min(args.threads, numba.config.NUMBA_NUM_THREADS))
-        except ImportError:
-            pass
+        from ..ggml.cpu.fast import set_threads
+        set_threads(args.threads)
     ctx = Context(Model(path), n_ctx=n_ctx, n_batch=n_ctx, flash_attn=args.flash_attn, **extra)
     return ctx, str(getattr(ctx, "cpu", cpu))
 
@@ -92,7 +102,7 @@ def register(sub) -> None:
 def run(args) -> int:
     from ..generate import Generation, generate
     from ..llama.sampling import common_sampler_init
-    from ..tokenizer import Tokenizer
+    from ..llama.vocab import Tokenizer
     if args.n_predict < -1:
         raise LLMLabError("-n must be >= -1")
     sampler = common_sampler_init(sampling_params(args))

@@ -4,8 +4,8 @@ from __future__ import annotations
 import json
 
 from .. import models
-from ..gguf import GGUFFile
-from ..gguf.dump import summary, to_json
+from ..ggml.gguf import GGUFFile
+from ..ggml.gguf.dump import summary, to_json
 
 
 def register(sub) -> None:

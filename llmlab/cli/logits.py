@@ -22,8 +22,8 @@ def register(sub) -> None:
 def run(args) -> int:
     import numpy as np
 
-    from ..model import Batch, Context, Model
-    from ..tokenizer import Tokenizer
+    from ..llama import Batch, Context, Model
+    from ..llama.vocab import Tokenizer
 
     if args.top <= 0:
         raise ValueError("--top must be positive")

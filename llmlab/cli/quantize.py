@@ -43,7 +43,7 @@ def allows_quantization(name: str, shape: tuple[int, ...]) -> bool:
 
 def target_type(name: str, shape: tuple[int, ...], qtype: str) -> str | None:
     """The type a tensor gets, or None to keep it as it is."""
-    from ..types import ggml_type
+    from ..ggml.types import ggml_type
     if not allows_quantization(name, shape):
         return None
     t = qtype
@@ -60,10 +60,10 @@ def plan(f, qtype: str) -> list[tuple[object, str | None]]:
 
 def quantize_file(src, dst, qtype: str, allow_requantize: bool = False, progress: bool = True) -> dict:
     """Quantize the GGUF file ``src`` into ``dst``; returns a summary (types chosen, sizes)."""
-    from ..gguf import GGUFFile, GGUFWriter, ValueType
+    from ..ggml.gguf import GGUFFile, GGUFWriter, ValueType
     from ..progress import Progress
-    from .. import quant
-    from ..types import ggml_type
+    from ..ggml import quant
+    from ..ggml.types import ggml_type
 
     qtype = qtype.lower()
     if qtype not in FILE_TYPES:

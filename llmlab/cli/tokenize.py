@@ -47,7 +47,7 @@ def parse_ids(args: list[str]) -> list[int]:
 
 
 def run_tokenize(args) -> int:
-    from ..tokenizer import Tokenizer
+    from ..llama.vocab import Tokenizer
     text = args.text if args.text is not None else read_text(args.file)
     tok = Tokenizer.from_model(args.model)
     ids = tok.tokenize(text, add_bos=args.bos, special=args.special)
@@ -66,7 +66,7 @@ def run_tokenize(args) -> int:
 
 
 def run_detokenize(args) -> int:
-    from ..tokenizer import Tokenizer
+    from ..llama.vocab import Tokenizer
     ids = parse_ids(args.ids)
     tok = Tokenizer.from_model(args.model)
     sys.stdout.write(tok.detokenize(ids, special=args.special) + "\n")

@@ -1,1 +1,8 @@
-"""llama.cpp's ``src/`` layer (``llama-*.cpp``) rebuilt: sampling, chat templates, ..."""
+"""A model bound to the graph builders: ``Model`` (weights, hparams) and ``Context`` (decode);
+``sampling`` (the sampler chain) and ``chat`` (chat templates) work on their outputs."""
+from .batch import Batch
+from .context import Context
+from .hparams import HParams, load_hparams
+from .model import Model
+
+__all__ = ["Batch", "Context", "HParams", "Model", "load_hparams"]

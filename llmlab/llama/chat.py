@@ -268,7 +268,7 @@ class ChatTemplate:
         """The template of a GGUF model (a path, registry name or open ``GGUFFile``); without
         ``tokenizer.chat_template`` the built-in of its family (Gemma's for Gemma models, else
         ChatML, llama.cpp's default)."""
-        from ..gguf import GGUFFile
+        from ..ggml.gguf import GGUFFile
         from .. import models
         gguf = model if isinstance(model, GGUFFile) else GGUFFile(models.resolve(model))
         kv = gguf.kv
@@ -278,7 +278,7 @@ class ChatTemplate:
         if source is None:
             source = "gemma" if str(kv.get("general.architecture", "")).startswith("gemma") else "chatml"
         if tokenizer is None:
-            from ..tokenizer import Tokenizer
+            from .vocab import Tokenizer
             tokenizer = Tokenizer.from_model(gguf.path)
         v = tokenizer.vocab
 

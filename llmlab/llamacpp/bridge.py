@@ -14,9 +14,9 @@ VIEW_OPS = {"NONE", "VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE"}
 
 def _forward_pass():
     try:
-        from ..model import Batch, Context, Model
+        from ..llama import Batch, Context, Model
     except ImportError as e:
-        raise LLMLabError("llmlab's forward pass (llmlab.model: Model, Context) is not available in this "
+        raise LLMLabError("llmlab's forward pass (llmlab.llama: Model, Context) is not available in this "
                           f"checkout, so there is no llmlab graph to compare with ({e})") from e
     return Model, Context, Batch
 
@@ -28,7 +28,7 @@ def llmlab_nodes(model_path: str | Path, tokens: Iterable[int], flash_attn: bool
     Each entry is ``(label, op, ne, values)`` as :func:`llmlab.llamacpp.diff`
     takes it; unnamed nodes get the same ``<op>-<layer>`` labels as
     llama.cpp's (:func:`~llmlab.llamacpp.eval_callback.labels`). ``dispatch``: an executor hook that
-    swaps kernels (e.g. :func:`llmlab.graph.float_path.f32_activations`, no 8-bit activations).
+    swaps kernels (e.g. :func:`llmlab.ggml.cpu.float_path.f32_activations`, no 8-bit activations).
     """
     Model, Context, Batch = _forward_pass()
     toks = np.asarray(list(tokens), np.int32)

@@ -243,7 +243,7 @@ def capture(model_path: str | Path, tokens: Iterable[int], flash_attn: bool | st
     path = Path(model_path)
     if not path.is_file():
         raise LLMLabError(f"model file not found: {path}")
-    from ..types import ggml_type
+    from ..ggml.types import ggml_type
     tk, tv = ggml_type(type_k), ggml_type(type_v or type_k)
     logs = _logs(lc)
     n_log0 = len(logs.lines)
@@ -428,7 +428,7 @@ def context_report(model_path: str | Path, n_ctx: int, n_ubatch: int = 512, n_ba
     of the intermediate tensors of one micro-batch, which grows with
     ``n_ubatch``). MiB to two decimals, as llama.cpp prints them.
     """
-    from ..types import ggml_type
+    from ..ggml.types import ggml_type
     lc = _llama_cpp()
     logs = _logs(lc)
     model = lc.llama_model_load_from_file(str(model_path).encode(), lc.llama_model_default_params())

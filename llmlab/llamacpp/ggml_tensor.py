@@ -163,7 +163,7 @@ def read_values(t: GGMLTensor) -> np.ndarray | None:
     nb = [int(x) for x in t.nb]
     dt = NUMPY_OF_TYPE.get(t.type)
     if dt is None:                      # quantized: rows of blocks
-        from ..types import ggml_type
+        from ..ggml.types import ggml_type
         row = ggml_type(int(t.type)).row_size(ne[0])
         shape, strides, dt = [ne[3], ne[2], ne[1], row], [nb[3], nb[2], nb[1], 1], np.uint8
     else:

@@ -9,8 +9,8 @@ import time
 
 import numpy as np
 
-from ..gguf import GGUFFile, StringArray
-from ..gguf.dump import type_histogram
+from ..ggml.gguf import GGUFFile, StringArray
+from ..ggml.gguf.dump import type_histogram
 from .html import HTML, table
 
 KIND_COLOURS = {"header": "#f4a261", "kv": "#8ecae6", "tensor_info": "#b5e48c",

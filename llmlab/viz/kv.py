@@ -10,7 +10,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..kv_cache import KVCache, cache_type, kv_cache_bytes, swa_cache_size
+from ..llama.kv_cache import KVCache, cache_type, kv_cache_bytes, swa_cache_size
 from .html import HTML, table
 
 SEQ_COLORS = ["#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3", "#8c8c8c"]
@@ -39,7 +39,7 @@ def plot_cells(cache: KVCache, ax=None, title: str | None = None, per_row: int =
                slot=None):
     """The cells of a cache as a strip of boxes: colour = sequence(s), number = position, red mark = head.
 
-    ``slot``: a :class:`~llmlab.kv_cache.Slot` whose cells get a thick outline.
+    ``slot``: a :class:`~llmlab.llama.kv_cache.Slot` whose cells get a thick outline.
     """
     _, plt = _plt()
     n = cache.size if n_cells is None else min(n_cells, cache.size)
@@ -204,7 +204,7 @@ def kv_size_table(rows: list[dict]) -> HTML:
 
 def model_kv_shape(path: str | Path) -> dict:
     """``name``, ``n_layer``, ``n_embd_gqa`` (and the sliding-window layout) of a GGUF model, for :func:`kv_size_rows`."""
-    from ..gguf import GGUFFile
+    from ..ggml.gguf import GGUFFile
     kv = GGUFFile(path).kv
     arch = kv["general.architecture"]
     n_layer, n_head_kv = kv[f"{arch}.block_count"], kv[f"{arch}.attention.head_count_kv"]
@@ -245,8 +245,8 @@ def prefill_decode_run(model_path: str | Path, prompt: Sequence[int], n_decode: 
     (``fresh_logits``, recomputing every K and V), and ``max_abs_diff`` between the two.
     """
     import time
-    from ..batch import Batch
-    from ..model import Context, Model
+    from ..llama.batch import Batch
+    from ..llama import Context, Model
     model = Model(model_path)
     prompt = [int(t) for t in prompt]
     ctx = Context(model, n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx)

@@ -6,8 +6,9 @@ import time
 
 import numpy as np
 
-from .. import quant as Q
-from ..types import TYPES, ggml_type
+from ..ggml import quant as Q
+from ..ggml.cpu.quants import TYPE_TRAITS_CPU
+from ..ggml.types import TYPES, ggml_type
 from .html import HTML, table
 
 FIELD_COLORS = ["#f4a261", "#e9c46a", "#2a9d8f", "#8ab17d", "#e76f51", "#a8dadc", "#b5838d", "#6d6875"]
@@ -21,7 +22,7 @@ def type_traits_table(names: list[str] | None = None) -> HTML:
     for t in TYPES.values():
         if names is not None and t.name not in names:
             continue
-        cpu = Q.TYPE_TRAITS_CPU.get(t.name)
+        cpu = TYPE_TRAITS_CPU.get(t.name)
         rows.append([t.id, t.name + (" (removed)" if t.removed else ""), t.block_size, t.type_size,
                      f"{t.bits_per_weight:.4g}" if t.type_size else "-",
                      "yes" if t.to_float else "-", "yes" if t.from_float else "-", cpu.vec_dot_type if cpu else "-"])
@@ -205,7 +206,7 @@ def plot_reconstruction(row: np.ndarray, qtype, n: int = 128, ax=None):
 
 def error_vs_bpw(x: np.ndarray, names: list[str]) -> list[tuple[str, float, float]]:
     """(type, bits per weight, relative RMS error) of quantizing x to each type."""
-    from ..quant.checklist import rms_error
+    from ..ggml.quant.checklist import rms_error
     out = []
     for n in names:
         t = ggml_type(n)

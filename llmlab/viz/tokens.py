@@ -5,8 +5,8 @@ import html as _html
 
 import numpy as np
 
-from ..tokenizer import Attr, Tokenizer
-from ..tokenizer.stream import StreamDecoder
+from ..llama.vocab import Attr, Tokenizer
+from ..llama.vocab.stream import StreamDecoder
 from .html import HTML, table
 
 PALETTE = ["#fde2a7", "#c8e6f5", "#d5f0c8", "#f6cde0", "#e0d4f7", "#fbd3b8"]

@@ -29,7 +29,7 @@ import matplotlib.pyplot as plt
 from IPython.display import display, HTML
 
 from llmlab import models
-from llmlab.gguf import GGUFFile
+from llmlab.ggml.gguf import GGUFFile
 from llmlab.viz import gguf as vg
 from llmlab.viz.html import table
 

@@ -33,8 +33,8 @@ import matplotlib.pyplot as plt
 from IPython.display import display, HTML
 
 from llmlab import models
-from llmlab.gguf import GGUFFile
-from llmlab.tokenizer import Tokenizer, Vocab
+from llmlab.ggml.gguf import GGUFFile
+from llmlab.llama.vocab import Tokenizer, Vocab
 from llmlab.viz import tokens as vt
 from llmlab.viz.html import table
 
@@ -229,7 +229,7 @@ they are generated must hold incomplete UTF-8 back. `StreamDecoder` does that:
 """)
 
 code(r"""
-from llmlab.tokenizer.stream import StreamDecoder
+from llmlab.llama.vocab.stream import StreamDecoder
 table(["id", "token bytes", "printed now", "held back"], vt.stream_rows(smol, "苹果🙂"))
 """)
 

@@ -43,10 +43,10 @@ from IPython.display import display
 
 from llmlab import models, llamacpp
 from llmlab import attention as A
-from llmlab.model import Model, Context, Batch
-from llmlab.tokenizer import Tokenizer
-from llmlab.kv_cache import kv_cache_bytes
-from llmlab.graph.float_path import f32_activations, vec_dot_everywhere
+from llmlab.llama import Model, Context, Batch
+from llmlab.llama.vocab import Tokenizer
+from llmlab.llama.kv_cache import kv_cache_bytes
+from llmlab.ggml.cpu.float_path import f32_activations, vec_dot_everywhere
 from llmlab.viz import attention as va
 from llmlab.viz import llamacpp as vl
 from llmlab.viz.html import table
@@ -374,7 +374,7 @@ largest magnitude in llama.cpp's tensor), three times:
   (q8_0 / q8_1 / q8_K, the weight's `vec_dot_type`) so the dot product runs on integers; llmlab does the same,
   in the same summation order.
 - **float32 activations**: the same weights, but every quantized matmul computed in float32 on the activations as
-  they are (`llmlab.graph.float_path.f32_activations`, an executor dispatch hook): mathematically "better", yet not
+  they are (`llmlab.ggml.cpu.float_path.f32_activations`, an executor dispatch hook): mathematically "better", yet not
   what llama.cpp computes.
 - **one kernel order**: 8-bit activations as ggml-cpu, but every quantized matmul added up in `vec_dot`'s order
   (`vec_dot_everywhere`). ggml-cpu actually picks its kernel by shape: from 8 activation rows a K-quant weight goes

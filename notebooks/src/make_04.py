@@ -24,7 +24,7 @@ This notebook looks at the cache from three sides:
 3. **Memory**: how big the cache is (the formula and llama.cpp's own numbers), and why a batch is cut into
    micro-batches.
 
-`llmlab.kv_cache` rebuilds `llama_kv_cells` / `llama_kv_cache` (`src/llama-kv-cells.h`,
+`llmlab.llama.kv_cache` rebuilds `llama_kv_cells` / `llama_kv_cache` (`src/llama-kv-cells.h`,
 `src/llama-kv-cache.cpp`); its tests drive it and a line-by-line transliteration of llama.cpp's loops through
 thousands of random operation sequences, and compare it with llama.cpp itself through the C API.
 """)
@@ -36,8 +36,8 @@ import matplotlib.pyplot as plt
 from IPython.display import display
 
 from llmlab import models
-from llmlab.batch import Batch, BatchAllocator
-from llmlab.kv_cache import KVCache, KVCacheISWA, ContextFullError, context_shift, kv_cache_bytes, swa_cache_size
+from llmlab.llama.batch import Batch, BatchAllocator
+from llmlab.llama.kv_cache import KVCache, KVCacheISWA, ContextFullError, context_shift, kv_cache_bytes, swa_cache_size
 from llmlab.viz import kv as vk
 from llmlab.viz.html import table
 from llmlab import llamacpp

@@ -19,7 +19,7 @@ This notebook reads the formats the way you would if you had to **add one**: whi
 its identity, which struct fixes its bytes, which pair of functions converts it, and which dot product
 makes it fast. Then we add a toy format for real, at run time, and put it through the same checks.
 
-Everything is computed by `llmlab.quant`, which reproduces ggml **bit for bit**: its dequantizers give the
+Everything is computed by `llmlab.ggml.quant`, which reproduces ggml **bit for bit**: its dequantizers give the
 same float32 bits as gguf-py and llama.cpp, its quantizers the same bytes as `llama-quantize`.
 """)
 
@@ -28,11 +28,12 @@ import numpy as np
 import matplotlib.pyplot as plt
 from IPython.display import display
 
-import llmlab.quant as Q
+import llmlab.ggml.quant as Q
 from llmlab import models
-from llmlab.gguf import GGUFFile
-from llmlab.types import TYPES, ggml_type
-from llmlab.quant import checklist, cpu, toy
+from llmlab.ggml.gguf import GGUFFile
+from llmlab.ggml.types import TYPES, ggml_type
+from llmlab.ggml.quant import checklist, toy
+from llmlab.ggml.cpu import quants as cpu
 from llmlab.viz import quant as vq
 from llmlab.viz.html import table
 
@@ -61,10 +62,10 @@ In llama.cpp a format exists once three things exist:
 A second enum, `llama_ftype`, numbers whole-file recipes rather than tensor types: it is what
 `general.file_type` stores (for example `MOSTLY_Q4_K_M = 15`, "mostly q4_k, with q6_k where it matters").
 
-llmlab mirrors this: `llmlab.types.TYPES` is the table (id, name, block size, bytes), and importing
-`llmlab.quant` attaches each family's block layout and converters to it, the way `ggml.c` fills
+llmlab mirrors this: `llmlab.ggml.types.TYPES` is the table (id, name, block size, bytes), and importing
+`llmlab.ggml.quant` attaches each family's block layout and converters to it, the way `ggml.c` fills
 `type_traits[]`. ggml-cpu keeps a second table, `type_traits_cpu[]`, for what only the CPU needs: the
-activation partner type (`vec_dot_type`) and the dot product; here that is `Q.TYPE_TRAITS_CPU`.
+activation partner type (`vec_dot_type`) and the dot product; here that is `cpu.TYPE_TRAITS_CPU`.
 """)
 
 code(r"""
@@ -305,7 +306,7 @@ once and stores it:
 code(r"""
 w_block = smol.tensor("blk.0.attn_q.weight").data[:20].view(ggml_type("q4_1").layout)
 x = np.random.default_rng(0).standard_normal(576).astype(np.float32)
-a_block = Q.quantize_activations(x[None], "q8_1")[0, :1]
+a_block = cpu.quantize_activations(x[None], "q8_1")[0, :1]
 terms = cpu.affine_dot_terms(w_block, a_block)
 display(table(["term", "value"], [[k, v] for k, v in terms.items()]))
 print("scale term + min term =", terms["scale_term"] + terms["min_term"], " vs dot of dequantized blocks", terms["dequantized_dot"])
@@ -322,19 +323,19 @@ model files rounds halves **away from zero** (`roundf`) using `1/d`:
 
 code(r"""
 v = np.zeros(32, np.float32); v[0], v[1] = 127.0, 2.5          # d = 1, so 2.5 is an exact half
-print("activation (ggml-cpu x86):", Q.quantize_activations(v[None], "q8_0")["qs"][0, 0, :2])
+print("activation (ggml-cpu x86):", cpu.quantize_activations(v[None], "q8_0")["qs"][0, 0, :2])
 print("model file (reference):   ", Q.quantize(v, "q8_0").view(ggml_type("q8_0").layout)["qs"][0, :2])
 
 W_ = smol.tensor("blk.0.attn_q.weight")
 xs = np.random.default_rng(1).standard_normal((2, 576)).astype(np.float32)
-y_q = Q.mul_mat(W_.data, W_.type, xs)                                    # integer block dots
+y_q = cpu.mul_mat(W_.data, W_.type, xs)                                    # integer block dots
 y_f = xs @ Q.dequantize(W_.data, W_.type).reshape(-1, 576).T             # float reference
 print("mul_mat vs float matmul: max relative difference", float(np.abs(y_q - y_f).max() / np.abs(y_f).max()))
 """)
 
 md(r"""
 The difference is the activation quantization error (8 bits per activation), not a bug: it is what
-llama.cpp computes. `Q.mul_mat` even follows the x86 AVX2 kernels' order of float additions (8 SIMD lanes,
+llama.cpp computes. `cpu.mul_mat` even follows the x86 AVX2 kernels' order of float additions (8 SIMD lanes,
 each holding sums of 4 consecutive products, fused multiply-adds block after block, then a fixed horizontal
 sum), so the tests find it equal, **bit for bit**, to ggml-cpu's own `vec_dot` called from llama.cpp's library.
 
@@ -351,7 +352,7 @@ The seed's checklist for a new format, in dependency order:
 
 What `test-quantize-fns` does for every type is short: random floats, reference quantize, dequantize, check
 the error against a per-type threshold; then quantize again with the optimized (SIMD) path and compare the
-bytes with the reference. `llmlab.quant.checklist.run_checklist` is the same idea, and the test-suite runs it
+bytes with the reference. `llmlab.ggml.quant.checklist.run_checklist` is the same idea, and the test-suite runs it
 for every built-in type.
 
 Then, and only then, the backends: CPU SIMD, Metal, CUDA/Vulkan, each one checked byte for byte against the
@@ -360,7 +361,7 @@ road slowly: the ternary STQ1_0 / PTQ1_0 variants were born in forks and pull re
 kernels first and incomplete Metal coverage, so "passes the CPU tests" never meant "runs on every backend".
 
 **MINI1** is the seed's toy: 8 values per block, one f16 scale `d = max|x|` and one sign bit per value, so
-each value decodes to ±d. 3 bytes per 8 values = 3 bits per weight. `llmlab.quant.toy` holds its struct,
+each value decodes to ±d. 3 bytes per 8 values = 3 bits per weight. `llmlab.ggml.quant.toy` holds its struct,
 its two row functions and a plain-Python decoder written independently (the seed's struct-based one);
 `toy.registered()` performs steps 1 and 4 at run time.
 """)
@@ -375,7 +376,7 @@ with toy.registered() as t:
     display(table(["check", "passed"], [[k, v] for k, v in res.items()]))
     assert all(res.values())
     # a GGUF tensor of the new type: written, read back and decoded while the type is registered
-    from llmlab.gguf import GGUFWriter
+    from llmlab.ggml.gguf import GGUFWriter
     w = GGUFWriter()
     w.add_tensor("toy.weight", Q.quantize(real[:64], "mini1"), type="mini1", shape=(64,))
     buf = "mini1_demo.gguf"
@@ -407,7 +408,7 @@ dispatchable**. A build can decode a tensor only if its table has the row.
 * A format is an **id**, a **block struct** with a pinned size, and a **row of traits** (size, `to_float`,
   `from_float_ref`), plus on the CPU a **partner type and a dot product**.
 * Reference converters define correctness; everything faster is checked byte for byte against them.
-  `llmlab.quant` is such a reference: its tests compare it with gguf-py and with llama.cpp's own library
+  `llmlab.ggml.quant` is such a reference: its tests compare it with gguf-py and with llama.cpp's own library
   for every type, on random blocks, property-based inputs and every tensor of both real models.
 * Matrix products never dequantize: activations are quantized to q8_0/q8_1/q8_K (with their own rounding
   rules) and codes are multiplied as integers, scales applied once per block.

@@ -12,7 +12,7 @@ llama.cpp never "runs a model" in one piece of code. For every micro-batch it
 **builds a graph** of tensor operations, **assigns every node to a backend**
 (CPU, GPU, ...), **cuts the graph into splits** where the backend changes, and
 runs the splits one after another. This notebook rebuilds that machinery with
-`llmlab.graph` (ggml's tensors, ops and `ggml_cgraph`) and `llmlab.sched`
+`llmlab.ggml` (ggml's tensors, ops and `ggml_cgraph`) and `llmlab.ggml.sched`
 (`ggml_backend_sched`), and checks each step against the real engine:
 the graph drawn here is the graph that produced the logits of notebook 05.
 
@@ -25,12 +25,12 @@ code(r"""
 import numpy as np
 import matplotlib.pyplot as plt
 from llmlab import models
-from llmlab.graph import Context as GGMLContext, ops as ggml, build_forward, graph_compute, plan_memory
-from llmlab.graph.dot import to_dot, render
-from llmlab.graph.stats import op_table, format_table
-from llmlab.graph import viz
-from llmlab.model import Model, Context, Batch
-from llmlab.sched import Scheduler, CPUBackend, AccelBackend
+from llmlab.ggml import GGMLContext, ops as ggml, build_forward, graph_compute, plan_memory
+from llmlab.ggml.dot import to_dot, render
+from llmlab.ggml.stats import op_table, format_table
+from llmlab.ggml import viz
+from llmlab.llama import Model, Context, Batch
+from llmlab.ggml.sched import Scheduler, CPUBackend, AccelBackend
 """)
 
 md(r"""
@@ -306,7 +306,7 @@ embeddings, the positions, the KV cells to write and the mask going in, and the 
 
 code(r"""
 import tempfile, pathlib
-from llmlab.model.tiny import write_tiny
+from llmlab.llama.tiny import write_tiny
 tiny32 = Model(write_tiny(pathlib.Path(tempfile.mkdtemp()) / "tiny32.gguf", "llama", n_layer=32, n_embd=32,
                           n_head=4, n_head_kv=2, n_ff=64, n_vocab=64))
 sched32 = Scheduler([AccelBackend(), CPUBackend()], n_gpu_layers=20)
@@ -362,8 +362,8 @@ shared counter, and recorded.
 """)
 
 code(r"""
-from llmlab.sched.threads import trace_nodes
-from llmlab.graph.executor import run_nodes
+from llmlab.ggml.cpu.threads import trace_nodes
+from llmlab.ggml.executor import run_nodes
 tctx = Context(model, n_ctx=256)
 tg = tctx.graph_for(Batch.from_tokens(toks, logits="all"))   # placed in the cache, inputs set, nothing computed
 end = next(i for i, t in enumerate(tg.gf.nodes) if t.name == "l_out-0") + 1
@@ -384,12 +384,12 @@ types* whether they want the node (`ggml_cpu_extra_compute_forward`): REPACK
 (weights re-laid out so SIMD reads several rows at once), AMX, KleidiAI,
 SpacemiT IME. A plug-in owns the weights it repacked at load time and computes
 the ops that use them; everything else falls through to the plain path.
-`llmlab.sched.repack.RepackPlugin` does the same with 4 rows interleaved
+`llmlab.ggml.cpu.repack.RepackPlugin` does the same with 4 rows interleaved
 block by block; faster kernels plug in through exactly this hook.
 """)
 
 code(r"""
-from llmlab.sched.repack import RepackPlugin
+from llmlab.ggml.cpu.repack import RepackPlugin
 plug = RepackPlugin()
 cpu = CPUBackend(extra=[plug])
 pg = Context(model, n_ctx=256).build_graph(8)
@@ -417,7 +417,7 @@ and in llmlab, pair the nodes by name and compare them. Layer 0 side by side:
 code(r"""
 from llmlab import llamacpp
 from llmlab.viz import llamacpp as vl
-from llmlab.tokenizer import Tokenizer
+from llmlab.llama.vocab import Tokenizer
 from IPython.display import display
 
 path = models.resolve("smollm2")

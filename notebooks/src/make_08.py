@@ -47,9 +47,9 @@ from IPython.display import display
 
 from llmlab import models
 from llmlab.batch import Batch
-from llmlab.model import Model, Context
-from llmlab.tokenizer import Tokenizer
-from llmlab.tokenizer.stream import StreamDecoder
+from llmlab.llama import Model, Context
+from llmlab.llama.vocab import Tokenizer
+from llmlab.llama.vocab.stream import StreamDecoder
 from llmlab.generate import generate, Generation, ChatSession
 from llmlab.llama.sampling import (SamplingParams, SamplerChain, TokenDataArray, common_sampler_init,
                                    Greedy, Dist, TopK, TopP, MinP, Temp, Penalties)

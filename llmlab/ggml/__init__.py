@@ -1,0 +1,18 @@
+"""ggml, the tensor library half of llama.cpp: types, GGUF, quant formats, tensors, ops, the graph,
+its executor, backends and scheduler, and the CPU backend's numerics (``ggml.cpu``).
+
+    from llmlab.ggml import GGMLContext, ops as ggml, build_forward_expand, CGraph
+    ctx = GGMLContext(no_alloc=True)
+    a = ggml.new_tensor(ctx, "f32", 4, 3, name="a")
+    ...
+"""
+from __future__ import annotations
+
+from . import ops
+from .cgraph import CGraph, MemoryPlan, build_forward, build_forward_expand, plan_memory
+from .context import GGMLContext
+from .executor import compute as graph_compute
+from .tensor import Tensor
+
+__all__ = ["CGraph", "GGMLContext", "MemoryPlan", "Tensor", "build_forward", "build_forward_expand",
+           "graph_compute", "ops", "plan_memory"]

@@ -1,0 +1,66 @@
+"""Run a graph: walk the nodes in order, give each result its bytes, compute it.
+
+Hooks, in the spirit of llama.cpp's ``cb_eval`` callback:
+- ``capture``: names (or a predicate on the tensor); a copy of every matching node's
+  result is kept, by name (a name that appears twice keeps the last).
+- ``replace``: ``{name: array or fn(tensor, array) -> array}``; the node's result is
+  overwritten right after it is computed, before any reader sees it.
+- ``callback(tensor)``: called after every node.
+- ``dispatch``: ``fn(node) -> bool``: asked first for every node; returns True when it
+  computed the node itself (this is how a backend plugs accelerated kernels in).
+"""
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+import numpy as np
+
+from .cgraph import CGraph
+from .cpu.ops import COMPUTE
+from .tensor import Tensor
+
+
+def alloc(t: Tensor) -> None:
+    """Give a node its own bytes if it has none (views use their source's)."""
+    if t.view_src is None and t.data is None:
+        t.data = np.empty(t.nbytes(), np.uint8)
+
+
+def compute_node(node: Tensor) -> None:
+    fn = COMPUTE.get(node.op)
+    if fn is None:
+        raise NotImplementedError(f"no CPU implementation for op {node.op} (node {node.name})")
+    fn(node)
+
+
+def run_nodes(nodes: Iterable[Tensor], capture=None, replace=None, callback=None,
+              dispatch: Callable[[Tensor], bool] | None = None) -> dict[str, np.ndarray]:
+    want = None
+    if capture is not None:
+        want = capture if callable(capture) else (lambda t, names=frozenset(capture): t.name in names)
+    got: dict[str, np.ndarray] = {}
+    for node in nodes:
+        if node.view_src is None and node.data is None:
+            node.data = np.empty(node.nbytes(), np.uint8)
+        if dispatch is None or not dispatch(node):
+            fn = COMPUTE.get(node.op)
+            if fn is None:
+                raise NotImplementedError(f"no CPU implementation for op {node.op} (node {node.name})")
+            fn(node)
+        if replace and node.name in replace:
+            r = replace[node.name]
+            a = node.array()
+            a[...] = np.asarray(r(node, a.copy()) if callable(r) else r, dtype=a.dtype).reshape(a.shape)
+        if want is not None and want(node):
+            got[node.name] = node.numpy()
+        if callback is not None:
+            callback(node)
+    return got
+
+
+def compute(graph: CGraph, capture=None, replace=None, callback=None, dispatch=None) -> dict[str, np.ndarray]:
+    """Compute every node of the graph on the plain NumPy path (one backend, no scheduler)."""
+    for leaf in graph.leafs:
+        if leaf.root().data is None:
+            raise RuntimeError(f"leaf {leaf.name} has no data: bind weights and set inputs before computing")
+    return run_nodes(graph.nodes, capture, replace, callback, dispatch)

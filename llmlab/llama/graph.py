@@ -1,0 +1,177 @@
+"""llm_graph_context: what every architecture's graph builder shares (inputs, norm, FFN, attention).
+
+A builder is constructed for one micro-batch and leaves behind ``gf`` (the graph),
+``inputs`` (the leaf tensors the context must fill before running: tokens,
+positions, masks, output ids) and ``t_logits``. Intermediate tensors are named
+as llama.cpp's ``cb(cur, "name", il)`` names them, e.g. ``Qcur-3``.
+"""
+from __future__ import annotations
+
+from ..ggml import ops as ggml
+from ..ggml.cgraph import CGraph, build_forward_expand
+from ..ggml.context import GGMLContext
+from ..ggml.tensor import F32, I32, Tensor
+
+LLAMA_TENSOR_NAME_FATTN = "__fattn__"
+
+
+class KVView:
+    """What a graph needs from the KV cache: per-layer K/V tensors (one row per cell), how many cells
+    each layer reads (``n_kv``), and which layers use the sliding-window cache."""
+
+    def __init__(self, k_l: list[Tensor], v_l: list[Tensor], n_kv: list[int], swa: list[bool]):
+        self.k_l, self.v_l, self.n_kv, self.swa = k_l, v_l, n_kv, swa
+        self.v_trans = False
+
+
+class LLMGraph:
+    def __init__(self, model, n_tokens: int, n_outputs: int, kv: KVView, flash_attn: bool = False,
+                 mem_size: int | None = None):
+        self.model = model
+        self.hparams = hp = model.hparams
+        self.n_tokens, self.n_outputs = n_tokens, n_outputs
+        self.kv = kv
+        self.flash_attn = flash_attn
+        self.ctx0 = GGMLContext(mem_size, no_alloc=True, name="compute")
+        self.gf = CGraph(name=f"{hp.arch} graph, {n_tokens} tokens")
+        self.inputs: dict[str, Tensor] = {}
+        self.n_layer, self.n_embd, self.n_head, self.n_head_kv = hp.n_layer, hp.n_embd, hp.n_head, hp.n_head_kv
+        self.n_rot = hp.n_rot
+        self.t_logits: Tensor | None = None
+        self.t_embd: Tensor | None = None
+        self.layer_of: dict[int, int] = {}     # id(tensor) -> layer index, for drawing and placement
+        self.build()
+
+    # ---- naming, as llama.cpp's graph callback
+    def cb(self, t: Tensor, name: str, il: int) -> Tensor:
+        t.name = f"{name}-{il}" if il >= 0 else name
+        return t
+
+    # ---- inputs
+    def _input(self, name: str, type, *ne: int) -> Tensor:
+        t = ggml.set_input(ggml.new_tensor(self.ctx0, type, *ne, name=name))
+        self.inputs[name] = t
+        return t
+
+    def build_inp_embd(self, tok_embd: Tensor) -> Tensor:
+        tokens = self._input("inp_tokens", I32, self.n_tokens)
+        cur = ggml.get_rows(self.ctx0, tok_embd, tokens)
+        return self.cb(cur, "embd", -1)            # the name the reference llama.cpp build gives it
+
+    def build_inp_pos(self) -> Tensor:
+        return self._input("inp_pos", I32, self.n_tokens)
+
+    def build_inp_out_ids(self) -> Tensor:
+        return self._input("inp_out_ids", I32, self.n_outputs)
+
+    def build_attn_inp(self) -> None:
+        """The cells to write (k_idxs) and the KQ mask, for the global cache and (Gemma 3) the window cache."""
+        kv = self.kv
+        base = next((il for il in range(self.n_layer) if not kv.swa[il]), 0)
+        self._input("k_idxs", I32, self.n_tokens)
+        self._input("kq_mask", F32, kv.n_kv[base], self.n_tokens)
+        if any(kv.swa):
+            il = kv.swa.index(True)
+            self._input("k_idxs_swa", I32, self.n_tokens)
+            self._input("kq_mask_swa", F32, kv.n_kv[il], self.n_tokens)
+
+    # ---- blocks
+    def build_norm(self, cur: Tensor, mw: Tensor | None, il: int) -> Tensor:
+        cur = ggml.rms_norm(self.ctx0, cur, self.hparams.f_norm_rms_eps)
+        if mw is not None:
+            self.cb(cur, "norm", il)
+            cur = ggml.mul(self.ctx0, cur, mw)
+        return cur
+
+    def build_ffn(self, cur: Tensor, up: Tensor, gate: Tensor, down: Tensor, act: str, il: int) -> Tensor:
+        """Parallel gated FFN (LLM_FFN_PAR): down(act(gate x) * up x)."""
+        ctx0 = self.ctx0
+        tmp = self.cb(ggml.mul_mat(ctx0, up, cur), "ffn_up", il)
+        cur = self.cb(ggml.mul_mat(ctx0, gate, cur), "ffn_gate", il)
+        if act == "silu":
+            cur = self.cb(ggml.swiglu_split(ctx0, cur, tmp), "ffn_swiglu", il)
+        elif act == "gelu":
+            cur = self.cb(ggml.geglu_split(ctx0, cur, tmp), "ffn_geglu", il)
+        else:
+            raise ValueError(f"unknown FFN activation {act!r}")
+        return ggml.mul_mat(ctx0, down, cur)
+
+    def _idxs(self, il: int) -> Tensor:
+        return self.inputs["k_idxs_swa" if self.kv.swa[il] else "k_idxs"]
+
+    def cpy_k(self, k_cur: Tensor, il: int) -> Tensor:
+        """Write this micro-batch's K rows into their cells (SET_ROWS, as llama_kv_cache::cpy_k)."""
+        k = self.kv.k_l[il]
+        k_cur = ggml.reshape_2d(self.ctx0, k_cur, k.ne[0], self.n_tokens)
+        return ggml.set_rows(self.ctx0, k, k_cur, self._idxs(il))
+
+    def cpy_v(self, v_cur: Tensor, il: int) -> Tensor:
+        v = self.kv.v_l[il]
+        v_cur = ggml.reshape_2d(self.ctx0, v_cur, v.ne[0], self.n_tokens)
+        return ggml.set_rows(self.ctx0, v, v_cur, self._idxs(il))
+
+    def get_k(self, il: int) -> Tensor:
+        k, hp = self.kv.k_l[il], self.hparams
+        return ggml.view_3d(self.ctx0, k, hp.n_embd_head_k, hp.n_head_kv, self.kv.n_kv[il],
+                            k.type.row_size(hp.n_embd_head_k), k.type.row_size(hp.n_embd_k_gqa), 0)
+
+    def get_v(self, il: int) -> Tensor:
+        v, hp = self.kv.v_l[il], self.hparams
+        return ggml.view_3d(self.ctx0, v, hp.n_embd_head_v, hp.n_head_kv, self.kv.n_kv[il],
+                            v.type.row_size(hp.n_embd_head_v), v.type.row_size(hp.n_embd_v_gqa), 0)
+
+    def build_attn_mha(self, q: Tensor, k: Tensor, v: Tensor, kq_mask: Tensor, kq_scale: float, il: int) -> Tensor:
+        ctx0 = self.ctx0
+        v_trans = v.nb[1] > v.nb[2]
+        q = ggml.permute(ctx0, q, 0, 2, 1, 3)
+        k = ggml.permute(ctx0, k, 0, 2, 1, 3)
+        v = ggml.permute(ctx0, v, 0, 2, 1, 3)
+        if self.flash_attn:
+            if v_trans:
+                v = ggml.transpose(ctx0, v)
+            cur = ggml.flash_attn_ext(ctx0, q, k, v, kq_mask, kq_scale)
+            self.cb(cur, LLAMA_TENSOR_NAME_FATTN, il)
+            cur = ggml.reshape_2d(ctx0, cur, cur.ne[0] * cur.ne[1], cur.ne[2] * cur.ne[3])
+        else:
+            kq = self.cb(ggml.mul_mat(ctx0, k, q), "kq", il)
+            kq = self.cb(ggml.soft_max_ext(ctx0, kq, kq_mask, kq_scale, 0.0), "kq_soft_max", il)
+            if not v_trans:
+                v = self.cb(ggml.cont(ctx0, ggml.transpose(ctx0, v)), "v_cont", il)
+            kqv = self.cb(ggml.mul_mat(ctx0, v, kq), "kqv", il)
+            cur = ggml.permute(ctx0, kqv, 0, 2, 1, 3)
+            cur = ggml.cont_2d(ctx0, cur, cur.ne[0] * cur.ne[1], cur.ne[2] * cur.ne[3])
+        build_forward_expand(self.gf, cur)
+        return cur
+
+    def build_attn(self, wo: Tensor, q_cur: Tensor, k_cur: Tensor, v_cur: Tensor, kq_scale: float, il: int) -> Tensor:
+        gf = self.gf
+        # added together so that they are not reordered (fewer splits)
+        build_forward_expand(gf, q_cur)
+        build_forward_expand(gf, k_cur)
+        build_forward_expand(gf, v_cur)
+        # store to the KV cache
+        build_forward_expand(gf, self.cpy_k(k_cur, il))
+        build_forward_expand(gf, self.cpy_v(v_cur, il))
+        mask = self.inputs["kq_mask_swa" if self.kv.swa[il] else "kq_mask"]
+        cur = self.build_attn_mha(q_cur, self.get_k(il), self.get_v(il), mask, kq_scale, il)
+        self.cb(cur, "kqv_out", il)
+        return ggml.mul_mat(self.ctx0, wo, cur)
+
+    def build(self) -> None:
+        raise NotImplementedError
+
+    def build_output(self, inpL: Tensor) -> Tensor:
+        """The tail every builder shares: final norm, LM head (tied or not), expand from the logits."""
+        cur = self.build_norm(inpL, self.model.output_norm, -1)
+        self.cb(cur, "result_norm", -1)
+        self.t_embd = cur
+        cur = self.cb(ggml.mul_mat(self.ctx0, self.model.output, cur), "result_output", -1)
+        self.t_logits = cur
+        build_forward_expand(self.gf, cur)
+        self.mark_layer(self.model.hparams.n_layer)
+        return cur
+
+    def mark_layer(self, il: int) -> None:
+        """Record which layer the tensors made since the last call belong to (for drawing and placement)."""
+        for t in self.ctx0.tensors:
+            self.layer_of.setdefault(id(t), il)

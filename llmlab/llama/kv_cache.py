@@ -1,0 +1,745 @@
+"""The KV cache, managed the way llama.cpp manages it.
+
+llama.cpp keeps, per layer, a K and a V tensor of ``size`` rows ("cells") and,
+beside them, a little metadata per cell (``src/llama-kv-cells.h``): the
+token position the cell holds (``-1``: empty) and the set of sequences that
+see it. Everything the cache does is bookkeeping on that metadata
+(``src/llama-kv-cache.cpp``):
+
+- ``find_slot``: walk the ring of cells from the ``head`` pointer, wrapping
+  around, and take the free cells a micro-batch needs;
+- ``prepare``: place all micro-batches of a batch as a dry run, then roll the
+  cells back, so a batch that does not fit leaves the cache untouched;
+- ``apply_ubatch``: really place one micro-batch and move ``head`` past it;
+- ``seq_rm``, ``seq_cp``, ``seq_keep``, ``seq_add``, ``seq_div``: the
+  ``llama_memory_seq_*`` operations (forget, share, keep-only, shift and
+  compress positions);
+- ``kq_mask``: the ``[n_tokens, n_kv]`` additive mask (0 or -inf) that lets a
+  token see exactly the cells of its own sequence at positions ``<=`` its own,
+  and, for a sliding-window cache, less than ``n_swa`` positions back.
+
+Models with sliding-window layers (Gemma 3) get two caches
+(:class:`KVCacheISWA`, ``llama-kv-cache-iswa.cpp``): one for the global
+layers and one, whose cells may be recycled once they fall out of the window,
+for the local layers.
+
+The metadata here is NumPy arrays (``pos``, ``shift``, a boolean
+``seq[cell, seq_id]`` matrix) so each operation reads as one line of array
+math; the K/V data are arrays of the cache type (``float16`` for f16,
+``float32`` for f32, raw q8_0 blocks for q8_0), one row per cell::
+
+    cache = make_kv_cache(n_ctx=512, n_layer=30, n_embd_k_gqa=192)   # or KVCache(...) / KVCacheISWA(...)
+    ubatches = BatchAllocator(Batch.from_tokens(ids), memory=cache).split_all(n_ubatch=512)
+    slots = cache.prepare(ubatches)               # raises ContextFullError if they do not fit
+    for ub, slot in zip(ubatches, slots):
+        cache.apply_ubatch(slot, ub)
+        mask = cache.kq_mask(ub)                  # (n_tokens, n_kv) float32
+        for il in range(n_layer):
+            cache.store(il, slot, k_cur, v_cur)   # rows (n_tokens, n_embd_k_gqa)
+            k = cache.k(il)                       # (n_kv, n_embd_k_gqa), cache dtype
+
+``n_kv()`` is what llama.cpp's attention reads: the used cells padded to 256
+(``get_n_kv``), so the KQ matrix of a short prompt is ``[256, n_tokens]``.
+A graph that keeps its own K/V tensors can use the cache for its cells only
+(``allocate=False``) and write rows at ``slot.idxs``. With a quantized cache
+(q8_0) this llama.cpp rotates K and V (``attn_inp_k_rot``) before storing.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+from .. import LLMLabError
+from .batch import LLAMA_MAX_SEQ, UBatch
+from ..ggml.cpu.quants import quantize_activations
+from ..ggml.quant import dequantize
+from ..ggml.types import GGMLType, ggml_type
+
+N_KV_PAD = 256   # llama_kv_cache::get_n_kv pads the attended cells to a multiple of 256
+CACHE_TYPES = ("f32", "f16", "q8_0")
+
+
+class ContextFullError(LLMLabError):
+    """The KV cache has no room for a batch (llama_decode's return value 1)."""
+
+
+# --------------------------------------------------------------------------------------------------------------
+# sliding windows (llama_hparams::is_masked_swa)
+# --------------------------------------------------------------------------------------------------------------
+def _swa_none(n_swa, p0, p1):
+    return np.zeros(np.broadcast(p0, p1).shape, bool)
+
+
+def _swa_standard(n_swa, p0, p1):
+    return p1 - p0 >= n_swa
+
+
+def _swa_chunked(n_swa, p0, p1):
+    return p0 < (p1 // n_swa) * n_swa
+
+
+def _swa_symmetric(n_swa, p0, p1):
+    half = n_swa // 2
+    d = p1 - p0
+    return (d < -half) | (d > half)
+
+
+SWA_TYPES: dict[str, Callable] = {"none": _swa_none, "standard": _swa_standard,
+                                  "chunked": _swa_chunked, "symmetric": _swa_symmetric}
+
+
+def is_masked_swa(n_swa: int, swa_type: str, p0, p1):
+    """True where a query at position ``p1`` may not see a key at ``p0`` because of the window.
+
+    Works on scalars and broadcasts over arrays. ``standard`` (Gemma 3):
+    masked when ``p1 - p0 >= n_swa``.
+    """
+    return SWA_TYPES[swa_type](n_swa, np.asarray(p0), np.asarray(p1))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# memory accounting
+# --------------------------------------------------------------------------------------------------------------
+def cache_type(t: str | GGMLType) -> GGMLType:
+    t = ggml_type(t)
+    if t.name not in CACHE_TYPES:
+        raise ValueError(f"unsupported KV cache type {t.name!r} (supported: {', '.join(CACHE_TYPES)})")
+    return t
+
+
+def kv_cache_bytes(n_ctx: int, n_layer: int, n_embd_k_gqa: int, n_embd_v_gqa: int | None = None,
+                   type_k: str = "f16", type_v: str | None = None) -> int:
+    """n_ctx x n_layer x (K row + V row): with one type, n_ctx x n_layer x 2 x n_embd_gqa x sizeof(type).
+
+    ``sizeof(type)`` is bytes per element: 4 (f32), 2 (f16), 34/32 (q8_0).
+    """
+    n_embd_v_gqa = n_embd_k_gqa if n_embd_v_gqa is None else n_embd_v_gqa
+    tk, tv = cache_type(type_k), cache_type(type_v or type_k)
+    return n_ctx * n_layer * (tk.row_size(n_embd_k_gqa) + tv.row_size(n_embd_v_gqa))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# the cache
+# --------------------------------------------------------------------------------------------------------------
+@dataclass
+class Slot:
+    """Where a micro-batch goes (``slot_info``): the cell index of each of its tokens."""
+
+    idxs: np.ndarray   # int32 [n_tokens]
+
+    def __len__(self) -> int:
+        return len(self.idxs)
+
+    @property
+    def is_contiguous(self) -> bool:
+        return bool(len(self.idxs) == 0 or (np.diff(self.idxs) == 1).all())
+
+    def __repr__(self) -> str:
+        i = self.idxs
+        where = f"[{i[0]}, {i[-1] + 1})" if self.is_contiguous and len(i) else str(i.tolist())
+        return f"Slot({len(i)} cells {where})"
+
+
+def _range(p0, p1):
+    """llama.cpp's convention: a negative (or None) p0 means 0, a negative (or None) p1 means infinity."""
+    p0 = 0 if p0 is None or p0 < 0 else int(p0)
+    p1 = np.iinfo(np.int32).max if p1 is None or p1 < 0 else int(p1)
+    return p0, p1
+
+
+class KVCache:
+    """A unified (single-stream) ``llama_kv_cache``.
+
+    Parameters: ``size`` cells; ``layers``: the layer indices it stores (an int
+    ``n`` means ``range(n)``); ``n_embd_k_gqa``/``n_embd_v_gqa``: the width of
+    a K/V row (n_head_kv x head size); ``type_k``/``type_v`` one of f32, f16,
+    q8_0; ``n_seq_max`` sequences; ``n_swa``/``swa_type``: the sliding window
+    of this cache (``"none"`` for a global cache); ``allocate=False`` keeps
+    only the cell metadata (for pictures and accounting).
+    """
+
+    def __init__(self, size: int, layers: int | Sequence[int], n_embd_k_gqa: int, n_embd_v_gqa: int | None = None,
+                 type_k: str = "f16", type_v: str | None = None, n_seq_max: int = 1,
+                 n_swa: int = 0, swa_type: str = "none", allocate: bool = True):
+        if size < 1:
+            raise ValueError(f"KV cache size must be >= 1 cell, not {size}")
+        if not 1 <= n_seq_max <= LLAMA_MAX_SEQ:
+            raise ValueError(f"n_seq_max = {n_seq_max} is outside [1, {LLAMA_MAX_SEQ}]")
+        if swa_type not in SWA_TYPES:
+            raise ValueError(f"unknown swa_type {swa_type!r} (known: {', '.join(SWA_TYPES)})")
+        if swa_type != "none" and n_swa < 1:
+            raise ValueError(f"a sliding-window cache needs n_swa >= 1, not {n_swa}")
+        self.size = int(size)
+        self.layers = list(range(layers)) if isinstance(layers, int) else [int(i) for i in layers]
+        self.n_embd_k_gqa = int(n_embd_k_gqa)
+        self.n_embd_v_gqa = int(n_embd_k_gqa if n_embd_v_gqa is None else n_embd_v_gqa)
+        self.type_k = cache_type(type_k)
+        self.type_v = cache_type(type_v or type_k)
+        self.n_seq_max = int(n_seq_max)
+        self.n_swa = int(n_swa)
+        self.swa_type = swa_type
+        # cell metadata (llama_kv_cells)
+        self.pos = np.full(self.size, -1, np.int32)          # -1: empty
+        self.shift = np.zeros(self.size, np.int32)           # accumulated position shift since the last K-shift
+        self.seq = np.zeros((self.size, self.n_seq_max), bool)
+        self.has_shift = False
+        self.head = 0
+        # data: one row per cell
+        self._k: dict[int, np.ndarray] = {}
+        self._v: dict[int, np.ndarray] = {}
+        if allocate:
+            self.allocate()
+
+    # -- data ---------------------------------------------------------------------------------------------------
+    def allocate(self) -> None:
+        """Create the K/V arrays (zeros), ``total_bytes()`` in all."""
+        for il in self.layers:
+            self._k[il] = _alloc(self.type_k, self.size, self.n_embd_k_gqa)
+            self._v[il] = _alloc(self.type_v, self.size, self.n_embd_v_gqa)
+
+    def k(self, il: int, n_kv: int | None = None) -> np.ndarray:
+        """The stored K rows of layer ``il`` for the first ``n_kv`` cells (default: ``self.n_kv()``), cache dtype."""
+        return self._k[il][: self.n_kv() if n_kv is None else n_kv]
+
+    def v(self, il: int, n_kv: int | None = None) -> np.ndarray:
+        return self._v[il][: self.n_kv() if n_kv is None else n_kv]
+
+    def k_float(self, il: int, n_kv: int | None = None) -> np.ndarray:
+        """K rows as float32 (dequantized for q8_0)."""
+        return _to_float(self.type_k, self.k(il, n_kv), self.n_embd_k_gqa)
+
+    def v_float(self, il: int, n_kv: int | None = None) -> np.ndarray:
+        return _to_float(self.type_v, self.v(il, n_kv), self.n_embd_v_gqa)
+
+    def store(self, il: int, slot: Slot, k_cur: np.ndarray, v_cur: np.ndarray) -> None:
+        """Write a micro-batch's K and V rows into its cells (llama.cpp's ``cpy_k``/``cpy_v``: SET_ROWS).
+
+        ``k_cur``: ``(n_tokens, n_embd_k_gqa)`` float32 (any shape with that many
+        elements); converted to the cache type (f16: round to nearest even).
+        """
+        n = len(slot)
+        self._k[il][slot.idxs] = _from_float(self.type_k, np.asarray(k_cur, np.float32).reshape(n, self.n_embd_k_gqa))
+        self._v[il][slot.idxs] = _from_float(self.type_v, np.asarray(v_cur, np.float32).reshape(n, self.n_embd_v_gqa))
+
+    # -- accounting ---------------------------------------------------------------------------------------------
+    def size_k_bytes(self) -> int:
+        return self.size * len(self.layers) * self.type_k.row_size(self.n_embd_k_gqa)
+
+    def size_v_bytes(self) -> int:
+        return self.size * len(self.layers) * self.type_v.row_size(self.n_embd_v_gqa)
+
+    def total_bytes(self) -> int:
+        """size x n_layer x (K row + V row) bytes, as llama.cpp reports it."""
+        return self.size_k_bytes() + self.size_v_bytes()
+
+    # -- cell queries -------------------------------------------------------------------------------------------
+    @property
+    def used(self) -> int:
+        """Number of non-empty cells."""
+        return int((self.pos >= 0).sum())
+
+    def used_max_p1(self) -> int:
+        """Index of the last non-empty cell + 1 (0 if none)."""
+        nz = np.flatnonzero(self.pos >= 0)
+        return int(nz[-1]) + 1 if len(nz) else 0
+
+    def n_kv(self) -> int:
+        """Cells the attention looks at: ``used_max_p1`` padded to 256, at most ``size`` (``get_n_kv``)."""
+        return min(self.size, max(N_KV_PAD, -(-self.used_max_p1() // N_KV_PAD) * N_KV_PAD))
+
+    def is_empty(self, i: int) -> bool:
+        return bool(self.pos[i] < 0)
+
+    def seq_ids(self, i: int) -> frozenset[int]:
+        """The set of sequences cell ``i`` belongs to."""
+        return frozenset(np.flatnonzero(self.seq[i]).tolist())
+
+    def seq_pos_min(self, seq_id: int) -> int:
+        """Smallest position of ``seq_id`` in the cache, -1 if it has none."""
+        p = self.pos[self.seq[:, self._sid(seq_id)]]
+        return int(p.min()) if len(p) else -1
+
+    def seq_pos_max(self, seq_id: int) -> int:
+        """Largest position of ``seq_id`` in the cache, -1 if it has none."""
+        p = self.pos[self.seq[:, self._sid(seq_id)]]
+        return int(p.max()) if len(p) else -1
+
+    def cells(self) -> list[tuple[int, frozenset[int]]]:
+        """(pos, seq ids) of every cell: the picture of the cache."""
+        return [(int(p), self.seq_ids(i)) for i, p in enumerate(self.pos)]
+
+    def _sid(self, seq_id: int) -> int:
+        if not 0 <= seq_id < self.n_seq_max:
+            raise ValueError(f"seq_id {seq_id} is outside [0, {self.n_seq_max})")
+        return int(seq_id)
+
+    # -- clearing cells -----------------------------------------------------------------------------------------
+    def _clear(self, sel: np.ndarray) -> None:
+        """Empty the cells selected by the boolean mask ``sel`` and pull ``head`` back to the first of them."""
+        self.pos[sel] = -1
+        self.shift[sel] = 0
+        self.seq[sel] = False
+        freed = np.flatnonzero(sel)
+        if len(freed) and freed[0] < self.head:
+            self.head = int(freed[0])
+
+    def clear(self) -> None:
+        """Empty all cells (``llama_memory_clear``); the data is left as is."""
+        self._clear(np.ones(self.size, bool))
+        self.head = 0
+        self.has_shift = False
+
+    # -- sequence operations ------------------------------------------------------------------------------------
+    def seq_rm(self, seq_id: int, p0: int | None = None, p1: int | None = None) -> bool:
+        """Remove ``seq_id`` from the cells at positions [p0, p1); ``seq_id < 0`` removes every sequence there.
+
+        A cell left with no sequence becomes empty; ``head`` moves back to the
+        first freed cell if that is before it. Returns True (a KV cache can
+        always remove a range).
+        """
+        p0, p1 = _range(p0, p1)
+        in_range = (self.pos >= p0) & (self.pos < p1)
+        if seq_id < 0:
+            self._clear(in_range)
+            return True
+        s = self._sid(seq_id)
+        hit = in_range & self.seq[:, s]
+        self.seq[hit, s] = False
+        self._clear(hit & ~self.seq.any(axis=1))
+        return True
+
+    def seq_cp(self, seq_src: int, seq_dst: int, p0: int | None = None, p1: int | None = None) -> None:
+        """Let ``seq_dst`` also see the cells of ``seq_src`` at positions [p0, p1): shared, not copied."""
+        a, b = self._sid(seq_src), self._sid(seq_dst)
+        if a == b:
+            return
+        p0, p1 = _range(p0, p1)
+        self.seq[(self.pos >= p0) & (self.pos < p1) & self.seq[:, a], b] = True
+
+    def seq_keep(self, seq_id: int) -> None:
+        """Keep only ``seq_id``: its cells lose every other sequence, all other cells are emptied."""
+        s = self._sid(seq_id)
+        mine = self.seq[:, s].copy()
+        self.seq[mine] = False
+        self.seq[mine, s] = True
+        self._clear((self.pos >= 0) & ~mine)
+
+    def seq_add(self, seq_id: int, p0: int | None, p1: int | None, delta: int) -> None:
+        """Shift the positions of ``seq_id``'s cells in [p0, p1) by ``delta`` (``llama_memory_seq_add``).
+
+        Cells pushed below position 0 are emptied. The shift is also recorded
+        per cell (``shift``) so the K rows can be re-rotated later
+        (:meth:`apply_k_shift`). ``head`` goes to the first freed cell, or to 0.
+        """
+        s = self._sid(seq_id)
+        if delta == 0:
+            return
+        p0, p1 = _range(p0, p1)
+        if p0 == p1:
+            return
+        hit = (self.pos >= p0) & (self.pos < p1) & self.seq[:, s]
+        self.pos[hit] += delta
+        self.shift[hit] += delta
+        self.has_shift = True
+        gone = hit & (self.pos < 0)
+        self._clear(gone)
+        freed = np.flatnonzero(gone)
+        self.head = int(freed[0]) if len(freed) else 0
+
+    def seq_div(self, seq_id: int, p0: int | None, p1: int | None, d: int) -> None:
+        """Divide the positions of ``seq_id``'s cells in [p0, p1) by ``d`` (self-extend), recording the shift."""
+        s = self._sid(seq_id)
+        if d == 1:
+            return
+        if d < 1:
+            raise ValueError(f"seq_div needs d >= 1, not {d}")
+        p0, p1 = _range(p0, p1)
+        if p0 == p1:
+            return
+        hit = (self.pos >= p0) & (self.pos < p1) & self.seq[:, s]
+        old = self.pos[hit]
+        self.pos[hit] = old // d
+        self.shift[hit] += old - self.pos[hit]
+        self.has_shift = True
+
+    @property
+    def can_shift(self) -> bool:
+        return True
+
+    def apply_k_shift(self, rope: Callable[[int, np.ndarray, np.ndarray], np.ndarray]) -> None:
+        """Re-rotate the stored K rows of shifted cells, then forget the shifts (llama.cpp's K-shift graph).
+
+        ``rope(il, k, delta)`` gets float32 rows ``(n_cells, n_embd_k_gqa)`` and
+        their position deltas, returns the rotated rows. Cells with no shift are
+        left alone: rotating by 0 changes nothing.
+        """
+        cells = np.flatnonzero((self.pos >= 0) & (self.shift != 0))
+        if len(cells) and self._k:
+            for il in self.layers:
+                k = _to_float(self.type_k, self._k[il][cells], self.n_embd_k_gqa)
+                self._k[il][cells] = _from_float(self.type_k, np.asarray(rope(il, k, self.shift[cells]), np.float32))
+        self.shift[:] = 0
+        self.has_shift = False
+
+    # -- placing micro-batches ----------------------------------------------------------------------------------
+    def find_slot(self, ubatch: UBatch, cont: bool = False, trace: list | None = None) -> Slot | None:
+        """Find cells for the micro-batch's tokens, walking the ring from ``head`` (``find_slot``).
+
+        A cell is usable when it is empty, or (sliding-window caches) when it
+        holds one sequence and has fallen out of that sequence's window. With
+        ``cont`` the cells must be consecutive. Returns ``None`` when one full
+        turn of the ring finds too few. Nothing is modified. If ``trace`` is a
+        list, each tested cell is appended as ``(cell, usable)``.
+        """
+        n_tokens = ubatch.n_tokens
+        size = self.size
+        if n_tokens > size:
+            return None
+        head = self.head
+        # many free cells before the head: start from the beginning, hoping to fill the cache densely
+        if head > self.used + 2 * n_tokens:
+            head = 0
+        # the cells' current "max pos" per sequence decides which SWA cells have expired
+        pos_max = {}
+        if self.swa_type != "none":
+            for s in range(self.n_seq_max):
+                pos_max[s] = self.seq_pos_max(s)
+
+        def usable(i: int) -> bool:
+            if self.pos[i] < 0:
+                return True
+            ids = np.flatnonzero(self.seq[i])
+            if len(ids) != 1 or self.swa_type == "none":
+                return False
+            return bool(is_masked_swa(self.n_swa, self.swa_type, self.pos[i], pos_max[int(ids[0])] + 1))
+
+        idxs: list[int] = []
+        n_tested = 0
+        n_test = n_tokens if cont else 1
+        while True:
+            if head + n_test > size:             # wrap around
+                n_tested += size - head
+                head = 0
+                continue
+            for _ in range(n_test):
+                i = head
+                head += 1
+                n_tested += 1
+                ok = usable(i)
+                if trace is not None:
+                    trace.append((i, ok))
+                if ok:
+                    idxs.append(i)
+                elif cont:
+                    break
+            if len(idxs) == n_tokens:
+                break
+            if cont:
+                idxs.clear()
+            if n_tested >= size:
+                return None
+        return Slot(np.array(idxs, dtype=np.int32))
+
+    def apply_ubatch(self, slot: Slot, ubatch: UBatch) -> None:
+        """Place the micro-batch in its cells and move ``head`` past the last one.
+
+        A recycled (sliding-window) cell drops its old token; then every older
+        position of that sequence is purged too, so each sequence stays a
+        gap-free run of positions in the cache.
+        """
+        seq_pos_max_rm: dict[int, int] = {}
+        for i, p, ids in zip(slot.idxs.tolist(), ubatch.pos.tolist(), ubatch.seq_ids):
+            if self.pos[i] >= 0:
+                (s,) = np.flatnonzero(self.seq[i]).tolist()
+                seq_pos_max_rm[s] = max(seq_pos_max_rm.get(s, -1), int(self.pos[i]))
+                self.pos[i], self.shift[i], self.seq[i] = -1, 0, False
+            self.pos[i] = p
+            self.seq[i, list(ids)] = True
+        for s, pmax in sorted(seq_pos_max_rm.items()):
+            pmin = self.seq_pos_min(s)
+            if 0 <= pmin <= pmax:
+                self.seq_rm(s, pmin, pmax + 1)
+        self.head = int(slot.idxs[-1]) + 1
+
+    def snapshot(self) -> "KVCache":
+        """A copy of the cell metadata (no K/V data): for pictures of the cache over time."""
+        c = KVCache(self.size, self.layers, self.n_embd_k_gqa, self.n_embd_v_gqa, self.type_k.name, self.type_v.name,
+                    self.n_seq_max, self.n_swa, self.swa_type, allocate=False)
+        c._restore(tuple(x.copy() if isinstance(x, np.ndarray) else x for x in self._state()))
+        return c
+
+    def _state(self):
+        return self.pos.copy(), self.shift.copy(), self.seq.copy(), self.head, self.has_shift
+
+    def _restore(self, state) -> None:
+        self.pos, self.shift, self.seq, self.head, self.has_shift = state
+
+    def prepare(self, ubatches: Sequence[UBatch]) -> list[Slot]:
+        """Find a slot for every micro-batch, as a dry run (``prepare``): the cells are rolled back afterwards.
+
+        Later micro-batches see the earlier ones placed. Raises
+        :class:`ContextFullError` if any does not fit; the cache is then
+        unchanged. Apply the returned slots in order with :meth:`apply_ubatch`.
+        """
+        saved = self._state()
+        slots = []
+        try:
+            for ub in ubatches:
+                slot = self.find_slot(ub)
+                if slot is None:
+                    raise ContextFullError(
+                        f"the KV cache is full: no room for a micro-batch of {ub.n_tokens} tokens "
+                        f"(cache size {self.size} cells, {self.used} used"
+                        f"{f', window {self.n_swa}' if self.swa_type != 'none' else ''}); "
+                        "remove sequences (seq_rm), use a larger n_ctx, or ask for a context shift")
+                slots.append(slot)
+                self.apply_ubatch(slot, ub)
+        finally:
+            self._restore(saved)
+        return slots
+
+    # -- attention mask -----------------------------------------------------------------------------------------
+    def kq_mask(self, ubatch: UBatch, n_kv: int | None = None, causal: bool = True, il: int | None = None) -> np.ndarray:
+        """The additive KQ mask ``(n_tokens, n_kv)`` float32: 0 where token i may see cell j, -inf elsewhere.
+
+        Visible: the cell is non-empty, belongs to the token's (first) sequence,
+        is not in its future (causal), and, for a sliding-window cache, is
+        inside the window. Built as ``set_input_kq_mask`` does; llama.cpp stores
+        it as ggml ne ``[n_kv, n_tokens]`` (f16 with flash attention).
+        """
+        n_kv = self.n_kv() if n_kv is None else n_kv
+        p0 = self.pos[:n_kv][None, :]
+        p1 = ubatch.pos[:, None]
+        visible = self.seq[:n_kv, ubatch.seq_id0].T.copy()
+        if causal:
+            visible &= p0 <= p1
+        if self.swa_type != "none":
+            visible &= ~is_masked_swa(self.n_swa, self.swa_type, p0, p1)
+        return np.where(visible, np.float32(0), np.float32(-np.inf))
+
+    def layer_cache(self, il: int) -> "KVCache":
+        """The cache holding layer ``il`` (this one; :class:`KVCacheISWA` picks one of its two)."""
+        if il not in self.layers:
+            raise KeyError(f"layer {il} has no KV cache here (layers: {self.layers})")
+        return self
+
+    def __repr__(self) -> str:
+        swa = f", swa={self.swa_type}:{self.n_swa}" if self.swa_type != "none" else ""
+        return (f"KVCache(size={self.size}, used={self.used}, head={self.head}, layers={len(self.layers)}, "
+                f"k={self.type_k.name}x{self.n_embd_k_gqa}, v={self.type_v.name}x{self.n_embd_v_gqa}{swa})")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# interleaved sliding-window attention: two caches (llama_kv_cache_iswa)
+# --------------------------------------------------------------------------------------------------------------
+def swa_cache_size(size_base: int, n_swa: int, n_ubatch: int, n_seq_max: int = 1, swa_full: bool = False) -> int:
+    """Cells of the sliding-window cache: the window (per sequence) plus one micro-batch, padded to 256.
+
+    With ``swa_full`` (llama.cpp's default context parameter) it is as big as the base cache.
+    """
+    if swa_full:
+        return size_base
+    return -(-min(size_base, n_swa * n_seq_max + n_ubatch) // 256) * 256
+
+
+class KVCacheISWA:
+    """Two :class:`KVCache` s: ``base`` for the global layers, ``swa`` for the sliding-window ones.
+
+    Sequence operations go to both; ``prepare`` returns, per micro-batch, a
+    pair of slots ``(base_slot, swa_slot)``; the per-layer calls (``store``,
+    ``k``, ``v``, ``kq_mask``, ``n_kv``) take the layer index and route to the
+    layer's cache.
+    """
+
+    def __init__(self, size: int, layers_base: Sequence[int], layers_swa: Sequence[int], n_embd_k_gqa: int,
+                 n_embd_v_gqa: int | None = None, type_k: str = "f16", type_v: str | None = None,
+                 n_seq_max: int = 1, n_swa: int = 512, swa_type: str = "standard", n_ubatch: int = 512,
+                 swa_full: bool = False, allocate: bool = True):
+        size_swa = swa_cache_size(size, n_swa, n_ubatch, n_seq_max, swa_full)
+        kw = dict(n_embd_k_gqa=n_embd_k_gqa, n_embd_v_gqa=n_embd_v_gqa, type_k=type_k, type_v=type_v,
+                  n_seq_max=n_seq_max, allocate=allocate)
+        self.base = KVCache(size, list(layers_base), **kw)
+        self.swa = KVCache(size_swa, list(layers_swa), n_swa=n_swa, swa_type=swa_type, **kw)
+        self._by_layer = {il: self.base for il in self.base.layers} | {il: self.swa for il in self.swa.layers}
+
+    @property
+    def caches(self) -> tuple[KVCache, KVCache]:
+        return self.base, self.swa
+
+    def layer_cache(self, il: int) -> KVCache:
+        try:
+            return self._by_layer[il]
+        except KeyError:
+            raise KeyError(f"layer {il} has no KV cache here") from None
+
+    @property
+    def size(self) -> int:
+        return self.base.size
+
+    @property
+    def n_seq_max(self) -> int:
+        return self.base.n_seq_max
+
+    # sequence operations: both caches
+    def seq_rm(self, seq_id, p0=None, p1=None) -> bool:
+        return self.base.seq_rm(seq_id, p0, p1) & self.swa.seq_rm(seq_id, p0, p1)
+
+    def seq_cp(self, seq_src, seq_dst, p0=None, p1=None) -> None:
+        self.base.seq_cp(seq_src, seq_dst, p0, p1)
+        self.swa.seq_cp(seq_src, seq_dst, p0, p1)
+
+    def seq_keep(self, seq_id) -> None:
+        self.base.seq_keep(seq_id)
+        self.swa.seq_keep(seq_id)
+
+    def seq_add(self, seq_id, p0, p1, delta) -> None:
+        self.base.seq_add(seq_id, p0, p1, delta)
+        self.swa.seq_add(seq_id, p0, p1, delta)
+
+    def seq_div(self, seq_id, p0, p1, d) -> None:
+        self.base.seq_div(seq_id, p0, p1, d)
+        self.swa.seq_div(seq_id, p0, p1, d)
+
+    def clear(self) -> None:
+        self.base.clear()
+        self.swa.clear()
+
+    # the base cache holds every position the SWA cache holds, and more: ask the SWA cache (as llama.cpp)
+    def seq_pos_min(self, seq_id: int) -> int:
+        return self.swa.seq_pos_min(seq_id)
+
+    def seq_pos_max(self, seq_id: int) -> int:
+        return self.swa.seq_pos_max(seq_id)
+
+    @property
+    def can_shift(self) -> bool:
+        return self.base.size == self.swa.size
+
+    @property
+    def has_shift(self) -> bool:
+        return self.base.has_shift or self.swa.has_shift
+
+    def apply_k_shift(self, rope) -> None:
+        self.base.apply_k_shift(rope)
+        self.swa.apply_k_shift(rope)
+
+    def prepare(self, ubatches: Sequence[UBatch]) -> list[tuple[Slot, Slot]]:
+        return list(zip(self.base.prepare(ubatches), self.swa.prepare(ubatches)))
+
+    def apply_ubatch(self, slots: tuple[Slot, Slot], ubatch: UBatch) -> None:
+        self.base.apply_ubatch(slots[0], ubatch)
+        self.swa.apply_ubatch(slots[1], ubatch)
+
+    # per layer
+    def _slot(self, il, slots):
+        return slots[0] if self.layer_cache(il) is self.base else slots[1]
+
+    def store(self, il: int, slots: tuple[Slot, Slot], k_cur, v_cur) -> None:
+        self.layer_cache(il).store(il, self._slot(il, slots), k_cur, v_cur)
+
+    def k(self, il, n_kv=None):
+        return self.layer_cache(il).k(il, n_kv)
+
+    def v(self, il, n_kv=None):
+        return self.layer_cache(il).v(il, n_kv)
+
+    def k_float(self, il, n_kv=None):
+        return self.layer_cache(il).k_float(il, n_kv)
+
+    def v_float(self, il, n_kv=None):
+        return self.layer_cache(il).v_float(il, n_kv)
+
+    def n_kv(self, il: int | None = None) -> int:
+        return (self.base if il is None else self.layer_cache(il)).n_kv()
+
+    def kq_mask(self, ubatch: UBatch, n_kv: int | None = None, causal: bool = True, il: int | None = None) -> np.ndarray:
+        """The mask of layer ``il``'s cache (``il=None``: the base cache's)."""
+        return (self.base if il is None else self.layer_cache(il)).kq_mask(ubatch, n_kv, causal)
+
+    def total_bytes(self) -> int:
+        return self.base.total_bytes() + self.swa.total_bytes()
+
+    def __repr__(self) -> str:
+        return f"KVCacheISWA(base={self.base!r}, swa={self.swa!r})"
+
+
+def make_kv_cache(n_ctx: int, n_layer: int, n_embd_k_gqa: int, n_embd_v_gqa: int | None = None,
+                  swa_layers: Sequence[int] = (), n_swa: int = 0, swa_type: str = "standard",
+                  type_k: str = "f16", type_v: str | None = None, n_seq_max: int = 1, n_ubatch: int = 512,
+                  swa_full: bool = False, allocate: bool = True) -> KVCache | KVCacheISWA:
+    """The cache llama.cpp creates for a model (``llama_model::create_memory``).
+
+    A plain :class:`KVCache` of ``n_ctx`` cells for all layers, or, when some
+    layers use a sliding window (``swa_layers``, e.g. Gemma 3's ``il % 6 < 5``),
+    a :class:`KVCacheISWA`. ``n_ctx`` is the context size after llama.cpp's
+    padding (a multiple of 256).
+    """
+    kw = dict(n_embd_k_gqa=n_embd_k_gqa, n_embd_v_gqa=n_embd_v_gqa, type_k=type_k, type_v=type_v,
+              n_seq_max=n_seq_max, allocate=allocate)
+    swa = sorted(set(int(i) for i in swa_layers))
+    if not swa:
+        return KVCache(n_ctx, n_layer, **kw)
+    base = [il for il in range(n_layer) if il not in swa]
+    return KVCacheISWA(n_ctx, base, swa, n_swa=n_swa, swa_type=swa_type, n_ubatch=n_ubatch, swa_full=swa_full, **kw)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# running out of room: the context shift of llama.cpp's tools
+# --------------------------------------------------------------------------------------------------------------
+def context_shift(cache: KVCache | KVCacheISWA, seq_id: int = 0, n_keep: int = 0, n_discard: int | None = None) -> int:
+    """Make room in a full context as llama.cpp's CLI and server do; returns the number of positions dropped.
+
+    Keeps the first ``n_keep`` positions (e.g. the system prompt), drops the
+    next ``n_discard`` (default: half of the rest) and slides the remainder
+    down by ``n_discard`` with :meth:`KVCache.seq_add`. The stored K rows must
+    then be re-rotated (``apply_k_shift``) before the next decode.
+    """
+    if not cache.can_shift:
+        raise ContextFullError("this KV cache cannot shift its context (the sliding-window cache is smaller than "
+                               "the base cache; use swa_full)")
+    n_past = cache.seq_pos_max(seq_id) + 1
+    n_left = n_past - n_keep
+    if n_discard is None:
+        n_discard = n_left // 2
+    if n_discard <= 0 or n_left <= 0:
+        raise ContextFullError(f"nothing to discard: sequence {seq_id} has {n_past} positions, {n_keep} kept")
+    n_discard = min(n_discard, n_left)
+    cache.seq_rm(seq_id, n_keep, n_keep + n_discard)
+    cache.seq_add(seq_id, n_keep + n_discard, n_past, -n_discard)
+    return n_discard
+
+
+# --------------------------------------------------------------------------------------------------------------
+# row conversion for the cache types
+# --------------------------------------------------------------------------------------------------------------
+_NUMPY = {"f32": np.float32, "f16": np.float16}
+
+
+def _alloc(t: GGMLType, n_rows: int, n_embd: int) -> np.ndarray:
+    if t.name in _NUMPY:
+        return np.zeros((n_rows, n_embd), _NUMPY[t.name])
+    return np.zeros((n_rows, t.row_size(n_embd)), np.uint8)
+
+
+def _from_float(t: GGMLType, x: np.ndarray) -> np.ndarray:
+    """Rows of float32 -> rows of the cache type, as ggml-cpu's SET_ROWS converts (its ``from_float``).
+
+    f16: round to nearest even (F16C). q8_0: ggml-cpu's quantize_row_q8_0, the same routine that
+    quantizes activations for q8_0 dot products.
+    """
+    if t.name in _NUMPY:
+        return x.astype(_NUMPY[t.name])
+    blocks = quantize_activations(np.ascontiguousarray(x, np.float32), t.name)
+    return np.ascontiguousarray(blocks).view(np.uint8).reshape(len(x), -1)
+
+
+def _to_float(t: GGMLType, rows: np.ndarray, n_embd: int) -> np.ndarray:
+    if t.name in _NUMPY:
+        return rows.astype(np.float32)
+    return dequantize(np.ascontiguousarray(rows).reshape(-1), t.name).reshape(len(rows), n_embd)
+
+
+__all__ = ["KVCache", "KVCacheISWA", "Slot", "make_kv_cache", "ContextFullError", "kv_cache_bytes", "swa_cache_size",
+           "context_shift", "is_masked_swa", "SWA_TYPES", "CACHE_TYPES", "N_KV_PAD"]

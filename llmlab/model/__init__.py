@@ -1,7 +1,0 @@
-"""A model bound to the graph builders: ``Model`` (weights, hparams) and ``Context`` (decode)."""
-from ..batch import Batch
-from .context import Context
-from .hparams import HParams, load_hparams
-from .model import Model
-
-__all__ = ["Batch", "Context", "HParams", "Model", "load_hparams"]
