@@ -41,7 +41,7 @@ def run(args) -> int:
     tok = Tokenizer.from_model(path)
     template = ChatTemplate.from_model(path, tok)
     template.apply([{"role": "user", "content": "test"}])   # a broken or hostile template stops here
-    ctx, cpu = load_context(args, path, args.n_ctx or 2048)
+    ctx, cpu = load_context(args, path, 2048 if args.n_ctx is None else args.n_ctx)
     chat = ChatSession(ctx, tok, template, sampler, system=args.system)
     kind = f"llama.cpp's built-in {template.source!r}" if template.builtin else "the model's Jinja template"
     print(f"chat with {path.name} ({kind}, n_ctx {ctx.n_ctx}, cpu {cpu}); /exit or Ctrl-D to quit, "
@@ -72,7 +72,7 @@ def run(args) -> int:
         except KeyboardInterrupt:
             print("\n[reply stopped]", file=sys.stderr)
         except LLMLabError as e:
-            print(f"\nerror: {e}", file=sys.stderr)
+            print(f"\nerror: {e} (/clear starts over)", file=sys.stderr)
             continue
         sys.stdout.write("\n")
         sys.stdout.flush()

@@ -84,7 +84,11 @@ def load_context(args, path, n_ctx: int):
     if args.threads is not None:
         from ..ggml.cpu.fast import set_threads
         set_threads(args.threads)
-    ctx = Context(Model(path), n_ctx=n_ctx, n_batch=n_ctx, flash_attn=args.flash_attn, **extra)
+    model = Model(path)
+    if n_ctx <= 0 or n_ctx > model.hparams.n_ctx_train:
+        raise LLMLabError(f"a context of {n_ctx} tokens is outside 1..{model.hparams.n_ctx_train} (the model's "
+                          f"context_length); lower -n or --n-ctx")
+    ctx = Context(model, n_ctx=n_ctx, n_batch=n_ctx, flash_attn=args.flash_attn, **extra)
     return ctx, str(getattr(ctx, "cpu", cpu))
 
 
@@ -111,7 +115,8 @@ def run(args) -> int:
     ids = tok.tokenize(args.prompt, add_bos=True, special=True)
     if not ids:
         raise LLMLabError("the prompt produced no tokens")
-    n_ctx = args.n_ctx or (4096 if args.n_predict < 0 else len(ids) + max(args.n_predict - 1, 0))
+    n_ctx = args.n_ctx if args.n_ctx is not None else (
+        4096 if args.n_predict < 0 else len(ids) + max(args.n_predict - 1, 0))
     ctx, cpu = load_context(args, path, n_ctx)
     out = Generation()
     if not args.json:
