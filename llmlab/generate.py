@@ -168,7 +168,9 @@ class ChatSession:
         self.clear()
 
     def clear(self) -> None:
-        """Forget the conversation and empty the cache."""
+        """Forget the conversation, empty the cache and reset the sampler (its penalties and seed)."""
+        if hasattr(self.sampler, "reset"):
+            self.sampler.reset()
         self.messages: list[dict] = [{"role": "system", "content": self.system}] if self.system else []
         self.cached: list[int] = []      # tokens in the cache, at positions 0, 1, ...
         self.pending: list[int] = []     # sampled, not decoded (the last token of the last reply)
