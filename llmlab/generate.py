@@ -18,6 +18,7 @@ import numpy as np
 
 from . import LLMLabError
 from .llama.batch import Batch
+from .llama.validate import check_finite
 from .llama.sampling import Greedy, SamplerChain
 from .llama.vocab.stream import StreamDecoder
 
@@ -77,9 +78,12 @@ def _split_stop(text: str, stops: Sequence[str]) -> tuple[str, str, bool]:
 
 
 def _decode(ctx, tokens: list[int], pos0: int) -> np.ndarray:
-    """One batch at ``pos0``; if it is interrupted, the cache forgets the batch's positions."""
+    """One batch at ``pos0``; if it is interrupted, the cache forgets the batch's positions.
+    Non-finite logits are an error (a file whose weights lie), never a token."""
     try:
-        return ctx.decode(Batch.from_tokens(tokens, pos0=pos0, logits="last"))[-1]
+        logits = ctx.decode(Batch.from_tokens(tokens, pos0=pos0, logits="last"))[-1]
+        check_finite(logits)
+        return logits
     except BaseException:
         ctx.kv.seq_rm(-1, pos0, None)
         raise
