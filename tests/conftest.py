@@ -1,7 +1,14 @@
-"""Shared fixtures: the two real models (fetched once into the cache), the llama.cpp references."""
+"""Shared fixtures: the two real models (fetched once into the cache), the llama.cpp references.
+
+Only optional third-party oracles may skip a test, with a reason that names them (``ORACLES``). ``make
+test`` installs all of them and sets ``LLMLAB_REQUIRE_ORACLES=1``: then a missing oracle is a broken
+set-up, and the suite fails (at start, and for every test that would have skipped on one).
+"""
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +19,45 @@ from llmlab import models
 DATA = Path(__file__).parent / "data"
 REFS = DATA / "refs"
 REF_STEMS = {"smollm2": "smollm2-135m-instruct-q4_1", "gemma3": "gemma-3-270m-q4_k_m"}
+
+
+# module -> what to install; the only imports a test may skip on
+ORACLES = {"llama_cpp": "llama-cpp-python", "gguf": "gguf (gguf-py)", "ipywidgets": "ipywidgets (the lab extra)"}
+REQUIRE_ORACLES = os.environ.get("LLMLAB_REQUIRE_ORACLES", "") not in ("", "0")
+
+
+def pytest_sessionstart(session):
+    if REQUIRE_ORACLES:
+        missing = [pkg for mod, pkg in ORACLES.items() if importlib.util.find_spec(mod) is None]
+        if missing:
+            raise pytest.UsageError(f"LLMLAB_REQUIRE_ORACLES is set but {', '.join(missing)} is not installed "
+                                    "(make setup installs them)")
+
+
+def _oracle_skip(report) -> bool:
+    """A skip caused by a missing oracle (importorskip's reasons name the module or the package)."""
+    if not report.skipped:
+        return False
+    reason = str(report.longrepr[-1] if isinstance(report.longrepr, tuple) else report.longrepr)
+    return any(mod in reason or pkg.split()[0] in reason for mod, pkg in ORACLES.items())
+
+
+def _fail_oracle_skips(report) -> None:
+    if REQUIRE_ORACLES and _oracle_skip(report):
+        report.outcome = "failed"
+        report.longrepr = f"oracle missing under LLMLAB_REQUIRE_ORACLES: {report.longrepr}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    _fail_oracle_skips(outcome.get_result())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    outcome = yield
+    _fail_oracle_skips(outcome.get_result())
 
 
 def pytest_addoption(parser):

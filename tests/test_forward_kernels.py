@@ -9,8 +9,8 @@ from llmlab.ggml.cpu.ops import mul_mat_quantized
 from llmlab.ggml.cpu.kernels import TILED_MIN_ROWS, mul_mat_f16, mul_mat_f16_op, mul_mat_k
 from llmlab.ggml.types import ggml_type
 
-ggml_ref = pytest.importorskip("ggml_ref")
-pytest.importorskip("llama_cpp")
+pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (optional oracle)")
+import ggml_ref  # noqa: E402  (tests/ggml_ref.py: ctypes bridge to the real ggml)
 
 K_QUANTS = ["q2_k", "q3_k", "q4_k", "q5_k", "q6_k"]
 

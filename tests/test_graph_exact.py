@@ -4,8 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-llama_cpp = pytest.importorskip("llama_cpp")
-quant = pytest.importorskip("llmlab.ggml.quant")
+llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (optional oracle)")
 import ggml_ref  # noqa: E402  (tests/ggml_ref.py: ctypes bridge to ggml)
 
 from llmlab.ggml.cpu.kernels import EXACT_MUL_MAT, mul_mat_f16, mul_mat_f16_op, soft_max_rows, v_expf  # noqa: E402

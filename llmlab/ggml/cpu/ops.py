@@ -6,7 +6,7 @@ RMS norm sums squares in double, softmax sums in double, RoPE multiplies the
 angle by ``theta_scale`` step by step in float, GELU goes through an f16 table,
 f16 weights (the KV cache) see their activations rounded to f16, and quantized
 weights see their activations quantized to the weight's ``vec_dot_type``
-(``llmlab.ggml.quant`` does that part when it is available).
+(``llmlab.ggml.quant`` and ``quants.py``).
 """
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ from typing import Callable
 
 import numpy as np
 
+from ..quant import dequantize
 from ..tensor import F16, F32, Tensor
+from .quants import mul_mat as quant_mul_mat
 
 COMPUTE: dict[str, Callable[[Tensor], None]] = {}
 
@@ -34,26 +36,10 @@ def f32(t: Tensor) -> np.ndarray:
     return a if a.dtype == np.float32 else a.astype(np.float32)
 
 
-# ---- quantized weights: delegated to llmlab.ggml.quant, with gguf-py as a stand-in -------------
+# ---- quantized weights: llmlab.ggml.quant's formats, ggml-cpu's kernels (kernels.py, quants.py) ------------
 
 def dequantize_rows(raw: np.ndarray, qtype) -> np.ndarray:
-    try:
-        from ..quant import dequantize
-    except ImportError:
-        dequantize = None
-    if dequantize is not None:
-        return np.asarray(dequantize(raw, qtype), dtype=np.float32).reshape(raw.shape[0], -1)
-    from gguf import quants
-    from gguf.constants import GGMLQuantizationType
-    return quants.dequantize(np.ascontiguousarray(raw), GGMLQuantizationType(qtype.id)).astype(np.float32).reshape(raw.shape[0], -1)
-
-
-def _quant_mul_mat():
-    try:
-        from .quants import mul_mat as qmm
-        return qmm
-    except ImportError:
-        return None
+    return np.asarray(dequantize(raw, qtype), dtype=np.float32).reshape(raw.shape[0], -1)
 
 
 def mul_mat_quantized(raw: np.ndarray, qtype, x: np.ndarray, repacked: bool = False) -> np.ndarray:
@@ -70,13 +56,9 @@ def mul_mat_quantized(raw: np.ndarray, qtype, x: np.ndarray, repacked: bool = Fa
     else:
         exact = None
     exact = exact or EXACT_MUL_MAT.get(qtype.name)
-    if exact is not None and _quant_mul_mat() is not None:
+    if exact is not None:
         return exact(raw, qtype, x)
-    qmm = _quant_mul_mat()
-    if qmm is not None:
-        return np.asarray(qmm(raw, qtype, x), dtype=np.float32)
-    w = dequantize_rows(raw, qtype)          # float stand-in (not activation-quantized)
-    return (x @ w.T).astype(np.float32)
+    return np.asarray(quant_mul_mat(raw, qtype, x), dtype=np.float32)
 
 
 # ---- ops ------------------------------------------------------------------------------
