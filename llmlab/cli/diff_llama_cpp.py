@@ -1,9 +1,8 @@
 """``diff-llama-cpp``: run a prompt through llama.cpp and through llmlab, compare the graphs node by node."""
 from __future__ import annotations
 
-import json
-
 from .. import LLMLabError, models
+from ._common import dumps, positive_int
 
 
 def register(sub) -> None:
@@ -12,7 +11,7 @@ def register(sub) -> None:
     p.add_argument("-p", "--prompt", required=True, help="text; tokenized by llama.cpp with BOS and special tokens")
     p.add_argument("--flash-attn", choices=["on", "off"], default="off", help="attention path (default: off)")
     p.add_argument("--layers", default=None, metavar="A:B", help="only nodes of layers A..B-1 (plus the layer-less ones)")
-    p.add_argument("--threads", type=int, default=1,
+    p.add_argument("--threads", type=positive_int, default=1,
                    help="llama.cpp threads (default 1: the node-by-node run synchronizes its threads at every node)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
@@ -48,7 +47,7 @@ def run(args) -> int:
     cap = llamacpp.capture(path, tokens, flash_attn=flash, n_threads=args.threads)
     report = llamacpp.diff(ours, cap, layers=layers)
     if args.json:
-        print(json.dumps(report.to_json(), indent=1))
+        print(dumps(report.to_json(), indent=1))
         return 0
     print(report.table())
     print(report.summary())
