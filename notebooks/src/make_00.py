@@ -68,7 +68,7 @@ md(r"""
 | weights in 4-6 bits | block formats and their dot products | `ggml-quants.c`, `ggml-cpu` | **05** | `llmlab.ggml.quant`, `llmlab.ggml.cpu` |
 | compute graph | ops, graph, backends, splits, threads | `ggml_cgraph`, `ggml_backend_sched` | **06** | `llmlab.ggml.cgraph`, `llmlab.ggml.sched` |
 | GPU kernels | dp4a, MMVQ (simulated on the CPU) | `ggml-cuda/mmvq.cu` | **07** | `llmlab.cuda_sim` |
-| LM head, sampling | last hidden state → logits over the vocabulary → next id | `llama_sampler_*` | **08** | `llmlab.generate` |
+| LM head, sampling | last hidden state → logits over the vocabulary → next id | `llama_sampler_*` | **08** | `llmlab.llama.sampling`, `llmlab.generate` |
 | detokenize | ids → bytes → text (holding back split characters) | `llama_token_to_piece` | **02** | `llmlab.llama.vocab.stream` |
 
 The model itself is **not** in the file as code: the file says `general.architecture = llama` and
@@ -116,11 +116,9 @@ the tokens are the ones llama.cpp picks for the same prompt.
 """)
 
 code(r"""
-import time
 from llmlab.llama import Context, Model
 from llmlab.llama.vocab import Tokenizer
-from llmlab.llama.vocab.stream import StreamDecoder
-from llmlab.generate import Timings, generate
+from llmlab.generate import Generation, generate
 
 model = Model(paths["smollm2"])
 tok = Tokenizer.from_model(paths["smollm2"])
@@ -130,11 +128,11 @@ print(f"prompt: {len(ids)} tokens {ids}")
 
 n_predict = 24
 ctx = Context(model, n_ctx=len(ids) + n_predict, n_batch=len(ids))
-stream, timings = StreamDecoder(tok), Timings()
-for token in generate(ctx, ids, n_predict, stop=tok.vocab.eog, timings=timings):
-    print(stream.push(token), end="", flush=True)
-print(stream.flush())
-print(timings.summary())
+run = Generation()
+for token, text in generate(ctx, tok, ids, n_predict, result=run):    # greedy: the most likely token each step
+    print(text, end="", flush=True)
+print(f"\n[stopped: {run.stop_reason}]")
+print(run.timings.summary())
 """)
 
 md(r"""
