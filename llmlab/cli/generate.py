@@ -4,6 +4,7 @@ from __future__ import annotations
 import sys
 
 from .. import models
+from ._cpu import add_cpu_argument, resolve_cpu
 
 
 def register(sub) -> None:
@@ -14,6 +15,7 @@ def register(sub) -> None:
     p.add_argument("--n-ctx", type=int, default=None, help="context size (default: prompt + n-predict)")
     p.add_argument("--flash-attn", action="store_true", help="use the flash-attention path")
     p.add_argument("--no-timings", action="store_true", help="do not print the speed summary on stderr")
+    add_cpu_argument(p)
     p.set_defaults(func=run)
 
 
@@ -24,7 +26,7 @@ def run(args) -> int:
     from ..llama.vocab.stream import StreamDecoder
 
     path = models.resolve(args.model)
-    model = Model(path)
+    model = Model(path, cpu=resolve_cpu(args))
     tok = Tokenizer.from_model(path)
     ids = tok.tokenize(args.prompt, add_bos=True, special=True)
     if not ids:

@@ -17,6 +17,7 @@ import numpy as np
 from numpy import float32, float64
 
 from . import profiles
+from .libm import expf as libm_expf
 from .libm import libm
 from .vec import gelu as gelu_ggml
 from .vec import gelu_f32, gelu_table  # noqa: F401  (re-exported: ggml's GELU lives in vec)
@@ -371,8 +372,8 @@ def flash_attn_ext(dst: Tensor, cpu=None) -> None:
         s = (scores[:, :, ic] + mv[None, :]).astype(np.float32)
         grow = live & (s > Mx)
         with np.errstate(invalid="ignore", over="ignore"):
-            ms = np.where(grow, np.exp((Mx - s).astype(np.float64)), 1.0).astype(np.float32)   # expf
-            vs = np.where(grow, 1.0, np.exp((s - Mx).astype(np.float64))).astype(np.float32)
+            ms = np.where(grow, libm_expf(np.where(grow, Mx - s, 0)), 1.0).astype(np.float32)   # the C library's expf
+            vs = np.where(grow, 1.0, libm_expf(np.where(grow, 0, s - Mx))).astype(np.float32)
         ms = np.where(live, ms, np.float32(1))
         vs = np.where(live, vs, np.float32(0))
         Mx = np.where(grow, s, Mx)

@@ -106,7 +106,7 @@ def resolve(cpu: "CPUProfile | str | None" = None) -> CPUProfile:
     if isinstance(cpu, CPUProfile):
         return cpu
     if cpu is None or cpu == "auto":
-        return detect().profile
+        return warn_if_unreproduced().profile
     return get(cpu)
 
 
@@ -205,9 +205,10 @@ def warn_if_unreproduced(stream=None) -> Detection:
     d = detect()
     if not d.reproduced and "warned" not in _WARNED:
         _WARNED.add("warned")
-        print(f"llmlab: this CPU is not one llmlab reproduces; emulating {d.profile.name} "
-              f"({d.profile.title}), so results will not be bit-identical to this machine's llama.cpp",
-              file=stream or sys.stderr)
+        why = (f"LLMLAB_CPU={d.profile.name}: emulating {d.profile.name}" if d.source == "LLMLAB_CPU" else
+               f"this CPU is not one llmlab reproduces; emulating the nearest profile, {d.profile.name}")
+        print(f"llmlab: {why} ({d.profile.title}), so results will not be bit-identical to this machine's "
+              f"llama.cpp", file=stream or sys.stderr)
     return d
 
 
