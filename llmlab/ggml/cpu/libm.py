@@ -5,9 +5,6 @@ bits matter (the RoPE cache, the GELU table, softmax tails) llmlab calls the sam
 """
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-
 import numpy as np
 from numpy import float32, float64
 
@@ -18,6 +15,8 @@ def libm():
     """The C math library with float signatures set, or False when it cannot be loaded."""
     global _LIBM
     if _LIBM is None:
+        import ctypes
+        import ctypes.util
         try:
             lib = ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6")
             for f in ("cosf", "sinf", "tanhf", "expf"):
