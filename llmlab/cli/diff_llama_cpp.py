@@ -53,7 +53,9 @@ def run(args) -> int:
     from ..ggml.cpu import profiles
     here = "yes" if profiles.bit_identical_here(cpu) else "no"
     if args.json:
-        print(json.dumps({**report.to_json(), "cpu": cpu.name, "bit_identical_on_this_cpu": here == "yes"}, indent=1))
+        same = sum(1 for n in report.nodes if n.max_abs_err == 0)
+        print(json.dumps({**report.to_json(), "first_inexact": report.first_inexact, "nodes_bit_identical": same,
+                          "cpu": cpu.name, "bit_identical_on_this_cpu": here == "yes"}, indent=1))
         return 0
     print(report.table())
     print(f"cpu profile: {cpu.name} ({cpu.title}); bit-identical on this CPU: {here}")
