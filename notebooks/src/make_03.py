@@ -506,6 +506,7 @@ REF_DIRS = {"avx512": Path("../tests/data/refs"), "avx2": Path("../tests/data/re
 def refset(cpu, stem="smollm2-135m-instruct-q4_1"):
     return dict(np.load(REF_DIRS[cpu] / f"{stem}.logits.npz"))
 R = {cpu: refset(cpu) for cpu in REF_DIRS}
+piece = lambda t: repr(Tokenizer.from_model(models.resolve("smollm2")).token_to_piece(int(t)).decode("utf-8", "replace"))
 rows = []
 for i in range(5):
     a, b = R["avx2"], R["avx512"]
@@ -515,7 +516,7 @@ for i in range(5):
     agree = next((k for k in range(n) if ga[k] != gb[k]), n)
     d = np.abs(a[f"p{i}_last_logits"] - b[f"p{i}_last_logits"])
     rows.append([i, len(a[f"p{i}_ids"]), f"{(d > 0).mean():.0%}", f"{d.max():.2g}",
-                 f"{agree} / {n}" + ("" if agree == n else f" (then {ga[agree]} vs {gb[agree]})")])
+                 f"{agree} / {n}" + ("" if agree == n else f" (then {piece(ga[agree])} vs {piece(gb[agree])})")])
 display(table(["prompt", "tokens", "last-position logits that differ", "max |diff|",
                "greedy tokens in common (AVX2 vs AVX-512)"], rows))
 """)
@@ -559,7 +560,7 @@ exact = (q.astype(np.float64) * k.astype(np.float64)).sum(-1)
 differ = np.flatnonzero(dots["avx2"] != dots["avx512"])
 print(f"{len(k)} keys: AVX2 and AVX-512 give different float32 scores for {len(differ)} of them")
 for j in differ[:4]:
-    print(f"  key {j}: AVX2 {dots['avx2'][j]!r}  AVX-512 {dots['avx512'][j]!r}  exact sum {exact[j]:.10f}")
+    print(f"  key {j}: AVX2 {dots['avx2'][j]:.9g}  AVX-512 {dots['avx512'][j]:.9g}  exact sum {exact[j]:.10f}")
 """)
 
 md(r"""
@@ -608,7 +609,7 @@ runs = {cpu: greedy(cpu, ids0, split + 1) for cpu in ("avx2", "avx512")}
 for cpu, (toks, tops) in runs.items():
     assert toks == R[cpu]["p0_greedy"][:split + 1].tolist()   # llmlab follows each CPU's llama.cpp
     t1, t2 = tops[split]
-    print(f"{cpu:7}: {split} tokens in common, then token {toks[split]} "
+    print(f"{cpu:7}: {split} tokens in common, then {piece(toks[split])} "
           f"(best two logits {t1:.6f} and {t2:.6f}: a gap of {t1 - t2:.2g})")
 """)
 
