@@ -3,10 +3,17 @@
 References exist per CPU profile (``REF_DIRS``): tests against stored references run for every
 profile that has them, on any machine (the emulation is deterministic); tests against the live
 llama.cpp use the detected profile (``LIVE``), and the bit-exact ones (marker ``llamacpp_exact``)
-are skipped on a machine whose llama.cpp no profile reproduces."""
+are skipped on a machine whose llama.cpp no profile reproduces.
+
+Only optional third-party oracles may skip a test, with a reason that names them (``ORACLES``). ``make
+test`` installs all of them and sets ``LLMLAB_REQUIRE_ORACLES=1``: then a missing oracle is a broken
+set-up, and the suite fails (at start, and for every test that would have skipped on one).
+"""
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +28,45 @@ REF_STEMS = {"smollm2": "smollm2-135m-instruct-q4_1", "gemma3": "gemma-3-270m-q4
 REF_DIRS = {"avx512": REFS, "avx2": REFS / "avx2"}          # the logits of llama.cpp built for each CPU
 REF_PROFILES = [p for p, d in REF_DIRS.items() if (d / f"{REF_STEMS['smollm2']}.logits.npz").exists()]
 LIVE = profiles.detect()                                     # the profile of this machine's llama.cpp
+
+
+# module -> what to install; the only imports a test may skip on
+ORACLES = {"llama_cpp": "llama-cpp-python", "gguf": "gguf (gguf-py)", "ipywidgets": "ipywidgets (the lab extra)"}
+REQUIRE_ORACLES = os.environ.get("LLMLAB_REQUIRE_ORACLES", "") not in ("", "0")
+
+
+def pytest_sessionstart(session):
+    if REQUIRE_ORACLES:
+        missing = [pkg for mod, pkg in ORACLES.items() if importlib.util.find_spec(mod) is None]
+        if missing:
+            raise pytest.UsageError(f"LLMLAB_REQUIRE_ORACLES is set but {', '.join(missing)} is not installed "
+                                    "(make setup installs them)")
+
+
+def _oracle_skip(report) -> bool:
+    """A skip caused by a missing oracle (importorskip's reasons name the module or the package)."""
+    if not report.skipped:
+        return False
+    reason = str(report.longrepr[-1] if isinstance(report.longrepr, tuple) else report.longrepr)
+    return any(mod in reason or pkg.split()[0] in reason for mod, pkg in ORACLES.items())
+
+
+def _fail_oracle_skips(report) -> None:
+    if REQUIRE_ORACLES and _oracle_skip(report):
+        report.outcome = "failed"
+        report.longrepr = f"oracle missing under LLMLAB_REQUIRE_ORACLES: {report.longrepr}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    _fail_oracle_skips(outcome.get_result())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    outcome = yield
+    _fail_oracle_skips(outcome.get_result())
 
 
 def pytest_addoption(parser):

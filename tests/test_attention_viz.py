@@ -65,7 +65,7 @@ def test_plots_draw_the_traced_probabilities(tmp_path):
 
 
 def test_widget_redraws_for_layer_and_head(tmp_path):
-    pytest.importorskip("ipywidgets")
+    pytest.importorskip("ipywidgets", reason="ipywidgets is not installed (the lab extra)")
     m = Model(write_tiny(tmp_path / "t.gguf", "llama", n_layer=2, seed=1))
     tr = A.trace(m, [3, 9, 27])
     w = VA.heads_widget(tr, ["a", "b", "c"], layer=1, head=0)

@@ -106,7 +106,7 @@ def test_the_two_cpus_disagree_and_each_profile_reproduces_its_own(smollm2):
 @pytest.mark.parametrize("name", ["smollm2", "gemma3"])
 def test_short_prompt_bit_exact_with_llama_cpp(name, real_model):
     """Fewer than 8 tokens (ggml-cpu's vec_dot and REPACK gemv/gemm paths): every logit is identical."""
-    pytest.importorskip("llama_cpp")
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (optional oracle)")
     from llmlab.llamacpp.eval_callback import run_logits
     mname, path = real_model
     if mname != name:
@@ -123,7 +123,7 @@ def test_short_prompt_bit_exact_with_llama_cpp(name, real_model):
 def test_token_by_token_bit_exact_with_llama_cpp(name, real_model):
     """Micro-batches of one token (decode steps: KQ and KQV through ggml_vec_dot_f16, every weight
     product through vec_dot / gemv) after a cache filled the same way: every logit is identical."""
-    pytest.importorskip("llama_cpp")
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (optional oracle)")
     from llmlab.llamacpp.eval_callback import run_logits
     mname, path = real_model
     if mname != name:
@@ -269,13 +269,35 @@ def test_cli_logits_json(smollm2_path):
     assert bad.returncode == 2 and bad.stderr.startswith("error:") and "Traceback" not in bad.stderr
 
 
+@pytest.mark.parametrize("arch,vocab_of", [("llama", "smollm2"), ("gemma3", "gemma3"), ("qwen2", "smollm2")])
+def test_tiny_q8_0_models_are_bit_exact_with_llama_cpp(tmp_path, arch, vocab_of):
+    """Every architecture's tiny model, with q8_0 matrices (the kernels llmlab reproduces), written by llmlab
+    and loaded by llama.cpp: the logits of every position, and every named node of the graph, are llama.cpp's,
+    bit for bit. (With f32 matrices
+    they differ in the last bits: llmlab's f32 MUL_MAT is NumPy's, not ggml-cpu's vec_dot_f32 order.)"""
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (optional oracle)")
+    from llmlab import models
+    from llmlab.llamacpp.eval_callback import run_logits
+    p = write_tiny(tmp_path / f"{arch}.gguf", arch, n_layer=2, n_embd=64, n_head=4, n_head_kv=2, n_ff=128,
+                   vocab_from=models.resolve(vocab_of), head_dim=16 if arch == "gemma3" else None, wtype="q8_0")
+    ids = [1, 5, 100, 2000, 7, 8, 9, 10, 11, 12]
+    want = run_logits(p, ids).reshape(len(ids), -1)
+    m = Model(p)
+    assert m.unused_tensors() == []
+    got = Context(m, n_ctx=256).decode(Batch.from_tokens(ids, logits="all"))
+    assert np.array_equal(got, want)
+    from llmlab.llamacpp import capture, diff, llmlab_nodes      # and node by node: same names, same bits
+    rep = diff(llmlab_nodes(p, ids[:6]), capture(p, ids[:6]))
+    assert rep.matched == rep.total and not rep.unmatched and rep.first_divergence is None, rep.summary()
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("arch,vocab_of", [("llama", "smollm2"), ("gemma3", "gemma3")])
+@pytest.mark.parametrize("arch,vocab_of", [("llama", "smollm2"), ("gemma3", "gemma3"), ("qwen2", "smollm2")])
 def test_tiny_models_load_in_llama_cpp_and_agree(tmp_path, arch, vocab_of):
     """Tiny random f32 models with a real vocabulary, written by llmlab: llama.cpp loads them and its
     logits agree (f32 weights: only summation order differs; measured max |diff| / max |logit|:
     4e-7 for llama, 5e-5 for gemma3)."""
-    pytest.importorskip("llama_cpp")
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (optional oracle)")
     from llmlab import models
     from llmlab.llamacpp.eval_callback import run_logits
     p = write_tiny(tmp_path / f"{arch}.gguf", arch, n_layer=2, n_embd=64, n_head=4, n_head_kv=2, n_ff=128,

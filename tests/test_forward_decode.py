@@ -25,7 +25,7 @@ def smollm2(smollm2_path):
 @pytest.fixture(scope="module")
 def llama(smollm2_path):
     """llama-cpp-python's defaults (flash attention off, f16 KV cache), 2 threads, every logit kept."""
-    llama_cpp = pytest.importorskip("llama_cpp")
+    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (optional oracle)")
     return llama_cpp.Llama(str(smollm2_path), n_ctx=256, n_threads=2, n_threads_batch=2, logits_all=True,
                            verbose=False)
 

@@ -11,8 +11,8 @@ from llmlab.ggml.cpu.quants import mul_mat as mul_mat_vec_dot
 from llmlab.ggml.cpu.sgemm import mul_mat_f16, mul_mat_f16_op
 from llmlab.ggml.types import ggml_type
 
-ggml_ref = pytest.importorskip("ggml_ref")
-pytest.importorskip("llama_cpp")
+pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (optional oracle)")
+import ggml_ref  # noqa: E402  (tests/ggml_ref.py: ctypes bridge to the real ggml)
 pytestmark = pytest.mark.llamacpp_exact
 CPU = LIVE.profile
 

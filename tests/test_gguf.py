@@ -25,7 +25,7 @@ def _gguf_py_value(field):
 
 
 def test_every_record_equals_gguf_py(real_model):
-    gguf = pytest.importorskip("gguf")
+    gguf = pytest.importorskip("gguf", reason="gguf-py is not installed (optional oracle)")
     _, path = real_model
     ref = gguf.GGUFReader(path)
     with GGUFFile(path) as f:
@@ -175,7 +175,7 @@ def test_writer_reader_round_trip(tmp_path):
 
 
 def test_writer_output_opens_in_gguf_py(tmp_path):
-    gguf = pytest.importorskip("gguf")
+    gguf = pytest.importorskip("gguf", reason="gguf-py is not installed (optional oracle)")
     p = tmp_path / "toy.gguf"
     _tiny_writer().write(p)
     r = gguf.GGUFReader(p)
@@ -187,7 +187,7 @@ def test_writer_output_opens_in_gguf_py(tmp_path):
 
 def test_rewritten_model_runs_in_llama_cpp(smollm2_path, tmp_path):
     """A file llmlab rewrote (metadata changed, tensors re-laid out) gives llama.cpp's same logits."""
-    llama_cpp = pytest.importorskip("llama_cpp")
+    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (optional oracle)")
     out = tmp_path / "rewritten.gguf"
     with GGUFFile(smollm2_path) as f:
         w = GGUFWriter.from_file(f)
@@ -331,7 +331,7 @@ def test_random_metadata_round_trips(tmp_path, kv, words):
 
 
 def test_type_table_matches_gguf_py():
-    gguf = pytest.importorskip("gguf")
+    gguf = pytest.importorskip("gguf", reason="gguf-py is not installed (optional oracle)")
     for qt, (blck, size) in gguf.GGML_QUANT_SIZES.items():
         t = ggml_type(int(qt))
         if t.name == "q8_1":   # gguf-py still lists the old f32 d and s; ggml's block_q8_1 has two f16s

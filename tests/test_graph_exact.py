@@ -5,8 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-llama_cpp = pytest.importorskip("llama_cpp")
-quant = pytest.importorskip("llmlab.ggml.quant")
+llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (optional oracle)")
 import ggml_ref  # noqa: E402  (tests/ggml_ref.py: ctypes bridge to ggml)
 
 from conftest import LIVE  # noqa: E402

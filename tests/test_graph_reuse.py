@@ -35,14 +35,18 @@ def test_reused_graph_gives_identical_logits(tiny, arch):
     assert ctx.n_built == 2 and ctx.n_reused == 5          # the prompt, then one decode graph for all steps
 
 
-def test_scheduled_contexts_build_a_fresh_graph_each_time(tiny):
-    """The scheduler inserts copies into the graph it splits, so a scheduled context never reuses one."""
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_scheduled_contexts_reuse_graph_and_schedule(tiny, arch):
+    """The scheduler leaves the graph it splits untouched (the copies live in the schedule), so a scheduled
+    context reuses its graph, and the schedule with it, exactly like a plain one."""
     toks = [3, 17, 5, 99, 42, 7]
-    _, ref = decode_steps(tiny["llama"], toks, 3, graph_reuse=False)
+    _, ref = decode_steps(tiny[arch], toks, 3, graph_reuse=False)
     sched = Scheduler([AccelBackend(), CPUBackend()], n_gpu_layers=2)
-    ctx, got = decode_steps(tiny["llama"], toks, 3, sched=sched)
+    ctx, got = decode_steps(tiny[arch], toks, 3, sched=sched)
     np.testing.assert_array_equal(got, ref)
-    assert ctx.n_reused == 0 and ctx.n_built == 4
+    assert ctx.n_reused == 2 and ctx.n_built == 2
+    assert sched.last.graph is ctx.last_graph.gf and sched.last.n_runs == 3      # one schedule, three runs
+    assert sched.last.bytes_copied == sched.last.bytes_to_copy > 0
 
 
 def test_real_model_decode_reuses_and_stays_exact(smollm2_path):

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from llmlab.llama.batch import Batch, BatchAllocator, BatchError, UBatch, split_simple
-from llmlab.llama.kv_cache import (ContextFullError, KVCache, KVCacheISWA, context_shift, is_masked_swa,
+from llmlab.llama.kv_cache import (ContextFullError, KVCache, KVCacheISWA, Memory, context_shift, is_masked_swa,
                              kv_cache_bytes, swa_cache_size)
 
 INT_MAX = 2**31 - 1
@@ -562,3 +562,32 @@ def test_splits_cover_the_batch_once(batch, n_ubatch):
                 runs = ub.batch_idxs.reshape(ub.n_seqs, -1)
                 assert all(len({batch.seq_ids[i] for i in run}) == 1 for run in runs)
                 assert all((np.diff(run) > 0).all() for run in runs)
+
+
+@pytest.mark.parametrize("swa", [False, True])
+def test_both_caches_are_one_memory_interface(swa):
+    """The unified cache and the sliding-window pair answer the same calls (llama_memory_i): a context
+    places micro-batches, fills its k_idxs and masks per layer, saves and restores state without knowing which."""
+    cache = (KVCacheISWA(512, [1], [0], n_embd_k_gqa=8, n_swa=4, n_ubatch=8) if swa
+             else KVCache(512, 2, 8))
+    assert isinstance(cache, Memory)
+    ubs = BatchAllocator(Batch.from_tokens(range(6)), memory=cache).split_all(3)
+    before = cache.state()
+    placements = cache.prepare(ubs)
+    assert cache.seq_pos_max(0) == -1                                           # a dry run: nothing placed
+    for ub, pl in zip(ubs, placements):
+        cache.apply_ubatch(pl, ub)
+        for il in (0, 1):
+            idxs = cache.k_idxs(pl, il)
+            assert len(idxs) == ub.n_tokens
+            assert cache.kq_mask(ub, cache.n_kv(il), il=il).shape == (ub.n_tokens, cache.n_kv(il))
+            assert cache.layer_cache(il).k(il, cache.layer_cache(il).size).shape[0] == cache.layer_cache(il).size
+    assert cache.seq_pos_max(0) == 5
+    after = cache.state()
+    cache.restore(before)
+    assert cache.seq_pos_max(0) == -1
+    cache.restore(after)
+    assert cache.seq_pos_max(0) == 5
+    if swa:                                                  # the window layer sees 4 positions back, the other all
+        ub = ubs[-1]
+        assert (cache.kq_mask(ub, il=0)[-1] == 0).sum() == 4 and (cache.kq_mask(ub, il=1)[-1] == 0).sum() == 6

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (optional dependency)")
+llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (optional oracle)")
 
 from conftest import ref_logits  # noqa: E402
 

@@ -9,7 +9,7 @@ from llmlab.ggml.quant import checklist, toy
 from llmlab.ggml.quant import core as Q_core
 from llmlab.ggml.types import QK_K, TYPES, ggml_type
 
-gguf = pytest.importorskip("gguf")
+gguf = pytest.importorskip("gguf", reason="gguf-py is not installed (optional oracle)")
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as G  # noqa: E402
 
 LIVE = [t for t in TYPES.values() if not t.removed]

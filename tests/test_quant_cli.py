@@ -15,7 +15,7 @@ from llmlab.ggml.gguf import GGUFFile
 
 
 def llama_quantize(src, dst, qtype):
-    llama_cpp = pytest.importorskip("llama_cpp")
+    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (optional oracle)")
     p = llama_cpp.llama_model_quantize_default_params()
     p.ftype = FILE_TYPES[qtype]
     p.allow_requantize = True
@@ -72,7 +72,7 @@ def test_bytes_identical_to_llama_cpp_more(tmp_path, smollm2_path, qtype):
 
 @pytest.mark.slow
 def test_llama_cpp_loads_and_generates(tmp_path, smollm2_path):
-    llama_cpp = pytest.importorskip("llama_cpp")
+    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (optional oracle)")
     out = tmp_path / "q8.gguf"
     assert main(["quantize", str(smollm2_path), str(out), "q8_0", "--allow-requantize", "--quiet"]) == 0
     llm = llama_cpp.Llama(model_path=str(out), n_ctx=128, verbose=False, seed=0)

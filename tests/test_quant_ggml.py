@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-pytest.importorskip("llama_cpp")
+pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (optional oracle)")
 from hypothesis import given, settings, strategies as st  # noqa: E402
 from hypothesis.extra.numpy import arrays  # noqa: E402
 

@@ -10,7 +10,7 @@ from llmlab.ggml.gguf import GGUFFile
 from llmlab.ggml.quant import checklist
 from llmlab.ggml.types import TYPES
 
-gguf = pytest.importorskip("gguf")
+gguf = pytest.importorskip("gguf", reason="gguf-py is not installed (optional oracle)")
 
 
 def row_sample(t, rows: int | None):
@@ -48,7 +48,7 @@ def test_dequantize_real_tensors_full(real_model):
 
 @pytest.mark.slow
 def test_dequantize_real_tensors_match_llama_cpp(real_model):
-    pytest.importorskip("llama_cpp")
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (optional oracle)")
     from ggml_ref import to_float
     name, path = real_model
     with GGUFFile(path) as f:
@@ -63,7 +63,7 @@ QUANTIZABLE = [t.name for t in TYPES.values() if t.from_float is not None and t.
 @pytest.mark.parametrize("qtype", QUANTIZABLE)
 def test_quantize_real_rows_matches_llama_cpp(gemma3_path, qtype):
     """Rows of a real weight (gemma's ffn_down, 2048 wide) through every reference quantizer."""
-    pytest.importorskip("llama_cpp")
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (optional oracle)")
     from ggml_ref import quantize_chunk
     with GGUFFile(gemma3_path) as f:
         t = f.tensor("blk.3.ffn_down.weight")

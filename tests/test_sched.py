@@ -9,6 +9,7 @@ from llmlab.ggml import ops as ggml
 from llmlab.llama import Batch, Context, Model
 from llmlab.llama.tiny import write_tiny
 from llmlab.ggml.sched import AccelBackend, CPUBackend, Scheduler
+from llmlab.ggml import quant
 from llmlab.ggml.sched.placement import layer_device
 from llmlab.ggml.cpu.threads import mul_mat_chunking, rows_blocks, rows_interleaved, trace_nodes
 
@@ -85,6 +86,22 @@ def test_op_offload_of_large_batches(tiny_models):
     assert "1.off" in sched.last.causes.values()
 
 
+def test_split_graph_leaves_the_graph_untouched(tiny_models):
+    """The copies are the schedule's: every node keeps its sources, scheduling twice gives the same splits and
+    the same bytes to copy (notebook 06's slider re-schedules one graph)."""
+    m = tiny_models["gemma3"]
+    g = Context(m, n_ctx=32).build_graph(6)
+    before = [(n, n.src) for n in g.gf.nodes]
+    sched = Scheduler([AccelBackend(), CPUBackend()], n_gpu_layers=2)
+    first = sched.schedule(g)
+    assert [(n, n.src) for n in g.gf.nodes] == before
+    second = sched.schedule(g)
+    assert first.bytes_to_copy == second.bytes_to_copy > 0 and first.summary() == second.summary()
+    read = {id(c) for srcs in first.node_src.values() for c in srcs}
+    assert {id(c) for c in first.copies.values()} <= read                  # every copy has a reader
+    assert all(n.src == src for n, src in before)
+
+
 def test_copies_are_required():
     """The accelerator refuses to read CPU memory directly: the copies are not decoration."""
     from llmlab.ggml.sched.scheduler import Schedule, Split
@@ -133,7 +150,6 @@ def test_traced_threads_compute_the_same_and_cover_every_chunk():
 
 
 def test_plugin_first_plain_path_as_fallback():
-    quant = pytest.importorskip("llmlab.ggml.quant")
     from llmlab.ggml.cpu.repack import RepackPlugin
     rng = np.random.default_rng(1)
     ctx = GGMLContext()

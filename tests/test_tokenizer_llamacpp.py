@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from llmlab import models
 from llmlab.llama.vocab import Tokenizer, Vocab
 
-llama_cpp = pytest.importorskip("llama_cpp")
+llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (optional oracle)")
 
 from test_tokenizer import ALPHABET, texts, tokenizer  # noqa: E402
 

@@ -24,19 +24,6 @@ from .cpu.ops import COMPUTE
 from .tensor import Tensor
 
 
-def alloc(t: Tensor) -> None:
-    """Give a node its own bytes if it has none (views use their source's)."""
-    if t.view_src is None and t.data is None:
-        t.data = np.empty(t.nbytes(), np.uint8)
-
-
-def compute_node(node: Tensor, cpu=None) -> None:
-    fn = COMPUTE.get(node.op)
-    if fn is None:
-        raise NotImplementedError(f"no CPU implementation for op {node.op} (node {node.name})")
-    fn(node, profiles.resolve(cpu))
-
-
 def run_nodes(nodes: Iterable[Tensor], capture=None, replace=None, callback=None,
               dispatch: Callable[[Tensor], bool] | None = None, cpu=None) -> dict[str, np.ndarray]:
     cpu = profiles.resolve(cpu)

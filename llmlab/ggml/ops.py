@@ -12,8 +12,9 @@ from __future__ import annotations
 from .context import GGMLContext
 from .tensor import F16, F32, FLAG_INPUT, FLAG_OUTPUT, FLAG_PARAM, I32, Tensor, row_strides
 
-ROPE_TYPE_NORM = 0
-ROPE_TYPE_NEOX = 2
+# ggml.h's rope mode bits (``mode & GGML_ROPE_TYPE_NEOX``: rotate pairs (i, i + n_dims/2), not (2i, 2i+1));
+# which mode an architecture uses is llama.h's LLAMA_ROPE_TYPE_* (llmlab.llama.arch.spec)
+GGML_ROPE_TYPE_NEOX = 2
 
 
 def _node(ctx: GGMLContext, op: str, type, ne, src, params=None, name: str = "") -> Tensor:
@@ -273,8 +274,5 @@ def flash_attn_ext(ctx, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, sc
                  {"scale": float(scale), "max_bias": max_bias, "logit_softcap": logit_softcap})
 
 
-VIEW_OPS = frozenset({"VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE"})
-
-
-def is_view_op(op: str) -> bool:
-    return op in VIEW_OPS
+# the ops that compute nothing (ggml_op_is_empty): a leaf (NONE) and the views over other tensors' bytes
+VIEW_OPS = frozenset({"NONE", "VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE"})

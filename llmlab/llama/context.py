@@ -18,17 +18,15 @@ import numpy as np
 from .batch import Batch, BatchAllocator, UBatch
 from .arch import get_builder
 from ..ggml.cpu import profiles
+from ..ggml.cpu.cplan import CPlan, graph_plan
 from ..ggml.executor import compute as compute_graph
 from .graph import KVView
 from ..ggml.tensor import Tensor
-from .kv_cache import make_kv_cache
+from .kv_cache import Memory, make_kv_cache
 from .model import Model
 
+KERNELS = ("fast", "reference")
 CTX_PAD = 256     # llama.cpp pads n_ctx to a multiple of 256
-
-
-def _layer_cache(cache, il: int):
-    return cache.layer_cache(il) if hasattr(cache, "layer_cache") else cache
 
 
 def _as_tensor(arr: np.ndarray, type_, n_embd: int, name: str) -> Tensor:
@@ -43,7 +41,7 @@ class Context:
 
     def __init__(self, model: Model, n_ctx: int = 512, n_batch: int = 512, n_ubatch: int = 512,
                  flash_attn: bool = False, type_k: str = "f16", type_v: str = "f16", n_seq_max: int = 1,
-                 sched=None, graph_reuse: bool = True, cpu=None):
+                 sched=None, graph_reuse: bool = True, kernels: str = "fast", cpu=None):
         if n_ctx <= 0 or n_ubatch <= 0 or n_batch <= 0:
             raise ValueError("n_ctx, n_batch and n_ubatch must be positive")
         hp = model.hparams
@@ -55,12 +53,12 @@ class Context:
         self.n_seq_max = n_seq_max
         self.flash_attn = flash_attn
         swa_layers = [il for il in range(hp.n_layer) if hp.is_swa(il)]
-        self.kv = make_kv_cache(self.n_ctx, hp.n_layer, hp.n_embd_k_gqa, hp.n_embd_v_gqa, swa_layers=swa_layers,
+        self.kv: Memory = make_kv_cache(self.n_ctx, hp.n_layer, hp.n_embd_k_gqa, hp.n_embd_v_gqa, swa_layers=swa_layers,
                                 n_swa=hp.n_swa, type_k=type_k, type_v=type_v, n_seq_max=n_seq_max,
                                 n_ubatch=self.n_ubatch)
         self.k_l, self.v_l = [], []
         for il in range(hp.n_layer):
-            c = _layer_cache(self.kv, il)
+            c = self.kv.layer_cache(il)
             self.k_l.append(_as_tensor(c.k(il, c.size), c.type_k, hp.n_embd_k_gqa, f"cache_k_l{il}"))
             self.v_l.append(_as_tensor(c.v(il, c.size), c.type_v, hp.n_embd_v_gqa, f"cache_v_l{il}"))
         self.builder = get_builder(model.arch)
@@ -70,18 +68,20 @@ class Context:
         self._reuse = None
         self.n_built = self.n_reused = 0
         self.captured: dict[str, np.ndarray] = {}
+        if kernels not in KERNELS:
+            raise ValueError(f"kernels must be one of {', '.join(KERNELS)}, not {kernels!r}")
+        self.kernels = kernels            # "fast": a compiled plan per graph; "reference": the NumPy executor
+        self._plan = (None, None)         # (graph, its plan): kept while the graph is reused
 
     # ---- one micro-batch: place it, build its graph, fill the inputs
-    def _graph(self, ub: UBatch, slots):
+    def _graph(self, ub: UBatch, placement):
         hp, kv = self.model.hparams, self.kv
-        kv.apply_ubatch(slots, ub)
-        two = isinstance(slots, tuple)
-        base_slot, swa_slot = (slots if two else (slots, None))
-        n_kv = [kv.n_kv(il) if two else kv.n_kv() for il in range(hp.n_layer)]
+        kv.apply_ubatch(placement, ub)
+        n_kv = [kv.n_kv(il) for il in range(hp.n_layer)]
         swa = [hp.is_swa(il) for il in range(hp.n_layer)]
         out_ids = np.flatnonzero(ub.output).astype(np.int32)
         key = (ub.n_tokens, len(out_ids), tuple(n_kv))
-        if self._reuse is not None and self._reuse[0] == key and self.sched is None:   # the scheduler rewires a graph it splits
+        if self._reuse is not None and self._reuse[0] == key:
             g = self._reuse[1]           # same shapes as last time: only the inputs change (llama.cpp's can_reuse)
             self.n_reused += 1
         else:
@@ -93,13 +93,12 @@ class Context:
         inp["inp_tokens"].set_data(ub.tokens)
         inp["inp_pos"].set_data(ub.pos)
         inp["inp_out_ids"].set_data(out_ids)
-        inp["k_idxs"].set_data(base_slot.idxs)
-        base_il = next((il for il in range(hp.n_layer) if not swa[il]), 0)
-        inp["kq_mask"].set_data(kv.kq_mask(ub, n_kv[base_il], il=base_il) if two else kv.kq_mask(ub, n_kv[0]))
-        if "kq_mask_swa" in inp:
-            swa_il = next(il for il in range(hp.n_layer) if swa[il])
-            inp["k_idxs_swa"].set_data(swa_slot.idxs)
-            inp["kq_mask_swa"].set_data(kv.kq_mask(ub, n_kv[swa_il], il=swa_il))
+        # one k_idxs and one KQ mask for the global layers, another pair for the sliding-window ones
+        for sfx, il in (("", next((il for il in range(hp.n_layer) if not swa[il]), 0)),
+                        ("_swa", next((il for il in range(hp.n_layer) if swa[il]), None))):
+            if "kq_mask" + sfx in inp:
+                inp["k_idxs" + sfx].set_data(kv.k_idxs(placement, il))
+                inp["kq_mask" + sfx].set_data(kv.kq_mask(ub, n_kv[il], il=il))
         return g
 
     def _ubatches(self, batch: Batch) -> list[UBatch]:
@@ -131,6 +130,8 @@ class Context:
             self.last_graph = g
             if self.sched is not None:
                 got = self.sched.compute(g, capture=capture, replace=replace, callback=callback)
+            elif dispatch is None:
+                got = self._plan_for(g).compute(capture=capture, replace=replace, callback=callback)
             else:
                 got = compute_graph(g.gf, capture=capture, replace=replace, callback=callback, dispatch=dispatch,
                                     cpu=self.cpu)
@@ -141,20 +142,20 @@ class Context:
         logits = np.concatenate(rows, 0)
         return logits[np.argsort(np.concatenate(order), kind="stable")]
 
+    def _plan_for(self, g) -> CPlan:
+        if self._plan[0] is not g:
+            self._plan = (g, graph_plan(g.gf.nodes, cpu=self.cpu, fast=self.kernels == "fast"))
+        return self._plan[1]
+
     def build_graph(self, n_tokens: int):
         """The graph a fresh micro-batch of ``n_tokens`` (sequence 0, all outputs) would run; nothing is
         computed and the cache is left as it was."""
-        state = self.kv.base._state() if hasattr(self.kv, "base") else self.kv._state()
-        swa_state = self.kv.swa._state() if hasattr(self.kv, "swa") else None
+        state = self.kv.state()
         try:
             pos0 = self.kv.seq_pos_max(0) + 1
             return self.graph_for(Batch.from_tokens([0] * n_tokens, pos0=pos0, logits="all"))
         finally:
-            if hasattr(self.kv, "base"):
-                self.kv.base._restore(state)
-                self.kv.swa._restore(swa_state)
-            else:
-                self.kv._restore(state)
+            self.kv.restore(state)
 
     def clear(self) -> None:
         self.kv.clear()

@@ -96,6 +96,31 @@ class LLMGraph:
             raise ValueError(f"unknown FFN activation {act!r}")
         return ggml.mul_mat(ctx0, down, cur)
 
+    def build_qkv(self, L, cur: Tensor, il: int) -> tuple[Tensor, Tensor, Tensor]:
+        """Q, K, V of one layer, [head size, heads, n_tokens] each (build_qkv, its separate q/k/v path):
+        project, add the bias where the layer has one (``L.bq``, ``L.bk``, ``L.bv``; an architecture
+        without biases has no such fields, one whose biases are optional has None), split the heads."""
+        hp = self.hparams
+        q = self._proj(L.wq, getattr(L, "bq", None), cur, "Qcur", il)
+        k = self._proj(L.wk, getattr(L, "bk", None), cur, "Kcur", il)
+        v = self._proj(L.wv, getattr(L, "bv", None), cur, "Vcur", il)
+        head, n_tokens = hp.n_embd_head_k, self.n_tokens
+        return (self.cb(ggml.reshape_3d(self.ctx0, q, head, hp.n_head, n_tokens), "Qcur", il),
+                self.cb(ggml.reshape_3d(self.ctx0, k, head, hp.n_head_kv, n_tokens), "Kcur", il),
+                self.cb(ggml.reshape_3d(self.ctx0, v, head, hp.n_head_kv, n_tokens), "Vcur", il))
+
+    def build_rope(self, t: Tensor, inp_pos: Tensor, freq_base: float | None = None) -> Tensor:
+        """RoPE of Q or K with the model's type, dimensions and scaling (``freq_base``: a layer's own base)."""
+        hp = self.hparams
+        return ggml.rope_ext(self.ctx0, t, inp_pos, None, hp.n_rot, hp.rope_type, hp.n_ctx_train,
+                             hp.rope_freq_base if freq_base is None else freq_base, hp.rope_freq_scale)
+
+    def _proj(self, w: Tensor, b: Tensor | None, cur: Tensor, name: str, il: int) -> Tensor:
+        t = self.cb(ggml.mul_mat(self.ctx0, w, cur), name, il)
+        if b is not None:
+            t = self.cb(ggml.add(self.ctx0, t, b), name, il)
+        return t
+
     def _idxs(self, il: int) -> Tensor:
         return self.inputs["k_idxs_swa" if self.kv.swa[il] else "k_idxs"]
 
@@ -143,7 +168,8 @@ class LLMGraph:
         build_forward_expand(self.gf, cur)
         return cur
 
-    def build_attn(self, wo: Tensor, q_cur: Tensor, k_cur: Tensor, v_cur: Tensor, kq_scale: float, il: int) -> Tensor:
+    def build_attn(self, wo: Tensor, q_cur: Tensor, k_cur: Tensor, v_cur: Tensor, kq_scale: float, il: int,
+                   wo_b: Tensor | None = None) -> Tensor:
         gf = self.gf
         # added together so that they are not reordered (fewer splits)
         build_forward_expand(gf, q_cur)
@@ -155,7 +181,11 @@ class LLMGraph:
         mask = self.inputs["kq_mask_swa" if self.kv.swa[il] else "kq_mask"]
         cur = self.build_attn_mha(q_cur, self.get_k(il), self.get_v(il), mask, kq_scale, il)
         self.cb(cur, "kqv_out", il)
-        return ggml.mul_mat(self.ctx0, wo, cur)
+        cur = ggml.mul_mat(self.ctx0, wo, cur)
+        if wo_b is not None:
+            self.cb(cur, "kqv_wo", il)
+            cur = ggml.add(self.ctx0, cur, wo_b)
+        return cur
 
     def build(self) -> None:
         raise NotImplementedError
@@ -165,7 +195,11 @@ class LLMGraph:
         cur = self.build_norm(inpL, self.model.output_norm, -1)
         self.cb(cur, "result_norm", -1)
         self.t_embd = cur
-        cur = self.cb(ggml.mul_mat(self.ctx0, self.model.output, cur), "result_output", -1)
+        cur = ggml.mul_mat(self.ctx0, self.model.output, cur)
+        output_b = getattr(self.model, "output_b", None)        # an optional LM-head bias (Qwen2)
+        if output_b is not None:
+            cur = ggml.add(self.ctx0, cur, output_b)
+        cur = self.cb(cur, "result_output", -1)
         self.t_logits = cur
         build_forward_expand(self.gf, cur)
         self.mark_layer(self.model.hparams.n_layer)

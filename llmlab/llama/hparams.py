@@ -1,19 +1,15 @@
-"""Hyperparameters read from the GGUF ``{arch}.*`` keys, as llama_model::load_hparams does."""
+"""Hyperparameters read from the GGUF ``{arch}.*`` keys, as llama_model::load_hparams does.
+
+The keys every architecture shares are read here; what an architecture adds (its RoPE type, its
+sliding-window pattern, its own keys) comes from its spec (``llmlab.llama.arch``).
+"""
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from .. import LLMLabError
-
-ROPE_TYPE_NORM = 0
-ROPE_TYPE_NEOX = 2
-
-# per-architecture facts llama.cpp hard-codes (llama_model_rope_type, load_hparams)
-ARCH_DEFAULTS = {
-    "llama": dict(rope_type=ROPE_TYPE_NORM),
-    "gemma3": dict(rope_type=ROPE_TYPE_NEOX, swa_pattern=6, rope_freq_base_swa=10000.0, embd_scale=True),
-}
+from .arch import get_arch
+from .arch.spec import LLAMA_ROPE_TYPE_NORM
 
 
 @dataclass
@@ -32,7 +28,7 @@ class HParams:
     f_norm_rms_eps: float
     rope_freq_base: float
     rope_freq_scale: float = 1.0
-    rope_type: int = ROPE_TYPE_NORM
+    rope_type: int = LLAMA_ROPE_TYPE_NORM
     n_swa: int = 0                 # sliding window (0: none)
     swa_pattern: int = 0           # layer il is local when il % pattern < pattern - 1
     rope_freq_base_swa: float = 0.0
@@ -80,8 +76,7 @@ def load_hparams(kv: dict, n_vocab: int | None = None) -> HParams:
     arch = kv.get("general.architecture")
     if arch is None:
         raise LLMLabError("GGUF metadata has no general.architecture")
-    if arch not in ARCH_DEFAULTS:
-        raise LLMLabError(f"architecture {arch!r} is not supported (known: {', '.join(ARCH_DEFAULTS)})")
+    spec = get_arch(arch)
     a = arch + "."
     n_embd = int(_get(kv, a + "embedding_length"))
     n_head = _scalar(_get(kv, a + "attention.head_count"), a + "attention.head_count")
@@ -92,7 +87,6 @@ def load_hparams(kv: dict, n_vocab: int | None = None) -> HParams:
     head_v = int(kv.get(a + "attention.value_length", n_embd // n_head))
     if n_vocab is None:
         n_vocab = int(kv.get(a + "vocab_size", 0)) or len(kv.get("tokenizer.ggml.tokens", []))
-    d = dict(ARCH_DEFAULTS[arch])
     hp = HParams(
         arch=arch, n_vocab=n_vocab,
         n_ctx_train=int(_get(kv, a + "context_length")),
@@ -103,14 +97,11 @@ def load_hparams(kv: dict, n_vocab: int | None = None) -> HParams:
         f_norm_rms_eps=float(_get(kv, a + "attention.layer_norm_rms_epsilon")),
         rope_freq_base=float(kv.get(a + "rope.freq_base", 10000.0)),
         rope_freq_scale=1.0 / float(kv.get(a + "rope.scaling.factor", 1.0) or 1.0),
-        rope_type=d["rope_type"],
         n_swa=int(kv.get(a + "attention.sliding_window", 0)),
-        swa_pattern=d.get("swa_pattern", 0),
-        embd_scale=d.get("embd_scale", False),
     )
-    hp.rope_freq_base_swa = d.get("rope_freq_base_swa", hp.rope_freq_base)
-    if arch == "gemma3":
-        # llama_model::load_hparams: 1/sqrt(head size) (the 27B uses n_embd/n_head instead)
-        hp.f_attention_scale = (1.0 / math.sqrt(n_embd / n_head) if hp.n_layer == 62
-                                else 1.0 / math.sqrt(head_k))
+    hp.rope_freq_base_swa = hp.rope_freq_base
+    for name, value in spec.hparams.items():       # the facts llama.cpp hard-codes for the architecture
+        setattr(hp, name, value)
+    if spec.load_hparams is not None:              # the architecture's own branch of load_hparams
+        spec.load_hparams(hp, kv)
     return hp

@@ -46,14 +46,15 @@ A graph that keeps its own K/V tensors can use the cache for its cells only
 """
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
 from .. import LLMLabError
 from .batch import LLAMA_MAX_SEQ, UBatch
+from ..ggml.cpu.quants import quantize_activations
+from ..ggml.quant import dequantize
 from ..ggml.types import GGMLType, ggml_type
 
 N_KV_PAD = 256   # llama_kv_cache::get_n_kv pads the attended cells to a multiple of 256
@@ -117,6 +118,45 @@ def kv_cache_bytes(n_ctx: int, n_layer: int, n_embd_k_gqa: int, n_embd_v_gqa: in
     n_embd_v_gqa = n_embd_k_gqa if n_embd_v_gqa is None else n_embd_v_gqa
     tk, tv = cache_type(type_k), cache_type(type_v or type_k)
     return n_ctx * n_layer * (tk.row_size(n_embd_k_gqa) + tv.row_size(n_embd_v_gqa))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# the memory interface (llama_memory_i)
+# --------------------------------------------------------------------------------------------------------------
+@runtime_checkable
+class Memory(Protocol):
+    """What a context asks of its memory, whichever it is (llama.cpp's ``llama_memory_i`` and the
+    ``llama_memory_context_i`` it hands out per batch): :class:`KVCache` and :class:`KVCacheISWA` implement it,
+    a recurrent or paged memory would too.
+
+    - a batch: ``prepare(ubatches)`` places every micro-batch as a dry run and returns one placement each
+      (raises :class:`ContextFullError`, leaving the memory unchanged); ``apply_ubatch(placement, ubatch)``
+      really places one;
+    - per layer: ``layer_cache(il)`` holds its K/V rows (``k(il, n)``, ``v(il, n)``, ``size``, ``type_k``,
+      ``type_v``), ``n_kv(il)`` cells are attended, ``k_idxs(placement, il)`` are the cells this micro-batch
+      writes, ``kq_mask(ubatch, n_kv, il=il)`` is its mask;
+    - sequences: ``seq_rm``, ``seq_cp``, ``seq_keep``, ``seq_add``, ``seq_div``, ``seq_pos_min``,
+      ``seq_pos_max``, ``clear``;
+    - ``state()`` / ``restore(state)``: the bookkeeping, saved and put back.
+    """
+
+    def prepare(self, ubatches: Sequence[UBatch]) -> list: ...
+    def apply_ubatch(self, placement, ubatch: UBatch) -> None: ...
+    def layer_cache(self, il: int) -> "KVCache": ...
+    def n_kv(self, il: int | None = None) -> int: ...
+    def k_idxs(self, placement, il: int) -> np.ndarray: ...
+    def kq_mask(self, ubatch: UBatch, n_kv: int | None = None, causal: bool = True,
+                il: int | None = None) -> np.ndarray: ...
+    def seq_rm(self, seq_id: int, p0: int | None = None, p1: int | None = None) -> bool: ...
+    def seq_cp(self, seq_src: int, seq_dst: int, p0: int | None = None, p1: int | None = None) -> None: ...
+    def seq_keep(self, seq_id: int) -> None: ...
+    def seq_add(self, seq_id: int, p0: int | None, p1: int | None, delta: int) -> None: ...
+    def seq_div(self, seq_id: int, p0: int | None, p1: int | None, d: int) -> None: ...
+    def seq_pos_min(self, seq_id: int) -> int: ...
+    def seq_pos_max(self, seq_id: int) -> int: ...
+    def clear(self) -> None: ...
+    def state(self): ...
+    def restore(self, state) -> None: ...
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -244,8 +284,8 @@ class KVCache:
         nz = np.flatnonzero(self.pos >= 0)
         return int(nz[-1]) + 1 if len(nz) else 0
 
-    def n_kv(self) -> int:
-        """Cells the attention looks at: ``used_max_p1`` padded to 256, at most ``size`` (``get_n_kv``)."""
+    def n_kv(self, il: int | None = None) -> int:
+        """Cells the attention looks at (any layer ``il`` of this cache): ``used_max_p1`` padded to 256, at most ``size`` (``get_n_kv``)."""
         return min(self.size, max(N_KV_PAD, -(-self.used_max_p1() // N_KV_PAD) * N_KV_PAD))
 
     def is_empty(self, i: int) -> bool:
@@ -466,14 +506,16 @@ class KVCache:
         """A copy of the cell metadata (no K/V data): for pictures of the cache over time."""
         c = KVCache(self.size, self.layers, self.n_embd_k_gqa, self.n_embd_v_gqa, self.type_k.name, self.type_v.name,
                     self.n_seq_max, self.n_swa, self.swa_type, allocate=False)
-        c._restore(tuple(x.copy() if isinstance(x, np.ndarray) else x for x in self._state()))
+        c.restore(self.state())
         return c
 
-    def _state(self):
+    def state(self):
+        """The cell metadata, copied (``state_write`` without the K/V data): :meth:`restore` puts it back."""
         return self.pos.copy(), self.shift.copy(), self.seq.copy(), self.head, self.has_shift
 
-    def _restore(self, state) -> None:
-        self.pos, self.shift, self.seq, self.head, self.has_shift = state
+    def restore(self, state) -> None:
+        pos, shift, seq, self.head, self.has_shift = state
+        self.pos, self.shift, self.seq = pos.copy(), shift.copy(), seq.copy()
 
     def prepare(self, ubatches: Sequence[UBatch]) -> list[Slot]:
         """Find a slot for every micro-batch, as a dry run (``prepare``): the cells are rolled back afterwards.
@@ -482,7 +524,7 @@ class KVCache:
         :class:`ContextFullError` if any does not fit; the cache is then
         unchanged. Apply the returned slots in order with :meth:`apply_ubatch`.
         """
-        saved = self._state()
+        saved = self.state()
         slots = []
         try:
             for ub in ubatches:
@@ -496,7 +538,7 @@ class KVCache:
                 slots.append(slot)
                 self.apply_ubatch(slot, ub)
         finally:
-            self._restore(saved)
+            self.restore(saved)
         return slots
 
     # -- attention mask -----------------------------------------------------------------------------------------
@@ -523,6 +565,15 @@ class KVCache:
         if il not in self.layers:
             raise KeyError(f"layer {il} has no KV cache here (layers: {self.layers})")
         return self
+
+    @property
+    def caches(self) -> tuple["KVCache"]:
+        return (self,)
+
+    def k_idxs(self, slot: Slot, il: int) -> np.ndarray:
+        """The cells layer ``il`` writes this micro-batch's rows to (``set_input_k_idxs``)."""
+        self.layer_cache(il)
+        return slot.idxs
 
     def __repr__(self) -> str:
         swa = f", swa={self.swa_type}:{self.n_swa}" if self.swa_type != "none" else ""
@@ -631,9 +682,19 @@ class KVCacheISWA:
         self.base.apply_ubatch(slots[0], ubatch)
         self.swa.apply_ubatch(slots[1], ubatch)
 
+    def state(self):
+        return self.base.state(), self.swa.state()
+
+    def restore(self, state) -> None:
+        self.base.restore(state[0])
+        self.swa.restore(state[1])
+
     # per layer
     def _slot(self, il, slots):
         return slots[0] if self.layer_cache(il) is self.base else slots[1]
+
+    def k_idxs(self, slots: tuple[Slot, Slot], il: int) -> np.ndarray:
+        return self._slot(il, slots).idxs
 
     def store(self, il: int, slots: tuple[Slot, Slot], k_cur, v_cur) -> None:
         self.layer_cache(il).store(il, self._slot(il, slots), k_cur, v_cur)
@@ -722,13 +783,6 @@ def _alloc(t: GGMLType, n_rows: int, n_embd: int) -> np.ndarray:
     return np.zeros((n_rows, t.row_size(n_embd)), np.uint8)
 
 
-def _quant():
-    try:
-        return importlib.import_module("llmlab.ggml.quant")
-    except ImportError as e:
-        raise LLMLabError("a q8_0 KV cache needs llmlab.ggml.quant, which is not available in this checkout") from e
-
-
 def _from_float(t: GGMLType, x: np.ndarray) -> np.ndarray:
     """Rows of float32 -> rows of the cache type, as ggml-cpu's SET_ROWS converts (its ``from_float``).
 
@@ -737,15 +791,15 @@ def _from_float(t: GGMLType, x: np.ndarray) -> np.ndarray:
     """
     if t.name in _NUMPY:
         return x.astype(_NUMPY[t.name])
-    blocks = _quant().quantize_activations(np.ascontiguousarray(x, np.float32), t.name)
+    blocks = quantize_activations(np.ascontiguousarray(x, np.float32), t.name)
     return np.ascontiguousarray(blocks).view(np.uint8).reshape(len(x), -1)
 
 
 def _to_float(t: GGMLType, rows: np.ndarray, n_embd: int) -> np.ndarray:
     if t.name in _NUMPY:
         return rows.astype(np.float32)
-    return _quant().dequantize(np.ascontiguousarray(rows).reshape(-1), t.name).reshape(len(rows), n_embd)
+    return dequantize(np.ascontiguousarray(rows).reshape(-1), t.name).reshape(len(rows), n_embd)
 
 
-__all__ = ["KVCache", "KVCacheISWA", "Slot", "make_kv_cache", "ContextFullError", "kv_cache_bytes", "swa_cache_size",
+__all__ = ["Memory", "KVCache", "KVCacheISWA", "Slot", "make_kv_cache", "ContextFullError", "kv_cache_bytes", "swa_cache_size",
            "context_shift", "is_masked_swa", "SWA_TYPES", "CACHE_TYPES", "N_KV_PAD"]

@@ -1,61 +1,35 @@
 """The read-only model: hyperparameters and weights bound by GGUF tensor name (zero-copy).
 
 Weights live in a ``no_alloc`` ggml context: each descriptor's bytes are a view
-of the file's mmap, exactly like llama.cpp with mmap on. Every tensor the
-architecture needs is checked against the shape ``load_tensors`` expects, so a
-wrong file fails here with the tensor's name, not deep inside a matmul.
+of the file's mmap, exactly like llama.cpp with mmap on. Which tensors an
+architecture needs, under which names and with which shapes, is its spec's
+tensor table (``llmlab.llama.arch``); every one is checked against the shape
+``load_tensors`` expects, so a wrong file fails here with the tensor's name,
+not deep inside a matmul.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 from .. import LLMLabError
 from ..ggml.gguf import GGUFFile
 from ..ggml.context import GGMLContext
 from ..ggml.tensor import Tensor
+from .arch import get_arch
+from .arch.spec import ArchSpec, TensorSpec
 from .hparams import HParams, load_hparams
 
 
-@dataclass
 class LayerWeights:
-    attn_norm: Tensor
-    wq: Tensor
-    wk: Tensor
-    wv: Tensor
-    wo: Tensor
-    ffn_norm: Tensor
-    ffn_gate: Tensor
-    ffn_up: Tensor
-    ffn_down: Tensor
-    attn_q_norm: Tensor | None = None
-    attn_k_norm: Tensor | None = None
-    attn_post_norm: Tensor | None = None
-    ffn_post_norm: Tensor | None = None
+    """One layer's weights (``llama_layer``): one attribute per row of the architecture's layer table
+    (``L.wq``, ``L.attn_norm``, ...); an optional tensor the file does not have is None."""
 
+    def __init__(self, **tensors: Tensor | None):
+        self.__dict__.update(tensors)
 
-def _layer_spec(hp: HParams):
-    """(field, GGUF suffix, expected ne) per layer, as create_tensor() calls in load_tensors."""
-    e, hk, hv = hp.n_embd, hp.n_embd_head_k, hp.n_embd_head_v
-    spec = [
-        ("attn_norm", "attn_norm", (e,)),
-        ("wq", "attn_q", (e, hk * hp.n_head)),
-        ("wk", "attn_k", (e, hp.n_embd_k_gqa)),
-        ("wv", "attn_v", (e, hp.n_embd_v_gqa)),
-        ("wo", "attn_output", (hv * hp.n_head, e)),
-        ("ffn_norm", "ffn_norm", (e,)),
-        ("ffn_gate", "ffn_gate", (e, hp.n_ff)),
-        ("ffn_up", "ffn_up", (e, hp.n_ff)),
-        ("ffn_down", "ffn_down", (hp.n_ff, e)),
-    ]
-    if hp.arch == "gemma3":
-        spec += [
-            ("attn_q_norm", "attn_q_norm", (hk,)),
-            ("attn_k_norm", "attn_k_norm", (hk,)),
-            ("attn_post_norm", "post_attention_norm", (e,)),
-            ("ffn_post_norm", "post_ffw_norm", (e,)),
-        ]
-    return spec
+    def __repr__(self) -> str:
+        have = [k for k, v in vars(self).items() if v is not None]
+        return f"LayerWeights({', '.join(have)})"
 
 
 class Model:
@@ -72,20 +46,24 @@ class Model:
         emb = self._info.get("token_embd.weight")
         self.hparams: HParams = load_hparams(self.gguf.kv, n_vocab=emb.shape[1] if emb is not None else None)
         self.arch = self.hparams.arch
+        self.spec: ArchSpec = get_arch(self.arch)
         self.ctx = GGMLContext(no_alloc=True, name="weights")
         self.weights: dict[str, Tensor] = {}
-        hp = self.hparams
-        self.tok_embd = self._bind("token_embd.weight", (hp.n_embd, hp.n_vocab))
-        self.output_norm = self._bind("output_norm.weight", (hp.n_embd,))
-        if "output.weight" in self._info:
-            self.output = self._bind("output.weight", (hp.n_embd, hp.n_vocab))
-        else:   # tied LM head: a second descriptor over the same bytes (TENSOR_DUPLICATED), placed on its own
+        for ts in self.spec.model_tensors:
+            setattr(self, ts.attr, self._create(ts))
+        if self.output is None:   # tied LM head: a second descriptor over the same bytes (TENSOR_DUPLICATED), placed on its own
             self.output = self.ctx.new(Tensor(self.tok_embd.type, self.tok_embd.ne, name="token_embd.weight",
                                               data=self.tok_embd.data))
             self.output.backend = "CPU"
-        self.layers = [LayerWeights(**{f: self._bind(f"blk.{il}.{suffix}.weight", ne)
-                                       for f, suffix, ne in _layer_spec(hp)})
-                       for il in range(hp.n_layer)]
+        self.layers = [LayerWeights(**{ts.attr: self._create(ts, il) for ts in self.spec.layer_tensors})
+                       for il in range(self.hparams.n_layer)]
+
+    def _create(self, ts: TensorSpec, il: int | None = None) -> Tensor | None:
+        """create_tensor: bind one row of the spec's table (None for an absent optional tensor)."""
+        name = ts.gguf_name(il)
+        if ts.optional and name not in self._info:
+            return None
+        return self._bind(name, ts.shape(self.hparams))
 
     def _bind(self, name: str, ne: tuple[int, ...]) -> Tensor:
         info = self._info.get(name)
@@ -100,6 +78,11 @@ class Model:
         t.backend = "CPU"
         self.weights[name] = self.ctx.new(t)
         return t
+
+    def unused_tensors(self) -> list[str]:
+        """Tensors of the file that no row of the architecture's table binds (llama.cpp refuses such a file:
+        "wrong number of tensors")."""
+        return [name for name in self._info if name not in self.weights]
 
     def tensor(self, name: str) -> Tensor:
         try:

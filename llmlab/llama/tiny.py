@@ -1,9 +1,12 @@
 """Tiny models with random weights, written as real GGUF files by llmlab's own writer.
 
 They have the tensor names, shapes and metadata llama.cpp expects for their
-architecture, so the same code path (Model -> graph builder -> decode) runs them
-in milliseconds. ``vocab_from`` copies a real tokenizer (and its vocabulary size)
-so llama.cpp can load the file too.
+architecture (all read from its spec, ``llmlab.llama.arch``), so the same code
+path (Model -> graph builder -> decode) runs them in milliseconds.
+``vocab_from`` copies a real tokenizer (and its vocabulary size) so llama.cpp can
+load the file too; ``wtype`` stores the matrices in a ggml type (e.g. ``"q8_0"``,
+as llama-quantize would: norms and biases stay f32), so that llama.cpp and
+llmlab take the same kernels and their logits can be compared bit for bit.
 """
 from __future__ import annotations
 
@@ -13,6 +16,8 @@ import numpy as np
 
 from ..ggml.gguf import GGUFFile, GGUFWriter
 from ..ggml.gguf.constants import ValueType
+from .arch import get_arch
+from .hparams import load_hparams
 
 U32, F32 = ValueType.UINT32, ValueType.FLOAT32
 
@@ -20,7 +25,8 @@ U32, F32 = ValueType.UINT32, ValueType.FLOAT32
 def write_tiny(path: str | Path, arch: str = "llama", n_layer: int = 2, n_embd: int = 64, n_head: int = 4,
                n_head_kv: int = 2, n_ff: int = 128, n_vocab: int = 256, head_dim: int | None = None,
                n_ctx_train: int = 2048, seed: int = 0, vocab_from: str | Path | None = None,
-               sliding_window: int = 8) -> Path:
+               sliding_window: int = 8, wtype: str = "f32") -> Path:
+    spec = get_arch(arch)
     rng = np.random.default_rng(seed)
     w = GGUFWriter()
     if vocab_from is not None:
@@ -40,43 +46,35 @@ def write_tiny(path: str | Path, arch: str = "llama", n_layer: int = 2, n_embd: 
     w.add(a + "attention.head_count", n_head, U32)
     w.add(a + "attention.head_count_kv", n_head_kv, U32)
     w.add(a + "attention.layer_norm_rms_epsilon", 1e-6, F32)
-    if arch == "llama":
-        w.add(a + "rope.freq_base", 10000.0, F32)
-        w.add(a + "rope.dimension_count", hd, U32)
-        w.add(a + "vocab_size", n_vocab, U32)
-    elif arch == "gemma3":
-        w.add(a + "rope.freq_base", 1000000.0, F32)
-        w.add(a + "attention.key_length", hd, U32)
-        w.add(a + "attention.value_length", hd, U32)
-        w.add(a + "attention.sliding_window", sliding_window, U32)
-    else:
-        raise ValueError(f"no tiny model recipe for {arch!r}")
+    for key, value in spec.tiny_kv(hd, n_vocab, sliding_window).items():
+        w.add(a + key, value, F32 if isinstance(value, float) else U32)
+    hp = load_hparams({k: v[0] for k, v in w.kv.items()}, n_vocab=n_vocab)
 
-    def mat(*shape, scale=None):
-        s = scale if scale is not None else 1.0 / np.sqrt(shape[-1])
-        return (rng.standard_normal(shape) * s).astype(np.float32)
+    def values(init: str, ne: tuple[int, ...]) -> np.ndarray:
+        shape = ne[::-1]
+        if init == "norm":
+            return (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
+        scale = {"embd": 1.0, "bias": 0.5, "weight": 1.0 / np.sqrt(shape[-1])}[init]
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
 
-    def normw(n):
-        return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+    def add(name: str, init: str, ne: tuple[int, ...]) -> None:
+        x = values(init, ne)
+        if wtype == "f32" or len(ne) < 2:
+            w.add_tensor(name, x)
+        elif wtype == "f16":
+            w.add_tensor(name, x.astype(np.float16))
+        else:
+            from ..ggml.quant import quantize
+            raw = np.ascontiguousarray(quantize(x, wtype)).view(np.uint8)
+            w.add_tensor(name, raw, type=wtype, shape=ne)
 
-    w.add_tensor("token_embd.weight", mat(n_vocab, n_embd, scale=1.0))
-    w.add_tensor("output_norm.weight", normw(n_embd))
+    for ts in spec.model_tensors:
+        if not ts.optional:
+            add(ts.gguf_name(), ts.init, ts.shape(hp))
     for il in range(n_layer):
-        p = f"blk.{il}."
-        w.add_tensor(p + "attn_norm.weight", normw(n_embd))
-        w.add_tensor(p + "attn_q.weight", mat(n_head * hd, n_embd))
-        w.add_tensor(p + "attn_k.weight", mat(n_head_kv * hd, n_embd))
-        w.add_tensor(p + "attn_v.weight", mat(n_head_kv * hd, n_embd))
-        w.add_tensor(p + "attn_output.weight", mat(n_embd, n_head * hd))
-        w.add_tensor(p + "ffn_norm.weight", normw(n_embd))
-        w.add_tensor(p + "ffn_gate.weight", mat(n_ff, n_embd))
-        w.add_tensor(p + "ffn_up.weight", mat(n_ff, n_embd))
-        w.add_tensor(p + "ffn_down.weight", mat(n_embd, n_ff))
-        if arch == "gemma3":
-            w.add_tensor(p + "attn_q_norm.weight", normw(hd))
-            w.add_tensor(p + "attn_k_norm.weight", normw(hd))
-            w.add_tensor(p + "post_attention_norm.weight", normw(n_embd))
-            w.add_tensor(p + "post_ffw_norm.weight", normw(n_embd))
+        for ts in spec.layer_tensors:
+            if not ts.optional:
+                add(ts.gguf_name(il), ts.init, ts.shape(hp))
     path = Path(path)
     w.write(path)
     return path

@@ -6,19 +6,9 @@ from typing import Iterable
 
 import numpy as np
 
-from .. import LLMLabError
+from ..ggml.ops import VIEW_OPS
+from ..llama import Batch, Context, Model
 from .eval_callback import labels
-
-VIEW_OPS = {"NONE", "VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE"}
-
-
-def _forward_pass():
-    try:
-        from ..llama import Batch, Context, Model
-    except ImportError as e:
-        raise LLMLabError("llmlab's forward pass (llmlab.llama: Model, Context) is not available in this "
-                          f"checkout, so there is no llmlab graph to compare with ({e})") from e
-    return Model, Context, Batch
 
 
 def llmlab_nodes(model_path: str | Path, tokens: Iterable[int], flash_attn: bool = False, output: str = "all",
@@ -31,7 +21,6 @@ def llmlab_nodes(model_path: str | Path, tokens: Iterable[int], flash_attn: bool
     swaps kernels (e.g. :func:`llmlab.ggml.cpu.float_path.f32_activations`, no 8-bit activations).
     ``cpu``: the CPU profile to reproduce (default: this machine's llama.cpp).
     """
-    Model, Context, Batch = _forward_pass()
     toks = np.asarray(list(tokens), np.int32)
     n = len(toks)
     model = Model(model_path, cpu=cpu)

@@ -27,6 +27,7 @@ from typing import Callable, Iterable
 import numpy as np
 
 from .. import LLMLabError
+from ..ggml.ops import VIEW_OPS
 from . import ggml_tensor as gt
 
 FLASH_ATTN = {"on": 1, "off": 0, "auto": -1, True: 1, False: 0}
@@ -154,9 +155,6 @@ class Capture:
 
     def layer(self, il: int) -> list[Node]:
         return [n for n in self.nodes if n.layer == il]
-
-
-VIEW_OPS = {"NONE", "VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE"}
 
 
 def _want(values) -> Callable[[str], bool]:

@@ -258,6 +258,13 @@ accelerator, the output layer following only when `n_gpu_layers > n_layer`.
 5. the graph is cut wherever the backend changes, and each input living on the
    other side gets a copy.
 
+Each pass is one function in `llmlab.ggml.sched.scheduler` (`pass_preallocated`,
+`pass_expand`, `pass_upgrade`, `pass_views_and_sources`, `pass_split`). The graph
+itself is left as it was: the copies, and which node reads which copy, are kept
+in the `Schedule`. So the same graph can be scheduled again (the slider below
+does), and a context running through a scheduler reuses its graph, and the
+schedule with it, from one decode step to the next.
+
 The picture replays the passes for SmolLM2 with `n_gpu_layers = 10`.
 """)
 
@@ -285,6 +292,7 @@ def show_ngl(n_gpu_layers=20, layer_from=18, layer_to=21):
     gg = sctx.build_graph(8)
     sch = sc.schedule(gg)
     print(viz.split_lines(sch))
+    print(f"{sch.n_splits} splits, {sch.n_copies} copies, {sch.bytes_to_copy:,} bytes copied per run")
     src = render(to_dot(gg, layers=range(layer_from, layer_to + 1), color_by="backend", schedule=sch, show_leafs=False))
     display(src)
 

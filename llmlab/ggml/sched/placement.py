@@ -32,8 +32,9 @@ def place_model(model, kv, n_gpu_layers: int, backends) -> tuple[dict[int, str],
 
     buffers[id(model.tok_embd)] = cpu
     weights.add(id(model.tok_embd))
-    put(model.output_norm, hp.n_layer)
-    put(model.output, hp.n_layer)
+    for t in (model.output_norm, model.output, getattr(model, "output_b", None)):   # the output layer
+        if t is not None:
+            put(t, hp.n_layer)
     for il, L in enumerate(model.layers):
         for t in vars(L).values():
             if t is not None:

@@ -3,23 +3,28 @@
 Backends are given in priority order, the CPU last (as llama.cpp does). Tensors
 that already live in a buffer (weights, the KV cache) are pinned to the backend
 of that buffer; everything else is decided by the five passes of
-``ggml_backend_sched_split_graph``:
+``ggml_backend_sched_split_graph``, one function each:
 
-1. assign from pre-allocated tensors: a node whose data or view source lives in a
-   buffer goes there; graph inputs go to the CPU; an op reading a weight runs
-   where the weight is (unless a higher-priority backend asks to offload it);
-2. expand: accelerator assignments spread down then up to unassigned neighbours
-   (the CPU does not spread), then every assignment spreads down and up; an op
-   the backend does not support is left for later;
-3. upgrade to a higher-priority backend with the same buffer type that supports
-   the op; unassigned nodes go to the backend that supports them and holds the
-   most of their inputs;
-4. views follow their source; unassigned sources follow the node that reads them;
-5. cut: a new split starts where the backend changes; every source living on a
-   buffer the split's backend cannot read gets a copy (made once per backend),
-   and the node reads the copy.
+1. :func:`pass_preallocated`: a node whose data or view source lives in a buffer goes
+   there; graph inputs go to the CPU; an op reading a weight runs where the weight is
+   (unless a higher-priority backend asks to offload it);
+2. :func:`pass_expand`: accelerator assignments spread down then up to unassigned
+   neighbours (the CPU does not spread), then every assignment spreads down and up;
+   an op the backend does not support is left for later;
+3. :func:`pass_upgrade`: move to a higher-priority backend with the same buffer type
+   that supports the op; unassigned nodes go to the backend that supports them and
+   holds the most of their inputs;
+4. :func:`pass_views_and_sources`: views follow their source; unassigned sources
+   follow the node that reads them;
+5. :func:`pass_split`: a new split starts where the backend changes; every source
+   living on a buffer the split's backend cannot read gets a copy (made once per
+   backend), and the node reads the copy.
 
-Each pass's assignment is kept in ``Schedule.passes`` so it can be replayed.
+The graph is left as it was given: the copies and which node reads which copy are
+recorded in the :class:`Schedule` (``node_src``), and a split runs its nodes through
+:meth:`Tensor.reading` with those sources. Each pass's assignment is kept in
+``Schedule.passes`` so it can be replayed. A schedule stays valid for its graph as long
+as the graph's shapes and placement do (llama.cpp reuses both together).
 """
 from __future__ import annotations
 
@@ -50,7 +55,9 @@ class Schedule:
     causes: dict[int, str]                                  # id(tensor) -> why ("1.wgt0", "2.sup", ...)
     splits: list[Split]
     copies: dict[tuple[int, int], Tensor]                   # (id(src), backend) -> its copy
-    bytes_copied: int = 0
+    bytes_copied: int = 0                                   # by the last run
+    node_src: dict[int, tuple[Tensor, ...]] = field(default_factory=dict)   # id(node) -> the sources it reads
+    n_runs: int = 0
 
     @property
     def n_splits(self) -> int:
@@ -60,12 +67,21 @@ class Schedule:
     def n_copies(self) -> int:
         return len(self.copies)
 
+    @property
+    def bytes_to_copy(self) -> int:
+        """Bytes every run copies across split boundaries (the sum of the splits' input sizes)."""
+        return sum(t.nbytes() for s in self.splits for t in s.inputs)
+
     def backend_of(self, t: Tensor) -> str:
         b = self.assignment.get(id(t), -1)
         return self.backends[b].name if b >= 0 else "?"
 
     def split_nodes(self, s: Split) -> list[Tensor]:
         return self.graph.nodes[s.i_start:s.i_end]
+
+    def run_nodes(self, s: Split) -> list[Tensor]:
+        """The split's nodes as its backend runs them: a node with copied inputs reads the copies."""
+        return [n.reading(self.node_src[id(n)]) if id(n) in self.node_src else n for n in self.split_nodes(s)]
 
     def summary(self) -> list[dict]:
         rows = []
@@ -78,6 +94,182 @@ class Schedule:
         return rows
 
 
+class _Assignment:
+    """The state the passes share: backend per tensor (by id), why, and the buffers of pre-allocated tensors."""
+
+    def __init__(self, backends: list[Backend], buffers: dict[int, str], weights: set[int]):
+        self.backends, self.buffers, self.weights = backends, buffers, weights
+        self.cpu = len(backends) - 1
+        self.backend: dict[int, int] = {}
+        self.cause: dict[int, str] = {}
+
+    def of(self, t: Tensor) -> int:
+        return self.backend.get(id(t), -1)
+
+    def set(self, t: Tensor, b: int, why: str) -> None:
+        self.backend[id(t)] = b
+        self.cause[id(t)] = why
+
+    def from_buffer(self, t: Tensor) -> int:
+        """The backend that can use the buffer holding ``t`` (-1: not pre-allocated)."""
+        buft = self.buffers.get(id(t))
+        if buft is None:
+            return -1
+        for b, be in enumerate(self.backends):
+            if be.supports_buft(buft):
+                return b
+        raise ValueError(f"no backend can use buffer type {buft} of {t.name}")
+
+    def buffer_supported(self, t: Tensor, b: int) -> bool:
+        """Can backend ``b`` read ``t`` where it lives (its buffer, or its backend's buffer type)?"""
+        buft = self.buffers.get(id(t)) or (self.buffers.get(id(t.view_src)) if t.view_src is not None else None)
+        if buft is None:
+            tb = self.of(t)
+            if tb == -1 and t.view_src is not None:
+                tb = self.of(t.view_src)
+            if tb != -1:
+                buft = self.backends[tb].buffer_type
+        return buft is not None and self.backends[b].supports_buft(buft)
+
+    def snapshot(self, graph: CGraph) -> list[int]:
+        return [self.of(n) for n in graph.nodes]
+
+
+def pass_preallocated(graph: CGraph, a: _Assignment, op_offload: bool) -> None:
+    """Pass 1: pre-allocated tensors stay with their buffer, inputs go to the CPU, weight readers follow the weight."""
+    bk = a.backends
+    for t in list(graph.leafs) + list(graph.nodes):
+        if a.of(t) != -1:
+            continue
+        b = a.from_buffer(t)
+        if b != -1:
+            a.set(t, b, "1.dst")
+            continue
+        if t.view_src is not None and (b := a.from_buffer(t.view_src)) != -1:
+            a.set(t, b, "1.vsrc")
+            continue
+        if t.flags & FLAG_INPUT:
+            a.set(t, a.cpu, "1.inp")
+            continue
+        for i, s in enumerate(t.src):
+            if t.op != "ROPE" and id(s) in a.weights:
+                sb = a.from_buffer(s)
+                off = next((b for b in range(sb) if bk[b].supports_op(t) and bk[b].offload_op(t)), -1) \
+                    if op_offload and sb == a.cpu else -1
+                if off != -1:
+                    a.set(t, off, "1.off")
+                else:
+                    a.set(t, sb, f"1.wgt{i}")
+                break
+
+
+def _expand(order, a: _Assignment, skip_cpu: bool) -> None:
+    cur = -1
+    for n in order:
+        if n.op in VIEW_OPS:
+            continue
+        b = a.of(n)
+        if b != -1:
+            cur = -1 if (skip_cpu and b == a.cpu) else b
+        elif cur != -1 and a.backends[cur].supports_op(n):
+            a.set(n, cur, "2.sup")
+
+
+def pass_expand(graph: CGraph, a: _Assignment) -> None:
+    """Pass 2: accelerator assignments spread down then up (not the CPU's), then every assignment does."""
+    nodes = graph.nodes
+    for skip_cpu in (True, False):
+        _expand(nodes, a, skip_cpu)
+        _expand(reversed(nodes), a, skip_cpu)
+
+
+def pass_upgrade(graph: CGraph, a: _Assignment) -> None:
+    """Pass 3: move up to a higher-priority backend sharing the buffer type; place the rest by their inputs."""
+    bk = a.backends
+    for n in graph.nodes:
+        if n.op in VIEW_OPS:
+            continue
+        b = a.of(n)
+        if b == -1:
+            best = -1
+            for cand in range(len(bk)):
+                if bk[cand].supports_op(n):
+                    k = sum(1 for s in n.src if (a.of(s) != -1 or (s.view_src is not None and a.of(s.view_src) != -1))
+                            and a.buffer_supported(s, cand))
+                    if k > best:
+                        best = k
+                        a.set(n, cand, "3.best")
+        else:
+            for cand in range(b):
+                if bk[cand].buffer_type == bk[b].buffer_type and bk[cand].supports_op(n) and \
+                        all(a.buffer_supported(s, cand) for s in n.src):
+                    a.set(n, cand, "3.upg")
+                    break
+
+
+def pass_views_and_sources(graph: CGraph, a: _Assignment) -> None:
+    """Pass 4: views follow their source; a source nobody placed follows the node that reads it."""
+    for n in graph.nodes:
+        if n.view_src is not None and a.of(n) == -1:
+            a.set(n, a.of(n.view_src), "4.vsrc")
+        for s in n.src:
+            if a.of(s) == -1:
+                if s.view_src is not None:
+                    a.set(s, a.of(s.view_src), "4.vsrc")
+                else:
+                    a.set(s, a.of(n), "4.cur")
+    for n in graph.nodes:
+        if a.of(n) == -1:
+            raise RuntimeError(f"node {n.name} ({n.op}) could not be assigned to any backend")
+
+
+def pass_split(graph: CGraph, a: _Assignment) -> tuple[list[Split], dict, dict]:
+    """Pass 5: cut where the backend changes; copy every source the split's backend cannot read (once per
+    backend). Returns the splits, the copies and, per node reading a copy, its sources."""
+    nodes, bk = graph.nodes, a.backends
+    splits: list[Split] = []
+    copies: dict[tuple[int, int], Tensor] = {}
+    node_src: dict[int, tuple[Tensor, ...]] = {}
+    i = 0
+    while i < len(nodes) and nodes[i].op in VIEW_OPS:
+        i += 1
+    cur = a.of(nodes[i]) if i < len(nodes) else a.cpu
+    split = Split(cur, 0)
+    splits.append(split)
+    for i in range(i, len(nodes)):
+        n = nodes[i]
+        if n.op in VIEW_OPS:
+            continue
+        b = a.of(n)
+        # a split that already copies inputs ends before a node needing a weight from elsewhere
+        need_new = b == cur and split.inputs and any(
+            id(s) in a.weights and a.of(s) != cur and not a.buffer_supported(s, cur) for s in n.src)
+        if b != cur or need_new:
+            split.i_end = i
+            split = Split(b, i)
+            splits.append(split)
+            cur = b
+        src = list(n.src)
+        for j, s in enumerate(n.src):
+            if a.of(s) != cur and not a.buffer_supported(s, cur):
+                key = (id(s), cur)
+                if key not in copies:
+                    c = Tensor(s.type, s.ne, nb=s.nb, name=f"{bk[cur].name}#{s.name}#0")
+                    copies[key] = c
+                    a.set(c, cur, "5.cpy")
+                    split.inputs.append(s)
+                src[j] = copies[key]
+        if any(x is not y for x, y in zip(src, n.src)):
+            node_src[id(n)] = tuple(src)
+    split.i_end = len(nodes)
+    return splits, copies, node_src
+
+
+PASSES = ("1: pre-allocated tensors, inputs and weights", "2: expand accelerator assignments, then all",
+          "3: upgrade to higher priority, place the rest by their inputs",
+          "4: views follow their source, sources follow their reader")
+
+
 class Scheduler:
     def __init__(self, backends: list[Backend], n_gpu_layers: int = 0, op_offload: bool = True):
         if not backends or not isinstance(backends[-1], CPUBackend):
@@ -88,178 +280,21 @@ class Scheduler:
         self.cpu = len(backends) - 1
         self.last: Schedule | None = None
 
-    # ---- buffers: which buffer type holds a pre-allocated tensor (weights and KV cache)
-    def _buft(self, t: Tensor, buffers: dict[int, str]) -> str | None:
-        return buffers.get(id(t)) or (buffers.get(id(t.view_src)) if t.view_src is not None else None)
-
-    def _backend_from_buffer(self, t: Tensor, buffers) -> int:
-        buft = buffers.get(id(t))
-        if buft is None:
-            return -1
-        for b, be in enumerate(self.backends):
-            if be.supports_buft(buft):
-                return b
-        raise ValueError(f"no backend can use buffer type {buft} of {t.name}")
-
     def split_graph(self, graph: CGraph, buffers: dict[int, str], weights: set[int]) -> Schedule:
-        """The five passes. ``buffers``: id -> buffer type of pre-allocated tensors; ``weights``: ids of weights."""
-        bk = self.backends
-        cpu = self.cpu
-        assign: dict[int, int] = {}
-        cause: dict[int, str] = {}
-        nodes = graph.nodes
-
-        def tid(t):
-            return assign.get(id(t), -1)
-
-        def buffer_supported(t: Tensor, b: int) -> bool:
-            buft = self._buft(t, buffers)
-            if buft is None:
-                tb = tid(t)
-                if tb == -1 and t.view_src is not None:
-                    tb = tid(t.view_src)
-                if tb != -1:
-                    buft = bk[tb].buffer_type
-            return buft is not None and bk[b].supports_buft(buft)
-
-        def from_cur(t: Tensor) -> int:
-            b = self._backend_from_buffer(t, buffers)
-            if b != -1:
-                cause[id(t)] = "1.dst"
-                return b
-            if t.view_src is not None:
-                b = self._backend_from_buffer(t.view_src, buffers)
-                if b != -1:
-                    cause[id(t)] = "1.vsrc"
-                    return b
-            if t.flags & FLAG_INPUT:
-                cause[id(t)] = "1.inp"
-                return cpu
-            for i, s in enumerate(t.src):
-                if t.op != "ROPE" and id(s) in weights:
-                    sb = self._backend_from_buffer(s, buffers)
-                    if self.op_offload and sb == cpu:
-                        for b in range(sb):
-                            if bk[b].supports_op(t) and bk[b].offload_op(t):
-                                cause[id(t)] = "1.off"
-                                return b
-                    cause[id(t)] = f"1.wgt{i}"
-                    return sb
-            return -1
-
-        def snapshot(name):
-            passes.append((name, [tid(n) for n in nodes]))
-
-        passes: list[tuple[str, list[int]]] = []
-        # pass 1
-        for t in list(graph.leafs) + list(nodes):
-            if tid(t) == -1:
-                b = from_cur(t)
-                if b != -1:
-                    assign[id(t)] = b
-        snapshot("1: pre-allocated tensors, inputs and weights")
-
-        # pass 2
-        def expand(order, skip_cpu: bool):
-            cur = -1
-            for n in order:
-                if n.op in VIEW_OPS:
-                    continue
-                b = tid(n)
-                if b != -1:
-                    cur = -1 if (skip_cpu and b == cpu) else b
-                elif cur != -1 and bk[cur].supports_op(n):
-                    assign[id(n)] = cur
-                    cause[id(n)] = "2.sup"
-        expand(nodes, True)
-        expand(reversed(nodes), True)
-        expand(nodes, False)
-        expand(reversed(nodes), False)
-        snapshot("2: expand accelerator assignments, then all")
-
-        # pass 3
-        for n in nodes:
-            if n.op in VIEW_OPS:
-                continue
-            b = tid(n)
-            if b == -1:
-                best = -1
-                for cand in range(len(bk)):
-                    if bk[cand].supports_op(n):
-                        k = sum(1 for s in n.src if (tid(s) != -1 or (s.view_src is not None and tid(s.view_src) != -1))
-                                and buffer_supported(s, cand))
-                        if k > best:
-                            best = k
-                            assign[id(n)] = cand
-                            cause[id(n)] = "3.best"
-            else:
-                for cand in range(b):
-                    if bk[cand].buffer_type == bk[b].buffer_type and bk[cand].supports_op(n) and \
-                            all(buffer_supported(s, cand) for s in n.src):
-                        assign[id(n)] = cand
-                        cause[id(n)] = "3.upg"
-                        break
-        snapshot("3: upgrade to higher priority, place the rest by their inputs")
-
-        # pass 4
-        for n in nodes:
-            if n.view_src is not None and tid(n) == -1:
-                assign[id(n)] = tid(n.view_src)
-                cause[id(n)] = "4.vsrc"
-            for s in n.src:
-                if tid(s) == -1:
-                    if s.view_src is not None:
-                        assign[id(s)] = tid(s.view_src)
-                        cause[id(s)] = "4.vsrc"
-                    else:
-                        assign[id(s)] = tid(n)
-                        cause[id(s)] = "4.cur"
-        snapshot("4: views follow their source, sources follow their reader")
-        for n in nodes:
-            if tid(n) == -1:
-                raise RuntimeError(f"node {n.name} ({n.op}) could not be assigned to any backend")
-
-        # pass 5
-        splits: list[Split] = []
-        copies: dict[tuple[int, int], Tensor] = {}
-        i = 0
-        while i < len(nodes) and nodes[i].op in VIEW_OPS:
-            i += 1
-        cur = tid(nodes[i]) if i < len(nodes) else cpu
-        split = Split(cur, 0)
-        splits.append(split)
-        for i in range(i, len(nodes)):
-            n = nodes[i]
-            if n.op in VIEW_OPS:
-                continue
-            b = tid(n)
-            need_new = False
-            if b == cur and split.inputs:
-                for s in n.src:
-                    if id(s) in weights and tid(s) != cur and not buffer_supported(s, cur):
-                        need_new = True
-                        break
-            if b != cur or need_new:
-                split.i_end = i
-                split = Split(b, i)
-                splits.append(split)
-                cur = b
-            new_src = list(n.src)
-            for j, s in enumerate(n.src):
-                sb = tid(s)
-                if sb != cur and not buffer_supported(s, cur):
-                    key = (id(s), cur)
-                    if key not in copies:
-                        c = Tensor(s.type, s.ne, nb=s.nb, name=f"{bk[cur].name}#{s.name}#0")
-                        copies[key] = c
-                        assign[id(c)] = cur
-                        cause[id(c)] = "5.cpy"
-                        split.inputs.append(s)
-                    new_src[j] = copies[key]
-            if new_src != list(n.src):
-                n.src = tuple(new_src)
-        split.i_end = len(nodes)
-        sch = Schedule(graph, bk, assign, passes, cause, splits, copies)
+        """The five passes over ``graph`` (left untouched). ``buffers``: id -> buffer type of pre-allocated
+        tensors; ``weights``: ids of weights."""
+        a = _Assignment(self.backends, buffers, weights)
+        passes = []
+        pass_preallocated(graph, a, self.op_offload)
+        passes.append((PASSES[0], a.snapshot(graph)))
+        pass_expand(graph, a)
+        passes.append((PASSES[1], a.snapshot(graph)))
+        pass_upgrade(graph, a)
+        passes.append((PASSES[2], a.snapshot(graph)))
+        pass_views_and_sources(graph, a)
+        passes.append((PASSES[3], a.snapshot(graph)))
+        splits, copies, node_src = pass_split(graph, a)
+        sch = Schedule(graph, self.backends, a.backend, passes, a.cause, splits, copies, node_src=node_src)
         self.last = sch
         return sch
 
@@ -274,10 +309,14 @@ class Scheduler:
                 raw = np.ndarray((src.nbytes(),), np.uint8, src.root().data, src.view_offs)
                 c.data = raw.copy()
                 total += src.nbytes()
-            nodes = sch.split_nodes(s)
+            nodes = sch.run_nodes(s)
+            for n, orig in zip(nodes, sch.split_nodes(s)):   # results land in the graph's own tensors
+                if n is not orig and orig.view_src is None and orig.data is None:
+                    orig.data = n.data = np.empty(orig.nbytes(), np.uint8)
             self._check_reads(sch, s, nodes)
             got.update(be.compute(nodes, capture, replace, callback))
         sch.bytes_copied = total
+        sch.n_runs += 1
         return got
 
     def _check_reads(self, sch: Schedule, s: Split, nodes) -> None:
@@ -297,9 +336,9 @@ class Scheduler:
         return self.split_graph(g.gf, buffers, weights)
 
     def compute(self, g, capture=None, replace=None, callback=None) -> dict:
-        """Schedule and run an LLMGraph (a builder's result); placement comes from its model and KV view."""
-        buffers, weights = self.placement(g)
-        sch = self.split_graph(g.gf, buffers, weights)
+        """Schedule and run an LLMGraph (a builder's result); placement comes from its model and KV view.
+        The same graph run again (a reused graph: same shapes, same placement) keeps its schedule."""
+        sch = self.last if self.last is not None and self.last.graph is g.gf else self.schedule(g)
         return self.compute_schedule(sch, capture, replace, callback)
 
     # ---- placement of weights and KV cache by n_gpu_layers

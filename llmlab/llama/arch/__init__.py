@@ -1,19 +1,36 @@
-"""The architectures llmlab can run, by ``general.architecture`` (llama.cpp's ``llm_arch``)."""
+"""The architectures llmlab can run, by ``general.architecture`` (llama.cpp's ``llm_arch``).
+
+One module per architecture holds all of it (hparams, tensors, graph builder, tiny recipe) in an
+:class:`~llmlab.llama.arch.spec.ArchSpec`; one line below registers it.
+"""
 from __future__ import annotations
 
-BUILDERS: dict = {}
+from .spec import ArchSpec
+
+ARCHS: dict[str, ArchSpec] = {}
 
 
-def register_builder(arch: str):
-    def deco(cls):
-        BUILDERS[arch] = cls
-        return cls
-    return deco
+def register_arch(spec: ArchSpec) -> ArchSpec:
+    """Add (or replace) an architecture; the built-in ones are registered when this package is imported."""
+    ARCHS[spec.name] = spec
+    return spec
 
 
-def get_builder(arch: str):
-    from . import gemma3, llama  # noqa: F401  (they register themselves)
+def get_arch(arch: str) -> ArchSpec:
     try:
-        return BUILDERS[arch]
+        return ARCHS[arch]
     except KeyError:
-        raise ValueError(f"no graph builder for architecture {arch!r} (known: {', '.join(sorted(BUILDERS))})") from None
+        from ... import LLMLabError
+        raise LLMLabError(f"architecture {arch!r} is not supported (known: {', '.join(sorted(ARCHS))})") from None
+
+
+def get_builder(arch: str) -> type:
+    """The graph builder (``llm_build_*``) of an architecture."""
+    return get_arch(arch).builder
+
+
+from . import gemma3, llama, qwen2  # noqa: E402  (the built-in architectures)
+
+register_arch(llama.SPEC)
+register_arch(gemma3.SPEC)
+register_arch(qwen2.SPEC)

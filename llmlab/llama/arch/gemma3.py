@@ -1,4 +1,9 @@
-"""llm_build_gemma3 (src/models/gemma3.cpp, the iswa variant): Gemma 3 with local and global layers."""
+"""Gemma 3 (``LLM_ARCH_GEMMA3``): local (sliding-window) and global layers.
+
+Hparams: NEOX RoPE, five local layers of every six with their own RoPE base (10000), embeddings scaled
+by sqrt(n_embd), 1/sqrt(head size) as attention scale. Tensors: the shared layer plus Q/K norms and
+post-attention / post-FFN norms. Graph: ``llm_build_gemma3`` (src/models/gemma3.cpp, the iswa variant).
+"""
 from __future__ import annotations
 
 import math
@@ -6,11 +11,10 @@ import math
 import numpy as np
 
 from ...ggml import ops as ggml
-from . import register_builder
 from ..graph import LLMGraph
+from . import spec as S
 
 
-@register_builder("gemma3")
 class BuildGemma3(LLMGraph):
     def build(self) -> None:
         m, hp, ctx0 = self.model, self.hparams, self.ctx0
@@ -37,12 +41,10 @@ class BuildGemma3(LLMGraph):
 
             Qcur = self.build_norm(Qcur, L.attn_q_norm, il)
             self.cb(Qcur, "Qcur_normed", il)
-            Qcur = ggml.rope_ext(ctx0, Qcur, inp_pos, None, hp.n_rot, hp.rope_type, hp.n_ctx_train,
-                                 freq_base_l, hp.rope_freq_scale)
+            Qcur = self.build_rope(Qcur, inp_pos, freq_base_l)
             Kcur = self.build_norm(Kcur, L.attn_k_norm, il)
             self.cb(Kcur, "Kcur_normed", il)
-            Kcur = ggml.rope_ext(ctx0, Kcur, inp_pos, None, hp.n_rot, hp.rope_type, hp.n_ctx_train,
-                                 freq_base_l, hp.rope_freq_scale)
+            Kcur = self.build_rope(Kcur, inp_pos, freq_base_l)
             self.cb(Qcur, "Qcur", il)
             self.cb(Kcur, "Kcur", il)
             self.cb(Vcur, "Vcur", il)
@@ -68,3 +70,24 @@ class BuildGemma3(LLMGraph):
             self.mark_layer(il)
 
         self.build_output(inpL)
+
+
+def _load_hparams(hp, kv: dict) -> None:
+    # llama_model::load_hparams: 1/sqrt(head size) (the 27B uses n_embd/n_head instead)
+    hp.f_attention_scale = (1.0 / math.sqrt(hp.n_embd / hp.n_head) if hp.n_layer == 62
+                            else 1.0 / math.sqrt(hp.n_embd_head_k))
+
+
+def _tiny_kv(hd: int, n_vocab: int, sliding_window: int) -> dict:
+    return {"rope.freq_base": 1000000.0, "attention.key_length": hd, "attention.value_length": hd,
+            "attention.sliding_window": sliding_window}
+
+
+SPEC = S.ArchSpec(
+    name="gemma3",
+    builder=BuildGemma3,
+    layer_tensors=S.LAYER_TENSORS + (S.ATTN_Q_NORM, S.ATTN_K_NORM, S.ATTN_POST_NORM, S.FFN_POST_NORM),
+    hparams=dict(rope_type=S.LLAMA_ROPE_TYPE_NEOX, swa_pattern=6, rope_freq_base_swa=10000.0, embd_scale=True),
+    load_hparams=_load_hparams,
+    tiny_kv=_tiny_kv,
+)

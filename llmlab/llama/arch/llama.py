@@ -1,18 +1,24 @@
-"""llm_build_llama (src/models/llama.cpp): the graph of LLaMA-family models such as SmolLM2."""
+"""LLaMA (``LLM_ARCH_LLAMA``): SmolLM2 and the LLaMA family.
+
+Its hparams are the shared ones with NORM RoPE; its tensors the shared layer (pre-norm attention, gated
+SiLU FFN) with optional q/k/v/output biases (``TENSOR_NOT_REQUIRED``); its graph ``llm_build_llama``
+(src/models/llama.cpp).
+"""
 from __future__ import annotations
 
 import math
 
 from ...ggml import ops as ggml
-from . import register_builder
 from ..graph import LLMGraph
+from . import spec as S
 
 
-@register_builder("llama")
 class BuildLlama(LLMGraph):
+    name_attn_out = True      # llm_build_llama names the projected attention output "attn_out"
+
     def build(self) -> None:
         m, hp, ctx0 = self.model, self.hparams, self.ctx0
-        n_embd_head, n_tokens = hp.n_embd_head_v, self.n_tokens
+        n_embd_head = hp.n_embd_head_v
         inpL = self.build_inp_embd(m.tok_embd)
         inp_pos = self.build_inp_pos()
         self.build_attn_inp()
@@ -26,24 +32,16 @@ class BuildLlama(LLMGraph):
             cur = self.build_norm(inpL, L.attn_norm, il)
             self.cb(cur, "attn_norm", il)
 
-            Qcur = self.cb(ggml.mul_mat(ctx0, L.wq, cur), "Qcur", il)
-            Kcur = self.cb(ggml.mul_mat(ctx0, L.wk, cur), "Kcur", il)
-            Vcur = self.cb(ggml.mul_mat(ctx0, L.wv, cur), "Vcur", il)
-            # build_qkv names the reshaped views too
-            Qcur = self.cb(ggml.reshape_3d(ctx0, Qcur, n_embd_head, hp.n_head, n_tokens), "Qcur", il)
-            Kcur = self.cb(ggml.reshape_3d(ctx0, Kcur, n_embd_head, hp.n_head_kv, n_tokens), "Kcur", il)
-            Vcur = self.cb(ggml.reshape_3d(ctx0, Vcur, n_embd_head, hp.n_head_kv, n_tokens), "Vcur", il)
-
-            Qcur = ggml.rope_ext(ctx0, Qcur, inp_pos, None, hp.n_rot, hp.rope_type, hp.n_ctx_train,
-                                 hp.rope_freq_base, hp.rope_freq_scale)
-            Kcur = ggml.rope_ext(ctx0, Kcur, inp_pos, None, hp.n_rot, hp.rope_type, hp.n_ctx_train,
-                                 hp.rope_freq_base, hp.rope_freq_scale)
+            Qcur, Kcur, Vcur = self.build_qkv(L, cur, il)
+            Qcur = self.build_rope(Qcur, inp_pos)
+            Kcur = self.build_rope(Kcur, inp_pos)
             self.cb(Qcur, "Qcur", il)
             self.cb(Kcur, "Kcur", il)
             self.cb(Vcur, "Vcur", il)
 
-            cur = self.build_attn(L.wo, Qcur, Kcur, Vcur, kq_scale, il)
-            self.cb(cur, "attn_out", il)
+            cur = self.build_attn(L.wo, Qcur, Kcur, Vcur, kq_scale, il, wo_b=getattr(L, "bo", None))
+            if self.name_attn_out:
+                self.cb(cur, "attn_out", il)
             if il == hp.n_layer - 1:
                 cur = ggml.get_rows(ctx0, cur, inp_out_ids)
                 inpSA = ggml.get_rows(ctx0, inpSA, inp_out_ids)
@@ -59,3 +57,16 @@ class BuildLlama(LLMGraph):
             self.mark_layer(il)
 
         self.build_output(inpL)
+
+
+def _tiny_kv(hd: int, n_vocab: int, sliding_window: int) -> dict:
+    return {"rope.freq_base": 10000.0, "rope.dimension_count": hd, "vocab_size": n_vocab}
+
+
+SPEC = S.ArchSpec(
+    name="llama",
+    builder=BuildLlama,
+    layer_tensors=S.LAYER_TENSORS + tuple(t.not_required() for t in (S.ATTN_Q_B, S.ATTN_K_B, S.ATTN_V_B, S.ATTN_OUT_B)),
+    hparams=dict(rope_type=S.LLAMA_ROPE_TYPE_NORM),
+    tiny_kv=_tiny_kv,
+)

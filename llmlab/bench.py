@@ -1,0 +1,160 @@
+"""Speed against llama.cpp in the same run, as llama-bench reports it: prompt processing (pp) and
+token generation (tg) in tokens per second, then ratios.
+
+Both engines get the same file, the same thread count and the same tokens: a prompt of
+``n_prompt`` tokens cut from a real text, decoded in one batch, then ``n_gen`` greedy steps of one
+token each. llama.cpp runs in a child process so that each side's peak memory is its own.
+Decode is bound by memory bandwidth: every step reads every weight once (the tied LM head
+included), so ``decode_gb_per_s`` = weight bytes x decode tokens/s says how close each side is.
+"""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+TEXT = Path(__file__).resolve().parent.parent / "data" / "english_python_docs.txt"
+
+
+def prompt_tokens(tokenizer, n: int) -> list[int]:
+    """The first ``n`` tokens of a real English text (repeated if it is short), BOS first when the
+    model asks for one."""
+    text = TEXT.read_text(encoding="utf-8") if TEXT.exists() else "The quick brown fox jumps over the lazy dog. "
+    ids = tokenizer.tokenize(text, add_bos=True, special=False)
+    while len(ids) < n:
+        ids += tokenizer.tokenize(text, add_bos=False, special=False)
+    return ids[:n]
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory (VmHWM: per address space, so a child started from a big
+    parent reports its own, unlike ru_maxrss, which survives exec)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def weight_bytes(model) -> int:
+    """Bytes of weights one decode step reads: every tensor once (the tied LM head is token_embd)."""
+    return sum(t.nbytes() for t in model.weights.values())
+
+
+@dataclass
+class Side:
+    prefill_tokens_per_s: float = 0.0
+    decode_tokens_per_s: float = 0.0
+    peak_rss_mb: float = 0.0
+    load_s: float = 0.0
+    ids: list[int] = field(default_factory=list)
+
+
+def run_llmlab(path, ids: list[int], n_gen: int, threads: int, cpu=None, kernels: str = "fast") -> Side:
+    from .ggml.cpu.fast import set_threads
+    from .llama import Batch, Context, Model
+    set_threads(threads)
+    t0 = time.perf_counter()
+    model = Model(path, cpu=cpu)
+    load = time.perf_counter() - t0
+    ctx = Context(model, n_ctx=len(ids) + n_gen + 1, n_batch=len(ids), n_ubatch=512, kernels=kernels,
+                  **({"cpu": cpu} if cpu is not None else {}))
+    warm = Context(model, n_ctx=64, kernels=kernels, **({"cpu": cpu} if cpu is not None else {}))
+    warm.decode(Batch.from_tokens(ids[:9], logits="last"))          # compile (or load) every kernel once
+    warm.decode(Batch.from_tokens(ids[9:10], pos0=9, logits="last"))
+    del warm
+    t0 = time.perf_counter()
+    logits = ctx.decode(Batch.from_tokens(ids, logits="last"))[-1]
+    t_pp = time.perf_counter() - t0
+    out: list[int] = []
+    t0 = time.perf_counter()
+    for i in range(n_gen):
+        tok = int(np.argmax(logits))
+        out.append(tok)
+        logits = ctx.decode(Batch.from_tokens([tok], pos0=len(ids) + i, logits="last"))[-1]
+    t_tg = time.perf_counter() - t0
+    return Side(len(ids) / t_pp, n_gen / t_tg if n_gen else 0.0, peak_rss_mb(), load, out)
+
+
+_LLAMA_CHILD = r"""
+import json, sys, time
+import numpy as np
+from llama_cpp import Llama
+from llmlab.bench import peak_rss_mb
+a = json.loads(sys.argv[1])
+t0 = time.perf_counter()
+llm = Llama(a["path"], n_ctx=len(a["ids"]) + a["n_gen"] + 1, n_batch=512, n_ubatch=512, n_threads=a["threads"],
+            n_threads_batch=a["threads"], verbose=False)
+load = time.perf_counter() - t0
+n_vocab = llm.n_vocab()
+last = lambda: np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(n_vocab,))
+llm.eval(a["ids"][:9]); llm.reset()                      # warm-up, as llama-bench does
+t0 = time.perf_counter(); llm.eval(a["ids"]); t_pp = time.perf_counter() - t0
+out = []
+t0 = time.perf_counter()
+for i in range(a["n_gen"]):
+    tok = int(np.argmax(last()))
+    out.append(tok)
+    llm.eval([tok])
+t_tg = time.perf_counter() - t0
+print(json.dumps({"prefill_tokens_per_s": len(a["ids"]) / t_pp, "decode_tokens_per_s": a["n_gen"] / t_tg if a["n_gen"] else 0.0,
+                  "peak_rss_mb": peak_rss_mb(), "load_s": load, "ids": out}))
+"""
+
+
+def run_llama_cpp(path, ids: list[int], n_gen: int, threads: int) -> Side:
+    arg = json.dumps({"path": str(path), "ids": [int(i) for i in ids], "n_gen": n_gen, "threads": threads})
+    env = dict(os.environ, LLAMA_CPP_LOG_LEVEL="error")
+    res = subprocess.run([sys.executable, "-c", _LLAMA_CHILD, arg], capture_output=True, text=True, env=env)
+    if res.returncode != 0:
+        tail = (res.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"llama.cpp bench failed: {tail}")
+    return Side(**json.loads(res.stdout.strip().splitlines()[-1]))
+
+
+def first_token_s(model: str, threads: int, cold: bool = False) -> float:
+    """Seconds from starting ``python -m llmlab generate -n 1`` to its exit: interpreter, imports, load,
+    kernels (from numba's cache, or compiled from scratch with ``cold``), prefill and one token."""
+    import tempfile
+    env = dict(os.environ, LLMLAB_THREADS=str(threads))
+    with tempfile.TemporaryDirectory() as tmp:
+        if cold:
+            env["NUMBA_CACHE_DIR"] = tmp
+        t0 = time.perf_counter()
+        res = subprocess.run([sys.executable, "-m", "llmlab", "generate", "-m", model, "-p", "Hello", "-n", "1",
+                              "--no-timings"], capture_output=True, text=True, env=env)
+        dt = time.perf_counter() - t0
+    if res.returncode != 0:
+        raise RuntimeError(f"first-token run failed: {(res.stderr.strip().splitlines() or ['?'])[-1]}")
+    return dt
+
+
+@dataclass
+class BenchResult:
+    model: str
+    threads: int
+    cpu: str
+    kernels: str
+    prompt_tokens: int
+    gen_tokens: int
+    prefill_tokens_per_s: float
+    decode_tokens_per_s: float
+    decode_gb_per_s: float
+    weight_mb: float
+    peak_rss_mb: float
+    first_token_s: float | None = None
+    first_token_cold_s: float | None = None
+    llama_cpp: dict | None = None
+    decode_ratio: float | None = None
+    prefill_ratio: float | None = None
+    rss_ratio: float | None = None
+    same_tokens: int | None = None
+
+    def to_json(self) -> dict:
+        return asdict(self)

@@ -1,0 +1,85 @@
+"""``bench``: prompt and generation speed, optionally against llama.cpp in the same run (like llama-bench)."""
+from __future__ import annotations
+
+import json
+import sys
+
+from .. import models
+from ._cpu import add_cpu_argument, resolve_cpu
+
+
+def register(sub) -> None:
+    p = sub.add_parser("bench", help="prefill and decode tokens/s (and llama.cpp's, with --vs-llama-cpp)")
+    p.add_argument("-m", "--model", default=models.DEFAULT_MODEL, help="registry name or path to a .gguf file")
+    p.add_argument("--threads", type=int, default=None, help="threads (default: LLMLAB_THREADS or all cores)")
+    p.add_argument("--prompt-tokens", type=int, default=256, help="prompt length (default 256)")
+    p.add_argument("--gen-tokens", type=int, default=128, help="tokens to generate (default 128)")
+    p.add_argument("--kernels", choices=("fast", "reference"), default="fast", help="kernel set (default fast)")
+    p.add_argument("--vs-llama-cpp", action="store_true", help="measure llama.cpp (llama-cpp-python) in the same run")
+    p.add_argument("--first-token", action="store_true",
+                   help="also time a whole `generate -n 1` process, warm and cold numba cache")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_cpu_argument(p)
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from .. import bench
+    from ..ggml.cpu.fast import set_threads
+    from ..llama import Model
+    from ..llama.vocab import Tokenizer
+
+    if args.prompt_tokens < 10 or args.gen_tokens < 0:
+        raise ValueError("--prompt-tokens must be at least 10 and --gen-tokens at least 0")
+    threads = set_threads(args.threads)
+    path = models.resolve(args.model)
+    model = Model(path)
+    ids = bench.prompt_tokens(Tokenizer.from_model(path), args.prompt_tokens)
+    if len(ids) + args.gen_tokens > model.hparams.n_ctx_train:
+        raise ValueError(f"{len(ids)} + {args.gen_tokens} tokens exceed the model's context ({model.hparams.n_ctx_train})")
+    prof = resolve_cpu(args)
+    cpu = prof.name
+    me = bench.run_llmlab(path, ids, args.gen_tokens, threads, cpu=prof, kernels=args.kernels)
+    wb = bench.weight_bytes(model)
+    res = bench.BenchResult(
+        model=args.model, threads=threads, cpu=cpu, kernels=args.kernels, prompt_tokens=len(ids),
+        gen_tokens=args.gen_tokens, prefill_tokens_per_s=me.prefill_tokens_per_s,
+        decode_tokens_per_s=me.decode_tokens_per_s, decode_gb_per_s=wb * me.decode_tokens_per_s / 1e9,
+        weight_mb=wb / 2**20, peak_rss_mb=me.peak_rss_mb)
+    if args.first_token:
+        res.first_token_s = bench.first_token_s(args.model, threads)
+        res.first_token_cold_s = bench.first_token_s(args.model, threads, cold=True)
+    if args.vs_llama_cpp:
+        ll = bench.run_llama_cpp(path, ids, args.gen_tokens, threads)
+        res.llama_cpp = {"prefill_tokens_per_s": ll.prefill_tokens_per_s, "decode_tokens_per_s": ll.decode_tokens_per_s,
+                         "decode_gb_per_s": wb * ll.decode_tokens_per_s / 1e9, "peak_rss_mb": ll.peak_rss_mb,
+                         "load_s": ll.load_s}
+        res.decode_ratio = me.decode_tokens_per_s / ll.decode_tokens_per_s if ll.decode_tokens_per_s else None
+        res.prefill_ratio = me.prefill_tokens_per_s / ll.prefill_tokens_per_s
+        res.rss_ratio = me.peak_rss_mb / ll.peak_rss_mb
+        res.same_tokens = next((i for i, (a, b) in enumerate(zip(me.ids, ll.ids)) if a != b), min(len(me.ids), len(ll.ids)))
+    if args.json:
+        print(json.dumps(res.to_json()))
+        return 0
+    _print(res, sys.stdout)
+    return 0
+
+
+def _print(r, out) -> None:
+    rows = [("llmlab", r.prefill_tokens_per_s, r.decode_tokens_per_s, r.decode_tokens_per_s * r.weight_mb * 2**20 / 1e9,
+             r.peak_rss_mb)]
+    if r.llama_cpp:
+        ll = r.llama_cpp
+        rows.append(("llama.cpp", ll["prefill_tokens_per_s"], ll["decode_tokens_per_s"], ll["decode_gb_per_s"],
+                     ll["peak_rss_mb"]))
+    print(f"model {r.model}, {r.threads} threads, cpu {r.cpu}, kernels {r.kernels}; "
+          f"pp{r.prompt_tokens} then tg{r.gen_tokens}; {r.weight_mb:.1f} MiB of weights per token", file=out)
+    print(f"{'engine':<10} {'pp tok/s':>10} {'tg tok/s':>10} {'tg GB/s':>8} {'peak RSS MB':>12}", file=out)
+    for name, pp, tg, gbs, rss in rows:
+        print(f"{name:<10} {pp:10.1f} {tg:10.2f} {gbs:8.2f} {rss:12.0f}", file=out)
+    if r.llama_cpp:
+        print(f"ratio      {r.prefill_ratio:10.2f} {r.decode_ratio:10.2f} {'':>8} {r.rss_ratio:12.2f}"
+              f"   (greedy tokens equal for {r.same_tokens}/{r.gen_tokens})", file=out)
+    if r.first_token_s is not None:
+        print(f"first token from process start: {r.first_token_s:.2f} s warm, {r.first_token_cold_s:.2f} s cold cache",
+              file=out)

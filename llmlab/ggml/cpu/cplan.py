@@ -1,0 +1,274 @@
+"""ggml_graph_plan + ggml_graph_compute: a graph bound once to kernels and buffers, then run many times.
+
+The reference executor (``llmlab.ggml.executor``) looks every node up, builds numpy views of its
+sources and allocates as it goes: clear, and about as slow in Python as the arithmetic. A
+``CPlan`` does that work once per graph. Each node that computes becomes one *step*, a closure
+over the arrays it reads and writes (views of the same bytes the graph owns) that calls a
+compiled kernel from ``llmlab.ggml.cpu.fast``. A node with no fast kernel gets its NumPy
+reference as its step, so a plan is always complete and always exact.
+
+The graph stays the graph the notebooks draw: the plan neither adds nor fuses nodes, and with
+``capture``/``replace``/``callback`` every node is still seen, in order, as the reference
+executor shows it. llama.cpp reuses a graph when the shapes repeat; the context keeps the plan
+with the graph, so a decode step pays for binding once per 256 cells of cache.
+
+A plan is bound for one CPU profile (``cpu``): a fast kernel binds only where it computes that
+profile's arithmetic (its lane count, reduction tree and expf); elsewhere the node keeps its
+NumPy reference, which takes the profile too.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from ..ops import VIEW_OPS
+from ..tensor import F16, F32, Tensor
+from . import profiles
+from .fast import ops as fops
+from .fast import vec as fvec
+from .ops import COMPUTE, mul_mat_quantized, rope_cache
+from .sgemm import takes as sgemm_takes
+from .simd import halves
+
+Step = Callable[[], None]
+PARALLEL_MIN_WORK = 1 << 21     # multiply-adds below which waking the other threads costs more than it saves
+BINDERS: dict[str, Callable[[Tensor, "CPUProfileLike"], Step | None]] = {}
+CPUProfileLike = object
+
+
+def binder(op: str):
+    """Register the fast binding of an op: ``fn(node, cpu) -> step``, or None to use the reference."""
+    def deco(fn):
+        BINDERS[op] = fn
+        return fn
+    return deco
+
+
+def _reference(node: Tensor, cpu) -> Step:
+    fn = COMPUTE.get(node.op)
+    if fn is None:
+        raise NotImplementedError(f"no CPU implementation for op {node.op} (node {node.name})")
+    return lambda: fn(node, cpu)
+
+
+class CPlan:
+    """The steps of one graph; ``compute()`` runs them. Built by :func:`graph_plan`."""
+
+    def __init__(self, nodes: list[Tensor], steps: list[Step | None], n_fast: int):
+        self.nodes, self.steps, self.n_fast = nodes, steps, n_fast
+        self._run = [s for s in steps if s is not None]
+
+    def compute(self, capture=None, replace=None, callback=None) -> dict[str, np.ndarray]:
+        if capture is None and replace is None and callback is None:
+            for step in self._run:
+                step()
+            return {}
+        want = None
+        if capture is not None:
+            want = capture if callable(capture) else (lambda t, names=frozenset(capture): t.name in names)
+        got: dict[str, np.ndarray] = {}
+        for node, step in zip(self.nodes, self.steps):
+            if step is not None:
+                step()
+            if replace and node.name in replace:
+                r = replace[node.name]
+                a = node.array()
+                a[...] = np.asarray(r(node, a.copy()) if callable(r) else r, dtype=a.dtype).reshape(a.shape)
+            if want is not None and want(node):
+                got[node.name] = node.numpy()
+            if callback is not None:
+                callback(node)
+        return got
+
+    def __repr__(self) -> str:
+        return f"CPlan({len(self._run)} steps, {self.n_fast} on fast kernels)"
+
+
+def graph_plan(nodes: list[Tensor], cpu=None, fast: bool = True) -> CPlan:
+    """Give every node its bytes and its step (views: none); ``fast=False`` binds the references.
+    ``cpu``: the CPU profile whose arithmetic the steps compute (None: this machine's)."""
+    cpu = profiles.resolve(cpu)
+    steps: list[Step | None] = []
+    n_fast = 0
+    for node in nodes:
+        if node.view_src is None and node.data is None:
+            node.data = np.empty(node.nbytes(), np.uint8)
+    for node in nodes:
+        if node.op in VIEW_OPS:
+            steps.append(None)
+            continue
+        step = BINDERS[node.op](node, cpu) if fast and node.op in BINDERS else None
+        n_fast += step is not None
+        steps.append(step or _reference(node, cpu))
+    return CPlan(nodes, steps, n_fast)
+
+
+# ---- bindings ----------------------------------------------------------------------------------
+
+def _rows(t: Tensor) -> np.ndarray | None:
+    """A contiguous float32 tensor as a 2-D (rows, ne0) view, or None."""
+    if t.type is not F32 or not t.is_contiguous():
+        return None
+    return t.array().reshape(-1, t.ne[0])
+
+
+@binder("RMS_NORM")
+def _rms_norm(node, cpu):
+    x, out = _rows(node.src[0]), _rows(node)
+    if x is None or out is None:
+        return None
+    eps = np.float32(node.op_params["eps"])
+    return lambda: fops.rms_norm(x, eps, out)
+
+
+def _binary(ufunc):
+    def bind(node, cpu):
+        a, b = node.src
+        if a.type is not F32 or b.type is not F32 or node.type is not F32:
+            return None
+        A, B, O = a.array(), b.array(), node.array()
+        try:
+            np.broadcast_shapes(B.shape, A.shape)
+        except ValueError:
+            return None          # ggml's repeat-broadcast of non-unit dimensions: the reference tiles
+        return lambda: ufunc(A, B, out=O)
+    return bind
+
+
+binder("ADD")(_binary(np.add))
+binder("MUL")(_binary(np.multiply))
+
+
+@binder("SCALE")
+def _scale(node, cpu):
+    if node.src[0].type is not F32:
+        return None
+    X, O, s = node.src[0].array(), node.array(), np.float32(node.op_params["scale"])
+    return lambda: np.multiply(X, s, out=O)
+
+
+@binder("CONT")
+def _cont(node, cpu):
+    src = node.src[0]
+    if src.type is not node.type or src.type.block_size != 1:
+        return None
+    S = src.array()
+    O = node.array().reshape(S.shape)      # the destination is contiguous: element order is ggml's
+    return lambda: np.copyto(O, S)
+
+
+@binder("SET_ROWS")
+def _set_rows(node, cpu):
+    src, idx = node.src
+    if src.type is not F32 or node.type not in (F16, F32) or not src.is_contiguous():
+        return None
+    V = src.array().reshape(-1, src.ne[0])
+    I = idx.array().reshape(-1)
+    D = node.array()[0, 0]
+    n_rows, dt = D.shape[0], D.dtype
+
+    def step():
+        rows = I.astype(np.int64)
+        if rows.size and (rows.min() < 0 or rows.max() >= n_rows):
+            raise IndexError(f"set_rows: row index out of range 0..{n_rows - 1}")
+        D[rows] = V.astype(dt)
+    return step
+
+
+@binder("ROPE")
+def _rope(node, cpu):
+    a, pos = node.src[0], node.src[1]
+    p = node.op_params
+    if len(node.src) > 2 or p["ext_factor"] != 0.0 or a.type is not F32 or a.ne[3] != 1:
+        return None
+    X = a.array()[0]                       # (tokens, heads, head_dim), any strides
+    O = node.array()[0]
+    P = pos.array().reshape(-1)
+    n_dims, neox = p["n_dims"], bool(p["mode"] & 2)
+    args = (p["freq_base"], p["freq_scale"], p["attn_factor"])
+
+    def step():
+        cos, sin = rope_cache(P, n_dims, *args)
+        fops.rope(X, cos, sin, n_dims, neox, O)
+    return step
+
+
+@binder("SOFT_MAX")
+def _soft_max(node, cpu):
+    x = node.src[0]
+    if x.type is not F32 or x.ne[3] != 1 or node.op_params.get("max_bias", 0.0) != 0.0:
+        return None
+    X, O = x.array()[0], node.array()[0]
+    M = np.zeros((0, x.ne[0]), np.float32)
+    if len(node.src) > 1:
+        m = node.src[1]
+        if m.type is not F32 or m.ne[2] != 1 or m.ne[3] != 1 or m.ne[0] != x.ne[0]:
+            return None
+        M = m.array()[0, 0][: x.ne[1]]
+    scale = np.float32(node.op_params["scale"])
+    if not _fast_expf(cpu) or x.ne[0] % _lanes(cpu):        # the fast tail would not call libm's expf
+        return None
+    lanes = _lanes(cpu)
+    if X.size >= PARALLEL_MIN_WORK // 8 and _threads() > 1:
+        n = _threads()
+        return lambda: fvec.soft_max_mt(X, M, scale, O, lanes, n)
+    return lambda: fvec.soft_max(X, M, scale, O, lanes)
+
+
+@binder("SWIGLU")
+def _swiglu(node, cpu):
+    if len(node.src) != 2 or node.op_params.get("swapped"):
+        return None
+    g, u = (_rows(s) for s in node.src)
+    out = _rows(node)
+    if g is None or u is None or out is None or not _fast_expf(cpu) or g.shape[-1] % _lanes(cpu):
+        return None
+    return lambda: fvec.swiglu(g, u, out)
+
+
+@binder("MUL_MAT")
+def _mul_mat(node, cpu):
+    a, b = node.src
+    if b.type is not F32 or node.type is not F32:
+        return None
+    B, O = b.array(), node.array()
+    if a.type.block_size != 1:                              # quantized weights: 2-D, one activation matrix
+        if a.ne[2] != 1 or a.ne[3] != 1 or b.ne[2] != 1 or b.ne[3] != 1:
+            return None
+        A, t = a.array()[0, 0], a.type
+        repacked = a.view_src is None and cpu.repacks(t.name, a.ne[1])     # llama.cpp's CPU_REPACK buffer
+        X, Y = B[0, 0], O[0, 0]
+
+        def step():
+            Y[...] = mul_mat_quantized(A, t, X, repacked, cpu)
+        return step
+    if a.type is F16 and a.ne[3] == 1 and b.ne[3] == 1 and b.ne[2] % a.ne[2] == 0:
+        A = a.array()[0].view(np.uint16)                    # (Hk, R, K) bits, strides of the cache view
+        X, Y = B[0], O[0]
+        T, R, K = b.ne[1], a.ne[1], a.ne[0]
+        tiny = sgemm_takes(cpu, R, T, K)                     # llamafile_sgemm takes it, else vec_dot_f16
+        lanes = cpu.sgemm_lanes if tiny else cpu.f32_lanes
+        tree = cpu.sgemm_hsum_tree if tiny else cpu.vec_reduce_tree
+        if lanes not in (8, 16) or tree != halves(lanes):   # the fast kernels add lanes in halves only
+            return None
+        lut = fvec.F16_TO_F32
+        if Y.size * K >= PARALLEL_MIN_WORK and _threads() > 1:
+            n = _threads()
+            return lambda: fvec.mul_mat_f16_mt(A, X.astype(np.float16).astype(np.float32), Y, lut, lanes, tiny, n)
+        return lambda: fvec.mul_mat_f16(A, X.astype(np.float16).astype(np.float32), Y, lut, lanes, tiny)
+    return None
+
+
+def _lanes(cpu) -> int:
+    return cpu.f32_lanes
+
+
+def _fast_expf(cpu) -> bool:
+    """The fast softmax and SiLU compute AVX-512's ggml_v_expf in 16-lane blocks."""
+    return cpu.expf == "scalef" and cpu.f32_lanes == 16 and cpu.hsum_tree == halves(16)
+
+
+def _threads() -> int:
+    import numba
+    return numba.get_num_threads()

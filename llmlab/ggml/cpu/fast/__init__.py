@@ -1,0 +1,17 @@
+"""numba twins of ggml-cpu's kernels (the ``fast`` kernel set): the same bits as the NumPy
+references in ``llmlab.ggml.cpu``, at compiled speed.
+
+Kernels are module-level ``@njit(cache=True)`` functions, so a second process loads them from
+numba's cache instead of compiling. Threads: ``LLMLAB_THREADS`` (default all cores), or
+:func:`set_threads`; results never depend on the count (each output is summed by one thread in a
+fixed order), as ggml's do not.
+
+Modules: ``quantize`` (q8_0, q8_1, q8_K activation quantizers), ``q32`` (q4_0, q4_1, q5_0, q8_0),
+``kquants`` (q4_K, q6_K: vec_dot, tiled, REPACK gemv/gemm), ``dispatch`` (path choice, packed-weight
+cache; entry point :func:`mul_mat_quantized`), ``vec`` (f16 dot products and tinyBLAS, expf, SwiGLU,
+softmax), ``ops`` (RMS norm, RoPE). ``llmlab.ggml.cpu.cplan`` binds them to a graph's nodes.
+"""
+from ._common import set_threads, thread_count
+from .dispatch import clear_cache, mul_mat_quantized, packed_nbytes, path_of, supports
+
+__all__ = ["mul_mat_quantized", "path_of", "supports", "packed_nbytes", "clear_cache", "set_threads", "thread_count"]

@@ -1,0 +1,219 @@
+"""Fast twins of ``mul_mat_q32`` (ggml_vec_dot_q4_0_q8_0, q4_1_q8_1, q5_0_q8_0, q8_0_q8_0 on AVX2):
+the weights repacked once, G rows side by side, so that every inner loop runs across rows.
+
+Packed layout (``pack_q32``), for row group g (rows gG .. gG+G-1, the last group zero-padded) and block b:
+
+* q4_0 / q4_1 / q5_0: ``qs[g, b, i, r]`` = byte i of row r's block (low nibble value i, high nibble i+16);
+  q5_0 also ``qh[g, b, k, r]`` = byte k of its 32 high bits (bit j: value 8k+j);
+* q8_0: ``qs[g, b, i, r]`` = code i of row r's block (int8);
+* ``d[g, b, r]`` (and q4_1's ``m``): the float16 scales as float32.
+
+Per block the kernel unpacks the codes of G rows once into W (32, G) int16, then for every activation row
+forms the 8 lane sums (lane j: the 4 products 4j..4j+3, exact integers) and takes the float step of the
+reference: ``acc_j = fma(d_x * d_w, lane_j, acc_j)`` (float64 product and sum, rounded to float32), block
+after block; at the end hsum_float_8 over the lanes (q4_1: + the scalar fma sum of m_w * s_x).
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from ._common import G, NOPYTHON, hsum8
+
+
+@njit(inline="always", **NOPYTHON)
+def _block16(W, a, t, o, dab, dwb, acc):
+    """One block of G rows, W (32, G) int16 codes, against activation row t at offset o: lane sums
+    in int16 (|sum| <= 4 * 16 * 127 for 4- and 5-bit codes), then the 8 float steps per row."""
+    a0 = np.int16(a[t, o + 0]); a1 = np.int16(a[t, o + 1]); a2 = np.int16(a[t, o + 2]); a3 = np.int16(a[t, o + 3])
+    a4 = np.int16(a[t, o + 4]); a5 = np.int16(a[t, o + 5]); a6 = np.int16(a[t, o + 6]); a7 = np.int16(a[t, o + 7])
+    a8 = np.int16(a[t, o + 8]); a9 = np.int16(a[t, o + 9]); a10 = np.int16(a[t, o + 10]); a11 = np.int16(a[t, o + 11])
+    a12 = np.int16(a[t, o + 12]); a13 = np.int16(a[t, o + 13]); a14 = np.int16(a[t, o + 14]); a15 = np.int16(a[t, o + 15])
+    a16 = np.int16(a[t, o + 16]); a17 = np.int16(a[t, o + 17]); a18 = np.int16(a[t, o + 18]); a19 = np.int16(a[t, o + 19])
+    a20 = np.int16(a[t, o + 20]); a21 = np.int16(a[t, o + 21]); a22 = np.int16(a[t, o + 22]); a23 = np.int16(a[t, o + 23])
+    a24 = np.int16(a[t, o + 24]); a25 = np.int16(a[t, o + 25]); a26 = np.int16(a[t, o + 26]); a27 = np.int16(a[t, o + 27])
+    a28 = np.int16(a[t, o + 28]); a29 = np.int16(a[t, o + 29]); a30 = np.int16(a[t, o + 30]); a31 = np.int16(a[t, o + 31])
+    for r in range(G):                       # vectorized across the G rows
+        l0 = np.int16(W[0, r] * a0 + W[1, r] * a1 + W[2, r] * a2 + W[3, r] * a3)
+        l1 = np.int16(W[4, r] * a4 + W[5, r] * a5 + W[6, r] * a6 + W[7, r] * a7)
+        l2 = np.int16(W[8, r] * a8 + W[9, r] * a9 + W[10, r] * a10 + W[11, r] * a11)
+        l3 = np.int16(W[12, r] * a12 + W[13, r] * a13 + W[14, r] * a14 + W[15, r] * a15)
+        l4 = np.int16(W[16, r] * a16 + W[17, r] * a17 + W[18, r] * a18 + W[19, r] * a19)
+        l5 = np.int16(W[20, r] * a20 + W[21, r] * a21 + W[22, r] * a22 + W[23, r] * a23)
+        l6 = np.int16(W[24, r] * a24 + W[25, r] * a25 + W[26, r] * a26 + W[27, r] * a27)
+        l7 = np.int16(W[28, r] * a28 + W[29, r] * a29 + W[30, r] * a30 + W[31, r] * a31)
+        d = np.float64(dab * dwb[r])
+        acc[t, 0, r] = np.float32(d * np.float64(l0) + np.float64(acc[t, 0, r]))
+        acc[t, 1, r] = np.float32(d * np.float64(l1) + np.float64(acc[t, 1, r]))
+        acc[t, 2, r] = np.float32(d * np.float64(l2) + np.float64(acc[t, 2, r]))
+        acc[t, 3, r] = np.float32(d * np.float64(l3) + np.float64(acc[t, 3, r]))
+        acc[t, 4, r] = np.float32(d * np.float64(l4) + np.float64(acc[t, 4, r]))
+        acc[t, 5, r] = np.float32(d * np.float64(l5) + np.float64(acc[t, 5, r]))
+        acc[t, 6, r] = np.float32(d * np.float64(l6) + np.float64(acc[t, 6, r]))
+        acc[t, 7, r] = np.float32(d * np.float64(l7) + np.float64(acc[t, 7, r]))
+
+
+@njit(inline="always", **NOPYTHON)
+def _block32(W, a, t, o, dab, dwb, acc):
+    """As _block16 (W int8 or int16) with int32 lane sums (q8_0 codes: 4 * 128 * 127 exceeds int16), each the sum of two int16
+    pair sums (2 * 128 * 127 fits)."""
+    a0 = np.int16(a[t, o + 0]); a1 = np.int16(a[t, o + 1]); a2 = np.int16(a[t, o + 2]); a3 = np.int16(a[t, o + 3])
+    a4 = np.int16(a[t, o + 4]); a5 = np.int16(a[t, o + 5]); a6 = np.int16(a[t, o + 6]); a7 = np.int16(a[t, o + 7])
+    a8 = np.int16(a[t, o + 8]); a9 = np.int16(a[t, o + 9]); a10 = np.int16(a[t, o + 10]); a11 = np.int16(a[t, o + 11])
+    a12 = np.int16(a[t, o + 12]); a13 = np.int16(a[t, o + 13]); a14 = np.int16(a[t, o + 14]); a15 = np.int16(a[t, o + 15])
+    a16 = np.int16(a[t, o + 16]); a17 = np.int16(a[t, o + 17]); a18 = np.int16(a[t, o + 18]); a19 = np.int16(a[t, o + 19])
+    a20 = np.int16(a[t, o + 20]); a21 = np.int16(a[t, o + 21]); a22 = np.int16(a[t, o + 22]); a23 = np.int16(a[t, o + 23])
+    a24 = np.int16(a[t, o + 24]); a25 = np.int16(a[t, o + 25]); a26 = np.int16(a[t, o + 26]); a27 = np.int16(a[t, o + 27])
+    a28 = np.int16(a[t, o + 28]); a29 = np.int16(a[t, o + 29]); a30 = np.int16(a[t, o + 30]); a31 = np.int16(a[t, o + 31])
+    for r in range(G):                       # vectorized across the G rows
+        l0 = np.int32(np.int16(W[0, r] * a0 + W[1, r] * a1)
+                      + np.int16(W[2, r] * a2 + W[3, r] * a3))
+        l1 = np.int32(np.int16(W[4, r] * a4 + W[5, r] * a5)
+                      + np.int16(W[6, r] * a6 + W[7, r] * a7))
+        l2 = np.int32(np.int16(W[8, r] * a8 + W[9, r] * a9)
+                      + np.int16(W[10, r] * a10 + W[11, r] * a11))
+        l3 = np.int32(np.int16(W[12, r] * a12 + W[13, r] * a13)
+                      + np.int16(W[14, r] * a14 + W[15, r] * a15))
+        l4 = np.int32(np.int16(W[16, r] * a16 + W[17, r] * a17)
+                      + np.int16(W[18, r] * a18 + W[19, r] * a19))
+        l5 = np.int32(np.int16(W[20, r] * a20 + W[21, r] * a21)
+                      + np.int16(W[22, r] * a22 + W[23, r] * a23))
+        l6 = np.int32(np.int16(W[24, r] * a24 + W[25, r] * a25)
+                      + np.int16(W[26, r] * a26 + W[27, r] * a27))
+        l7 = np.int32(np.int16(W[28, r] * a28 + W[29, r] * a29)
+                      + np.int16(W[30, r] * a30 + W[31, r] * a31))
+        d = np.float64(dab * dwb[r])
+        acc[t, 0, r] = np.float32(d * np.float64(l0) + np.float64(acc[t, 0, r]))
+        acc[t, 1, r] = np.float32(d * np.float64(l1) + np.float64(acc[t, 1, r]))
+        acc[t, 2, r] = np.float32(d * np.float64(l2) + np.float64(acc[t, 2, r]))
+        acc[t, 3, r] = np.float32(d * np.float64(l3) + np.float64(acc[t, 3, r]))
+        acc[t, 4, r] = np.float32(d * np.float64(l4) + np.float64(acc[t, 4, r]))
+        acc[t, 5, r] = np.float32(d * np.float64(l5) + np.float64(acc[t, 5, r]))
+        acc[t, 6, r] = np.float32(d * np.float64(l6) + np.float64(acc[t, 6, r]))
+        acc[t, 7, r] = np.float32(d * np.float64(l7) + np.float64(acc[t, 7, r]))
+
+
+@njit(inline="always", **NOPYTHON)
+def _finish(acc, out, t, col):
+    for r in range(G):
+        out[t, col + r] = hsum8(acc[t, 0, r], acc[t, 1, r], acc[t, 2, r], acc[t, 3, r],
+                                acc[t, 4, r], acc[t, 5, r], acc[t, 6, r], acc[t, 7, r])
+
+
+@njit(parallel=True, **NOPYTHON)
+def mul_mat_q4_0(qs, d, aq, ad):
+    """qs (ng, nb, 16, G) uint8, d (ng, nb, G) f32; aq (T, K) int8, ad (T, nb) f32 (q8_0) -> (T, ng*G) f32."""
+    ng, nb = qs.shape[0], qs.shape[1]
+    T = aq.shape[0]
+    out = np.empty((T, ng * G), np.float32)
+    for g in prange(ng):
+        W = np.empty((32, G), np.int16)
+        acc = np.zeros((T, 8, G), np.float32)
+        for b in range(nb):
+            for i in range(16):
+                for r in range(G):
+                    v = qs[g, b, i, r]
+                    W[i, r] = np.int16(v & np.uint8(15)) - np.int16(8)
+                    W[i + 16, r] = np.int16(v >> np.uint8(4)) - np.int16(8)
+            for t in range(T):
+                _block16(W, aq, t, b * 32, ad[t, b], d[g, b], acc)
+        for t in range(T):
+            _finish(acc, out, t, g * G)
+    return out
+
+
+@njit(parallel=True, **NOPYTHON)
+def mul_mat_q4_1(qs, d, m, aq, ad, as_):
+    """qs (ng, nb, 16, G) uint8, d, m (ng, nb, G) f32; aq (T, K) int8, ad, as_ (T, nb) f32 (q8_1)."""
+    ng, nb = qs.shape[0], qs.shape[1]
+    T = aq.shape[0]
+    out = np.empty((T, ng * G), np.float32)
+    for g in prange(ng):
+        W = np.empty((32, G), np.int16)
+        acc = np.zeros((T, 8, G), np.float32)
+        summ = np.zeros((T, G), np.float32)
+        for b in range(nb):
+            for i in range(16):
+                for r in range(G):
+                    v = qs[g, b, i, r]
+                    W[i, r] = np.int16(v & np.uint8(15))
+                    W[i + 16, r] = np.int16(v >> np.uint8(4))
+            for t in range(T):
+                _block16(W, aq, t, b * 32, ad[t, b], d[g, b], acc)
+                s = np.float64(as_[t, b])
+                for r in range(G):
+                    summ[t, r] = np.float32(np.float64(m[g, b, r]) * s + np.float64(summ[t, r]))
+        for t in range(T):
+            _finish(acc, out, t, g * G)
+            for r in range(G):
+                out[t, g * G + r] += summ[t, r]
+    return out
+
+
+@njit(parallel=True, **NOPYTHON)
+def mul_mat_q5_0(qs, qh, d, aq, ad):
+    """qs (ng, nb, 16, G) uint8, qh (ng, nb, 4, G) uint8, d (ng, nb, G) f32; q8_0 activations."""
+    ng, nb = qs.shape[0], qs.shape[1]
+    T = aq.shape[0]
+    out = np.empty((T, ng * G), np.float32)
+    for g in prange(ng):
+        W = np.empty((32, G), np.int16)
+        acc = np.zeros((T, 8, G), np.float32)
+        for b in range(nb):
+            for i in range(16):
+                k_lo, k_hi = i >> 3, (i + 16) >> 3
+                mask = np.uint8(1 << (i & 7))
+                for r in range(G):
+                    v = qs[g, b, i, r]
+                    h_lo = np.int16(0) if qh[g, b, k_lo, r] & mask == 0 else np.int16(16)
+                    h_hi = np.int16(0) if qh[g, b, k_hi, r] & mask == 0 else np.int16(16)
+                    W[i, r] = (np.int16(v & np.uint8(15)) | h_lo) - np.int16(16)
+                    W[i + 16, r] = (np.int16(v >> np.uint8(4)) | h_hi) - np.int16(16)
+            for t in range(T):
+                _block16(W, aq, t, b * 32, ad[t, b], d[g, b], acc)
+        for t in range(T):
+            _finish(acc, out, t, g * G)
+    return out
+
+
+@njit(parallel=True, **NOPYTHON)
+def mul_mat_q8_0(qs, d, aq, ad):
+    """qs (ng, nb, 32, G) int8, d (ng, nb, G) f32; q8_0 activations."""
+    ng, nb = qs.shape[0], qs.shape[1]
+    T = aq.shape[0]
+    out = np.empty((T, ng * G), np.float32)
+    for g in prange(ng):
+        acc = np.zeros((T, 8, G), np.float32)
+        for b in range(nb):
+            for t in range(T):
+                _block32(qs[g, b], aq, t, b * 32, ad[t, b], d[g, b], acc)
+        for t in range(T):
+            _finish(acc, out, t, g * G)
+    return out
+
+
+# ---- packing (once per weight, at load) ---------------------------------------------------------
+
+def _groups(a: np.ndarray, R: int) -> np.ndarray:
+    """(R, nb, ...) -> (ng, nb, ..., G): rows padded with zeros to a multiple of G, then moved last."""
+    ng = -(-R // G)
+    if ng * G != R:
+        a = np.concatenate([a, np.zeros((ng * G - R,) + a.shape[1:], a.dtype)])
+    a = a.reshape((ng, G) + a.shape[1:])
+    return np.ascontiguousarray(np.moveaxis(a, 1, -1))
+
+
+def pack_q32(raw: np.ndarray, tname: str, K: int) -> tuple:
+    """Raw rows (R, row_bytes) uint8 of q4_0/q4_1/q5_0/q8_0 -> the kernel's arrays (see the module doc)."""
+    from ...quant import legacy as L
+    layout = {"q4_0": L.BLOCK_Q4_0, "q4_1": L.BLOCK_Q4_1, "q5_0": L.BLOCK_Q5_0, "q8_0": L.BLOCK_Q8_0}[tname]
+    nb = K // 32
+    w = np.ascontiguousarray(raw).reshape(-1).view(layout).reshape(-1, nb)
+    R = w.shape[0]
+    d = _groups(w["d"].astype(np.float32), R)
+    qs = _groups(np.ascontiguousarray(w["qs"]), R)
+    if tname == "q4_1":
+        return qs, d, _groups(w["m"].astype(np.float32), R)
+    if tname == "q5_0":
+        return qs, _groups(np.ascontiguousarray(w["qh"]), R), d
+    return qs, d

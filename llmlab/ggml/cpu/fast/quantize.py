@@ -1,0 +1,102 @@
+"""Activation quantizers (ggml-cpu's ``quantize_row_q8_*`` as the x86 build runs them), numba twins of
+``llmlab.ggml.cpu.quants.quantize_activations``.
+
+Returned as plain arrays, not structured blocks: codes (T, K) int8, scales (T, K / block) float32
+(q8_0/q8_1 scales already rounded to float16 and back, as the kernels read them), q8_1's ``s`` likewise,
+q8_K's block sums (T, K / 16) int16.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from ._common import NOPYTHON, f16_round
+
+
+@njit(**NOPYTHON)
+def quantize_q8_0(x):
+    """x (T, K) float32 -> (qs (T, K) int8, d (T, K/32) float32): d = f16(amax/127), q = rint(x * 127/amax)."""
+    T, K = x.shape
+    nb = K // 32
+    qs = np.empty((T, K), np.int8)
+    d = np.empty((T, nb), np.float32)
+    for t in range(T):
+        for b in range(nb):
+            o = b * 32
+            amax = np.float32(0.0)
+            for i in range(32):
+                v = abs(x[t, o + i])
+                if v > amax:
+                    amax = v
+            iscale = np.float32(127.0) / amax if amax != 0 else np.float32(0.0)
+            d[t, b] = f16_round(amax / np.float32(127.0))
+            for i in range(32):
+                qs[t, o + i] = np.int8(np.rint(x[t, o + i] * iscale))
+    return qs, d
+
+
+@njit(**NOPYTHON)
+def quantize_q8_1(x):
+    """As q8_0, plus s = f16(d * sum(q)) with the unrounded float32 d."""
+    T, K = x.shape
+    nb = K // 32
+    qs = np.empty((T, K), np.int8)
+    d = np.empty((T, nb), np.float32)
+    s = np.empty((T, nb), np.float32)
+    for t in range(T):
+        for b in range(nb):
+            o = b * 32
+            amax = np.float32(0.0)
+            for i in range(32):
+                v = abs(x[t, o + i])
+                if v > amax:
+                    amax = v
+            dd = amax / np.float32(127.0)
+            iscale = np.float32(127.0) / amax if amax != 0 else np.float32(0.0)
+            total = 0
+            for i in range(32):
+                q = np.int32(np.rint(x[t, o + i] * iscale))
+                qs[t, o + i] = np.int8(q)
+                total += q
+            d[t, b] = f16_round(dd)
+            s[t, b] = f16_round(dd * np.float32(total))
+    return qs, d, s
+
+
+@njit(**NOPYTHON)
+def quantize_q8_k(x):
+    """ggml's quantize_row_q8_K_ref: iscale = -127/max (the signed value of the first largest |x|),
+    q = min(127, rint(iscale * x)), d = 1/iscale (float32), bsums = sums of 16 codes."""
+    T, K = x.shape
+    nb = K // 256
+    qs = np.empty((T, K), np.int8)
+    d = np.empty((T, nb), np.float32)
+    bsums = np.empty((T, K // 16), np.int16)
+    for t in range(T):
+        for b in range(nb):
+            o = b * 256
+            amax = np.float32(0.0)
+            mx = np.float32(0.0)
+            for i in range(256):
+                v = x[t, o + i]
+                if abs(v) > amax:
+                    amax = abs(v)
+                    mx = v
+            if amax == 0:
+                d[t, b] = 0.0
+                for i in range(256):
+                    qs[t, o + i] = 0
+                for j in range(16):
+                    bsums[t, b * 16 + j] = 0
+                continue
+            iscale = np.float32(-127.0) / mx
+            for i in range(256):
+                q = np.rint(iscale * x[t, o + i])
+                qs[t, o + i] = np.int8(min(q, np.float32(127.0)))
+            d[t, b] = np.float32(1.0) / iscale
+            for j in range(16):
+                sm = 0
+                for i in range(16):
+                    sm += qs[t, o + 16 * j + i]
+                bsums[t, b * 16 + j] = sm
+    return qs, d, bsums

@@ -1,0 +1,135 @@
+"""What an architecture is, as one object: llama.cpp's ``llm_arch`` entry, its rows of the tensor-name
+table (``LLM_TENSOR_NAMES``, the ``create_tensor`` calls of ``load_tensors``), its branch of
+``load_hparams`` and ``llama_model_rope_type``, its ``llm_build_*`` graph, plus the recipe of a tiny
+random test model.
+
+Each architecture module (``llama.py``, ``gemma3.py``, ``qwen2.py``) ends with one :class:`ArchSpec`;
+``arch/__init__.py`` registers it in one line. ``hparams.py``, ``model.py`` and ``tiny.py`` only read
+specs, so adding an architecture is one new file and one registry line.
+
+The tensors are :class:`TensorSpec` rows built from the shared table below (``ATTN_Q``, ``FFN_UP``,
+...: llama.cpp's ``LLM_TENSOR_*``), each with its GGUF name, its expected shape as a function of the
+hyperparameters, and whether it may be absent (``TENSOR_NOT_REQUIRED``, e.g. the q/k/v biases of a
+LLaMA file). :meth:`ArchSpec.expected_tensors` lists them for a given model, so a loader can check
+that no tensor is missing and none is left unused.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Callable
+
+from ...ggml.ops import GGML_ROPE_TYPE_NEOX
+
+if TYPE_CHECKING:
+    from ..hparams import HParams
+
+# llama.h's llama_rope_type: which RoPE an architecture uses (the values are ggml's rope mode bits)
+LLAMA_ROPE_TYPE_NORM = 0
+LLAMA_ROPE_TYPE_NEOX = GGML_ROPE_TYPE_NEOX
+
+Shape = Callable[["HParams"], tuple[int, ...]]
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One ``create_tensor`` call: where the tensor lands (``attr``), its GGUF name (``{il}`` for the
+    layer), its expected ne, whether it may be absent, and how a tiny model fills it (``init``:
+    ``"weight"`` random / sqrt(fan-in), ``"embd"`` unit random, ``"norm"`` around 1, ``"bias"`` small)."""
+
+    attr: str
+    name: str
+    ne: Shape
+    optional: bool = False
+    init: str = "weight"
+
+    @property
+    def per_layer(self) -> bool:
+        return "{il}" in self.name
+
+    def gguf_name(self, il: int | None = None) -> str:
+        return self.name.format(il=il) if self.per_layer else self.name
+
+    def shape(self, hp: "HParams") -> tuple[int, ...]:
+        return tuple(int(x) for x in self.ne(hp))
+
+    def required(self) -> "TensorSpec":
+        return replace(self, optional=False)
+
+    def not_required(self) -> "TensorSpec":
+        return replace(self, optional=True)
+
+
+def _blk(attr: str, tensor: str, ne: Shape, suffix: str = "weight", init: str = "weight") -> TensorSpec:
+    return TensorSpec(attr, f"blk.{{il}}.{tensor}.{suffix}", ne, init=init)
+
+
+def _q(hp) -> int:
+    return hp.n_embd_head_k * hp.n_head
+
+
+# ---- the tensor-name table (LLM_TENSOR_*), shapes as load_tensors creates them (ne order)
+TOKEN_EMBD = TensorSpec("tok_embd", "token_embd.weight", lambda hp: (hp.n_embd, hp.n_vocab), init="embd")
+OUTPUT_NORM = TensorSpec("output_norm", "output_norm.weight", lambda hp: (hp.n_embd,), init="norm")
+# absent: the LM head is tied to token_embd (TENSOR_DUPLICATED)
+OUTPUT = TensorSpec("output", "output.weight", lambda hp: (hp.n_embd, hp.n_vocab), optional=True)
+OUTPUT_B = TensorSpec("output_b", "output.bias", lambda hp: (hp.n_vocab,), optional=True, init="bias")
+
+ATTN_NORM = _blk("attn_norm", "attn_norm", lambda hp: (hp.n_embd,), init="norm")
+ATTN_Q = _blk("wq", "attn_q", lambda hp: (hp.n_embd, _q(hp)))
+ATTN_K = _blk("wk", "attn_k", lambda hp: (hp.n_embd, hp.n_embd_k_gqa))
+ATTN_V = _blk("wv", "attn_v", lambda hp: (hp.n_embd, hp.n_embd_v_gqa))
+ATTN_OUT = _blk("wo", "attn_output", lambda hp: (hp.n_embd_head_v * hp.n_head, hp.n_embd))
+ATTN_Q_B = _blk("bq", "attn_q", lambda hp: (_q(hp),), "bias", "bias")
+ATTN_K_B = _blk("bk", "attn_k", lambda hp: (hp.n_embd_k_gqa,), "bias", "bias")
+ATTN_V_B = _blk("bv", "attn_v", lambda hp: (hp.n_embd_v_gqa,), "bias", "bias")
+ATTN_OUT_B = _blk("bo", "attn_output", lambda hp: (hp.n_embd,), "bias", "bias")
+ATTN_Q_NORM = _blk("attn_q_norm", "attn_q_norm", lambda hp: (hp.n_embd_head_k,), init="norm")
+ATTN_K_NORM = _blk("attn_k_norm", "attn_k_norm", lambda hp: (hp.n_embd_head_k,), init="norm")
+ATTN_POST_NORM = _blk("attn_post_norm", "post_attention_norm", lambda hp: (hp.n_embd,), init="norm")
+FFN_NORM = _blk("ffn_norm", "ffn_norm", lambda hp: (hp.n_embd,), init="norm")
+FFN_GATE = _blk("ffn_gate", "ffn_gate", lambda hp: (hp.n_embd, hp.n_ff))
+FFN_UP = _blk("ffn_up", "ffn_up", lambda hp: (hp.n_embd, hp.n_ff))
+FFN_DOWN = _blk("ffn_down", "ffn_down", lambda hp: (hp.n_ff, hp.n_embd))
+FFN_POST_NORM = _blk("ffn_post_norm", "post_ffw_norm", lambda hp: (hp.n_embd,), init="norm")
+
+# what every architecture here has: embeddings, final norm, LM head (tied when absent)
+MODEL_TENSORS = (TOKEN_EMBD, OUTPUT_NORM, OUTPUT)
+# a pre-norm attention block and a gated FFN (LLaMA's layer)
+LAYER_TENSORS = (ATTN_NORM, ATTN_Q, ATTN_K, ATTN_V, ATTN_OUT, FFN_NORM, FFN_GATE, FFN_UP, FFN_DOWN)
+
+
+@dataclass(frozen=True)
+class ArchSpec:
+    """One architecture: name, hparams, tensors, graph builder, tiny recipe.
+
+    - ``hparams``: the facts llama.cpp hard-codes for it (``rope_type``, ``swa_pattern``, ...), set on
+      :class:`~llmlab.llama.hparams.HParams` after the generic keys are read;
+    - ``load_hparams(hp, kv)``: its own branch of ``llama_model::load_hparams`` (optional);
+    - ``layer_tensors`` / ``model_tensors``: its rows of the tensor table, in load order;
+    - ``builder``: its ``llm_build_*`` (an :class:`~llmlab.llama.graph.LLMGraph` subclass);
+    - ``tiny_kv(head_dim, n_vocab, sliding_window)``: the extra ``{arch}.*`` metadata of a tiny test model
+      (key suffix -> int or float); the tiny model's tensors are the required rows.
+    """
+
+    name: str
+    builder: type
+    layer_tensors: tuple[TensorSpec, ...]
+    model_tensors: tuple[TensorSpec, ...] = MODEL_TENSORS
+    hparams: dict[str, Any] = field(default_factory=dict)
+    load_hparams: Callable[["HParams", dict], None] | None = None
+    tiny_kv: Callable[[int, int, int], dict[str, int | float]] = lambda hd, n_vocab, sliding_window: {}
+
+    @property
+    def layer_attrs(self) -> tuple[str, ...]:
+        """The attributes of a layer's :class:`~llmlab.llama.model.LayerWeights` (absent optional ones: None)."""
+        return tuple(t.attr for t in self.layer_tensors)
+
+    def expected_tensors(self, hp: "HParams") -> list[tuple[str, tuple[int, ...], bool]]:
+        """Every tensor a file of this architecture may hold: (GGUF name, ne, optional), in load order.
+
+        A file is complete when each required name is present with its ne, and fully used when it holds
+        no name outside this list."""
+        rows = [(t.gguf_name(), t.shape(hp), t.optional) for t in self.model_tensors]
+        for il in range(hp.n_layer):
+            rows += [(t.gguf_name(il), t.shape(hp), t.optional) for t in self.layer_tensors]
+        return rows

@@ -1,0 +1,184 @@
+"""The fast (numba) kernels equal their NumPy references bit for bit: activation quantizers, every
+quantized product per type and path (vec_dot, tiled, REPACK), the dispatch, any thread count."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from llmlab.ggml.cpu import fast
+from llmlab.ggml.cpu.fast import kquants, q32
+from llmlab.ggml.cpu.fast._common import round_to_f16
+from llmlab.ggml.cpu.fast.quantize import quantize_q8_0, quantize_q8_1, quantize_q8_k
+from llmlab.ggml.quant.core import random_blocks
+from llmlab.ggml.types import ggml_type
+
+# ---- the NumPy references: imported here only, so a rename upstream is a one-place fix ----------
+from llmlab.ggml.cpu.kernels import mul_mat_k, mul_mat_k_tiled, mul_mat_q32, mul_mat_q4_k_repacked
+from llmlab.ggml.cpu.ops import mul_mat_quantized as ref_mul_mat_quantized
+from llmlab.ggml.cpu.quants import quantize_activations
+
+TS = (1, 3, 7, 8, 9, 17)
+
+
+def same_bits(a, b) -> bool:
+    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+    return a.shape == b.shape and np.array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+def acts(T: int, K: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((T, K)) * rng.uniform(0.01, 20, (T, 1))).astype(np.float32)
+    x[0, :32] = 0                                          # an all-zero block (amax = 0)
+    x[-1, 40] = -np.abs(x[-1, 32:64]).max() * 2            # a negative extreme
+    return x
+
+
+def raw_rows(tname: str, R: int, K: int, seed: int = 1) -> np.ndarray:
+    t = ggml_type(tname)
+    return random_blocks(tname, R * K // t.block_size, seed=seed).reshape(R, -1)
+
+
+# ---- float16 and activation quantizers -----------------------------------------------------------
+
+def test_f16_rounding_matches_numpy():
+    rng = np.random.default_rng(0)
+    u = np.concatenate([rng.integers(0, 2**32, 2_000_000, dtype=np.uint64).astype(np.uint32),
+                        np.arange(0x33000000, 0x48000000, 997, dtype=np.uint32)])
+    x = u.view(np.float32)
+    x = x[~np.isnan(x)]
+    with np.errstate(over="ignore"):
+        ref = x.astype(np.float16).astype(np.float32)
+    assert same_bits(round_to_f16(x), ref)
+
+
+@pytest.mark.parametrize("T,K", [(1, 576), (7, 2048), (17, 640)])
+def test_quantizers(T, K):
+    x = acts(T, K)
+    a = quantize_activations(x, "q8_0")
+    qs, d = quantize_q8_0(x)
+    assert np.array_equal(qs, a["qs"].reshape(T, K)) and same_bits(d, a["d"].astype(np.float32))
+    a = quantize_activations(x, "q8_1")
+    qs, d, s = quantize_q8_1(x)
+    assert np.array_equal(qs, a["qs"].reshape(T, K)) and same_bits(d, a["d"].astype(np.float32))
+    assert same_bits(s, a["s"].astype(np.float32))
+    if K % 256 == 0:
+        x[0, :256] = 0
+        a = quantize_activations(x, "q8_K")
+        qs, d, bs = quantize_q8_k(x)
+        assert np.array_equal(qs, a["qs"].reshape(T, K)) and same_bits(d, a["d"])
+        assert np.array_equal(bs, a["bsums"].reshape(T, -1))
+
+
+# ---- kernels per type and path, random blocks --------------------------------------------------
+
+def fast_q32(raw, tname, x):
+    p = q32.pack_q32(raw, tname, x.shape[1])
+    a = quantize_q8_1(x) if tname == "q4_1" else quantize_q8_0(x)
+    return getattr(q32, "mul_mat_" + tname)(*p, *a)[:, :raw.shape[0]]
+
+
+def fast_k(raw, tname, x, path):
+    K = x.shape[1]
+    p = kquants.pack_q4_k(raw, K) if tname == "q4_k" else kquants.pack_q6_k(raw, K)
+    fn = {"vec_dot": f"mul_mat_{tname}", "tiled": f"mul_mat_{tname}_tiled", "repack": "mul_mat_q4_k_repacked"}[path]
+    return getattr(kquants, fn)(*p, *quantize_q8_k(x))[:, :raw.shape[0]]
+
+
+@pytest.mark.parametrize("tname", ["q4_0", "q4_1", "q5_0", "q8_0"])
+@pytest.mark.parametrize("R,K", [(40, 576), (70, 640)])
+def test_q32_kernels(tname, R, K):
+    raw = raw_rows(tname, R, K, seed=R + K)
+    t = ggml_type(tname)
+    for T in TS:
+        x = acts(T, K, seed=T)
+        assert same_bits(fast_q32(raw, tname, x), mul_mat_q32(raw, t, x)), (tname, R, K, T)
+
+
+K_CASES = [("q4_k", "vec_dot", mul_mat_k), ("q4_k", "tiled", mul_mat_k_tiled), ("q4_k", "repack", mul_mat_q4_k_repacked),
+           ("q6_k", "vec_dot", mul_mat_k), ("q6_k", "tiled", mul_mat_k_tiled)]
+
+
+@pytest.mark.parametrize("tname,path,ref", K_CASES, ids=[f"{a}-{b}" for a, b, _ in K_CASES])
+@pytest.mark.parametrize("R,K", [(40, 512), (33, 1024)])
+def test_k_kernels(tname, path, ref, R, K):
+    raw = raw_rows(tname, R, K, seed=R + K)
+    t = ggml_type(tname)
+    for T in TS:
+        x = acts(T, K, seed=T)
+        assert same_bits(fast_k(raw, tname, x, path), ref(raw, t, x)), (tname, path, R, K, T)
+
+
+# ---- the dispatch takes the reference's path ------------------------------------------------------
+
+@pytest.mark.parametrize("tname,K", [("q4_0", 256), ("q4_1", 256), ("q5_0", 256), ("q8_0", 256), ("q4_k", 512), ("q6_k", 512)])
+def test_dispatch_matches_reference(tname, K):
+    t = ggml_type(tname)
+    raw = raw_rows(tname, 48, K)
+    for T in (1, 7, 8, 9):
+        for repacked in (False, True):
+            x = acts(T, K, seed=10 + T)
+            assert same_bits(fast.mul_mat_quantized(raw, t, x, repacked), ref_mul_mat_quantized(raw, t, x, repacked)), (tname, T, repacked)
+
+
+def test_dispatch_paths():
+    q4k, q6k, q41 = ggml_type("q4_k"), ggml_type("q6_k"), ggml_type("q4_1")
+    assert fast.path_of(q4k, 1, True) == "repack" and fast.path_of(q4k, 64, True) == "repack"
+    assert fast.path_of(q4k, 7, False) == "vec_dot" and fast.path_of(q4k, 8, False) == "tiled"
+    assert fast.path_of(q6k, 7, True) == "vec_dot" and fast.path_of(q6k, 8, True) == "tiled"
+    assert fast.path_of(q41, 64) == "vec_dot"
+
+
+# ---- the real models' tensors (a few rows each) ---------------------------------------------------
+
+REAL = [("smollm2", "blk.0.ffn_up.weight"), ("smollm2", "blk.0.ffn_down.weight"), ("smollm2", "token_embd.weight"),
+        ("gemma3", "blk.0.attn_q.weight"), ("gemma3", "blk.0.attn_output.weight"), ("gemma3", "blk.0.ffn_down.weight"),
+        ("gemma3", "blk.1.ffn_down.weight"), ("gemma3", "blk.3.attn_v.weight"), ("gemma3", "token_embd.weight")]
+
+
+@pytest.fixture(scope="module")
+def ggufs():
+    from llmlab import models
+    from llmlab.ggml.gguf import GGUFFile
+    out = {}
+    for m in ("smollm2", "gemma3"):
+        try:
+            out[m] = GGUFFile(models.resolve(m))
+        except Exception as e:                                   # pragma: no cover - models not fetched
+            pytest.skip(f"model {m} unavailable: {e}")
+    return out
+
+
+@pytest.mark.parametrize("model,name", REAL, ids=[f"{m}:{n}" for m, n in REAL])
+def test_real_tensors(ggufs, model, name):
+    t = ggufs[model].tensor(name)
+    K = t.shape[0]
+    qt = t.type
+    row_bytes = K // qt.block_size * qt.type_size
+    R = 64
+    raw = np.asarray(t.data)[:R * row_bytes].reshape(R, row_bytes)
+    for T in (1, 8, 17):
+        x = acts(T, K, seed=T)
+        for repacked in ((False, True) if qt.name == "q4_k" else (False,)):
+            assert same_bits(fast.mul_mat_quantized(raw, qt, x, repacked), ref_mul_mat_quantized(raw, qt, x, repacked)), (name, T, repacked)
+
+
+# ---- thread count does not change a bit ----------------------------------------------------------
+
+def test_thread_count_independence():
+    import numba
+    n0 = numba.get_num_threads()
+    try:
+        for tname, K, R, T, rp in [("q4_1", 576, 1536, 1, False), ("q8_0", 640, 999, 3, False),
+                                   ("q4_k", 1024, 640, 1, True), ("q4_k", 1024, 640, 9, True),
+                                   ("q6_k", 2048, 640, 1, False), ("q6_k", 2048, 640, 9, False)]:
+            t = ggml_type(tname)
+            raw = raw_rows(tname, R, K, seed=3)
+            x = acts(T, K, seed=5)
+            outs = []
+            for n in (1, 2):
+                fast.set_threads(n)
+                outs.append(fast.mul_mat_quantized(raw, t, x, rp))
+            fast.clear_cache()
+            assert same_bits(outs[0], outs[1]), (tname, T)
+    finally:
+        numba.set_num_threads(n0)

@@ -1,0 +1,148 @@
+"""The fast path (a compiled plan over numba kernels) gives the NumPy reference's bits: op by op on
+random data, and through whole models, prompt and decode steps alike."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from llmlab.ggml import GGMLContext, build_forward, graph_compute, ops as ggml
+from llmlab.ggml.cpu.cplan import graph_plan
+from llmlab.llama import Batch, Context, Model
+from llmlab.llama.tiny import write_tiny
+
+rng = np.random.default_rng(7)
+
+
+def same_bits(a, b) -> bool:
+    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+    return a.shape == b.shape and np.array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+def leaf(ctx, type_, *ne, values=None, name=""):
+    t = ggml.new_tensor(ctx, type_, *ne, name=name)
+    vals = rng.standard_normal(int(np.prod(ne))).astype(np.float32) * 3 if values is None else values
+    t.set_data(np.asarray(vals).reshape(t.array().shape))
+    return t
+
+
+def both_ways(out):
+    """Run the graph of ``out`` with the reference executor and with a fast plan; return both results."""
+    g = build_forward(out)
+    graph_compute(g)
+    ref = out.numpy()
+    plan = graph_plan(g.nodes)
+    assert plan.n_fast >= 1, "the op under test should have a fast binding"
+    plan.compute()
+    return ref, out.numpy()
+
+
+def test_rms_norm_mul_add():
+    ctx = GGMLContext()
+    x, w, r = leaf(ctx, "f32", 576, 5), leaf(ctx, "f32", 576), leaf(ctx, "f32", 576, 5)
+    out = ggml.add(ctx, ggml.mul(ctx, ggml.rms_norm(ctx, x, 1e-5), w), r)
+    assert same_bits(*both_ways(out))
+
+
+@pytest.mark.parametrize("n_q", [1, 4])
+def test_soft_max_with_mask_and_scale(n_q):
+    ctx = GGMLContext()
+    x = leaf(ctx, "f32", 256, n_q, 3)
+    m = np.zeros((n_q, 256), np.float32)
+    m[:, 200:] = -np.inf
+    m[0, 10] = -np.inf
+    mask = leaf(ctx, "f32", 256, n_q, values=m)
+    assert same_bits(*both_ways(ggml.soft_max_ext(ctx, x, mask, 0.125)))
+
+
+def test_swiglu():
+    ctx = GGMLContext()
+    g, u = leaf(ctx, "f32", 1536, 3), leaf(ctx, "f32", 1536, 3)
+    assert same_bits(*both_ways(ggml.swiglu_split(ctx, g, u)))
+
+
+@pytest.mark.parametrize("mode", [0, 2])
+def test_rope_norm_and_neox(mode):
+    ctx = GGMLContext()
+    x = leaf(ctx, "f32", 64, 3, 5)
+    pos = leaf(ctx, "i32", 5, values=np.array([0, 1, 7, 100, 4000], np.int32))
+    out = ggml.rope_ext(ctx, x, pos, None, 64, mode, 8192, 100000.0, 1.0)
+    assert same_bits(*both_ways(out))
+
+
+@pytest.mark.parametrize("n_q", [1, 2, 9])
+def test_f16_mul_mat_vec_dot_and_tinyblas(n_q):
+    """One activation row takes ggml_vec_dot_f16, two or more llamafile's tinyBLAS; K over a permuted
+    cache view as attention reads it, with grouped heads (GQA)."""
+    ctx = GGMLContext()
+    k = leaf(ctx, "f16", 64, 3, 256, values=rng.standard_normal(64 * 3 * 256).astype(np.float16))
+    kp = ggml.permute(ctx, k, 0, 2, 1, 3)                       # (64, 256, 3): the cache as attention sees it
+    q = ggml.permute(ctx, leaf(ctx, "f32", 64, 9, n_q), 0, 2, 1, 3)
+    assert same_bits(*both_ways(ggml.mul_mat(ctx, kp, q)))
+
+
+def test_quantized_mul_mat_and_cont():
+    from llmlab.ggml.quant import quantize
+    ctx = GGMLContext()
+    raw = quantize(rng.standard_normal(576 * 64).astype(np.float32), "q4_1").reshape(64, -1)
+    w = ggml.new_tensor(ctx, "q4_1", 576, 64, name="w")
+    w.set_data(raw.reshape(w.array().shape))
+    x = leaf(ctx, "f32", 576, 3)
+    y = ggml.mul_mat(ctx, w, x)
+    out = ggml.cont(ctx, ggml.transpose(ctx, y))
+    assert same_bits(*both_ways(out))
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tinyfast")
+    return {a: Model(write_tiny(d / f"{a}.gguf", a, n_layer=3, seed=5, sliding_window=4)) for a in ("llama", "gemma3")}
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_whole_model_prompt_and_decode_steps(tiny, arch):
+    outs = {}
+    for kernels in ("fast", "reference"):
+        ctx = Context(tiny[arch], n_ctx=64, kernels=kernels)
+        seq = [ctx.decode(Batch.from_tokens([3, 1, 4, 1, 5, 9, 2, 6, 5, 3], logits="all"))]
+        for i, t in enumerate([7, 11, 13]):
+            seq.append(ctx.decode(Batch.from_tokens([t], pos0=10 + i, logits="last")))
+        outs[kernels] = seq
+    assert all(same_bits(a, b) for a, b in zip(outs["fast"], outs["reference"]))
+
+
+def test_fast_plan_binds_every_compute_node_of_a_real_decode_step(smollm2_path):
+    """A SmolLM2 decode step: all its compute nodes but GET_ROWS run on compiled kernels."""
+    ctx = Context(Model(smollm2_path), n_ctx=256)
+    ctx.decode(Batch.from_tokens([1, 2, 3], logits="last"))
+    plan = ctx._plan_for(ctx.last_graph)
+    slow = {n.op for n, s in zip(plan.nodes, plan.steps) if s is not None} - {
+        n.op for n in plan.nodes if n.op in ("RMS_NORM", "MUL", "ADD", "MUL_MAT", "ROPE", "SET_ROWS",
+                                             "CONT", "SOFT_MAX", "SWIGLU")}
+    assert slow == {"GET_ROWS"}
+    assert plan.n_fast == len(plan._run) - 3
+
+
+def test_unknown_kernel_set_is_refused(tiny):
+    with pytest.raises(ValueError, match="kernels"):
+        Context(tiny["llama"], kernels="turbo")
+
+
+@pytest.mark.parametrize("tiny_blas", [False, True])
+def test_threaded_kernels_do_not_depend_on_the_split(tiny_blas):
+    """Each output is computed whole by one thread, so how the rows are cut cannot change a bit."""
+    from llmlab.ggml.cpu.fast import vec as fvec
+    A = rng.standard_normal((2, 96, 64)).astype(np.float16).view(np.uint16)
+    B = rng.standard_normal((6, 5, 64)).astype(np.float16).astype(np.float32)
+    one = np.empty((6, 5, 96), np.float32)
+    fvec.mul_mat_f16(A, B, one, fvec.F16_TO_F32, 16, tiny_blas)
+    x = rng.standard_normal((6, 5, 96)).astype(np.float32)
+    m = np.zeros((0, 96), np.float32)
+    sm = np.empty_like(x)
+    fvec.soft_max(x, m, np.float32(0.5), sm, 16)
+    for n in (1, 2, 7):
+        many = np.empty_like(one)
+        fvec.mul_mat_f16_mt(A, B, many, fvec.F16_TO_F32, 16, tiny_blas, n)
+        assert same_bits(one, many)
+        sm2 = np.empty_like(x)
+        fvec.soft_max_mt(x, m, np.float32(0.5), sm2, 16, n)
+        assert same_bits(sm, sm2)
