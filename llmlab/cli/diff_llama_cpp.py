@@ -1,10 +1,9 @@
 """``diff-llama-cpp``: run a prompt through llama.cpp and through llmlab, compare the graphs node by node."""
 from __future__ import annotations
 
-import json
-
 from .. import LLMLabError, models
 from ._cpu import add_cpu_argument, resolve_cpu
+from ._common import dumps, positive_int
 
 
 def register(sub) -> None:
@@ -13,7 +12,7 @@ def register(sub) -> None:
     p.add_argument("-p", "--prompt", required=True, help="text; tokenized by llama.cpp with BOS and special tokens")
     p.add_argument("--flash-attn", choices=["on", "off"], default="off", help="attention path (default: off)")
     p.add_argument("--layers", default=None, metavar="A:B", help="only nodes of layers A..B-1 (plus the layer-less ones)")
-    p.add_argument("--threads", type=int, default=1,
+    p.add_argument("--threads", type=positive_int, default=1,
                    help="llama.cpp threads (default 1: the node-by-node run synchronizes its threads at every node)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     add_cpu_argument(p)
@@ -54,8 +53,8 @@ def run(args) -> int:
     here = "yes" if profiles.bit_identical_here(cpu) else "no"
     if args.json:
         same = sum(1 for n in report.nodes if n.max_abs_err == 0)
-        print(json.dumps({**report.to_json(), "first_inexact": report.first_inexact, "nodes_bit_identical": same,
-                          "cpu": cpu.name, "bit_identical_on_this_cpu": here == "yes"}, indent=1))
+        print(dumps({**report.to_json(), "first_inexact": report.first_inexact, "nodes_bit_identical": same,
+                     "cpu": cpu.name, "bit_identical_on_this_cpu": here == "yes"}, indent=1))
         return 0
     print(report.table())
     print(f"cpu profile: {cpu.name} ({cpu.title}); bit-identical on this CPU: {here}")

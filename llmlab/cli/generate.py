@@ -1,46 +1,138 @@
-"""``generate``: greedy text generation from a prompt, streamed token by token (like llama-cli -no-cnv)."""
+"""``generate``: text from a prompt, sampled with llama.cpp's chain and streamed token by token
+(like ``llama-completion``); ``--json`` prints one object at the end instead.
+
+The options shared with ``chat`` (model, sampling, context, CPU) live here too.
+"""
 from __future__ import annotations
 
+import inspect
+import json
 import sys
 
-from .. import models
-from ._cpu import add_cpu_argument, resolve_cpu
+from .. import LLMLabError, models
+
+CPUS = ("auto", "avx2", "avx512")
+
+
+def add_engine_args(p) -> None:
+    """Model, context, sampling and CPU options, with llama.cpp's names and defaults."""
+    from ..llama.sampling import SamplingParams
+    d = SamplingParams()
+    p.add_argument("-m", "--model", default=models.DEFAULT_MODEL, help="registry name or path to a .gguf file")
+    p.add_argument("--temp", type=float, default=d.temp, help=f"temperature; 0 is greedy (default {d.temp})")
+    p.add_argument("--top-k", type=int, default=d.top_k, help=f"top-k, <= 0 is off (default {d.top_k})")
+    p.add_argument("--top-p", type=float, default=d.top_p, help=f"top-p, 1.0 is off (default {d.top_p})")
+    p.add_argument("--min-p", type=float, default=d.min_p, help=f"min-p, 0.0 is off (default {d.min_p})")
+    p.add_argument("--typical", type=float, default=d.typ_p, help=f"locally typical p, 1.0 is off (default {d.typ_p})")
+    p.add_argument("--repeat-penalty", type=float, default=d.penalty_repeat,
+                   help=f"penalty for tokens among the last --repeat-last-n, 1.0 is off (default {d.penalty_repeat})")
+    p.add_argument("--repeat-last-n", type=int, default=d.penalty_last_n, help=f"window of the penalties (default {d.penalty_last_n})")
+    p.add_argument("--frequency-penalty", type=float, default=d.penalty_freq, help="subtract count x this (default 0)")
+    p.add_argument("--presence-penalty", type=float, default=d.penalty_present, help="subtract this once seen (default 0)")
+    p.add_argument("--seed", type=int, default=d.seed, help="RNG seed; the default draws a random one, as llama.cpp does")
+    p.add_argument("--n-ctx", type=int, default=None, help="context size")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads for the kernels (default: all)")
+    p.add_argument("--cpu", choices=CPUS, default="auto",
+                   help="which llama.cpp CPU build to reproduce bit for bit: avx2, avx512, or auto (this machine's)")
+    p.add_argument("--kernels", choices=("fast", "reference"), default="fast",
+                   help="numba kernels or the NumPy reference ops (the same numbers; default fast)")
+    p.add_argument("--flash-attn", action="store_true", help="use the flash-attention path")
+
+
+def sampling_params(args):
+    from ..llama.sampling import SamplingParams
+    return SamplingParams(seed=args.seed, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, typ_p=args.typical,
+                          temp=args.temp, penalty_last_n=args.repeat_last_n, penalty_repeat=args.repeat_penalty,
+                          penalty_freq=args.frequency_penalty, penalty_present=args.presence_penalty)
+
+
+def resolve_cpu(name: str) -> str:
+    """The CPU profile's name for ``--cpu`` (``auto``: this machine's)."""
+    try:
+        from ..ggml.cpu import profiles
+    except ImportError:        # no CPU profiles in the engine yet: name the host's SIMD level
+        return host_cpu() if name == "auto" else name
+    return profiles.resolve(None if name == "auto" else name).name
+
+
+def host_cpu() -> str:
+    """The SIMD level llama.cpp's CPU backend would pick here: avx512 (AVX512F), else avx2."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return "avx2"
+    return "avx512" if "avx512f" in flags else "avx2"
+
+
+def load_context(args, path, n_ctx: int):
+    """(Context, the CPU name it reproduces) for the options; ``cpu`` and the thread count go to
+    the engine where it takes them."""
+    from ..llama import Context, Model
+    if args.threads is not None and args.threads < 1:
+        raise LLMLabError("--threads must be >= 1")
+    cpu = resolve_cpu(args.cpu)
+    params = inspect.signature(Context).parameters
+    extra = {}
+    if "cpu" in params:
+        extra["cpu"] = cpu
+    if "kernels" in params:
+        extra["kernels"] = args.kernels
+    for name in ("n_threads", "threads"):
+        if name in params and args.threads is not None:
+            extra[name] = args.threads
+    if args.threads is not None:
+        from ..ggml.cpu.fast import set_threads
+        set_threads(args.threads)
+    model = Model(path)
+    if n_ctx <= 0 or n_ctx > model.hparams.n_ctx_train:
+        raise LLMLabError(f"a context of {n_ctx} tokens is outside 1..{model.hparams.n_ctx_train} (the model's "
+                          f"context_length); lower -n or --n-ctx")
+    ctx = Context(model, n_ctx=n_ctx, n_batch=n_ctx, flash_attn=args.flash_attn, **extra)
+    return ctx, str(getattr(ctx, "cpu", cpu))
 
 
 def register(sub) -> None:
-    p = sub.add_parser("generate", help="generate text from a prompt (greedy), streaming tokens as they come")
-    p.add_argument("-m", "--model", default=models.DEFAULT_MODEL, help="registry name or path to a .gguf file")
-    p.add_argument("-p", "--prompt", required=True, help="prompt text (special tokens such as <|im_start|> are parsed)")
-    p.add_argument("-n", "--n-predict", type=int, default=32, help="tokens to generate at most (default 32)")
-    p.add_argument("--n-ctx", type=int, default=None, help="context size (default: prompt + n-predict)")
-    p.add_argument("--flash-attn", action="store_true", help="use the flash-attention path")
+    p = sub.add_parser("generate", help="generate text from a prompt with llama.cpp's sampler chain, streamed")
+    p.add_argument("-p", "--prompt", required=True, help="prompt text (tokenized with BOS and special tokens)")
+    p.add_argument("-n", "--n-predict", type=int, default=32, help="tokens to generate at most; -1: until the context is full (default 32)")
+    add_engine_args(p)
+    p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop when the output contains TEXT (repeatable)")
+    p.add_argument("--json", action="store_true", help="print one JSON object at the end instead of streaming")
     p.add_argument("--no-timings", action="store_true", help="do not print the speed summary on stderr")
-    add_cpu_argument(p)
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    from ..generate import Timings, generate
-    from ..llama import Context, Model
+    from ..generate import Generation, generate
+    from ..llama.sampling import common_sampler_init
     from ..llama.vocab import Tokenizer
-    from ..llama.vocab.stream import StreamDecoder
-
+    if args.n_predict < -1:
+        raise LLMLabError("-n must be >= -1")
+    sampler = common_sampler_init(sampling_params(args))
     path = models.resolve(args.model)
-    model = Model(path, cpu=resolve_cpu(args))
     tok = Tokenizer.from_model(path)
     ids = tok.tokenize(args.prompt, add_bos=True, special=True)
     if not ids:
-        raise ValueError("the prompt produced no tokens")
-    n_ctx = args.n_ctx or len(ids) + max(args.n_predict, 0)
-    ctx = Context(model, n_ctx=n_ctx, n_batch=max(len(ids), 1), flash_attn=args.flash_attn)
-    stream = StreamDecoder(tok)
-    sys.stdout.write(args.prompt)
-    sys.stdout.flush()
-    timings = Timings()
-    for token in generate(ctx, ids, args.n_predict, stop=tok.vocab.eog, timings=timings):
-        sys.stdout.write(stream.push(token))
+        raise LLMLabError("the prompt produced no tokens")
+    n_ctx = args.n_ctx if args.n_ctx is not None else (
+        4096 if args.n_predict < 0 else len(ids) + max(args.n_predict - 1, 0))
+    ctx, cpu = load_context(args, path, n_ctx)
+    out = Generation()
+    if not args.json:
+        sys.stdout.write(args.prompt)
         sys.stdout.flush()
-    sys.stdout.write(stream.flush() + "\n")
+    for _, text in generate(ctx, tok, ids, args.n_predict, sampler, args.stop, result=out):
+        if not args.json:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+    t = out.timings
+    if args.json:
+        print(json.dumps({"prompt_ids": out.prompt_ids, "ids": out.ids, "text": out.text, "cpu": cpu,
+                          "prompt_tokens_per_s": round(t.prompt_tokens_per_s, 3),
+                          "decode_tokens_per_s": round(t.decode_tokens_per_s, 3)}, ensure_ascii=False, allow_nan=False))
+    else:
+        sys.stdout.write("\n")
     if not args.no_timings:
-        print(timings.summary(), file=sys.stderr)
+        print(f"{t.summary()}; stop: {out.stop_reason}; cpu: {cpu}", file=sys.stderr)
     return 0

@@ -2,20 +2,19 @@
 the top-K token ids and logits (tokenized with BOS and special tokens, as llama.cpp's refs)."""
 from __future__ import annotations
 
-import json
-import sys
 
 from .. import models
 from ._cpu import add_cpu_argument, resolve_cpu
+from ._common import dumps, positive_int
 
 
 def register(sub) -> None:
     p = sub.add_parser("logits", help="top-K logits at every prompt position (the model's forward pass)")
     p.add_argument("-m", "--model", default="smollm2", help="GGUF file or known model name (see `models`; default smollm2)")
     p.add_argument("-p", "--prompt", required=True, help="prompt text")
-    p.add_argument("--top", type=int, default=5, help="how many logits per position (default 5)")
+    p.add_argument("--top", type=positive_int, default=5, help="how many logits per position (default 5)")
     p.add_argument("--json", action="store_true", help='print {"ids", "top_ids", "top_logits"} as JSON')
-    p.add_argument("--n-ctx", type=int, default=None, help="context size (default: the prompt length)")
+    p.add_argument("--n-ctx", type=positive_int, default=None, help="context size (default: the prompt length)")
     p.add_argument("--flash-attn", action="store_true", help="use the flash-attention path")
     add_cpu_argument(p)
     p.set_defaults(func=run)
@@ -25,6 +24,7 @@ def run(args) -> int:
     import numpy as np
 
     from ..llama import Batch, Context, Model
+    from ..llama.validate import check_context, check_finite
     from ..llama.vocab import Tokenizer
 
     if args.top <= 0:
@@ -38,18 +38,17 @@ def run(args) -> int:
     ids = tok.tokenize(args.prompt, add_bos=True, special=True)
     if not ids:
         raise ValueError("the prompt produced no tokens")
-    n_ctx = args.n_ctx or max(len(ids), 1)
-    if len(ids) > n_ctx:
-        raise ValueError(f"prompt of {len(ids)} tokens does not fit --n-ctx {n_ctx}")
+    n_ctx = args.n_ctx if args.n_ctx is not None else len(ids)
+    check_context(model.hparams, n_ctx, n_prompt=len(ids))
     ctx = Context(model, n_ctx=n_ctx, n_batch=max(len(ids), 1), n_ubatch=512, flash_attn=args.flash_attn)
     logits = ctx.decode(Batch.from_tokens(ids, logits="all"))
+    check_finite(logits)
     k = args.top
     top = np.argsort(-logits, axis=1, kind="stable")[:, :k]
     vals = np.take_along_axis(logits, top, 1)
     if args.json:
-        json.dump({"ids": [int(i) for i in ids], "top_ids": top.tolist(),
-                   "top_logits": [[float(v) for v in row] for row in vals], "cpu": cpu.name}, sys.stdout)
-        print()
+        print(dumps({"ids": [int(i) for i in ids], "top_ids": top.tolist(),
+                     "top_logits": [[float(v) for v in row] for row in vals], "cpu": cpu.name}))
         return 0
     for i, t in enumerate(ids):
         piece = tok.token_to_piece(int(t)).decode("utf-8", "replace")

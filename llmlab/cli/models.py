@@ -1,9 +1,8 @@
 """``models`` and ``fetch``: the model registry and its cache."""
 from __future__ import annotations
 
-import json
-
 from .. import models
+from ._common import dumps
 
 
 def register(sub) -> None:
@@ -19,7 +18,7 @@ def register(sub) -> None:
 def run_models(args) -> int:
     rows = models.listing()
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print(dumps(rows, indent=2))
         return 0
     print(f"{'name':<10} {'file':<36} {'size':>10}  {'cached':<6}  path")
     for r in rows:

@@ -5,11 +5,15 @@ quantized again with ggml's reference quantizer; norms, biases and other 1-D ten
 copied as they are. A tensor whose rows do not split into whole blocks falls back to
 the type llama.cpp falls back to (q4_k -> q5_0, q6_k -> q8_0, ...). The metadata is
 copied and ``general.file_type`` set to the llama_ftype of the target.
+
+The output is written safely: never over the input (same inode) or over something that is not a
+regular file, through a temporary file in the target directory renamed into place at the end, and
+that temporary file is removed on any failure (Ctrl-C included).
 """
 from __future__ import annotations
 
 
-from .. import LLMLabError
+from .. import LLMLabError, models
 
 # llama_ftype of a whole-model target (llama.h): the "mostly TYPE" file types
 FILE_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7, "q5_0": 8, "q5_1": 9, "q2_k": 10,
@@ -28,7 +32,7 @@ KEEP = ("_norm.weight", "ffn_gate_inp.weight", "altup", "laurel", "per_layer_mod
 
 def register(sub) -> None:
     p = sub.add_parser("quantize", help="requantize a GGUF model to another type (like llama-quantize)")
-    p.add_argument("input", help="input .gguf")
+    p.add_argument("input", help="input .gguf, or a registry name (smollm2, gemma3)")
     p.add_argument("output", help="output .gguf")
     p.add_argument("type", help=f"target type: {', '.join(FILE_TYPES)}")
     p.add_argument("--allow-requantize", action="store_true",
@@ -64,10 +68,12 @@ def quantize_file(src, dst, qtype: str, allow_requantize: bool = False, progress
     from ..progress import Progress
     from ..ggml import quant
     from ..ggml.types import ggml_type
+    from ..safeio import atomic_write, check_output
 
     qtype = qtype.lower()
     if qtype not in FILE_TYPES:
         raise LLMLabError(f"unknown or unsupported target type {qtype!r} (choose from {', '.join(FILE_TYPES)})")
+    check_output(dst, [src])     # before any work: not the input, not a directory or a device
     with GGUFFile(src) as f:
         jobs = plan(f, qtype)
         for t, new in jobs:
@@ -96,13 +102,14 @@ def quantize_file(src, dst, qtype: str, allow_requantize: bool = False, progress
             bar.update(done)
         bar.close()
         size_in = sum(t.nbytes for t in f.tensors)
-        w.write(dst)
+        with atomic_write(dst, inputs=[src]) as fh:
+            w.write(fh)
     size_out = sum(raw.size for _, _, raw in w.tensors.values())
     return {"types": types, "bytes_in": size_in, "bytes_out": size_out}
 
 
 def run(args) -> int:
-    summary = quantize_file(args.input, args.output, args.type, args.allow_requantize, progress=not args.quiet)
+    summary = quantize_file(models.resolve(args.input), args.output, args.type, args.allow_requantize, progress=not args.quiet)
     counts: dict[str, int] = {}
     for name in summary["types"].values():
         counts[name] = counts.get(name, 0) + 1

@@ -1,12 +1,14 @@
 """``tokenize`` and ``detokenize``: text to token ids and back, like llama.cpp's llama-tokenize."""
 from __future__ import annotations
 
-import json
 import re
 import sys
-from pathlib import Path
 
 from .. import LLMLabError, models
+from ._common import dumps
+
+MAX_FILE_BYTES = 16 << 20   # tokenize --file: a bigger text is refused before it is read
+_ID = re.compile(r"[+-]?[0-9]+")   # ASCII digits: int() would also take '١٢' and '1_0'
 
 
 def register(sub) -> None:
@@ -14,7 +16,7 @@ def register(sub) -> None:
     p.add_argument("-m", "--model", default=models.DEFAULT_MODEL, help="registered model name or .gguf path")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--text", help="the text to tokenize")
-    src.add_argument("--file", help="read the text from this UTF-8 file")
+    src.add_argument("--file", help=f"read the text from this UTF-8 file (a regular file of at most {MAX_FILE_BYTES >> 20} MiB)")
     p.add_argument("--bos", action="store_true", help="add BOS where the model's add_bos_token asks for it")
     p.add_argument("--special", action="store_true", help="parse special tokens written in the text")
     p.add_argument("--json", action="store_true", help='print {"ids": [...]}')
@@ -26,8 +28,9 @@ def register(sub) -> None:
     p.set_defaults(func=run_detokenize)
 
 
-def read_text(path: str) -> str:
-    data = Path(path).read_bytes()
+def read_text(path: str, max_bytes: int = MAX_FILE_BYTES) -> str:
+    from ..safeio import read_regular
+    data = read_regular(path, max_bytes)      # never blocks on a FIFO, never reads an endless file
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -39,10 +42,9 @@ def parse_ids(args: list[str]) -> list[int]:
     for word in re.split(r"[\s,\[\]]+", " ".join(args)):
         if not word:
             continue
-        try:
-            ids.append(int(word))
-        except ValueError:
-            raise LLMLabError(f"not a token id: {word!r}") from None
+        if not _ID.fullmatch(word):
+            raise LLMLabError(f"not a token id: {word!r}")
+        ids.append(int(word))
     return ids
 
 
@@ -52,7 +54,7 @@ def run_tokenize(args) -> int:
     tok = Tokenizer.from_model(args.model)
     ids = tok.tokenize(text, add_bos=args.bos, special=args.special)
     if args.json:
-        print(json.dumps({"ids": ids}))
+        print(dumps({"ids": ids}))
         return 0
     for i in ids:
         piece = tok.token_to_piece(i, special=True)

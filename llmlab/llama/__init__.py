@@ -1,4 +1,5 @@
-"""A model bound to the graph builders: ``Model`` (weights, hparams) and ``Context`` (decode)."""
+"""A model bound to the graph builders: ``Model`` (weights, hparams) and ``Context`` (decode);
+``sampling`` (the sampler chain) and ``chat`` (chat templates) work on their outputs."""
 from .batch import Batch
 from .context import Context
 from .hparams import HParams, load_hparams

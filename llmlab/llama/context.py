@@ -24,6 +24,7 @@ from .graph import KVView
 from ..ggml.tensor import Tensor
 from .kv_cache import Memory, make_kv_cache
 from .model import Model
+from .validate import check_kv_memory
 
 KERNELS = ("fast", "reference")
 CTX_PAD = 256     # llama.cpp pads n_ctx to a multiple of 256
@@ -45,6 +46,7 @@ class Context:
         if n_ctx <= 0 or n_ubatch <= 0 or n_batch <= 0:
             raise ValueError("n_ctx, n_batch and n_ubatch must be positive")
         hp = model.hparams
+        check_kv_memory(hp, n_ctx, type_k, type_v)     # before allocating: a clear error, not a MemoryError
         self.model = model
         # whose arithmetic: a profile, its name, "auto"; by default the model's (llmlab.ggml.cpu.profiles)
         self.cpu = profiles.resolve(cpu if cpu is not None else getattr(model, "cpu", None))

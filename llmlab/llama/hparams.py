@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .. import LLMLabError
+from ..ggml.gguf.meta import Metadata
 from .arch import get_arch
 from .arch.spec import LLAMA_ROPE_TYPE_NORM
 
@@ -73,6 +74,7 @@ def _scalar(v, key: str) -> int:
 
 
 def load_hparams(kv: dict, n_vocab: int | None = None) -> HParams:
+    kv = Metadata.of(kv)   # every key read below is type- and range-checked (llmlab.ggml.gguf.meta)
     arch = kv.get("general.architecture")
     if arch is None:
         raise LLMLabError("GGUF metadata has no general.architecture")

@@ -12,12 +12,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from .. import LLMLabError
-from ..ggml.gguf import GGUFFile
+from ..ggml.gguf import GGUFFile, Metadata
 from ..ggml.context import GGMLContext
 from ..ggml.tensor import Tensor
 from .arch import get_arch
 from .arch.spec import ArchSpec, TensorSpec
 from .hparams import HParams, load_hparams
+from .validate import validate_model
 
 
 class LayerWeights:
@@ -44,7 +45,8 @@ class Model:
         self.gguf = GGUFFile(self.path)
         self._info = {t.name: t for t in self.gguf.tensors}
         emb = self._info.get("token_embd.weight")
-        self.hparams: HParams = load_hparams(self.gguf.kv, n_vocab=emb.shape[1] if emb is not None else None)
+        n_vocab = emb.shape[1] if emb is not None and len(emb.shape) >= 2 else None
+        self.hparams: HParams = load_hparams(Metadata.of(self.gguf), n_vocab=n_vocab)
         self.arch = self.hparams.arch
         self.spec: ArchSpec = get_arch(self.arch)
         self.ctx = GGMLContext(no_alloc=True, name="weights")
@@ -57,6 +59,7 @@ class Model:
             self.output.backend = "CPU"
         self.layers = [LayerWeights(**{ts.attr: self._create(ts, il) for ts in self.spec.layer_tensors})
                        for il in range(self.hparams.n_layer)]
+        validate_model(self)   # before any compute: layout, hparams, unused tensors, weight types (llama.validate)
 
     def _create(self, ts: TensorSpec, il: int | None = None) -> Tensor | None:
         """create_tensor: bind one row of the spec's table (None for an absent optional tensor)."""

@@ -5,6 +5,8 @@ from enum import IntEnum
 
 import numpy as np
 
+from ... import LLMLabError
+
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
 DEFAULT_ALIGNMENT = 32
@@ -43,7 +45,7 @@ SCALAR_DTYPE: dict[ValueType, np.dtype] = {
 }
 
 
-class GGUFError(ValueError):
+class GGUFError(LLMLabError, ValueError):
     """A malformed or unsupported GGUF file; the message names the byte offset."""
 
     def __init__(self, offset: int | None, problem: str):

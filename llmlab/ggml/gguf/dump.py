@@ -5,27 +5,20 @@ from collections import Counter
 
 import numpy as np
 
+from .meta import Metadata, json_safe
 from .reader import GGUFFile, StringArray
 
 
-def _plain(v):
-    if isinstance(v, np.ndarray):
-        return v.tolist()
-    if isinstance(v, StringArray):
-        return v.tolist()
-    if isinstance(v, list):
-        return [_plain(x) for x in v]
-    return v
-
-
 def to_json(f: GGUFFile) -> dict:
+    """The whole record as strict JSON can hold it: NaN and infinite metadata values as strings."""
     return {
         "version": f.version,
         "alignment": f.alignment,
         "data_offset": f.data_offset,
-        "kv": {k: _plain(v) for k, v in f.kv.items()},
+        "kv": {k: json_safe(v) for k, v in f.kv.items()},
         "tensors": [{"name": t.name, "type": t.type.name, "shape": list(t.shape),
                      "offset": t.offset, "nbytes": t.nbytes} for t in f.tensors],
+        "problems": Metadata.of(f).problems(),
     }
 
 
@@ -38,8 +31,10 @@ def _short(v, width: int = 60) -> str:
 
 
 def hparams(f: GGUFFile) -> dict:
-    """The ``{arch}.*`` keys, without the prefix."""
-    arch = f.architecture or ""
+    """The ``{arch}.*`` keys, without the prefix (none when general.architecture is not a string)."""
+    arch = Metadata.of(f).peek("general.architecture", "str")
+    if not arch:
+        return {}
     return {k[len(arch) + 1:]: v for k, v in f.kv.items() if k.startswith(arch + ".")}
 
 
@@ -60,13 +55,21 @@ def summary(f: GGUFFile, max_tensors: int | None = None) -> str:
     n_by = sum(t.nbytes for t in f.tensors)
     w(f"file:          {f.path}")
     w(f"format:        GGUF v{f.version}, {f.file_size:,} bytes, alignment {f.alignment}, data at offset {f.data_offset:,}")
-    w(f"name:          {f.kv.get('general.name', '?')}")
-    w(f"architecture:  {f.architecture}")
+    md = Metadata.of(f)      # values shown as stored; the typed reads only decide what can be summarised
+    w(f"name:          {_short(md.raw('general.name', '?'))}")
+    w(f"architecture:  {_short(md.raw('general.architecture'))}")
     w(f"parameters:    {n_el:,} in {len(f.tensors)} tensors, {n_by:,} bytes, {8 * n_by / max(n_el, 1):.2f} bits per weight")
-    toks = f.kv.get("tokenizer.ggml.tokens")
+    toks = md.peek("tokenizer.ggml.tokens", "str[]")
     if toks is not None:
-        w(f"tokenizer:     {f.kv.get('tokenizer.ggml.model')} (pre: {f.kv.get('tokenizer.ggml.pre', '-')}), "
-          f"{len(toks):,} tokens, {len(f.kv.get('tokenizer.ggml.merges', [])):,} merges")
+        merges = md.peek("tokenizer.ggml.merges", "str[]", [])
+        w(f"tokenizer:     {_short(md.raw('tokenizer.ggml.model'))} (pre: {_short(md.raw('tokenizer.ggml.pre', '-'))}), "
+          f"{len(toks):,} tokens, {len(merges):,} merges")
+    problems = md.problems()
+    if problems:
+        w("")
+        w(f"problems ({len(problems)}): this file cannot be loaded as it is")
+        for p in problems:
+            w(f"  {p}")
     w("")
     w("hyperparameters:")
     for k, v in hparams(f).items():

@@ -31,6 +31,9 @@ from .constants import (DEFAULT_ALIGNMENT, GGUF_MAGIC, MAX_DIMS, SCALAR_DTYPE,
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 _MAX_NESTING = 16
+# items inside arrays of arrays, over the whole file: each becomes a Python object (~100 bytes for
+# 12 bytes of file), so an 8-million-item nested array would cost gigabytes and minutes
+MAX_NESTED_ITEMS = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -151,6 +154,7 @@ class _Cursor:
         self.buf = buf
         self.size = len(buf)
         self.pos = 0
+        self.nested = 0     # items read inside arrays of arrays so far
 
     def need(self, n: int, what: str) -> None:
         if n < 0 or self.pos + n > self.size:
@@ -228,6 +232,10 @@ def _read_value(cur: _Cursor, vtype: ValueType, what: str, depth: int = 0):
         raise GGUFError(at, f"{what}: array of {count} {item_type.name} cannot fit in the {left} bytes left")
     if item_type == ValueType.STRING:
         return _read_string_array(cur, count, what), item_type
+    cur.nested += count
+    if cur.nested > MAX_NESTED_ITEMS:
+        raise GGUFError(at, f"{what}: nested arrays hold more than {MAX_NESTED_ITEMS} items in all "
+                            "(a limit against files that would take gigabytes to load)")
     items = [_read_value(cur, item_type, f"{what}[{i}]", depth + 1)[0] for i in range(count)]
     return items, item_type
 
@@ -261,8 +269,9 @@ class GGUFFile:
     """
 
     def __init__(self, path: str | os.PathLike):
+        from ...safeio import open_regular
         self.path = Path(path)
-        self._fh = open(self.path, "rb")
+        self._fh = open_regular(self.path)      # read-only; a FIFO or a directory is refused, never waited on
         try:
             size = os.fstat(self._fh.fileno()).st_size
             if size == 0:

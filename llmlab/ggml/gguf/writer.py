@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import struct
-from pathlib import Path
 from typing import Any, BinaryIO
 
 import numpy as np
@@ -84,7 +83,12 @@ class GGUFWriter:
 
     @property
     def alignment(self) -> int:
-        return int(self.kv["general.alignment"][0]) if "general.alignment" in self.kv else DEFAULT_ALIGNMENT
+        if "general.alignment" not in self.kv:
+            return DEFAULT_ALIGNMENT
+        a = self.kv["general.alignment"][0]
+        if isinstance(a, (bool, np.bool_)) or not isinstance(a, (int, np.integer)) or a <= 0 or a & (a - 1):
+            raise ValueError(f"general.alignment {a!r} is not a power of two")
+        return int(a)
 
     def add(self, key: str, value, vtype: ValueType | None = None, item_type: ValueType | None = None) -> None:
         if vtype is None:
@@ -140,10 +144,9 @@ class GGUFWriter:
     def write(self, path: str | os.PathLike | BinaryIO, progress=None) -> None:
         """Write the file; ``progress(done_bytes, total_bytes)`` is called per tensor."""
         if isinstance(path, (str, os.PathLike)):
-            tmp = Path(str(path) + ".part")
-            with open(tmp, "wb") as fh:
+            from ...safeio import atomic_write
+            with atomic_write(path) as fh:      # a temporary file beside it, renamed at the end
                 self.write(fh, progress)
-            os.replace(tmp, path)
             return
         head, _ = self._layout()
         path.write(head)

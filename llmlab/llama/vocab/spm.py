@@ -20,6 +20,7 @@ from functools import cached_property
 
 import numpy as np
 
+from ... import LLMLabError
 from .vocab import Vocab
 
 SPACE = "\u2581"
@@ -110,7 +111,8 @@ class SPM:
             for b in s.encode("utf-8"):
                 j = self._byte_ids[b]
                 if j is None:
-                    raise ValueError(f"no byte token for 0x{b:02X} in the vocabulary")
+                    raise LLMLabError(f"cannot tokenize {s!r}: the vocabulary has no token for its byte 0x{b:02X} "
+                                      f"(neither '<0x{b:02X}>' nor the character itself)")
                 out.append(j)
         return out
 

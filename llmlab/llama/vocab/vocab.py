@@ -104,7 +104,8 @@ class Vocab:
     @classmethod
     def from_gguf(cls, gguf) -> "Vocab":
         """Read ``tokenizer.ggml.*`` from an open ``llmlab.ggml.gguf.GGUFFile``."""
-        kv = gguf.kv
+        from ...ggml.gguf.meta import Metadata
+        kv = Metadata.of(gguf)   # type- and range-checked reads (llmlab.ggml.gguf.meta)
         get = lambda k, d=None: kv.get("tokenizer.ggml." + k, d)   # noqa: E731
         model = get("model")
         if model is None:
@@ -138,6 +139,10 @@ class Vocab:
 
         scores = array("scores", np.float32, 0.0)
         types = array("token_type", np.int32, TokenType.NORMAL)
+        for i in np.flatnonzero(types == TokenType.BYTE).tolist():   # their text names their byte: <0xXX>
+            t = tokens[i]
+            if len(t) != 6 or not t.startswith("<0x") or t[5] != ">" or any(c not in "0123456789abcdefABCDEF" for c in t[3:5]):
+                raise LLMLabError(f"token {i} {t!r} has type BYTE, but its text is not of the form <0xXX>")
         attrs = _TYPE_TO_ATTR[np.clip(types, 0, 6)] * ((types >= 0) & (types <= 6))
 
         merges: dict[str, int] = {}

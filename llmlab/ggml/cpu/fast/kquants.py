@@ -25,14 +25,14 @@ from ._common import NOPYTHON, hsum8
 def _quads(W, i, r, a, t, o):
     """The 8 lane sums of one 32-value chunk (rows i..i+31 of W, row r of the group) against activation
     row t at offset o: lane u = the 4 products 4u..4u+3 (int16: |sum| <= 4 * 63 * 127)."""
-    q0 = np.int16(W[i + 0, r] * np.int16(a[t, o + 0]) + W[i + 1, r] * np.int16(a[t, o + 1]) + W[i + 2, r] * np.int16(a[t, o + 2]) + W[i + 3, r] * np.int16(a[t, o + 3]))
-    q1 = np.int16(W[i + 4, r] * np.int16(a[t, o + 4]) + W[i + 5, r] * np.int16(a[t, o + 5]) + W[i + 6, r] * np.int16(a[t, o + 6]) + W[i + 7, r] * np.int16(a[t, o + 7]))
-    q2 = np.int16(W[i + 8, r] * np.int16(a[t, o + 8]) + W[i + 9, r] * np.int16(a[t, o + 9]) + W[i + 10, r] * np.int16(a[t, o + 10]) + W[i + 11, r] * np.int16(a[t, o + 11]))
-    q3 = np.int16(W[i + 12, r] * np.int16(a[t, o + 12]) + W[i + 13, r] * np.int16(a[t, o + 13]) + W[i + 14, r] * np.int16(a[t, o + 14]) + W[i + 15, r] * np.int16(a[t, o + 15]))
-    q4 = np.int16(W[i + 16, r] * np.int16(a[t, o + 16]) + W[i + 17, r] * np.int16(a[t, o + 17]) + W[i + 18, r] * np.int16(a[t, o + 18]) + W[i + 19, r] * np.int16(a[t, o + 19]))
-    q5 = np.int16(W[i + 20, r] * np.int16(a[t, o + 20]) + W[i + 21, r] * np.int16(a[t, o + 21]) + W[i + 22, r] * np.int16(a[t, o + 22]) + W[i + 23, r] * np.int16(a[t, o + 23]))
-    q6 = np.int16(W[i + 24, r] * np.int16(a[t, o + 24]) + W[i + 25, r] * np.int16(a[t, o + 25]) + W[i + 26, r] * np.int16(a[t, o + 26]) + W[i + 27, r] * np.int16(a[t, o + 27]))
-    q7 = np.int16(W[i + 28, r] * np.int16(a[t, o + 28]) + W[i + 29, r] * np.int16(a[t, o + 29]) + W[i + 30, r] * np.int16(a[t, o + 30]) + W[i + 31, r] * np.int16(a[t, o + 31]))
+    q0 = np.int16(np.int16(W[i + 0, r]) * np.int16(a[t, o + 0]) + np.int16(W[i + 1, r]) * np.int16(a[t, o + 1]) + np.int16(W[i + 2, r]) * np.int16(a[t, o + 2]) + np.int16(W[i + 3, r]) * np.int16(a[t, o + 3]))
+    q1 = np.int16(np.int16(W[i + 4, r]) * np.int16(a[t, o + 4]) + np.int16(W[i + 5, r]) * np.int16(a[t, o + 5]) + np.int16(W[i + 6, r]) * np.int16(a[t, o + 6]) + np.int16(W[i + 7, r]) * np.int16(a[t, o + 7]))
+    q2 = np.int16(np.int16(W[i + 8, r]) * np.int16(a[t, o + 8]) + np.int16(W[i + 9, r]) * np.int16(a[t, o + 9]) + np.int16(W[i + 10, r]) * np.int16(a[t, o + 10]) + np.int16(W[i + 11, r]) * np.int16(a[t, o + 11]))
+    q3 = np.int16(np.int16(W[i + 12, r]) * np.int16(a[t, o + 12]) + np.int16(W[i + 13, r]) * np.int16(a[t, o + 13]) + np.int16(W[i + 14, r]) * np.int16(a[t, o + 14]) + np.int16(W[i + 15, r]) * np.int16(a[t, o + 15]))
+    q4 = np.int16(np.int16(W[i + 16, r]) * np.int16(a[t, o + 16]) + np.int16(W[i + 17, r]) * np.int16(a[t, o + 17]) + np.int16(W[i + 18, r]) * np.int16(a[t, o + 18]) + np.int16(W[i + 19, r]) * np.int16(a[t, o + 19]))
+    q5 = np.int16(np.int16(W[i + 20, r]) * np.int16(a[t, o + 20]) + np.int16(W[i + 21, r]) * np.int16(a[t, o + 21]) + np.int16(W[i + 22, r]) * np.int16(a[t, o + 22]) + np.int16(W[i + 23, r]) * np.int16(a[t, o + 23]))
+    q6 = np.int16(np.int16(W[i + 24, r]) * np.int16(a[t, o + 24]) + np.int16(W[i + 25, r]) * np.int16(a[t, o + 25]) + np.int16(W[i + 26, r]) * np.int16(a[t, o + 26]) + np.int16(W[i + 27, r]) * np.int16(a[t, o + 27]))
+    q7 = np.int16(np.int16(W[i + 28, r]) * np.int16(a[t, o + 28]) + np.int16(W[i + 29, r]) * np.int16(a[t, o + 29]) + np.int16(W[i + 30, r]) * np.int16(a[t, o + 30]) + np.int16(W[i + 31, r]) * np.int16(a[t, o + 31]))
     return q0, q1, q2, q3, q4, q5, q6, q7
 
 
@@ -49,8 +49,8 @@ def _unpack_q4_k(qs, g, b, W, nr):
 @njit(inline="always", **NOPYTHON)
 def _quad(W, i, r, a, t, o):
     """One lane sum: W[i..i+3, r] . a[t, o..o+3] (int16)."""
-    return np.int16(W[i, r] * np.int16(a[t, o]) + W[i + 1, r] * np.int16(a[t, o + 1])
-                    + W[i + 2, r] * np.int16(a[t, o + 2]) + W[i + 3, r] * np.int16(a[t, o + 3]))
+    return np.int16(np.int16(W[i, r]) * np.int16(a[t, o]) + np.int16(W[i + 1, r]) * np.int16(a[t, o + 1])
+                    + np.int16(W[i + 2, r]) * np.int16(a[t, o + 2]) + np.int16(W[i + 3, r]) * np.int16(a[t, o + 3]))
 
 
 @njit(inline="always", **NOPYTHON)
@@ -138,8 +138,11 @@ def mul_mat_q6_k(W6, sc, d, aq, ad, bsums):
     for g in prange(ng):
         L = np.empty((8, nr), np.int32)
         acc = np.zeros((T, 8, nr), np.float32)
+        W = np.empty((256, nr), np.int16)
         for b in range(nb):
-            W = W6[g, b]
+            for i in range(256):        # widened to int16 first (uint8 operands: LLVM multiplied in int64)
+                for r in range(nr):
+                    W[i, r] = W6[g, b, i, r]
             for t in range(T):
                 o = 256 * b
                 for u in range(8):              # chunk c: lanes 0-3 take scale 2c, lanes 4-7 scale 2c+1
@@ -211,8 +214,11 @@ def mul_mat_q6_k_tiled(W6, sc, d, aq, ad, bsums):
     for g in prange(ng):
         D = np.empty((16, nr), np.int32)
         acc = np.zeros((T, nr), np.float32)
+        W = np.empty((256, nr), np.int16)
         for b in range(nb):
-            W = W6[g, b]
+            for i in range(256):        # widened to int16 first (uint8 operands: LLVM multiplied in int64)
+                for r in range(nr):
+                    W[i, r] = W6[g, b, i, r]
             for t in range(T):
                 _half_chunk_dots(W, aq, t, 256 * b, D, nr)
                 ya = np.float64(ad[t, b])

@@ -66,22 +66,22 @@ def _block32(W, a, t, o, dab, dwb, acc):
     a24 = np.int16(a[t, o + 24]); a25 = np.int16(a[t, o + 25]); a26 = np.int16(a[t, o + 26]); a27 = np.int16(a[t, o + 27])
     a28 = np.int16(a[t, o + 28]); a29 = np.int16(a[t, o + 29]); a30 = np.int16(a[t, o + 30]); a31 = np.int16(a[t, o + 31])
     for r in range(G):                       # vectorized across the G rows
-        l0 = np.int32(np.int16(W[0, r] * a0 + W[1, r] * a1)
-                      + np.int16(W[2, r] * a2 + W[3, r] * a3))
-        l1 = np.int32(np.int16(W[4, r] * a4 + W[5, r] * a5)
-                      + np.int16(W[6, r] * a6 + W[7, r] * a7))
-        l2 = np.int32(np.int16(W[8, r] * a8 + W[9, r] * a9)
-                      + np.int16(W[10, r] * a10 + W[11, r] * a11))
-        l3 = np.int32(np.int16(W[12, r] * a12 + W[13, r] * a13)
-                      + np.int16(W[14, r] * a14 + W[15, r] * a15))
-        l4 = np.int32(np.int16(W[16, r] * a16 + W[17, r] * a17)
-                      + np.int16(W[18, r] * a18 + W[19, r] * a19))
-        l5 = np.int32(np.int16(W[20, r] * a20 + W[21, r] * a21)
-                      + np.int16(W[22, r] * a22 + W[23, r] * a23))
-        l6 = np.int32(np.int16(W[24, r] * a24 + W[25, r] * a25)
-                      + np.int16(W[26, r] * a26 + W[27, r] * a27))
-        l7 = np.int32(np.int16(W[28, r] * a28 + W[29, r] * a29)
-                      + np.int16(W[30, r] * a30 + W[31, r] * a31))
+        l0 = np.int32(np.int16(np.int16(W[0, r]) * a0 + np.int16(W[1, r]) * a1)
+                      + np.int16(np.int16(W[2, r]) * a2 + np.int16(W[3, r]) * a3))
+        l1 = np.int32(np.int16(np.int16(W[4, r]) * a4 + np.int16(W[5, r]) * a5)
+                      + np.int16(np.int16(W[6, r]) * a6 + np.int16(W[7, r]) * a7))
+        l2 = np.int32(np.int16(np.int16(W[8, r]) * a8 + np.int16(W[9, r]) * a9)
+                      + np.int16(np.int16(W[10, r]) * a10 + np.int16(W[11, r]) * a11))
+        l3 = np.int32(np.int16(np.int16(W[12, r]) * a12 + np.int16(W[13, r]) * a13)
+                      + np.int16(np.int16(W[14, r]) * a14 + np.int16(W[15, r]) * a15))
+        l4 = np.int32(np.int16(np.int16(W[16, r]) * a16 + np.int16(W[17, r]) * a17)
+                      + np.int16(np.int16(W[18, r]) * a18 + np.int16(W[19, r]) * a19))
+        l5 = np.int32(np.int16(np.int16(W[20, r]) * a20 + np.int16(W[21, r]) * a21)
+                      + np.int16(np.int16(W[22, r]) * a22 + np.int16(W[23, r]) * a23))
+        l6 = np.int32(np.int16(np.int16(W[24, r]) * a24 + np.int16(W[25, r]) * a25)
+                      + np.int16(np.int16(W[26, r]) * a26 + np.int16(W[27, r]) * a27))
+        l7 = np.int32(np.int16(np.int16(W[28, r]) * a28 + np.int16(W[29, r]) * a29)
+                      + np.int16(np.int16(W[30, r]) * a30 + np.int16(W[31, r]) * a31))
         d = np.float64(dab * dwb[r])
         acc[t, 0, r] = np.float32(d * np.float64(l0) + np.float64(acc[t, 0, r]))
         acc[t, 1, r] = np.float32(d * np.float64(l1) + np.float64(acc[t, 1, r]))
@@ -179,14 +179,18 @@ def mul_mat_q5_0(qs, qh, d, aq, ad):
 @njit(parallel=True, **NOPYTHON)
 def mul_mat_q8_0(qs, d, aq, ad):
     """qs (ng, nb, 32, G) int8, d (ng, nb, G) f32; q8_0 activations."""
-    ng, nb = qs.shape[0], qs.shape[1]
+    ng, nb, nr = qs.shape[0], qs.shape[1], qs.shape[3]
     T = aq.shape[0]
     out = np.empty((T, ng * G), np.float32)
     for g in prange(ng):
+        W = np.empty((32, G), np.int16)
         acc = np.zeros((T, 8, G), np.float32)
         for b in range(nb):
+            for i in range(32):                 # widened to int16 first: int8 operands made LLVM multiply in int64
+                for r in range(nr):             # (nr == G, a run-time trip count: vectorized, not unrolled)
+                    W[i, r] = qs[g, b, i, r]
             for t in range(T):
-                _block32(qs[g, b], aq, t, b * 32, ad[t, b], d[g, b], acc)
+                _block32(W, aq, t, b * 32, ad[t, b], d[g, b], acc)
         for t in range(T):
             _finish(acc, out, t, g * G)
     return out

@@ -1,0 +1,83 @@
+"""``chat``: an interactive conversation in the terminal with the model's chat template (like
+``llama-cli``). The KV cache carries over between turns, so each turn decodes only what it adds.
+
+``/exit`` or Ctrl-D ends the chat, ``/clear`` starts over; Ctrl-C stops the reply being
+written, and at the prompt it ends the chat (status 130). Each turn's token counts and speed go
+to stderr.
+"""
+from __future__ import annotations
+
+import sys
+
+from .. import LLMLabError, models
+from .generate import add_engine_args, load_context, sampling_params
+
+
+def register(sub) -> None:
+    p = sub.add_parser("chat", help="chat with a model in the terminal (its chat template, the cache kept between turns)")
+    p.add_argument("--system", default=None, help="system message")
+    p.add_argument("-n", "--n-predict", type=int, default=-1, help="tokens per reply at most; -1: until the model ends its turn")
+    add_engine_args(p)
+    p.set_defaults(func=run)
+
+
+def _read(prompt: str) -> str | None:
+    """A line from stdin; None at end of input."""
+    try:
+        return input(prompt)
+    except EOFError:
+        return None
+
+
+def run(args) -> int:
+    from ..generate import ChatSession
+    from ..llama.chat import ChatTemplate
+    from ..llama.sampling import common_sampler_init
+    from ..llama.vocab import Tokenizer
+    if args.n_predict < -1:
+        raise LLMLabError("-n must be >= -1")
+    sampler = common_sampler_init(sampling_params(args))
+    path = models.resolve(args.model)
+    tok = Tokenizer.from_model(path)
+    template = ChatTemplate.from_model(path, tok)
+    template.apply([{"role": "user", "content": "test"}])   # a broken or hostile template stops here
+    ctx, cpu = load_context(args, path, 2048 if args.n_ctx is None else args.n_ctx)
+    chat = ChatSession(ctx, tok, template, sampler, system=args.system)
+    kind = f"llama.cpp's built-in {template.source!r}" if template.builtin else "the model's Jinja template"
+    print(f"chat with {path.name} ({kind}, n_ctx {ctx.n_ctx}, cpu {cpu}); /exit or Ctrl-D to quit, "
+          f"/clear to start over, Ctrl-C stops a reply", file=sys.stderr)
+    tty = sys.stdin.isatty()
+    turn = 0
+    while True:
+        try:
+            line = _read("> " if tty else "")
+        except KeyboardInterrupt:
+            print(file=sys.stderr)
+            return 130
+        if line is None or line.strip() == "/exit":
+            if line is None and tty:
+                print(file=sys.stderr)
+            return 0
+        if line.strip() == "/clear":
+            chat.clear()
+            print("[conversation cleared]", file=sys.stderr)
+            continue
+        if not line.strip():
+            continue
+        turn += 1
+        try:
+            for _, text in chat.send(line, args.n_predict):
+                sys.stdout.write(text)
+                sys.stdout.flush()
+        except KeyboardInterrupt:
+            print("\n[reply stopped]", file=sys.stderr)
+        except LLMLabError as e:
+            print(f"\nerror: {e} (/clear starts over)", file=sys.stderr)
+            continue
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        g = chat.last
+        t = g.timings
+        print(f"[turn {turn}: {len(g.prompt_ids)} prompt tokens decoded, {g.n_cached} reused from the cache; "
+              f"{len(g.ids)} generated at {t.decode_tokens_per_s:.2f} tok/s; first token after {t.t_first:.2f} s; "
+              f"cache holds {g.n_past}]", file=sys.stderr)

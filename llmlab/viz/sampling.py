@@ -1,0 +1,95 @@
+"""Pictures of the sampler chain: the next-token distribution before and after each sampler, a
+widget to turn the knobs, and a display that falls back to a static figure where widgets cannot
+run (a saved notebook on GitHub, nbviewer, a headless run)."""
+from __future__ import annotations
+
+import base64
+import io
+
+import numpy as np
+
+from ..llama.sampling import SamplingParams, TokenDataArray, common_sampler_init
+
+
+def _label(tokenizer, i: int) -> str:
+    b = tokenizer.token_to_piece(int(i), special=True)
+    s = b.decode("utf-8", "replace")
+    return repr(s)[1:-1].replace(" ", "␣") or "∅"
+
+
+def plot_chain(steps: list[tuple[str, TokenDataArray]], tokenizer, top: int = 12, title: str = ""):
+    """One panel per stage of ``SamplerChain.trace``: the probabilities the surviving candidates
+    stand for (log scale), over the ``top`` most likely tokens of the start; a grey x marks a token
+    the stage removed, the red bar the token ``dist`` drew."""
+    import matplotlib.pyplot as plt
+    first = steps[0][1]
+    ids = first.id[np.argsort(-first.logit, kind="stable")[:top]]
+    floor = 1e-4
+    fig, axes = plt.subplots(1, len(steps), figsize=(1.75 * len(steps), 0.22 * top + 1.2), sharey=True)
+    axes = np.atleast_1d(axes)
+    for ax, (name, cur) in zip(axes, steps):
+        probs = dict(zip(cur.id.tolist(), cur.probs().tolist())) if len(cur) else {}
+        y = np.arange(len(ids))
+        alive = np.array([int(i) in probs for i in ids])
+        p = np.array([max(probs.get(int(i), 0.0), floor) for i in ids])
+        picked = cur.token if 0 <= cur.selected < len(cur) else None
+        colors = ["tab:red" if int(i) == picked else "tab:blue" for i in ids]
+        ax.barh(y[alive], p[alive] - floor, left=floor, color=[c for c, a in zip(colors, alive) if a])
+        ax.plot(np.full((~alive).sum(), 2 * floor), y[~alive], "x", color="grey", ms=4)
+        ax.set_xscale("log")
+        ax.set_xlim(floor, 1)
+        ax.set_title(f"{name}\n{len(cur)} left", fontsize=8)
+        ax.tick_params(labelsize=7)
+    axes[0].set_yticks(range(len(ids)), [_label(tokenizer, i) for i in ids])
+    axes[0].invert_yaxis()
+    fig.suptitle(title or f"the {top} most likely next tokens through the chain: probability of what is left",
+                 fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def chain_figure(logits, tokenizer, params: SamplingParams | None = None, top: int = 12, title: str = ""):
+    """``plot_chain`` of llama.cpp's chain (``common_sampler_init``) for these parameters."""
+    params = params or SamplingParams(seed=0)
+    return plot_chain(common_sampler_init(params).trace(logits), tokenizer, top, title)
+
+
+def chain_widget(logits, tokenizer, top: int = 12):
+    """Sliders for temperature, top-k, top-p, min-p and seed, redrawing :func:`chain_figure`."""
+    import ipywidgets as W
+    import matplotlib.pyplot as plt
+    from IPython.display import display
+    d = SamplingParams(seed=0)
+    knobs = dict(temp=W.FloatSlider(value=d.temp, min=0.0, max=2.0, step=0.05, description="temp"),
+                 top_k=W.IntSlider(value=d.top_k, min=0, max=100, description="top-k"),
+                 top_p=W.FloatSlider(value=d.top_p, min=0.05, max=1.0, step=0.01, description="top-p"),
+                 min_p=W.FloatSlider(value=d.min_p, min=0.0, max=0.5, step=0.01, description="min-p"),
+                 seed=W.IntSlider(value=0, min=0, max=99, description="seed"))
+    out = W.Output()
+
+    def draw(*_):
+        with out:
+            out.clear_output(wait=True)
+            fig = chain_figure(logits, tokenizer, SamplingParams(**{k: w.value for k, w in knobs.items()}), top)
+            display(fig)
+            plt.close(fig)
+
+    for w in knobs.values():
+        w.observe(draw, "value")
+    draw()
+    return W.VBox([W.HBox(list(knobs.values())[:3]), W.HBox(list(knobs.values())[3:]), out])
+
+
+def widget_or_figure(widget, fig) -> None:
+    """Display ``widget`` and ``fig`` as one output: a front-end with live widgets shows the widget,
+    any other (GitHub, nbviewer, a plain viewer) shows ``fig``, the widget's default view."""
+    import matplotlib.pyplot as plt
+    from IPython.display import display
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=fig.dpi, bbox_inches="tight")
+    plt.close(fig)
+    bundle = {"image/png": base64.b64encode(buf.getvalue()).decode("ascii"),
+              "text/plain": "(a widget; this front-end shows its default view)"}
+    widget_view = widget._repr_mimebundle_()
+    bundle.update({k: v for k, v in widget_view.items() if k != "text/plain"})
+    display(bundle, raw=True)
