@@ -18,7 +18,7 @@ NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]_*.ipynb))
 HTML_DIR ?= build/html
 IS_ROOT := $(shell [ "$$(id -u)" = 0 ] && echo 1)
 
-.PHONY: setup setup-dev system-deps browser-deps demo test test-slow test-browser test-all bench lab notebooks html clean
+.PHONY: setup setup-dev system-deps browser-deps demo test test-slow test-browser test-all bench lab notebooks html clean oracle-avx2 test-avx2
 
 setup: system-deps $(STAMP_LAB)
 setup-dev: system-deps $(STAMP_DEV)
@@ -84,6 +84,35 @@ test-browser: browser-deps
 	$(PY) -m llmlab fetch smollm2 --quiet
 	$(PY) -m llmlab fetch gemma3 --quiet
 	$(PY) -m pytest -q --slow -m browser tests/test_browser.py $(PYTEST_ARGS)
+
+# A second llama.cpp with only AVX2 kernels (no AVX-512), beside the native one, to check the avx2 CPU
+# profile on an AVX-512 machine. Built once (~10 min on 2 cores) from PyPI's source; the wheel is kept
+# in $(AVX2_WHEELS) (reused by any checkout) and installed into $(AVX2_ORACLE).
+AVX2_WHEELS ?= $(HOME)/.cache/llmlab/wheels-avx2
+AVX2_ORACLE ?= build/llama-cpp-avx2
+AVX2_CMAKE  := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
+# the live comparisons: kernels, node by node (both models, flash attention on and off), decode steps
+AVX2_TESTS  ?= tests/test_graph_exact.py tests/test_forward_kernels.py tests/test_quant_ggml.py tests/test_llamacpp.py \
+               tests/test_llamacpp_graph.py tests/test_forward_decode.py tests/test_forward.py tests/test_attention.py
+
+oracle-avx2: setup-dev
+	@if [ ! -d $(AVX2_ORACLE)/llama_cpp ]; then \
+	  set -e; \
+	  if ! ls $(AVX2_WHEELS)/llama_cpp_python-*.whl >/dev/null 2>&1; then \
+	    echo "building llama-cpp-python with AVX2 kernels only (about 10 minutes)"; \
+	    CMAKE_ARGS="$(AVX2_CMAKE)" CMAKE_BUILD_PARALLEL_LEVEL=2 $(PY) -m pip wheel -q --no-cache-dir --no-deps \
+	      -w $(AVX2_WHEELS) "$$($(PY) -c 'import importlib.metadata as m; print("llama-cpp-python==" + m.version("llama-cpp-python"))')"; \
+	  fi; \
+	  $(PY) -m pip install -q --no-deps --target $(AVX2_ORACLE) $(AVX2_WHEELS)/llama_cpp_python-*.whl; \
+	fi
+	@PYTHONPATH=$(AVX2_ORACLE) $(PY) -c "import llama_cpp; i = llama_cpp.llama_print_system_info().decode(); \
+	  assert 'AVX2 = 1' in i and 'AVX512 = 1' not in i, i; print('AVX2-only llama.cpp:', i)"
+
+# the live llama.cpp tests against the AVX2-only build, with llmlab's avx2 profile
+test-avx2: oracle-avx2
+	$(PY) -m llmlab fetch smollm2 --quiet
+	$(PY) -m llmlab fetch gemma3 --quiet
+	LLMLAB_CPU=avx2 PYTHONPATH=$(AVX2_ORACLE) $(PY) -m pytest -q --slow $(AVX2_TESTS) $(PYTEST_ARGS)
 
 bench: setup-dev
 	$(PY) benchmarks/bench_gguf_open.py

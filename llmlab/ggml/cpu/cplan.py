@@ -11,6 +11,10 @@ The graph stays the graph the notebooks draw: the plan neither adds nor fuses no
 ``capture``/``replace``/``callback`` every node is still seen, in order, as the reference
 executor shows it. llama.cpp reuses a graph when the shapes repeat; the context keeps the plan
 with the graph, so a decode step pays for binding once per 256 cells of cache.
+
+A plan is bound for one CPU profile (``cpu``): a fast kernel binds only where it computes that
+profile's arithmetic (its lane count, reduction tree and expf); elsewhere the node keeps its
+NumPy reference, which takes the profile too.
 """
 from __future__ import annotations
 
@@ -20,10 +24,12 @@ import numpy as np
 
 from ..ops import VIEW_OPS
 from ..tensor import F16, F32, Tensor
+from . import profiles
 from .fast import ops as fops
 from .fast import vec as fvec
-from .kernels import rope_cache
-from .ops import COMPUTE, mul_mat_quantized
+from .ops import COMPUTE, mul_mat_quantized, rope_cache
+from .sgemm import takes as sgemm_takes
+from .simd import halves
 
 Step = Callable[[], None]
 PARALLEL_MIN_WORK = 1 << 21     # multiply-adds below which waking the other threads costs more than it saves
@@ -39,11 +45,11 @@ def binder(op: str):
     return deco
 
 
-def _reference(node: Tensor) -> Step:
+def _reference(node: Tensor, cpu) -> Step:
     fn = COMPUTE.get(node.op)
     if fn is None:
         raise NotImplementedError(f"no CPU implementation for op {node.op} (node {node.name})")
-    return lambda: fn(node)
+    return lambda: fn(node, cpu)
 
 
 class CPlan:
@@ -80,7 +86,9 @@ class CPlan:
 
 
 def graph_plan(nodes: list[Tensor], cpu=None, fast: bool = True) -> CPlan:
-    """Give every node its bytes and its step (views: none); ``fast=False`` binds the references."""
+    """Give every node its bytes and its step (views: none); ``fast=False`` binds the references.
+    ``cpu``: the CPU profile whose arithmetic the steps compute (None: this machine's)."""
+    cpu = profiles.resolve(cpu)
     steps: list[Step | None] = []
     n_fast = 0
     for node in nodes:
@@ -92,7 +100,7 @@ def graph_plan(nodes: list[Tensor], cpu=None, fast: bool = True) -> CPlan:
             continue
         step = BINDERS[node.op](node, cpu) if fast and node.op in BINDERS else None
         n_fast += step is not None
-        steps.append(step or _reference(node))
+        steps.append(step or _reference(node, cpu))
     return CPlan(nodes, steps, n_fast)
 
 
@@ -199,6 +207,8 @@ def _soft_max(node, cpu):
             return None
         M = m.array()[0, 0][: x.ne[1]]
     scale = np.float32(node.op_params["scale"])
+    if not _fast_expf(cpu) or x.ne[0] % _lanes(cpu):        # the fast tail would not call libm's expf
+        return None
     lanes = _lanes(cpu)
     if X.size >= PARALLEL_MIN_WORK // 8 and _threads() > 1:
         n = _threads()
@@ -212,7 +222,7 @@ def _swiglu(node, cpu):
         return None
     g, u = (_rows(s) for s in node.src)
     out = _rows(node)
-    if g is None or u is None or out is None:
+    if g is None or u is None or out is None or not _fast_expf(cpu) or g.shape[-1] % _lanes(cpu):
         return None
     return lambda: fvec.swiglu(g, u, out)
 
@@ -227,18 +237,22 @@ def _mul_mat(node, cpu):
         if a.ne[2] != 1 or a.ne[3] != 1 or b.ne[2] != 1 or b.ne[3] != 1:
             return None
         A, t = a.array()[0, 0], a.type
-        repacked = a.view_src is None and a.ne[1] % 8 == 0
+        repacked = a.view_src is None and cpu.repacks(t.name, a.ne[1])     # llama.cpp's CPU_REPACK buffer
         X, Y = B[0, 0], O[0, 0]
 
         def step():
-            Y[...] = mul_mat_quantized(A, t, X, repacked)
+            Y[...] = mul_mat_quantized(A, t, X, repacked, cpu)
         return step
     if a.type is F16 and a.ne[3] == 1 and b.ne[3] == 1 and b.ne[2] % a.ne[2] == 0:
         A = a.array()[0].view(np.uint16)                    # (Hk, R, K) bits, strides of the cache view
         X, Y = B[0], O[0]
         T, R, K = b.ne[1], a.ne[1], a.ne[0]
-        tiny = T >= 2 and K % 16 == 0 and R % 4 == 0        # llamafile_sgemm takes it, else vec_dot_f16
-        lanes, lut = _lanes(cpu), fvec.F16_TO_F32
+        tiny = sgemm_takes(cpu, R, T, K)                     # llamafile_sgemm takes it, else vec_dot_f16
+        lanes = cpu.sgemm_lanes if tiny else cpu.f32_lanes
+        tree = cpu.sgemm_hsum_tree if tiny else cpu.vec_reduce_tree
+        if lanes not in (8, 16) or tree != halves(lanes):   # the fast kernels add lanes in halves only
+            return None
+        lut = fvec.F16_TO_F32
         if Y.size * K >= PARALLEL_MIN_WORK and _threads() > 1:
             n = _threads()
             return lambda: fvec.mul_mat_f16_mt(A, X.astype(np.float16).astype(np.float32), Y, lut, lanes, tiny, n)
@@ -247,7 +261,12 @@ def _mul_mat(node, cpu):
 
 
 def _lanes(cpu) -> int:
-    return 16
+    return cpu.f32_lanes
+
+
+def _fast_expf(cpu) -> bool:
+    """The fast softmax and SiLU compute AVX-512's ggml_v_expf in 16-lane blocks."""
+    return cpu.expf == "scalef" and cpu.f32_lanes == 16 and cpu.hsum_tree == halves(16)
 
 
 def _threads() -> int:
