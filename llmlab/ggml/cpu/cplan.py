@@ -24,17 +24,16 @@ import numpy as np
 
 from ..ops import VIEW_OPS
 from ..tensor import F16, F32, Tensor
-from . import profiles
+from . import sgemm
+from .fast import dispatch as fq
 from .fast import ops as fops
 from .fast import vec as fvec
-from .ops import COMPUTE, mul_mat_quantized, rope_cache
-from .sgemm import takes as sgemm_takes
-from .simd import halves
+from .ops import COMPUTE, rope_cache
+from .profiles import CPUProfile, resolve
 
 Step = Callable[[], None]
 PARALLEL_MIN_WORK = 1 << 21     # multiply-adds below which waking the other threads costs more than it saves
-BINDERS: dict[str, Callable[[Tensor, "CPUProfileLike"], Step | None]] = {}
-CPUProfileLike = object
+BINDERS: dict[str, Callable[[Tensor, CPUProfile], Step | None]] = {}
 
 
 def binder(op: str):
@@ -45,7 +44,7 @@ def binder(op: str):
     return deco
 
 
-def _reference(node: Tensor, cpu) -> Step:
+def _reference(node: Tensor, cpu: CPUProfile) -> Step:
     fn = COMPUTE.get(node.op)
     if fn is None:
         raise NotImplementedError(f"no CPU implementation for op {node.op} (node {node.name})")
@@ -87,8 +86,8 @@ class CPlan:
 
 def graph_plan(nodes: list[Tensor], cpu=None, fast: bool = True) -> CPlan:
     """Give every node its bytes and its step (views: none); ``fast=False`` binds the references.
-    ``cpu``: the CPU profile whose arithmetic the steps compute (None: this machine's)."""
-    cpu = profiles.resolve(cpu)
+    ``cpu``: the profile whose arithmetic the kernels reproduce (a profile, its name, or auto)."""
+    cpu = resolve(cpu)
     steps: list[Step | None] = []
     n_fast = 0
     for node in nodes:
@@ -207,13 +206,13 @@ def _soft_max(node, cpu):
             return None
         M = m.array()[0, 0][: x.ne[1]]
     scale = np.float32(node.op_params["scale"])
-    if not _fast_expf(cpu) or x.ne[0] % _lanes(cpu):        # the fast tail would not call libm's expf
-        return None
-    lanes = _lanes(cpu)
+    v = fvec.params(cpu)
+    if x.ne[0] % v.lanes:
+        return None                         # a scalar tail through libm's expf: the reference has it
     if X.size >= PARALLEL_MIN_WORK // 8 and _threads() > 1:
         n = _threads()
-        return lambda: fvec.soft_max_mt(X, M, scale, O, lanes, n)
-    return lambda: fvec.soft_max(X, M, scale, O, lanes)
+        return lambda: fvec.soft_max_mt(X, M, scale, O, v.lanes, v.hsum_prog, v.expf, n)
+    return lambda: fvec.soft_max(X, M, scale, O, v.lanes, v.hsum_prog, v.expf)
 
 
 @binder("SWIGLU")
@@ -222,9 +221,10 @@ def _swiglu(node, cpu):
         return None
     g, u = (_rows(s) for s in node.src)
     out = _rows(node)
-    if g is None or u is None or out is None or not _fast_expf(cpu) or g.shape[-1] % _lanes(cpu):
+    v = fvec.params(cpu)
+    if g is None or u is None or out is None or node.ne[0] % v.lanes:
         return None
-    return lambda: fvec.swiglu(g, u, out)
+    return lambda: fvec.swiglu(g, u, out, v.expf)
 
 
 @binder("MUL_MAT")
@@ -237,36 +237,27 @@ def _mul_mat(node, cpu):
         if a.ne[2] != 1 or a.ne[3] != 1 or b.ne[2] != 1 or b.ne[3] != 1:
             return None
         A, t = a.array()[0, 0], a.type
-        repacked = a.view_src is None and cpu.repacks(t.name, a.ne[1])     # llama.cpp's CPU_REPACK buffer
+        repacked = a.view_src is None and cpu.repacks(t.name, a.ne[1])   # llama.cpp's CPU_REPACK buffer
         X, Y = B[0, 0], O[0, 0]
+        if not fq.supports(t):
+            return None
 
         def step():
-            Y[...] = mul_mat_quantized(A, t, X, repacked, cpu)
+            Y[...] = fq.mul_mat_quantized(A, t, X, repacked)
         return step
     if a.type is F16 and a.ne[3] == 1 and b.ne[3] == 1 and b.ne[2] % a.ne[2] == 0:
         A = a.array()[0].view(np.uint16)                    # (Hk, R, K) bits, strides of the cache view
         X, Y = B[0], O[0]
         T, R, K = b.ne[1], a.ne[1], a.ne[0]
-        tiny = sgemm_takes(cpu, R, T, K)                     # llamafile_sgemm takes it, else vec_dot_f16
-        lanes = cpu.sgemm_lanes if tiny else cpu.f32_lanes
-        tree = cpu.sgemm_hsum_tree if tiny else cpu.vec_reduce_tree
-        if lanes not in (8, 16) or tree != halves(lanes):   # the fast kernels add lanes in halves only
-            return None
-        lut = fvec.F16_TO_F32
+        v, lut = fvec.params(cpu), fvec.F16_TO_F32
+        tiny = sgemm.takes(cpu, R, T, K)                    # llamafile_sgemm, else ggml_vec_dot_f16
+        lanes, prog = (v.sgemm_lanes, v.sgemm_prog) if tiny else (v.lanes, v.vec_prog)
         if Y.size * K >= PARALLEL_MIN_WORK and _threads() > 1:
             n = _threads()
-            return lambda: fvec.mul_mat_f16_mt(A, X.astype(np.float16).astype(np.float32), Y, lut, lanes, tiny, n)
-        return lambda: fvec.mul_mat_f16(A, X.astype(np.float16).astype(np.float32), Y, lut, lanes, tiny)
+            return lambda: fvec.mul_mat_f16_mt(A, X.astype(np.float16).astype(np.float32), Y, lut, tiny, lanes,
+                                               v.arr, prog, n)
+        return lambda: fvec.mul_mat_f16(A, X.astype(np.float16).astype(np.float32), Y, lut, tiny, lanes, v.arr, prog)
     return None
-
-
-def _lanes(cpu) -> int:
-    return cpu.f32_lanes
-
-
-def _fast_expf(cpu) -> bool:
-    """The fast softmax and SiLU compute AVX-512's ggml_v_expf in 16-lane blocks."""
-    return cpu.expf == "scalef" and cpu.f32_lanes == 16 and cpu.hsum_tree == halves(16)
 
 
 def _threads() -> int:
