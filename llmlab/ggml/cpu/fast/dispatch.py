@@ -23,7 +23,7 @@ from .quantize import quantize_q8_0, quantize_q8_1, quantize_q8_k
 
 Q32_TYPES = ("q4_0", "q4_1", "q5_0", "q8_0")
 K_TYPES = ("q4_k", "q6_k")
-REPACK_TYPES = frozenset({"q4_0", "q4_k", "q2_k", "iq4_nl", "mxfp4"})   # as llmlab.ggml.cpu.kernels.REPACK_TYPES
+REPACK_TYPES = frozenset({"q4_0", "q4_k", "q2_k", "iq4_nl", "mxfp4"})   # as the x86 profiles list them
 TILED_MIN_ROWS = 8                                                      # ggml_tiled_min_batch
 
 _PACKED: dict[tuple, tuple] = {}
