@@ -36,6 +36,9 @@ shared-memory and warp-shuffle reductions run exactly as written in the CUDA sou
 """)
 
 code(r"""
+from llmlab import nb
+paths = nb.setup(models=["smollm2", "gemma3"])
+
 import time
 import numpy as np
 import matplotlib.pyplot as plt
@@ -54,9 +57,8 @@ from llmlab.ggml.types import ggml_type
 from llmlab.viz import mmvq as vm
 from llmlab.viz.html import table
 
-plt.rcParams["figure.dpi"] = 72
-smol = GGUFFile(models.resolve("smollm2"))     # q4_1 weights
-gemma = GGUFFile(models.resolve("gemma3"))     # q4_K, q6_K, q5_0, q8_0
+smol = GGUFFile(paths["smollm2"])     # q4_1 weights
+gemma = GGUFFile(paths["gemma3"])     # q4_K, q6_K, q5_0, q8_0
 
 def rows_of(f, name):
     # raw quantized rows of a 2-D weight: one row per output
