@@ -66,8 +66,9 @@ def run_llmlab(path, ids: list[int], n_gen: int, threads: int, cpu=None, kernels
     ctx = Context(model, n_ctx=len(ids) + n_gen + 1, n_batch=len(ids), n_ubatch=512, kernels=kernels,
                   **({"cpu": cpu} if cpu is not None else {}))
     warm = Context(model, n_ctx=64, kernels=kernels, **({"cpu": cpu} if cpu is not None else {}))
-    warm.decode(Batch.from_tokens(ids[:9], logits="last"))          # compile (or load) every kernel once
-    warm.decode(Batch.from_tokens(ids[9:10], pos0=9, logits="last"))
+    w = max(1, min(9, len(ids) - 1))                                # a batch, then one token (short prompts too)
+    warm.decode(Batch.from_tokens(ids[:w], logits="last"))          # compile (or load) every kernel once
+    warm.decode(Batch.from_tokens(ids[w:w + 1] or ids[:1], pos0=w, logits="last"))
     del warm
     t0 = time.perf_counter()
     logits = ctx.decode(Batch.from_tokens(ids, logits="last"))[-1]
@@ -116,6 +117,29 @@ def run_llama_cpp(path, ids: list[int], n_gen: int, threads: int) -> Side:
         tail = (res.stderr.strip().splitlines() or ["no output"])[-1]
         raise RuntimeError(f"llama.cpp bench failed: {tail}")
     return Side(**json.loads(res.stdout.strip().splitlines()[-1]))
+
+
+def plot_speeds(sides: dict, title: str = "", ax=None):
+    """Grouped bars of prompt (pp) and decode (tg) tokens per second for each engine in ``sides``
+    (name -> :class:`Side`), on a log scale, each bar labelled with its value."""
+    import matplotlib.pyplot as plt
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7.5, 3.4))
+    names = list(sides)
+    x = np.arange(len(names))
+    for k, (attr, label, color) in enumerate((("prefill_tokens_per_s", "prompt (pp)", "#4c72b0"),
+                                               ("decode_tokens_per_s", "decode (tg)", "#dd8452"))):
+        vals = [getattr(sides[n], attr) for n in names]
+        bars = ax.bar(x + (k - 0.5) * 0.38, vals, 0.38, label=label, color=color)
+        for b, v in zip(bars, vals):
+            ax.annotate(f"{v:.3g}", (b.get_x() + b.get_width() / 2, v), ha="center", va="bottom", fontsize=9)
+    ax.set_yscale("log")
+    ax.set_xticks(x, names)
+    ax.set_ylabel("tokens / s (log scale)")
+    ax.set_title(title or "tokens per second")
+    ax.legend(loc="upper left", fontsize=9)
+    ax.margins(y=0.2)
+    return ax
 
 
 def first_token_s(model: str, threads: int, cold: bool = False) -> float:

@@ -36,7 +36,7 @@ NOTEBOOKS = {
     "02_tokenizer": {"control": None, "svg": False},      # Chinese text and emoji need the Noto fonts
     "05_quant_blocks": {"control": "slider", "svg": False},
     "06_cgraph_and_scheduler": {"control": "slider", "svg": True},
-    "08_full_generation": {"control": None, "svg": False},
+    "08_full_generation": {"control": "slider", "svg": False},   # the sampler chain's sliders
 }
 RUN_TIMEOUT = int(os.environ.get("LLMLAB_BROWSER_TIMEOUT", "1200"))
 

@@ -80,6 +80,24 @@ def chain_widget(logits, tokenizer, top: int = 12):
     return W.VBox([W.HBox(list(knobs.values())[:3]), W.HBox(list(knobs.values())[3:]), out])
 
 
+def chain_live(logits, tokenizer, top: int = 12, show: bool = True):
+    """Sliders for temperature, top-k, top-p, min-p and seed over :func:`chain_figure`, as one
+    ``llmlab.nb.live`` view (live in JupyterLab, its default picture anywhere else)."""
+    import ipywidgets as W
+    from ..nb import live
+    d = SamplingParams(seed=0)
+    knobs = dict(temp=W.FloatSlider(value=d.temp, min=0.0, max=2.0, step=0.05, description="temperature"),
+                 top_k=W.IntSlider(value=d.top_k, min=0, max=100, description="top-k"),
+                 top_p=W.FloatSlider(value=d.top_p, min=0.05, max=1.0, step=0.01, description="top-p"),
+                 min_p=W.FloatSlider(value=d.min_p, min=0.0, max=0.5, step=0.01, description="min-p"),
+                 seed=W.IntSlider(value=0, min=0, max=99, description="seed"))
+
+    def render(**v):
+        return chain_figure(logits, tokenizer, SamplingParams(**v), top,
+                            title=", ".join(f"{k} {x:g}" for k, x in v.items()))
+    return live(render, knobs, columns=3, show=show)
+
+
 def widget_or_figure(widget, fig) -> None:
     """Display ``widget`` and ``fig`` as one output: a front-end with live widgets shows the widget,
     any other (GitHub, nbviewer, a plain viewer) shows ``fig``, the widget's default view."""
