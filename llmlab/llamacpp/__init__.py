@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from .diff import DiffReport, NodeDiff, diff, float32_tolerance
 
-__all__ = ["capture", "run_logits", "tokenize", "Capture", "Node", "diff", "DiffReport", "NodeDiff", "float32_tolerance",
+__all__ = ["capture", "run_logits", "cached_vs_fresh", "tokenize", "Capture", "Node", "diff", "DiffReport", "NodeDiff", "float32_tolerance",
            "llmlab_nodes", "available"]
 
 
@@ -23,7 +23,7 @@ def available() -> bool:
 
 
 def __getattr__(name):
-    if name in ("capture", "run_logits", "tokenize", "Capture", "Node"):
+    if name in ("capture", "run_logits", "cached_vs_fresh", "tokenize", "context_report", "Capture", "Node"):
         from . import eval_callback as _c
         return getattr(_c, name)
     if name == "llmlab_nodes":

@@ -371,6 +371,26 @@ def run_logits(model_path: str | Path, tokens: Iterable[int], flash_attn: bool |
         lc.llama_model_free(model)
 
 
+def cached_vs_fresh(model_path: str | Path, prompt: Iterable[int], generated: Iterable[int], n_ctx: int = 64,
+                    n_threads: int = 2) -> tuple[np.ndarray, np.ndarray]:
+    """llama.cpp's logits for the last token of ``prompt + generated``, computed two ways: the prompt in
+    one batch and then each generated token alone, reading the KV cache (``cached``), and everything in
+    one fresh batch (``fresh``). Returns ``(cached, fresh)``, each of shape ``(n_vocab,)``."""
+    lc = _llama_cpp()
+    _logs(lc)
+    prompt, generated = [int(t) for t in prompt], [int(t) for t in generated]
+    llm = lc.Llama(str(model_path), n_ctx=n_ctx, n_threads=n_threads, logits_all=True, verbose=False)
+    llm.eval(prompt)
+    for t in generated:
+        llm.eval([t])
+    cached = np.array(llm.scores[llm.n_tokens - 1])
+    del llm
+    fresh_llm = lc.Llama(str(model_path), n_ctx=n_ctx, n_threads=n_threads, logits_all=True, verbose=False)
+    fresh_llm.eval(prompt + generated)
+    fresh = np.array(fresh_llm.scores[fresh_llm.n_tokens - 1])
+    return cached, fresh
+
+
 def tokenize(model_path: str | Path, text: str | list[str], add_special: bool = True,
              parse_special: bool = True) -> list[int] | list[list[int]]:
     """llama.cpp's own tokenization (``llama_tokenize``; BOS where the model asks for it).
