@@ -219,6 +219,38 @@ def build_dir(*parts: str) -> Path:
     return d
 
 
+# ---------------------------------------------------------------- graphs
+
+def graph(dot, name: str, folder: str = "graphs", max_height: int = 640):
+    """A Graphviz graph (DOT text or a ``graphviz.Source``) sized to the notebook's width, in a box
+    that scrolls when the graph is tall, with a link to the full-size SVG, which is written to
+    ``build_dir(folder)/<name>.svg``. Returns an HTML object (or a message when Graphviz's ``dot``
+    program is missing)."""
+    import re
+
+    from IPython.display import HTML
+    from ..ggml.dot import has_dot
+    text = dot if isinstance(dot, str) else getattr(dot, "source", str(dot))
+    if not has_dot():
+        return HTML(f"<p>Graphviz's <code>dot</code> program is not installed, so the graph cannot be drawn "
+                    f"here (install graphviz; the DOT text has {text.count('->')} edges).</p>")
+    import graphviz
+    svg = graphviz.Source(text).pipe(format="svg").decode("utf-8")
+    svg = svg[svg.index("<svg"):]                       # drop the XML prolog and doctype
+    path = build_dir(folder) / f"{name}.svg"
+    path.write_text(svg, encoding="utf-8")
+    m = re.search(r'<svg width="([\d.]+)pt" height="([\d.]+)pt"', svg)
+    size = f"{float(m.group(1)) * 4 / 3:.0f} x {float(m.group(2)) * 4 / 3:.0f} px" if m else "full size"
+    fitted = re.sub(r'<svg width="[\d.]+pt" height="[\d.]+pt"', '<svg width="100%" style="height:auto"', svg, count=1)
+    try:
+        link = os.path.relpath(path, Path.cwd())
+    except ValueError:
+        link = str(path)
+    return HTML(f"<div style='max-width:100%;max-height:{max_height}px;overflow:auto;border:1px solid #ddd'>"
+                f"{fitted}</div><div style='font-size:90%'>fitted to the page; the full picture ({size}): "
+                f"<a href='{link}' target='_blank'>{path.name}</a> (<code>{link}</code>)</div>")
+
+
 # ---------------------------------------------------------------- the one call
 
 def setup(models=("smollm2",), threads: int | None = None, warm: bool = False, quiet: bool = False) -> dict:

@@ -252,3 +252,39 @@ def check_context_shift(n_past: int, n_keep: int, dropped: int, next_pos: int) -
         return _report(False, f"next position {next_pos}", "the remaining positions slide down by the number dropped; "
                        "the next token comes right after the last of them")
     return _report(True, f"{want} positions dropped, the next token goes to position {n_past - want}")
+
+
+# ---------------------------------------------------------------- 06 graph and scheduler
+
+def _splits_of(ctx, n_gpu_layers: int, n_tokens: int = 8):
+    from ..ggml.sched import AccelBackend, CPUBackend, Scheduler
+    sch = Scheduler([AccelBackend(), CPUBackend()], n_gpu_layers=n_gpu_layers).schedule(ctx.build_graph(n_tokens))
+    return [r["backend"] for r in sch.summary()], sch
+
+
+@_needs("answer")
+def check_splits(ctx, n_gpu_layers: int, answer, n_tokens: int = 8) -> bool:
+    """The backend of each split, in order, when the scheduler places ``ctx``'s graph for ``n_gpu_layers``."""
+    want, _ = _splits_of(ctx, n_gpu_layers, n_tokens)
+    got = [str(a).upper() for a in answer]
+    if got == want:
+        return _report(True, f"{len(want)} splits: {' -> '.join(want)}")
+    if got and got[0] != want[0]:
+        return _report(False, f"{got}", "where does token_embd live? the embedding lookup follows its weight")
+    if len(got) < len(want):
+        return _report(False, f"{got}", "a split ends wherever the backend changes: is the output layer where you think?")
+    return _report(False, f"{got}", "two neighbouring splits never share a backend; the output layer goes to the "
+                   "accelerator only when n_gpu_layers > n_layer")
+
+
+@_needs("answer")
+def check_mul_mat_flops(graph, name: str, answer: int) -> bool:
+    """FLOPs of the MUL_MAT node ``name``: 2 x rows of the weight x its row length x tokens."""
+    node = next(t for t in graph.gf.nodes if t.name == name and t.op == "MUL_MAT")
+    a, b = node.src
+    want = 2 * a.ne[0] * a.ne[1] * b.ne[1] * b.ne[2] * b.ne[3]
+    if answer == want:
+        return _report(True, f"{want:,} FLOPs")
+    hint = ("count a multiply-add as 2 FLOPs" if answer * 2 == want else
+            "one multiply-add per weight per token: rows x columns x tokens, times 2")
+    return _report(False, f"{answer:,}", hint)

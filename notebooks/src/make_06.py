@@ -1,9 +1,16 @@
 """Generates notebooks/06_cgraph_and_scheduler.ipynb (run from the repo root, then execute it)."""
+from pathlib import Path
+
 import nbformat as nbf
 
 cells = []
 md = lambda s: cells.append(nbf.v4.new_markdown_cell(s.strip()))
 code = lambda s: cells.append(nbf.v4.new_code_cell(s.strip()))
+
+
+def solution(s):
+    """A code cell whose source is collapsed when the notebook opens (click to reveal)."""
+    cells.append(nbf.v4.new_code_cell(s.strip(), metadata={"jupyter": {"source_hidden": True}, "tags": ["solution"]}))
 
 md(r"""
 # 06 · The compute graph and the backend scheduler
@@ -14,16 +21,30 @@ llama.cpp never "runs a model" in one piece of code. For every micro-batch it
 runs the splits one after another. This notebook rebuilds that machinery with
 `llmlab.ggml` (ggml's tensors, ops and `ggml_cgraph`) and `llmlab.ggml.sched`
 (`ggml_backend_sched`), and checks each step against the real engine:
-the graph drawn here is the graph that produced the logits of notebook 05.
+the graph drawn here is the one `llmlab.llama.Context` builds and runs for every
+decode, and so the one that computes the logits notebook 08 generates text from.
 
-Plan: one transformer layer by hand → the real SmolLM2 graph → why the graph
-is not in the GGUF file → what the graph computes (op table) → the scheduler's
-five passes and `n_gpu_layers` → the CPU backend's threads → the plug-in hook.
+**What you will learn**
+* how ggml records a graph (op constructors build descriptors; `build_forward_expand` orders them) and
+  how the executor runs it, on one transformer layer written op by op;
+* why the graph is rebuilt for every micro-batch instead of being stored in the GGUF file;
+* where the work is (`MUL_MAT` is over 90% of the FLOPs);
+* the backend interface (`ggml_backend_i`), and how the scheduler's five passes place every node,
+  cut the graph into splits and copy tensors between backends for a given `n_gpu_layers`;
+* how the CPU backend splits a node across threads, and how plug-ins take over ops.
+
+**Prerequisites:** notebooks 03 and 04 (attention, KV cache); notebook 05 helps for the quantized weights.
+**Run time:** about half a minute (the comparison with llama.cpp needs llama-cpp-python, `make test`).
 """)
 
 code(r"""
+from llmlab import nb
+paths = nb.setup(models=["smollm2"])
+
 import numpy as np
 import matplotlib.pyplot as plt
+import ipywidgets as widgets
+from IPython.display import display
 from llmlab import models
 from llmlab.ggml import GGMLContext, ops as ggml, build_forward, graph_compute, plan_memory
 from llmlab.ggml.dot import to_dot, render
@@ -31,6 +52,9 @@ from llmlab.ggml.stats import op_table, format_table
 from llmlab.ggml import viz
 from llmlab.llama import Model, Context, Batch
 from llmlab.ggml.sched import Scheduler, CPUBackend, AccelBackend
+from llmlab.ggml.sched import backend as gb
+from llmlab.viz.html import table
+from llmlab.nb import exercises as ex
 """)
 
 md(r"""
@@ -172,7 +196,7 @@ attention, which is how their order is pinned.
 """)
 
 code(r"""
-model = Model(models.resolve("smollm2"))
+model = Model(paths["smollm2"])
 print(model)
 sctx = Context(model, n_ctx=256)
 g = sctx.build_graph(8)
@@ -185,8 +209,7 @@ print(", ".join(t.name for t in layer0))
 """)
 
 code(r"""
-dot = to_dot(g, layers=0)
-render(dot)
+nb.graph(to_dot(g, layers=0), "smollm2-layer0", folder="06")
 """)
 
 md(r"""
@@ -238,7 +261,62 @@ viz.plot_op_share(rows); plt.tight_layout(); plt.show()
 """)
 
 md(r"""
-## 5. The scheduler: five passes from "who owns the weights" to splits
+## 5. One interface for every backend: `ggml_backend_i`
+
+The code above the backends never asks whether it talks to a CPU, CUDA or Metal. Every backend fills in
+the same table of function pointers, C's version of a virtual method table (`ggml-backend-impl.h`):
+
+```c
+struct ggml_backend_i {
+    const char * (*get_name)(ggml_backend_t backend);
+    void (*free)(ggml_backend_t backend);
+    void (*set_tensor_async)(...);  void (*get_tensor_async)(...);  bool (*cpy_tensor_async)(...);
+    void (*synchronize)(ggml_backend_t);
+    enum ggml_status (*graph_compute)(ggml_backend_t, struct ggml_cgraph *);   // the core
+    void (*event_record)(...);  void (*event_wait)(...);                        // pipeline parallelism
+};
+struct ggml_backend { ggml_guid_t guid; struct ggml_backend_i iface; ggml_backend_dev_t device; void * context; };
+```
+
+Calling `backend->iface.graph_compute(backend, cgraph)` runs the CPU's, CUDA's or Metal's own function.
+The CPU backend leaves most optional members `NULL`: everything on a CPU is synchronous, so there is
+nothing to transfer asynchronously and no event to wait for; CUDA fills them all. Each *device* also
+answers the two questions the scheduler asks about every node, in `ggml_backend_device_i`:
+`supports_op` (can you run this op?) and `offload_op` (would you like to take this op, whose weights live
+in host memory?), plus `get_buffer_type` (where do your tensors live?).
+
+llmlab's `llmlab.ggml.sched.backend.Backend` is the same interface as a Python base class: its methods are
+the table and a subclass overrides what it implements. The base class's versions are the plain answers:
+`compute` runs the shared executor (with a `dispatch` hook a backend may fill), `supports_op` says yes to
+everything and `offload_op` no to everything, as ggml-cpu does. Members with no counterpart ("-") are
+the ones ggml-cpu leaves `NULL` as well: llmlab's backends run synchronously, and the scheduler does the
+copies. Which members each of our two backends fills in itself:
+""")
+
+code(r"""
+backends = [CPUBackend(), AccelBackend()]
+display(table(["C interface member", "llmlab", "CPUBackend", "AccelBackend"], gb.interface_rows(backends)))
+""")
+
+md(r"""
+Like ggml-cpu, `CPUBackend` computes every op and offloads nothing (`offload_op` keeps the default
+"no"); the simulated accelerator says which ops it supports and, like ggml-cuda, takes ops on host
+weights when the batch has at least 32 tokens. Real backends differ mostly in *which ops they accelerate*
+(the walkthrough article's table):
+""")
+
+code(r"""
+display(table(["platform", "backend source", "ops it accelerates", "how"], gb.PLATFORMS))
+""")
+
+md(r"""
+CPU backends accelerate `MUL_MAT` and little else: the other ops are too small to be worth it
+(SpacemiT's IME also does the norms). GPU backends implement the small ops too, not because they are
+faster there, but to avoid **round trips**: a GPU that only did `MUL_MAT` would send every layer's
+activations across PCIe to the CPU for the norm and RoPE and back again. The last experiment of
+section 6 counts what that costs. An op a backend does not support falls back to the CPU.
+
+## 6. The scheduler: five passes from "who owns the weights" to splits
 
 Backends come in priority order, the CPU last. Here a simulated accelerator
 (`AccelBackend`: same kernels, separate memory, a configurable set of supported
@@ -284,20 +362,19 @@ figure for the default value below the widget.)
 """)
 
 code(r"""
-import ipywidgets as W
-from IPython.display import display, SVG
-
-def show_ngl(n_gpu_layers=20, layer_from=18, layer_to=21):
+def show_ngl(n_gpu_layers, layer_from, layer_to):
     sc = Scheduler([AccelBackend(), CPUBackend()], n_gpu_layers=n_gpu_layers)
     gg = sctx.build_graph(8)
     sch = sc.schedule(gg)
-    print(viz.split_lines(sch))
-    print(f"{sch.n_splits} splits, {sch.n_copies} copies, {sch.bytes_to_copy:,} bytes copied per run")
-    src = render(to_dot(gg, layers=range(layer_from, layer_to + 1), color_by="backend", schedule=sch, show_leafs=False))
-    display(src)
+    text = (f"<pre>{viz.split_lines(sch)}\n{sch.n_splits} splits, {sch.n_copies} copies, "
+            f"{sch.bytes_to_copy:,} bytes copied per run</pre>")
+    pic = nb.graph(to_dot(gg, layers=range(layer_from, layer_to + 1), color_by="backend", schedule=sch,
+                          show_leafs=False), "smollm2-sched", folder="06")
+    return [text, pic]
 
-W.interact(show_ngl, n_gpu_layers=W.IntSlider(20, 0, 31), layer_from=W.IntSlider(18, -1, 30), layer_to=W.IntSlider(21, -1, 30))
-show_ngl(20, 18, 21)     # static figure for the default
+nb.live(show_ngl, {"n_gpu_layers": widgets.IntSlider(20, 0, 31, description="n_gpu_layers"),
+                   "layer_from": widgets.IntSlider(18, -1, 30, description="first layer drawn"),
+                   "layer_to": widgets.IntSlider(21, -1, 30, description="last layer drawn")}, columns=3);
 """)
 
 md(r"""
@@ -313,9 +390,8 @@ embeddings, the positions, the KV cells to write and the mask going in, and the 
 """)
 
 code(r"""
-import tempfile, pathlib
 from llmlab.llama.tiny import write_tiny
-tiny32 = Model(write_tiny(pathlib.Path(tempfile.mkdtemp()) / "tiny32.gguf", "llama", n_layer=32, n_embd=32,
+tiny32 = Model(write_tiny(nb.build_dir("06") / "tiny32.gguf", "llama", n_layer=32, n_embd=32,
                           n_head=4, n_head_kv=2, n_ff=64, n_vocab=64))
 sched32 = Scheduler([AccelBackend(), CPUBackend()], n_gpu_layers=20)
 c32 = Context(tiny32, n_ctx=32, sched=sched32)
@@ -352,7 +428,7 @@ print(format_table(rows))
 """)
 
 md(r"""
-## 6. Inside the CPU backend: nodes in a row, threads inside a node
+## 7. Inside the CPU backend: nodes in a row, threads inside a node
 
 `ggml_graph_compute` starts `n_threads` workers that all walk the same node
 list; after every node they meet at a barrier. Inside a node the work is split
@@ -385,7 +461,7 @@ for t in traces:
 """)
 
 md(r"""
-## 7. The plug-in hook: extra buffer types
+## 8. The plug-in hook: extra buffer types
 
 Before its big `switch` over ops, ggml-cpu asks its registered *extra buffer
 types* whether they want the node (`ggml_cpu_extra_compute_forward`): REPACK
@@ -427,18 +503,18 @@ from llmlab import llamacpp
 from llmlab.llamacpp.cpu import banner, expect
 from llmlab.viz import llamacpp as vl
 from llmlab.llama.vocab import Tokenizer
-from IPython.display import display
 
-CPU, EXACT = banner()          # whose arithmetic llmlab reproduces, and whether it is this machine's llama.cpp
-
-path = models.resolve("smollm2")
-ids = Tokenizer.from_model(path).tokenize("The history of the printing press begins in", add_bos=True, special=True)
-cap = llamacpp.capture(path, ids, flash_attn=False)
-report = llamacpp.diff(llamacpp.llmlab_nodes(path, ids, flash_attn=False), cap)
-print(f"llama.cpp computed {len(cap.nodes)} nodes ({len(cap.compute_nodes())} compute nodes);", report.summary())
-display(vl.diff_table(report, layer=0))
-assert report.matched == report.total                   # every node has its twin, on any CPU
-expect(EXACT, report.first_inexact is None, "every node's values", report.first_divergence is None)
+cap = None
+if nb.has_oracle("the node-by-node comparison with llama.cpp's graph"):
+    CPU, EXACT = banner()      # whose arithmetic llmlab reproduces, and whether it is this machine's llama.cpp
+    path = paths["smollm2"]
+    ids = Tokenizer.from_model(path).tokenize("The history of the printing press begins in", add_bos=True, special=True)
+    cap = llamacpp.capture(path, ids, flash_attn=False)
+    report = llamacpp.diff(llamacpp.llmlab_nodes(path, ids, flash_attn=False), cap)
+    print(f"llama.cpp computed {len(cap.nodes)} nodes ({len(cap.compute_nodes())} compute nodes);", report.summary())
+    display(vl.diff_table(report, layer=0))
+    assert report.matched == report.total               # every node has its twin, on any CPU
+    expect(EXACT, report.first_inexact is None, "every node's values", report.first_divergence is None)
 """)
 
 md(r"""
@@ -447,7 +523,8 @@ the comparison (green: same op, same shape, same values):
 """)
 
 code(r"""
-render(vl.capture_dot(cap, 0, report))
+if cap is not None:
+    display(nb.graph(vl.capture_dot(cap, 0, report), "llamacpp-layer0", folder="06"))
 """)
 
 md(r"""
@@ -464,10 +541,63 @@ md(r"""
   32-layer / 20-offloaded example comes out as its 3 splits.
 - The CPU backend runs nodes in order with a barrier, splitting each node across threads
   three ways; plug-ins get the first say on every node.
+- Every backend fills in one interface (`ggml_backend_i`, `ggml_backend_device_i`); the scheduler only
+  asks it `supports_op`, `offload_op` and where its buffers live.
+""")
+
+md(r"""
+## Exercises
+
+Each checker says "correct" or what is off; the solutions are in the collapsed cells.
+
+**1. Predict the splits for `n_gpu_layers = 5`.** SmolLM2 has 30 layers. With the accelerator first and
+the CPU last, which backend runs each split of the 8-token graph, in order? (A list like
+`["CPU", "ACCEL", ...]`.)
+""")
+
+code(r"""
+my_answer = []
+ex.check_splits(sctx, 5, my_answer);
+""")
+
+solution(r"""
+# token_embd stays on the CPU (split 0: the embedding lookup); layers 0-4 follow their weights to the
+# accelerator; layer 5 onwards and the output layer (n_gpu_layers <= n_layer) are on the CPU again
+ex.check_splits(sctx, 5, ["CPU", "ACCEL", "CPU"]);
+""")
+
+md(r"""
+**2. Offload everything.** `n_gpu_layers = 31` is more than SmolLM2's 30 layers, so the output layer
+follows the weights to the accelerator too. Which splits now?
+""")
+
+code(r"""
+my_answer = []
+ex.check_splits(sctx, 31, my_answer);
+""")
+
+solution(r"""
+# only the embedding lookup (token_embd is always on the CPU) is left before the accelerator takes the rest
+ex.check_splits(sctx, 31, ["CPU", "ACCEL"]);
+""")
+
+md(r"""
+**3. FLOPs of one matmul.** `Qcur-0`'s `MUL_MAT` multiplies the 576 x 576 weight `blk.0.attn_q.weight` by the
+8 tokens' 576-wide activations. How many FLOPs is that (a multiply-add counts as 2)?
+""")
+
+code(r"""
+my_answer = 0
+ex.check_mul_mat_flops(g, "Qcur-0", my_answer);
+""")
+
+solution(r"""
+ex.check_mul_mat_flops(g, "Qcur-0", 2 * 576 * 576 * 8);
 """)
 
 nb = nbf.v4.new_notebook()
 nb.cells = cells
 nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-nbf.write(nb, "notebooks/06_cgraph_and_scheduler.ipynb")
-print("wrote notebooks/06_cgraph_and_scheduler.ipynb")
+out = Path(__file__).resolve().parents[1] / "06_cgraph_and_scheduler.ipynb"
+nbf.write(nb, out)
+print("wrote", out)

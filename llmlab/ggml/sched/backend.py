@@ -101,3 +101,51 @@ class AccelBackend(Backend):
         if self.offload_min_batch is None or node.op == "GET_ROWS":
             return False
         return node.ne[1] >= self.offload_min_batch
+
+
+# ggml_backend_i (ggml-backend-impl.h) and ggml_backend_device_i: each member, and what plays its part here
+INTERFACE = [
+    ("ggml_backend_i", "get_name", "name"),
+    ("ggml_backend_i", "graph_compute", "compute(nodes)"),
+    ("ggml_backend_i", "set_tensor_async, get_tensor_async, cpy_tensor_async", "(the scheduler's copies)"),
+    ("ggml_backend_i", "synchronize", "(none: compute returns when done)"),
+    ("ggml_backend_i", "event_record, event_wait", "(none: splits run one after another)"),
+    ("ggml_backend_device_i", "supports_op", "supports_op(node)"),
+    ("ggml_backend_device_i", "offload_op", "offload_op(node)"),
+    ("ggml_backend_device_i", "get_buffer_type", "buffer_type, supports_buft(buft)"),
+    ("ggml_backend_device_i", "get_memory", "(none)"),
+]
+
+# llama.cpp's backends and what each accelerates (the walkthrough article's table)
+PLATFORMS = [
+    ("x86 CPU", "ggml-cpu/arch/x86/", "MUL_MAT", "AVX2 / AVX-512 SIMD, quantized kernels"),
+    ("ARM CPU", "ggml-cpu/arch/arm/", "MUL_MAT", "NEON / SVE vector instructions"),
+    ("RISC-V CPU (SpacemiT)", "ggml-cpu/spacemit/", "MUL_MAT, NORM, RMS_NORM", "IME matrix extension (q4_0/q4_1/q4_K), RVV"),
+    ("NVIDIA GPU", "ggml-cuda/ (61 .cu files)", "MUL_MAT, FLASH_ATTN, ROPE, SOFT_MAX, ... (almost every op)",
+     "CUDA kernels, tensor cores, cuBLAS"),
+    ("Apple GPU", "ggml-metal/", "MUL_MAT, FLASH_ATTN, ...", "Metal shaders"),
+    ("Intel GPU", "ggml-sycl/", "MUL_MAT, ...", "SYCL / oneAPI"),
+    ("Huawei NPU", "ggml-cann/", "MUL_MAT, ...", "CANN operator library"),
+    ("any GPU", "ggml-vulkan/", "MUL_MAT, ...", "Vulkan compute shaders"),
+]
+
+_MEMBER_METHOD = {"get_name": "name", "graph_compute": "compute", "supports_op": "supports_op",
+                  "offload_op": "offload_op", "get_buffer_type": "buffer_type"}
+
+
+def interface_rows(backends) -> list[list[str]]:
+    """One row per interface member: the C member, its llmlab counterpart, and for each backend
+    whether it fills the member in itself ("own"), keeps the base class's version ("inherited") or
+    has no counterpart ("-")."""
+    rows = []
+    for struct, member, here in INTERFACE:
+        attr = _MEMBER_METHOD.get(member)
+        row = [f"{struct}.{member}", here]
+        for b in backends:
+            if attr is None:
+                row.append("-")
+            else:
+                own = getattr(type(b), attr, None) is not getattr(Backend, attr, None) or attr in vars(b)
+                row.append("own" if own else "inherited")
+        rows.append(row)
+    return rows
