@@ -55,20 +55,29 @@ def plot_labels(texts: Sequence[str], romanize: Mapping[str, str] | None = None)
 
 # ---- step by step -------------------------------------------------------------------------------------------
 
-def _heat(ax, m, title, xl=None, yl=None, cmap="viridis", fs=6, **kw):
+LABEL_PT = 9        # token tick labels: readable at the notebooks' 80 dpi, figures at most ~11 inches wide
+
+
+def _ticks(n: int, max_labels: int | None, keep: Sequence[int] = ()) -> list[int]:
+    """Tick positions: all of 0..n-1, or every k-th when there are more than ``max_labels`` (plus ``keep``)."""
+    if not max_labels or n <= max_labels:
+        return list(range(n))
+    k = -(-n // max_labels)
+    return sorted(set(range(0, n, k)) | {i for i in keep if 0 <= i < n})
+
+
+def _heat(ax, m, title, xl=None, yl=None, cmap="viridis", fs=LABEL_PT, max_labels=None, keep=(), **kw):
     m = np.asarray(m, np.float64)
     shown = np.where(np.isfinite(m), m, np.nan)
     im = ax.imshow(shown, cmap=cmap, aspect="auto", interpolation="nearest", **kw)
-    ax.set_title(title, fontsize=8)
-    for setter, lab, n in ((ax.set_xticks, xl, m.shape[1]), (ax.set_yticks, yl, m.shape[0])):
+    ax.set_title(title, fontsize=10)
+    for axis, lab, n in ((ax.xaxis, xl, m.shape[1]), (ax.yaxis, yl, m.shape[0])):
         if lab is not None and len(lab) == n:
-            setter(range(n))
+            t = _ticks(n, max_labels, keep)
+            axis.set_ticks(t)
+            axis.set_ticklabels([lab[i] for i in t], fontsize=fs, rotation=90 if axis is ax.xaxis else 0)
         else:
-            setter([])
-    if xl is not None and len(xl) == m.shape[1]:
-        ax.set_xticklabels(xl, rotation=90, fontsize=fs)
-    if yl is not None and len(yl) == m.shape[0]:
-        ax.set_yticklabels(yl, fontsize=fs)
+            axis.set_ticks([])
     return im
 
 
@@ -90,13 +99,18 @@ def plot_steps(L, labels: Sequence[str], head: int = 0):
               (s, f"S = Q K^T  [{n} x {n}]", "RdBu_r"), (masked, f"S*{L.scale:.3g} + mask", "RdBu_r"),
               (p, f"P = softmax  [{n} x {n}]", "viridis"), (v, f"V  [{n} x {v.shape[1]}]", "RdBu_r"),
               (o, f"O = P V  [{n} x {v.shape[1]}]", "RdBu_r")]
-    fig, axes = plt.subplots(1, len(panels), figsize=(17, 3.6),
-                             gridspec_kw={"width_ratios": [1.1, 1.1, 1, 1, 1, 1.1, 1.1]})
-    for ax, (m, title, cmap) in zip(axes, panels):
+    fig, axes = plt.subplots(2, 4, figsize=(11, 7.8))          # two rows: readable labels at notebook width
+    order = [0, 1, 2, 3, 4, 5, 6]
+    for i, ax in enumerate(axes.flat):
+        if i >= len(order):
+            ax.axis("off")
+            continue
+        m, title, cmap = panels[order[i]]
         lim = np.nanmax(np.abs(np.where(np.isfinite(m), m, np.nan)))
         kw = {"vmin": -lim, "vmax": lim} if cmap == "RdBu_r" else {"vmin": 0, "vmax": 1}
-        _heat(ax, m, title, labels if m.shape[1] == n else None, labels if ax is axes[0] else None, cmap, **kw)
-    fig.suptitle(f"layer {L.layer}, head {head}: one attention, step by step (grey = -inf, masked)", fontsize=10)
+        _heat(ax, m, title, labels if m.shape[1] == n else None, labels if i % 4 == 0 else None, cmap,
+              fs=8, max_labels=16, **kw)
+    fig.suptitle(f"layer {L.layer}, head {head}: one attention, step by step (grey = -inf, masked)", fontsize=11)
     fig.tight_layout()
     return fig
 
@@ -108,14 +122,15 @@ def plot_head(probs: np.ndarray, labels: Sequence[str], head: int = 0, query: in
     """One head's (n_q x n_kv) probabilities with token labels; ``query`` outlines one row."""
     import matplotlib.pyplot as plt
     if ax is None:
-        fig, ax = plt.subplots(figsize=(6.4, 5.6))
+        fig, ax = plt.subplots(figsize=(9, 8))
     p = probs[head]
-    im = _heat(ax, p, title or f"head {head}", labels[:p.shape[1]], labels[:p.shape[0]], "viridis", fs=7,
-               vmin=0, vmax=1)
+    keep = () if query is None else (query,)
+    im = _heat(ax, p, title or f"head {head}", labels[:p.shape[1]], labels[:p.shape[0]], "viridis",
+               max_labels=40, keep=keep, vmin=0, vmax=1)
     if query is not None:
         ax.add_patch(plt.Rectangle((-0.5, query - 0.5), p.shape[1], 1, fill=False, ec="red", lw=1.5))
-    ax.set_xlabel("key (attended)", fontsize=8)
-    ax.set_ylabel("query", fontsize=8)
+    ax.set_xlabel("key (attended)", fontsize=10)
+    ax.set_ylabel("query", fontsize=10)
     ax.figure.colorbar(im, ax=ax, fraction=0.04)
     return ax.figure
 
@@ -126,38 +141,36 @@ def plot_heads(probs: np.ndarray, labels: Sequence[str] | None = None, query: in
     import matplotlib.pyplot as plt
     h = probs.shape[0]
     nrows = -(-h // ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(2.6 * ncols, 2.6 * nrows), squeeze=False)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(11, 2.3 * nrows), squeeze=False)
     for i, ax in enumerate(axes.flat):
         if i >= h:
             ax.axis("off")
             continue
         _heat(ax, probs[i], f"head {i}", None, None, "viridis", vmin=0, vmax=1)
         if query is not None:
-            ax.axhline(query, color="red", lw=0.6)
-    fig.suptitle(title, fontsize=10)
+            ax.axhline(query, color="red", lw=0.8)
+    fig.suptitle(title, fontsize=11)
     fig.tight_layout()
     return fig
 
 
 def plot_query(probs: np.ndarray, labels: Sequence[str], query: int, heads: Sequence[int] | None = None,
                title: str = ""):
-    """Where one query token attends, one bar chart per head (only the keys it can see)."""
+    """Where one query token attends: one row per head, one column per key it can see, the weight as
+    colour and, where it is at least 0.1, as a number; each head's largest weight is outlined."""
     import matplotlib.pyplot as plt
     heads = list(range(probs.shape[0])) if heads is None else list(heads)
     n = query + 1
-    ncols = min(3, len(heads))
-    nrows = -(-len(heads) // ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(5.2 * ncols, 2.1 * nrows), squeeze=False, sharey=True)
-    for ax, h in zip(axes.flat, heads):
-        row = probs[h, query, :n]
-        best = int(np.argmax(row))
-        ax.bar(range(n), row, color=["crimson" if i == best else "steelblue" for i in range(n)])
-        ax.set_xticks(range(n))
-        ax.set_xticklabels(labels[:n], rotation=90, fontsize=6)
-        ax.set_title(f"head {h}: max {row[best]:.2f} on {labels[best]}", fontsize=8)
-    for ax in list(axes.flat)[len(heads):]:
-        ax.axis("off")
-    fig.suptitle(title or f"where {labels[query]} attends", fontsize=10)
+    m = np.stack([probs[h, query, :n] for h in heads])
+    fig, ax = plt.subplots(figsize=(11, 1.2 + 0.42 * len(heads) + 0.09 * max(len(x) for x in labels[:n])))
+    _heat(ax, m, "", labels[:n], [f"head {h}" for h in heads], "Blues", vmin=0, vmax=1)
+    for r in range(len(heads)):
+        best = int(np.argmax(m[r]))
+        ax.add_patch(plt.Rectangle((best - 0.5, r - 0.5), 1, 1, fill=False, ec="crimson", lw=1.8))
+        for c in np.flatnonzero(m[r] >= 0.1):
+            ax.text(c, r, f"{m[r, c]:.1f}", ha="center", va="center", fontsize=7,
+                    color="white" if m[r, c] > 0.6 else "black")
+    ax.set_title(title or f"where {labels[query]} attends", fontsize=11)
     fig.tight_layout()
     return fig
 
@@ -173,26 +186,21 @@ def top_attended(probs: np.ndarray, texts: Sequence[str], query: int, k: int = 3
 
 
 def heads_widget(trace, labels: Sequence[str], layer: int = 0, head: int = 0, query: int | None = None):
-    """Sliders for layer and head over a traced decode, redrawing :func:`plot_head`."""
+    """Sliders for layer and head over a traced decode, redrawing :func:`plot_head`: one
+    :func:`llmlab.nb.live` view (live in JupyterLab, its first picture elsewhere). Not displayed:
+    show it with ``display(...)`` or as a cell's last value; ``.box.children[0]`` holds the sliders."""
     import ipywidgets as W
-    import matplotlib.pyplot as plt
-    from IPython.display import display
+    from ..nb import live
     layers = sorted(trace.layers)
-    out = W.Output()
-    lw = W.SelectionSlider(options=layers, value=layer, description="layer")
-    hw = W.IntSlider(value=head, min=0, max=trace.n_head - 1, description="head")
+    controls = {"layer": W.SelectionSlider(options=layers, value=layer, description="layer"),
+                "head": W.IntSlider(value=head, min=0, max=trace.n_head - 1, description="head")}
 
-    def draw(*_):
-        with out:
-            out.clear_output(wait=True)
-            fig = plot_head(trace.probs(lw.value), labels, hw.value, query, f"layer {lw.value}, head {hw.value}")
-            display(fig)
-            plt.close(fig)
-
-    lw.observe(draw, "value")
-    hw.observe(draw, "value")
-    draw()
-    return W.VBox([W.HBox([lw, hw]), out])
+    def render(layer, head):
+        where = "" if query is None else f": red = the row of {labels[query]}"
+        return plot_head(trace.probs(layer), labels, head, query, f"layer {layer}, head {head}{where}")
+    view = live(render, controls, columns=2, show=False)
+    view.children = view.box.children           # the test's and old callers' VBox-like access
+    return view
 
 
 # ---- N x N and tiles ----------------------------------------------------------------------------------------
@@ -258,3 +266,32 @@ def kv_table_html(rows: list[dict]) -> HTML:
     """The rows of :func:`llmlab.attention.kv_table` as a table."""
     header = list(rows[0]) if rows else []
     return table(header, [[r[h] for h in header] for r in rows])
+
+
+# ---- which head finds the nouns ------------------------------------------------------------------------------
+
+NOUNS = {"zh": "苹果公司手机", "en": ("Apple", "phone")}
+
+
+def noun_candidates(texts: Sequence[str], query: int, lang: str) -> list[int]:
+    """Tokens before ``query`` that belong to the sentence's nouns (苹果/公司/手机, or Apple/phone)."""
+    def is_noun(t: str) -> bool:
+        return any(c in t for c in NOUNS["zh"]) if lang == "zh" else t.strip() in NOUNS["en"]
+    return [i for i, t in enumerate(texts) if i < query and t.strip() and is_noun(t)]
+
+
+def noun_heads(traces: Mapping, texts: Mapping, queries: Mapping, k: int = 3):
+    """For every traced (model, sentence): the (layer, head) whose query row puts most weight on the
+    nouns before it, that weight and the ``k`` keys it weighs most. Returns ``(table, best)`` with
+    ``best[(model, lang)] = (layer, head)``."""
+    rows, best = [], {}
+    for key, trc in traces.items():
+        name, lang = key
+        tx, qq = texts[key], queries[key]
+        w, il, h = trc.rank_heads(qq, noun_candidates(tx, qq, lang))[0]
+        p = trc.probs(il)[h, qq, :qq + 1]
+        top = np.argsort(-p, kind="stable")[:k]
+        rows.append([name, lang, f"{qq}: {tx[qq]!r}", il, h, f"{w:.2f}",
+                     ", ".join(f"{tx[i] or '·'!r} {p[i]:.2f}" for i in top)])
+        best[key] = (il, h)
+    return table(["model", "sentence", "query", "layer", "head", "weight on the nouns", "top keys"], rows), best

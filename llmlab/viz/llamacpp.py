@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import html as _html
 import math
+
+import numpy as np
 from typing import Mapping, Sequence
 
 from ..llamacpp.diff import DiffReport, NodeDiff
@@ -204,3 +206,57 @@ def plot_node_errors(reports: Mapping[str, DiffReport] | Sequence[tuple[str, Dif
     ax.legend(fontsize=8)
     ax.set_title(title or f"every node's error (dots: {mark_op}; {floor:g} = identical)", fontsize=10)
     return ax.figure
+
+
+# ---- notebook 03: llmlab against llama.cpp, several arithmetic paths ------------------------------------------
+
+def error_reports(runs: Mapping[str, tuple], modes: Mapping[str, object], output: str = "last"):
+    """For each model ``name -> (path, tokens)``: llama.cpp's capture of one decode, and for each
+    ``mode -> dispatch`` (None: llmlab as it is) the diff of llmlab's nodes against it. Returns
+    ``(reports, captures)`` with ``reports[(name, mode)]`` and ``captures[name]``."""
+    from ..llamacpp import capture, diff, llmlab_nodes
+    reports, caps = {}, {}
+    for name, (path, toks) in runs.items():
+        caps[name] = cap = capture(path, toks, flash_attn=False, output=output)
+        for mode, disp in modes.items():
+            mine = llmlab_nodes(path, toks, flash_attn=False, output=output, dispatch=disp)
+            reports[(name, mode)] = diff(mine, cap)
+    return reports, caps
+
+
+SUMMARY_HEADERS = ["model", "path", "nodes matched", "first node > 1e-3", "first layer ≠ 0", "l_out-0", "mid layer",
+                   "last layer", "logits"]
+
+
+def summary_rows(reports: Mapping[tuple, DiffReport]) -> list[list]:
+    """One row per (model, path): nodes matched, where it first diverges, the error of the first, a
+    middle and the last layer's output, and of the logits (``result_output``)."""
+    rows = []
+    for (name, mode), rep in reports.items():
+        errs = dict(layer_errors(rep))
+        out = next(d for d in rep.nodes if d.name == "result_output")
+        first = next((il for il, e in sorted(errs.items()) if e > 0), None)
+        rows.append([name, mode, f"{rep.matched}/{rep.total}", rep.first_divergence or "none",
+                     "-" if first is None else first, f"{errs[0]:.1e}", f"{errs[max(errs) // 2]:.1e}",
+                     f"{errs[max(errs)]:.1e}", f"{out.max_rel_err:.1e}"])
+    return rows
+
+
+FIRST_ERROR_HEADERS = ["model", "path", "first node ≠ llama.cpp", "first node > 1e-5"]
+
+
+def first_error_rows(reports: Mapping[tuple, DiffReport]) -> list[list]:
+    """One row per (model, path): the first node that differs at all, and the first above 1e-5."""
+    rows = []
+    for (name, mode), rep in reports.items():
+        e0, e5 = first_error(rep), first_error(rep, above=1e-5)
+        rows.append([name, mode] + [f"{d.name} ({d.op}, {d.max_rel_err:.1e})" if d else "none" for d in (e0, e5)])
+    return rows
+
+
+def logits_line(name: str, mine, theirs) -> str:
+    """Top-1 token, cosine and max |difference| of two last-position logit vectors, in one line."""
+    a, b = np.asarray(mine, np.float64), np.asarray(theirs, np.float64)
+    cos = float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
+    return (f"{name:8} last position: top-1 llmlab {int(a.argmax())} / llama.cpp {int(b.argmax())}, cosine {cos:.6f}, "
+            f"max |diff| {np.abs(a - b).max():.3g} (logit range {b.min():.1f} .. {b.max():.1f})")

@@ -7,6 +7,11 @@ cells = []
 md = lambda s: cells.append(nbf.v4.new_markdown_cell(s.strip()))      # noqa: E731
 code = lambda s: cells.append(nbf.v4.new_code_cell(s.strip()))        # noqa: E731
 
+
+def solution(s):
+    """A code cell whose source is collapsed when the notebook opens (click to reveal)."""
+    cells.append(nbf.v4.new_code_cell(s.strip(), metadata={"jupyter": {"source_hidden": True}, "tags": ["solution"]}))
+
 md(r"""
 # 03 · Attention and heads: what one layer of a real model does with a sentence
 
@@ -22,22 +27,31 @@ $$\mathrm{Attention}(Q, K, V) = \mathrm{softmax}\!\left(\frac{QK^\top}{\sqrt{d_k
 This notebook runs the two real models (SmolLM2-135M and Gemma 3 270M) on that sentence and on an English
 counterpart, and looks at *their* Q, K and V, not made-up ones:
 
+**What you will learn**
 1. one head of one layer, step by step, with shapes: scores, mask, softmax, weighted sum;
 2. all heads of a layer, and where **它** / **its** attends (a widget for any layer and head);
 3. multi-head: how the heads split the width and are concatenated back;
 4. MHA, GQA, MQA and MLA as KV-cache sizes, from the models' own hyperparameters and the seed's figures;
-5. the N x N matrix, and how flash attention tiles it with an online softmax and gets the same answer;
-6. llama.cpp in the loop: the error between llmlab and llama.cpp along the depth of both models, and what
-   ggml's 8-bit activation quantization does to it;
-7. why the bits differ from one CPU to another: the same llama.cpp on AVX2 and on AVX-512, and llmlab
-   reproducing each.
+5. the N x N matrix, and how flash attention tiles it with an online softmax and gets the same answer.
+
+Two appendices go deeper into exactness, for after the workshop: **A**, llama.cpp in the loop (the error
+between llmlab and llama.cpp along the depth of both models, and what ggml's 8-bit activation quantization
+does to it); **B**, why the bits differ from one CPU to another (the same llama.cpp on AVX2 and on AVX-512,
+and llmlab reproducing each).
 
 Every number comes from `llmlab`: `llmlab.attention.trace` records what the engine's attention nodes
 (`kq`, `kq_soft_max`, `kqv`, `kqv_out`, named as llama.cpp names them) computed, `llmlab.attention` holds the
 plain NumPy reference of the formula, and each step below is asserted equal to the engine's node.
+
+**Prerequisites:** notebooks 00-02 (the pipeline, tokens); matrix products and softmax.
+**Run time:** about 40 seconds for sections 1-6, about a minute more for the appendices (appendix A needs
+llama-cpp-python, `make test`; without it it says so and is skipped).
 """)
 
 code(r"""
+from llmlab import nb
+paths = nb.setup(models=["smollm2", "gemma3"])
+
 import time
 import numpy as np
 import matplotlib.pyplot as plt
@@ -52,8 +66,8 @@ from llmlab.ggml.cpu.float_path import f32_activations, vec_dot_everywhere
 from llmlab.viz import attention as va
 from llmlab.viz import llamacpp as vl
 from llmlab.viz.html import table
+from llmlab.nb import exercises as ex
 
-plt.rcParams["figure.dpi"] = 80
 T0 = time.time()
 ZH = "苹果公司发布了一款新的手机，它的股价可能也会随之上涨。"
 EN = "Apple released a new phone, and its stock price may rise as a result."
@@ -62,8 +76,8 @@ PINYIN = dict(zip("苹果公司发布了一款新的手机它股价可能也会�
                   ["píng", "guǒ", "gōng", "sī", "fā", "bù", "le", "yī", "kuǎn", "xīn", "de", "shǒu", "jī", "tā",
                    "gǔ", "jià", "kě", "néng", "yě", "huì", "suí", "zhī", "shàng", "zhǎng", ",", "."]))
 
-smol, gemma = Model(models.resolve("smollm2")), Model(models.resolve("gemma3"))
-tok = {"SmolLM2": Tokenizer.from_model("smollm2"), "Gemma 3": Tokenizer.from_model("gemma3")}
+smol, gemma = Model(paths["smollm2"]), Model(paths["gemma3"])
+tok = {"SmolLM2": Tokenizer.from_model(paths["smollm2"]), "Gemma 3": Tokenizer.from_model(paths["gemma3"])}
 mdl = {"SmolLM2": smol, "Gemma 3": gemma}
 for name, m in mdl.items():
     print(name, m)
@@ -183,12 +197,11 @@ fig = va.plot_heads(tr.probs(LAYER), query=q, title=f"SmolLM2, layer {LAYER}: th
 """)
 
 md(r"""
-Pick any layer and head (the widget needs a live kernel; the figure under it is the default, drawn headless):
+Pick any layer and head (with a live kernel the sliders redraw it; elsewhere the picture is the default):
 """)
 
 code(r"""
-display(va.heads_widget(tr, labels[key], layer=LAYER, head=HEAD, query=q))
-fig = va.plot_head(tr.probs(LAYER), labels[key], HEAD, q, f"SmolLM2 layer {LAYER}, head {HEAD}: red = the row of {labels[key][q]}")
+va.heads_widget(tr, labels[key], layer=LAYER, head=HEAD, query=q)
 """)
 
 md(r"""
@@ -209,18 +222,10 @@ first token or look at the comma and at **它** itself. The same search in Gemma
 """)
 
 code(r"""
-rows = []
-for (name, lang), trc in traces.items():
-    tx, qq = texts[(name, lang)], query[(name, lang)]
-    cand = [i for i, t in enumerate(tx) if i < qq and t.strip() and
-            (any(c in t for c in "苹果公司手机") if lang == "zh" else t.strip() in ("Apple", "phone"))]
-    w, il, h = trc.rank_heads(qq, cand)[0]
-    p = trc.probs(il)[h, qq, :qq + 1]
-    top = np.argsort(-p)[:3]
-    rows.append([name, lang, f"{qq}: {tx[qq]!r}", il, h, f"{w:.2f}", ", ".join(f"{tx[i] or '·'!r} {p[i]:.2f}" for i in top)])
-display(table(["model", "sentence", "query", "layer", "head", "weight on the nouns", "top keys"], rows))
+noun_table, best = va.noun_heads(traces, texts, query)
+display(noun_table)
 gk = ("Gemma 3", "zh")
-gl = rows[2][3]
+gl = best[gk][0]
 fig = va.plot_query(traces[gk].probs(gl), labels[gk], query[gk], heads=range(4),
                     title=f"Gemma 3, layer {gl}: where {labels[gk][query[gk]]} attends")
 """)
@@ -365,7 +370,80 @@ assert errs[0] < 3e-3          # f16 roundings: the flash path keeps its running
 """)
 
 md(r"""
-## 7. llama.cpp in the loop: where the error enters, and how it grows
+## Summary
+
+- One attention head is four small steps: scores $QK^\top$, scale and causal mask, softmax, weighted sum of V.
+  On a real layer of SmolLM2 each step was recomputed in plain NumPy and matched the engine's node (`kq`,
+  `kq_soft_max`, `kqv_out`), once the f16 roundings ggml applies were included.
+- Heads split the width (9 x 64 = 576 in SmolLM2) and are concatenated back before $W_o$; some heads resolve
+  **它** to the nouns it may refer to, many park their weight on the first token.
+- GQA, MQA and MLA trade KV-cache size for sharing or compression: SmolLM2 keeps 3 of 9 heads (3x smaller than
+  MHA), Gemma 3 one of 4, LLaMA-2-70B 8 of 64, DeepSeek-V2 a 576-wide latent (57x).
+- Flash attention computes the same result tile by tile with an online softmax and never stores the N x N
+  matrix; llmlab's tiled reference equals the naive one to 1e-12, and the engine's FLASH_ATTN_EXT path agrees
+  with its naive path up to f16 rounding (layer 0; deeper layers also see the drift of their inputs).
+- Against llama.cpp (appendix A), both models are bit-identical in every node. Add the float terms of one kernel in another
+  order and Gemma 3's float32 noise is amplified by 8-bit code flips to 1e-3; leave out the 8-bit activation
+  quantization and a 1e-3-1e-2 error enters every layer.
+- "Bit-identical" holds per CPU (appendix B): AVX2 and AVX-512 builds of the same llama.cpp add in 8 or 16 lanes with other
+  reduction trees and another `exp`, and their greedy continuations part ways after a few to 48 tokens. llmlab
+  reproduces each one through a CPU profile.
+""")
+
+
+md(r"""
+## Exercises
+
+Each checker says "correct" or what is off; the solutions are in the collapsed cells.
+
+**1. One query, by hand.** A head with `d_k = 4` has three cached keys and values. Compute the attention
+output for the query `q`: scores, scaled by 1/sqrt(d_k), softmax, weighted sum of the rows of `v`.
+""")
+
+code(r"""
+q = np.array([1.0, 0.0, 1.0, 0.0])
+k = np.array([[1.0, 0.0, 1.0, 0.0], [0.0, 1.0, 0.0, 1.0], [1.0, 1.0, 0.0, 0.0]])
+v = np.array([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])
+my_answer = None          # the output row, 2 numbers
+ex.check_attention_row(q, k, v, my_answer);
+""")
+
+solution(r"""
+s = k @ q / np.sqrt(q.size)                 # [2, 0, 1] / 2
+p = np.exp(s - s.max()); p /= p.sum()       # softmax
+ex.check_attention_row(q, k, v, p @ v);
+""")
+
+md(r"""
+**2. Which KV head?** SmolLM2 has 9 query heads and 3 KV heads. Which KV head does query head 7 read?
+(Section 4's loop tells you how ggml groups them.)
+""")
+
+code(r"""
+my_answer = None
+ex.check_kv_head(9, 3, 7, my_answer);
+""")
+
+solution(r"""
+ex.check_kv_head(9, 3, 7, 7 // (9 // 3));   # groups of 3 consecutive query heads share a KV head
+""")
+
+md(r"""
+**3. What one token costs in the cache.** LLaMA-2-70B has 80 layers and 8 KV heads of 128 dimensions
+(64 query heads). How many bytes of f16 KV cache does each token add?
+""")
+
+code(r"""
+my_answer = 0
+ex.check_kv_bytes_per_token(80, 8, 128, my_answer);
+""")
+
+solution(r"""
+ex.check_kv_bytes_per_token(80, 8, 128, 80 * 2 * 8 * 128 * 2);   # layers x (K and V) x KV heads x dims x 2 bytes
+""")
+
+md(r"""
+## Appendix A. llama.cpp in the loop: where the error enters, and how it grows
 
 So far llmlab checked itself. Now the reference: llama.cpp calls an evaluation callback for every node of its
 graph, and `llmlab.llamacpp.capture` reads each node's name, op, shape and values. We decode the English sentence
@@ -384,52 +462,41 @@ largest magnitude in llama.cpp's tensor), three times:
   difference is float32 noise, and this run shows what becomes of it.
 
 "Exact" is always said about one CPU: llama.cpp's arithmetic depends on the instruction set it was built for
-(section 8), and llmlab reproduces it per **CPU profile**. The first line says which profile runs and whether it
+(appendix B), and llmlab reproduces it per **CPU profile**. The first line says which profile runs and whether it
 is the one of this machine's llama.cpp; on a CPU llmlab does not reproduce, the comparisons below report
 agreement within a tolerance instead of stopping.
 """)
 
 code(r"""
 from llmlab.llamacpp.cpu import banner, expect, close
-CPU, EXACT = banner()
-reports, caps = {}, {}
-for name, path in (("SmolLM2", models.resolve("smollm2")), ("Gemma 3", models.resolve("gemma3"))):
-    toks = ids[(name, "en")]
-    caps[name] = cap = llamacpp.capture(path, toks, flash_attn=False, output="last")
-    for mode, disp in (("exact (8-bit activations, as ggml-cpu)", None),
-                       ("one kernel order (vec_dot for every shape)", vec_dot_everywhere),
-                       ("float32 activations", f32_activations)):
-        mine = llamacpp.llmlab_nodes(path, toks, flash_attn=False, output="last", dispatch=disp)
-        reports[(name, mode)] = rep = llamacpp.diff(mine, cap)
-        print(f"{name:8} {mode:40} {rep.summary()}")
-fig, axes = plt.subplots(1, 2, figsize=(13, 3.8))
-for ax, name in zip(axes, ("SmolLM2", "Gemma 3")):
-    vl.plot_error_profile({mode: rep for (nm, mode), rep in reports.items() if nm == name}, ax=ax,
-                          title=f"{name}: llmlab vs llama.cpp, layer outputs")
-fig.tight_layout()
+ORACLE = nb.has_oracle("appendix A's comparison with llama.cpp")
+if ORACLE:
+    CPU, EXACT = banner()
+    MODES = {"exact (8-bit activations, as ggml-cpu)": None,
+             "one kernel order (vec_dot for every shape)": vec_dot_everywhere,
+             "float32 activations": f32_activations}
+    reports, caps = vl.error_reports({"SmolLM2": (paths["smollm2"], ids[("SmolLM2", "en")]),
+                                      "Gemma 3": (paths["gemma3"], ids[("Gemma 3", "en")])}, MODES)
+    for (name, mode), rep in reports.items():
+        print(f"{name:8} {mode:42} {rep.summary()}")
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    for ax, name in zip(axes, ("SmolLM2", "Gemma 3")):
+        vl.plot_error_profile({mode: rep for (nm, mode), rep in reports.items() if nm == name}, ax=ax,
+                              title=f"{name}: llmlab vs llama.cpp, layer outputs")
+    fig.tight_layout()
 """)
 
 code(r"""
-rows = []
-for (name, mode), rep in reports.items():
-    errs = dict(vl.layer_errors(rep))
-    out = next(d for d in rep.nodes if d.name == "result_output")
-    first = next((il for il, e in sorted(errs.items()) if e > 0), None)
-    rows.append([name, mode, f"{rep.matched}/{rep.total}", rep.first_divergence or "none",
-                 "-" if first is None else first, f"{errs[0]:.1e}", f"{errs[max(errs) // 2]:.1e}",
-                 f"{errs[max(errs)]:.1e}", f"{out.max_rel_err:.1e}"])
-display(table(["model", "path", "nodes matched", "first node > 1e-3", "first layer ≠ 0", "l_out-0",
-               "mid layer", "last layer", "logits"], rows))
-# llama.cpp's own attention probabilities are llmlab's: SmolLM2's exact path is bit-identical everywhere
-sm = caps["SmolLM2"]["kq_soft_max-0"].values.reshape(traces[("SmolLM2", "en")][0].probs.shape)
-ours = traces[("SmolLM2", "en")][0].probs
-expect(EXACT, np.array_equal(sm, ours), "kq_soft_max-0", close(ours, sm, 1e-3))
-ex = dict(vl.layer_errors(reports[("SmolLM2", "exact (8-bit activations, as ggml-cpu)")]))
-fl = dict(vl.layer_errors(reports[("SmolLM2", "float32 activations")]))
-expect(EXACT, max(ex.values()) == 0, "SmolLM2 layer outputs",
-       reports[("SmolLM2", "exact (8-bit activations, as ggml-cpu)")].first_divergence is None)
-assert min(fl.values()) > 1e-4
-print(f"time so far: {time.time() - T0:.0f}s")
+if ORACLE:
+    display(table(vl.SUMMARY_HEADERS, vl.summary_rows(reports)))
+    # llama.cpp's own attention probabilities are llmlab's: SmolLM2's exact path is bit-identical everywhere
+    sm = caps["SmolLM2"]["kq_soft_max-0"].values.reshape(traces[("SmolLM2", "en")][0].probs.shape)
+    ours = traces[("SmolLM2", "en")][0].probs
+    expect(EXACT, np.array_equal(sm, ours), "kq_soft_max-0", close(ours, sm, 1e-3))
+    exact_rep = reports[("SmolLM2", "exact (8-bit activations, as ggml-cpu)")]
+    expect(EXACT, max(dict(vl.layer_errors(exact_rep)).values()) == 0, "SmolLM2 layer outputs",
+           exact_rep.first_divergence is None)
+    assert min(dict(vl.layer_errors(reports[("SmolLM2", "float32 activations")])).values()) > 1e-4
 """)
 
 md(r"""
@@ -438,30 +505,24 @@ first one whose values differ at all, and the first that differs by more than 1e
 """)
 
 code(r"""
-rows = []
-for (name, mode), rep in reports.items():
-    e0, e5 = vl.first_error(rep), vl.first_error(rep, above=1e-5)
-    rows.append([name, mode] + [f"{d.name} ({d.op}, {d.max_rel_err:.1e})" if d else "none" for d in (e0, e5)])
-display(table(["model", "path", "first node ≠ llama.cpp", "first node > 1e-5"], rows))
-fig, axes = plt.subplots(2, 1, figsize=(12, 6.5))
-vl.plot_node_errors({m: r for (n, m), r in reports.items() if n == "Gemma 3"}, ax=axes[0],
-                    title="Gemma 3: every node's error against llama.cpp (dots: MUL_MAT)")
-vl.plot_node_errors({m: r for (n, m), r in reports.items() if n == "SmolLM2"}, ax=axes[1],
-                    title="SmolLM2 (exact: identical everywhere, drawn at 1e-9)")
-fig.tight_layout()
-for name in ("SmolLM2", "Gemma 3"):
-    rep = reports[(name, "exact (8-bit activations, as ggml-cpu)")]
-    expect(EXACT, vl.first_error(rep) is None, f"{name}, every node", rep.first_divergence is None)
-if EXACT:        # where the first difference enters, when llmlab is otherwise exact
-    assert vl.first_error(reports[("SmolLM2", "float32 activations")]).op == "MUL_MAT"     # error enters at a matmul
-    assert vl.first_error(reports[("Gemma 3", "one kernel order (vec_dot for every shape)")]).op == "MUL_MAT"
-# the predictions: llama.cpp's last-position logits against llmlab's (exact path, from the traces above)
-for name in ("SmolLM2", "Gemma 3"):
-    a, b = traces[(name, "en")].logits[-1], caps[name].logits[-1]
-    cos = float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
-    print(f"{name:8} last position: top-1 llmlab {a.argmax()} / llama.cpp {b.argmax()}, cosine {cos:.6f}, "
-          f"max |diff| {np.abs(a - b).max():.3g} (logit range {b.min():.1f} .. {b.max():.1f})")
-    expect(EXACT, np.array_equal(a, b), f"{name} logits", a.argmax() == b.argmax())
+if ORACLE:
+    display(table(vl.FIRST_ERROR_HEADERS, vl.first_error_rows(reports)))
+    fig, axes = plt.subplots(2, 1, figsize=(11, 6.5))
+    vl.plot_node_errors({m: r for (n, m), r in reports.items() if n == "Gemma 3"}, ax=axes[0],
+                        title="Gemma 3: every node's error against llama.cpp (dots: MUL_MAT)")
+    vl.plot_node_errors({m: r for (n, m), r in reports.items() if n == "SmolLM2"}, ax=axes[1],
+                        title="SmolLM2 (exact: identical everywhere, drawn at 1e-9)")
+    fig.tight_layout()
+    for name in ("SmolLM2", "Gemma 3"):
+        rep = reports[(name, "exact (8-bit activations, as ggml-cpu)")]
+        expect(EXACT, vl.first_error(rep) is None, f"{name}, every node", rep.first_divergence is None)
+    if EXACT:        # where the first difference enters, when llmlab is otherwise exact
+        assert vl.first_error(reports[("SmolLM2", "float32 activations")]).op == "MUL_MAT"
+        assert vl.first_error(reports[("Gemma 3", "one kernel order (vec_dot for every shape)")]).op == "MUL_MAT"
+    for name in ("SmolLM2", "Gemma 3"):     # llama.cpp's last-position logits against llmlab's (the traces above)
+        a, b = traces[(name, "en")].logits[-1], caps[name].logits[-1]
+        print(vl.logits_line(name, a, b))
+        expect(EXACT, np.array_equal(a, b), f"{name} logits", a.argmax() == b.argmax())
 """)
 
 md(r"""
@@ -489,7 +550,7 @@ What the profile says:
 """)
 
 md(r"""
-## 8. One llama.cpp, two CPUs: why the bits differ
+## Appendix B. One llama.cpp, two CPUs: why the bits differ
 
 llama.cpp is compiled for the machine it is built on (`GGML_NATIVE`), and ggml-cpu's C source then becomes
 different arithmetic. Two reference sets ship with llmlab, made by the *same* llama.cpp version on the *same*
@@ -502,11 +563,11 @@ import json
 from pathlib import Path
 from llmlab.ggml.cpu import profiles
 
-REF_DIRS = {"avx512": Path("../tests/data/refs"), "avx2": Path("../tests/data/refs/avx2")}
+REF_DIRS = {"avx512": nb.ROOT / "tests/data/refs", "avx2": nb.ROOT / "tests/data/refs/avx2"}
 def refset(cpu, stem="smollm2-135m-instruct-q4_1"):
     return dict(np.load(REF_DIRS[cpu] / f"{stem}.logits.npz"))
 R = {cpu: refset(cpu) for cpu in REF_DIRS}
-piece = lambda t: repr(Tokenizer.from_model(models.resolve("smollm2")).token_to_piece(int(t)).decode("utf-8", "replace"))
+piece = lambda t: repr(tok["SmolLM2"].token_to_piece(int(t)).decode("utf-8", "replace"))
 rows = []
 for i in range(5):
     a, b = R["avx2"], R["avx512"]
@@ -568,7 +629,7 @@ Neither order is "wrong": both are within an ulp or two of the exact sum. The so
 through 8- or 16-wide blocks too, and even `exp` itself is a different polynomial evaluation on the two
 instruction sets (AVX-512 scales by 2^n with `_mm512_scalef_ps`, AVX2 builds 2^n from the exponent bits and
 returns k + k*j in one fused multiply-add). An ulp here and there stays an ulp, until an 8-bit activation
-quantization meets it (section 7): a value on the edge of a rounding boundary goes to the other code, and from
+quantization meets it (appendix A): a value on the edge of a rounding boundary goes to the other code, and from
 there on the two CPUs compute visibly different numbers. llmlab reproduces each, given its profile:
 """)
 
@@ -617,27 +678,6 @@ md(r"""
 So "bit-identical to llama.cpp" is a statement about one CPU. `llmlab` picks the profile of the llama.cpp it finds
 (`python -m llmlab logits --cpu auto`), or the one you name (`--cpu avx2`, `LLMLAB_CPU=avx2`), and on a CPU none
 reproduces it says so once and runs the nearest.
-""")
-
-md(r"""
-## Summary
-
-- One attention head is four small steps: scores $QK^\top$, scale and causal mask, softmax, weighted sum of V.
-  On a real layer of SmolLM2 each step was recomputed in plain NumPy and matched the engine's node (`kq`,
-  `kq_soft_max`, `kqv_out`), once the f16 roundings ggml applies were included.
-- Heads split the width (9 x 64 = 576 in SmolLM2) and are concatenated back before $W_o$; some heads resolve
-  **它** to the nouns it may refer to, many park their weight on the first token.
-- GQA, MQA and MLA trade KV-cache size for sharing or compression: SmolLM2 keeps 3 of 9 heads (3x smaller than
-  MHA), Gemma 3 one of 4, LLaMA-2-70B 8 of 64, DeepSeek-V2 a 576-wide latent (57x).
-- Flash attention computes the same result tile by tile with an online softmax and never stores the N x N
-  matrix; llmlab's tiled reference equals the naive one to 1e-12, and the engine's FLASH_ATTN_EXT path agrees
-  with its naive path up to f16 rounding (layer 0; deeper layers also see the drift of their inputs).
-- Against llama.cpp, both models are bit-identical in every node. Add the float terms of one kernel in another
-  order and Gemma 3's float32 noise is amplified by 8-bit code flips to 1e-3; leave out the 8-bit activation
-  quantization and a 1e-3-1e-2 error enters every layer.
-- "Bit-identical" holds per CPU: AVX2 and AVX-512 builds of the same llama.cpp add in 8 or 16 lanes with other
-  reduction trees and another `exp`, and their greedy continuations part ways after a few to 48 tokens. llmlab
-  reproduces each one through a CPU profile.
 """)
 
 nb = nbf.v4.new_notebook()
