@@ -139,18 +139,18 @@ def test_threaded_kernels_do_not_depend_on_the_split(cpu, tiny_blas):
     from llmlab.ggml.cpu import profiles
     from llmlab.ggml.cpu.fast import vec as fvec
     v = fvec.params(profiles.get(cpu))
-    lanes, prog = (v.sgemm_lanes, v.sgemm_prog) if tiny_blas else (v.lanes, v.vec_prog)
+    n_reg, lanes, prog = (1, v.sgemm_lanes, v.sgemm_prog) if tiny_blas else (v.arr, v.lanes, v.vec_prog)
     A = rng.standard_normal((2, 96, 64)).astype(np.float16).view(np.uint16)
     B = rng.standard_normal((6, 5, 64)).astype(np.float16).astype(np.float32)
     one = np.empty((6, 5, 96), np.float32)
-    fvec.mul_mat_f16(A, B, one, fvec.F16_TO_F32, tiny_blas, lanes, v.arr, prog)
+    fvec.mul_mat_f16(A, B, one, n_reg, lanes, prog)
     x = rng.standard_normal((6, 5, 96)).astype(np.float32)
     m = np.zeros((0, 96), np.float32)
     sm = np.empty_like(x)
     fvec.soft_max(x, m, np.float32(0.5), sm, v.lanes, v.hsum_prog, v.expf)
     for n in (1, 2, 7):
         many = np.empty_like(one)
-        fvec.mul_mat_f16_mt(A, B, many, fvec.F16_TO_F32, tiny_blas, lanes, v.arr, prog, n)
+        fvec.mul_mat_f16_mt(A, B, many, n_reg, lanes, prog, n)
         assert same_bits(one, many)
         sm2 = np.empty_like(x)
         fvec.soft_max_mt(x, m, np.float32(0.5), sm2, v.lanes, v.hsum_prog, v.expf, n)

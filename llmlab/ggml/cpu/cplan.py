@@ -246,17 +246,18 @@ def _mul_mat(node, cpu):
             Y[...] = fq.mul_mat_quantized(A, t, X, repacked)
         return step
     if a.type is F16 and a.ne[3] == 1 and b.ne[3] == 1 and b.ne[2] % a.ne[2] == 0:
-        A = a.array()[0].view(np.uint16)                    # (Hk, R, K) bits, strides of the cache view
+        A = a.array()[0].view(np.uint16)                    # (Hk, R, K) f16 bits, strides of the cache view
         X, Y = B[0], O[0]
         T, R, K = b.ne[1], a.ne[1], a.ne[0]
-        v, lut = fvec.params(cpu), fvec.F16_TO_F32
-        tiny = sgemm.takes(cpu, R, T, K)                    # llamafile_sgemm, else ggml_vec_dot_f16
-        lanes, prog = (v.sgemm_lanes, v.sgemm_prog) if tiny else (v.lanes, v.vec_prog)
+        v = fvec.params(cpu)
+        if sgemm.takes(cpu, R, T, K):                       # llamafile_sgemm: one register per output
+            n_reg, lanes, prog = 1, v.sgemm_lanes, v.sgemm_prog
+        else:                                               # ggml_vec_dot_f16
+            n_reg, lanes, prog = v.arr, v.lanes, v.vec_prog
         if Y.size * K >= PARALLEL_MIN_WORK and _threads() > 1:
             n = _threads()
-            return lambda: fvec.mul_mat_f16_mt(A, X.astype(np.float16).astype(np.float32), Y, lut, tiny, lanes,
-                                               v.arr, prog, n)
-        return lambda: fvec.mul_mat_f16(A, X.astype(np.float16).astype(np.float32), Y, lut, tiny, lanes, v.arr, prog)
+            return lambda: fvec.mul_mat_f16_mt(A, X.astype(np.float16).astype(np.float32), Y, n_reg, lanes, prog, n)
+        return lambda: fvec.mul_mat_f16(A, X.astype(np.float16).astype(np.float32), Y, n_reg, lanes, prog)
     return None
 
 

@@ -7,18 +7,20 @@ adds lanes in the tree of its intrinsic. The CPU profile reaches the kernels as 
 (:class:`VecParams`): lane counts, the expf variant, and each reduction tree compiled to a small
 program of pairwise additions, so one compiled kernel serves every profile.
 
-f16 values arrive as their uint16 bits with a 65,536-entry table to float32 (numba has no
-float16).
+numba has no float16: f16 weights (the KV cache) arrive as their uint16 bits and are widened in
+the inner loop; f16-rounded activations arrive as float32.
 """
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit, prange
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.extending import intrinsic
 
-F16_TO_F32 = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float32)
+from ._common import f16_bits_to_f32
+
 EXPF_CODES = {"scalef": 0, "bits": 1}
 
 
@@ -79,76 +81,93 @@ def run_tree(v, prog, scratch):
 
 
 # ---- f16 dot products: ggml_vec_dot_f16 (one activation row) and tinyBLAS (two or more) -------------
+#
+# Both keep ``n_reg`` registers of ``lanes`` floats per output, fma'd step after step along K
+# (vec_dot_f16: GGML_F32_ARR registers, each step arr*lanes elements; tinyBLAS: one register), then
+# fold the registers pairwise (upper half onto lower) and add the last register's lanes by ``prog``.
+# The kernels run that for a whole column of cache rows at once: every register lane becomes a row
+# of a (lanes, R) block, so the inner loops run across rows, contiguous and vectorized.
 
 @njit(inline="always")
-def _vec_dot_f16(a, b, lut, lanes, arr, prog, acc, reg, scratch):
-    """ggml_vec_dot_f16: ``arr`` registers take consecutive pieces of each arr*lanes step (fma), then
-    fold pairwise (upper half onto lower), the last register's lanes by ``prog``, added to a double;
-    the tail's float products added one by one in double."""
-    n = a.shape[0]
-    step = arr * lanes
-    np_ = n - n % step
-    acc[:] = 0
+def _widen_transposed(A, hk, AT):
+    """AT[k, r] = float32(A[hk, r, k]): one pass over the cache rows (read along K), so every later
+    loop runs along R on contiguous floats."""
+    R, K = A.shape[1], A.shape[2]
+    for r in range(R):
+        for k in range(K):
+            AT[k, r] = f16_bits_to_f32(A[hk, r, k])
+
+
+@njit(inline="always")
+def _dot_rows(AT, b, out_row, n_reg, lanes, prog, acc, scratch):
+    """out_row[r] = AT[:, r] . b for every cache row r, in the order of n_reg registers of ``lanes``."""
+    K, R = AT.shape
+    step = n_reg * lanes
+    np_ = K - K % step
+    acc[:, :] = 0
     for i in range(0, np_, step):
-        for r in range(arr):
-            for l in range(lanes):
-                k = i + r * lanes + l
-                acc[r, l] = fma32(lut[a[k]], b[k], acc[r, l])
-    h = arr
-    while h > 1:
+        for j in range(step):                                   # register j // lanes, lane j % lanes
+            bj = np.float64(b[i + j])
+            a = AT[i + j]
+            row = acc[j]
+            for r in range(R):
+                row[r] = np.float32(np.float64(a[r]) * bj + np.float64(row[r]))
+    h = step
+    while h > lanes:                                            # GGML_F32_VEC_REDUCE: registers pairwise
         h //= 2
-        for r in range(h):
-            for l in range(lanes):
-                acc[r, l] = acc[r, l] + acc[r + h, l]
-    for l in range(lanes):
-        reg[l] = acc[0, l]
-    total = np.float64(run_tree(reg, prog, scratch))
-    for k in range(np_, n):
-        total += np.float64(lut[a[k]] * b[k])
-    return np.float32(total)
+        for j in range(h):
+            for r in range(R):
+                acc[j, r] = acc[j, r] + acc[j + h, r]
+    for l in range(lanes):                                      # the last register's lanes, by the tree
+        for r in range(R):
+            scratch[l, r] = acc[l, r]
+    for k in range(prog.shape[0]):
+        a_, b_ = prog[k, 0], prog[k, 1]
+        for r in range(R):
+            scratch[lanes + k, r] = scratch[a_, r] + scratch[b_, r]
+    last = scratch[lanes + prog.shape[0] - 1]
+    for r in range(R):
+        total = np.float64(last[r])
+        for k in range(np_, K):                                 # vec_dot_f16's tail, one by one in double
+            total += np.float64(AT[k, r] * b[k])
+        out_row[r] = np.float32(total)
 
 
 @njit(inline="always")
-def _tinyblas_f16(a, b, lut, lanes, prog, reg, scratch):
-    """tinyBLAS: one register per output, fma across K in steps of ``lanes``, then its hsum."""
-    reg[:] = 0
-    for i in range(0, a.shape[0], lanes):
-        for l in range(lanes):
-            reg[l] = fma32(lut[a[i + l]], b[i + l], reg[l])
-    return run_tree(reg, prog, scratch)
-
-
-@njit(inline="always")
-def _mul_mat_f16_rows(A, B, out, lut, tiny, lanes, arr, prog, j0, j1):
+def _mul_mat_f16_kv(A, B, out, n_reg, lanes, prog, k0, k1):
+    """Output heads of the kv heads k0..k1 (grouped-query heads share one widened copy)."""
     H, T, R = out.shape
     g = H // A.shape[0]
-    acc = np.empty((arr, lanes), np.float32)
-    reg = np.empty(lanes, np.float32)
-    scratch = np.empty(lanes + prog.shape[0], np.float32)
-    for hr in range(j0, j1):
-        h, r = hr // R, hr % R
-        a = A[h // g, r]
-        for t in range(T):
-            if tiny:
-                out[h, t, r] = _tinyblas_f16(a, B[h, t], lut, lanes, prog, reg, scratch)
-            else:
-                out[h, t, r] = _vec_dot_f16(a, B[h, t], lut, lanes, arr, prog, acc, reg, scratch)
+    AT = np.empty((A.shape[2], R), np.float32)
+    acc = np.empty((n_reg * lanes, R), np.float32)
+    scratch = np.empty((lanes + prog.shape[0], R), np.float32)
+    for hk in range(k0, k1):
+        _widen_transposed(A, hk, AT)
+        for h in range(hk * g, (hk + 1) * g):
+            for t in range(T):
+                _dot_rows(AT, B[h, t], out[h, t], n_reg, lanes, prog, acc, scratch)
 
 
 @njit(cache=True)
-def mul_mat_f16(A, B, out, lut, tiny, lanes, arr, prog):
-    """out[h, t, r] = A[h // (H / Hk), r] . B[h, t] for f16 A (uint16 bits, (Hk, R, K), any strides)
-    and B (H, T, K) float32 values already rounded to f16. ``tiny``: tinyBLAS (lanes, prog = its
-    width and hsum), else vec_dot_f16 (lanes x arr registers, prog = its last reduction)."""
-    _mul_mat_f16_rows(A, B, out, lut, tiny, lanes, arr, prog, 0, out.shape[0] * out.shape[2])
+def mul_mat_f16(A, B, out, n_reg, lanes, prog):
+    """out[h, t, r] = A[h // (H / Hk), r] . B[h, t]: A (Hk, R, K) f16 bits (uint16, any strides, as the
+    KV cache view lies), B (H, T, K) float32 holding f16 values. vec_dot_f16: n_reg = GGML_F32_ARR;
+    tinyBLAS: n_reg = 1 with its own lanes; ``prog`` is the lane reduction."""
+    _mul_mat_f16_kv(A, B, out, n_reg, lanes, prog, 0, A.shape[0])
 
 
 @njit(cache=True, parallel=True)
-def mul_mat_f16_mt(A, B, out, lut, tiny, lanes, arr, prog, n_chunks):
-    """:func:`mul_mat_f16` with the (head, row) pairs cut into ``n_chunks`` for the threads."""
-    n = out.shape[0] * out.shape[2]
-    for c in prange(n_chunks):
-        _mul_mat_f16_rows(A, B, out, lut, tiny, lanes, arr, prog, c * n // n_chunks, (c + 1) * n // n_chunks)
+def mul_mat_f16_mt(A, B, out, n_reg, lanes, prog, n_chunks):
+    """:func:`mul_mat_f16` with the kv heads (or, with one kv head, the activation rows) cut into
+    ``n_chunks`` for the threads."""
+    Hk, T = A.shape[0], out.shape[1]
+    if Hk >= n_chunks or T == 1:
+        for c in prange(n_chunks):
+            _mul_mat_f16_kv(A, B, out, n_reg, lanes, prog, c * Hk // n_chunks, (c + 1) * Hk // n_chunks)
+    else:
+        for c in prange(n_chunks):
+            t0, t1 = c * T // n_chunks, (c + 1) * T // n_chunks
+            _mul_mat_f16_kv(A, B[:, t0:t1], out[:, t0:t1], n_reg, lanes, prog, 0, Hk)
 
 
 # ---- exp, SiLU, softmax: ggml_v_expf in its two variants ------------------------------------------
@@ -163,6 +182,21 @@ C2 = np.float32(float.fromhex("0x1.555e66p-3"))
 C3 = np.float32(float.fromhex("0x1.fffdb6p-2"))
 C4 = np.float32(float.fromhex("0x1.ffffecp-1"))
 ONE = np.float32(1.0)
+
+
+@intrinsic
+def _bits_f64(typingctx, u):
+    """The float64 whose bits are the int64 ``u`` (a bitcast)."""
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.DoubleType())
+    return types.float64(types.int64), codegen
+
+
+@njit(inline="always")
+def pow2(n):
+    """2^n as a float64, exactly, for -1022 <= n <= 1023 (built in the exponent bits: no libm call,
+    so loops over it vectorize)."""
+    return _bits_f64(np.int64(n + 1023) << np.int64(52))
 
 
 @njit(inline="always")
@@ -181,15 +215,15 @@ def v_expf(x, variant):
         j = fma32(p, u, fma32(C4, b, ONE))
         if abs(n) > 192:
             return np.float32(np.inf) if n > 0 else np.float32(0.0)
-        return np.float32(math.ldexp(np.float64(j), int(n)))
+        return np.float32(np.float64(j) * pow2(int(n)))          # scalef: j * 2^n, rounded once
     j = fma32(p, u, C4 * b)
     if abs(n) <= 126:
-        k = np.float32(math.ldexp(1.0, int(n)))
+        k = np.float32(pow2(int(n)))
         return fma32(k, j, k)
     s1 = np.float32(2.0 ** 127) if n > 0 else np.float32(2.0 ** -125)
     if abs(n) > 192:
         return s1 * s1
-    s2 = np.float32(math.ldexp(1.0, int(n) - 127)) if n > 0 else np.float32(math.ldexp(1.0, int(n) + 125))
+    s2 = np.float32(pow2(int(n) - 127)) if n > 0 else np.float32(pow2(int(n) + 125))
     return fma32(s2, j, s2) * s1
 
 
