@@ -240,7 +240,8 @@ def ubatch_attention_table(rows: list[dict]) -> HTML:
 def prefill_decode_run(model_path: str | Path, prompt: Sequence[int], n_decode: int = 8, n_ctx: int = 512) -> dict:
     """Prefill ``prompt`` with llmlab in one batch, then decode ``n_decode`` greedy tokens one at a time.
 
-    Returns the times (``prefill_s``, ``decode_s`` per step), the generated ids, the last step's logits
+    One untimed run with the same shapes comes first (kernels loaded). Returns the times (``prefill_s``,
+    ``decode_s`` per step), the generated ids, the last step's logits
     (``last_logits``, computed from the cache), those of a fresh one-batch run over the whole sequence
     (``fresh_logits``, recomputing every K and V), and ``max_abs_diff`` between the two.
     """
@@ -249,6 +250,10 @@ def prefill_decode_run(model_path: str | Path, prompt: Sequence[int], n_decode: 
     from ..llama import Context, Model
     model = Model(model_path)
     prompt = [int(t) for t in prompt]
+    warm = Context(model, n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx)     # the same shapes once, untimed:
+    warm.decode(Batch.from_tokens(prompt, logits="last"))                  # kernels loaded (or compiled) first,
+    warm.decode(Batch.from_tokens(prompt[:1], pos0=len(prompt), logits="last"))   # as llama-bench warms up
+    del warm
     ctx = Context(model, n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx)
     t0 = time.perf_counter()
     logits = ctx.decode(Batch.from_tokens(prompt, logits="last"))
