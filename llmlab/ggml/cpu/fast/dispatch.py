@@ -12,19 +12,35 @@
 
 Weights are repacked once (the packed arrays are cached, keyed by the weight buffer's address, shape
 and type; the cache keeps the weight array alive so that the address cannot be reused).
+
+Memory: a packed weight replaces its file bytes. Packing runs in row chunks; after each chunk the file
+pages it read are dropped from this process (``madvise(MADV_DONTNEED)`` on the read-only mmap: the
+kernel frees them from RSS, and a later read of those bytes faults them back in from the page cache), so
+the peak is the packed copy plus one chunk, not file + copy + packing temporaries. Large packed arrays
+live in anonymous maps advised ``MADV_HUGEPAGE`` (fewer TLB misses when a decode step streams them).
+
+Threads: below ``PARALLEL_MIN_WORK`` multiply-adds a call runs the serial twin of its kernel (same
+body, same bits): waking the other threads costs 5-20 us on a quiet machine and milliseconds on a
+loaded one, more than a small matvec saves.
 """
 from __future__ import annotations
 
+import mmap
+
+import numba
 import numpy as np
 
 from . import kquants, q32
-from ._common import set_threads
+from ._common import G, set_threads
 from .quantize import quantize_q8_0, quantize_q8_1, quantize_q8_k
 
 Q32_TYPES = ("q4_0", "q4_1", "q5_0", "q8_0")
 K_TYPES = ("q4_k", "q6_k")
 REPACK_TYPES = frozenset({"q4_0", "q4_k", "q2_k", "iq4_nl", "mxfp4"})   # as llmlab.ggml.cpu.kernels.REPACK_TYPES
 TILED_MIN_ROWS = 8                                                      # ggml_tiled_min_batch
+PARALLEL_MIN_WORK = 1 << 21     # R * K * T multiply-adds below which a call runs serially (as cplan's)
+PACK_CHUNK_ROWS = 8192          # rows packed at a time (a multiple of G)
+HUGE_MIN_BYTES = 4 << 20        # packed arrays from this size go to MADV_HUGEPAGE anonymous maps
 
 _PACKED: dict[tuple, tuple] = {}
 
@@ -54,14 +70,76 @@ def packed(raw: np.ndarray, qtype, K: int) -> tuple:
         rows = np.ascontiguousarray(arr).view(np.uint8).reshape(-1, K // qtype.block_size * qtype.type_size)
         name = qtype.name
         if name in Q32_TYPES:
-            p = q32.pack_q32(rows, name, K)
-        elif name == "q4_k":
-            p = kquants.pack_q4_k(rows, K)
+            p = _pack_chunked(rows, name, K)
         else:
-            p = kquants.pack_q6_k(rows, K)
+            p = kquants.pack_q4_k(rows, K) if name == "q4_k" else kquants.pack_q6_k(rows, K)
+            drop_file_pages(rows)
         hit = (arr, rows.shape[0], p)
         _PACKED[key] = hit
     return hit[1], hit[2]
+
+
+def _pack_chunked(rows: np.ndarray, name: str, K: int) -> tuple:
+    """q32.pack_q32 over PACK_CHUNK_ROWS rows at a time into preallocated arrays, dropping each chunk's
+    file pages once packed."""
+    R = rows.shape[0]
+    ng = -(-R // G)
+    out = None
+    for r0 in range(0, R, PACK_CHUNK_ROWS):
+        part = q32.pack_q32(rows[r0:r0 + PACK_CHUNK_ROWS], name, K)
+        if out is None:
+            out = tuple(_alloc((ng,) + a.shape[1:], a.dtype) for a in part)
+        g0 = r0 // G
+        for o, a in zip(out, part):
+            o[g0:g0 + len(a)] = a
+        del part
+        drop_file_pages(rows[r0:r0 + PACK_CHUNK_ROWS])
+    return out
+
+
+def _alloc(shape: tuple, dtype) -> np.ndarray:
+    """An empty array; from HUGE_MIN_BYTES in an anonymous map advised MADV_HUGEPAGE."""
+    dtype = np.dtype(dtype)
+    n = int(np.prod(shape)) * dtype.itemsize
+    if n < HUGE_MIN_BYTES or not hasattr(mmap, "MADV_HUGEPAGE"):
+        return np.empty(shape, dtype)
+    m = mmap.mmap(-1, n)
+    try:
+        m.madvise(mmap.MADV_HUGEPAGE)
+    except OSError:
+        pass
+    return np.frombuffer(m, dtype, count=n // dtype.itemsize).reshape(shape)
+
+
+def _mmap_of(arr: np.ndarray):
+    base = arr
+    while base is not None and not isinstance(base, mmap.mmap):
+        base = base.obj if isinstance(base, memoryview) else getattr(base, "base", None)
+    return base
+
+
+def drop_file_pages(arr: np.ndarray) -> bool:
+    """Drop the pages of a read-only mmap that ``arr`` views from this process's memory
+    (MADV_DONTNEED; they read back from the page cache when touched again). False when arr does not
+    view an ACCESS_READ mmap (nothing is done)."""
+    m = _mmap_of(arr)
+    if m is None or not hasattr(mmap, "MADV_DONTNEED") or arr.size == 0:
+        return False
+    try:
+        head = np.frombuffer(m, np.uint8, count=1)
+    except (TypeError, ValueError):
+        return False
+    if head.flags.writeable:
+        return False                                   # a writable map: DONTNEED could lose data
+    start = head.__array_interface__["data"][0]
+    a = arr.__array_interface__["data"][0] - start
+    lo = a - a % mmap.PAGESIZE
+    hi = min(len(m), a + arr.nbytes)
+    try:
+        m.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 def packed_nbytes() -> int:
@@ -85,18 +163,19 @@ def mul_mat_quantized(raw: np.ndarray, qtype, x: np.ndarray, repacked: bool = Fa
     R, p = packed(raw, qtype, K)
     name = qtype.name
     path = path_of(qtype, len(x), repacked)
+    sfx = "" if R * K * len(x) >= PARALLEL_MIN_WORK and numba.get_num_threads() > 1 else "_serial"
     if name == "q4_1":
-        out = q32.mul_mat_q4_1(*p, *quantize_q8_1(x))
+        out = getattr(q32, "mul_mat_q4_1" + sfx)(*p, *quantize_q8_1(x))
     elif name in Q32_TYPES:
-        out = getattr(q32, "mul_mat_" + name)(*p, *quantize_q8_0(x))
+        out = getattr(q32, "mul_mat_" + name + sfx)(*p, *quantize_q8_0(x))
     else:
         a = quantize_q8_k(x)
         if path == "repack":
-            out = kquants.mul_mat_q4_k_repacked(*p, *a)
+            out = getattr(kquants, "mul_mat_q4_k_repacked" + sfx)(*p, *a)
         elif path == "tiled":
-            out = getattr(kquants, f"mul_mat_{name}_tiled")(*p, *a)
+            out = getattr(kquants, f"mul_mat_{name}_tiled" + sfx)(*p, *a)
         else:
-            out = getattr(kquants, f"mul_mat_{name}")(*p, *a)
+            out = getattr(kquants, f"mul_mat_{name}" + sfx)(*p, *a)
     return out if out.shape[1] == R else np.ascontiguousarray(out[:, :R])
 
 
