@@ -20,6 +20,7 @@ import numpy as np
 
 from ..ops import VIEW_OPS
 from ..tensor import F16, F32, Tensor
+from .fast import dispatch as fdispatch
 from .fast import ops as fops
 from .fast import vec as fvec
 from .kernels import rope_cache
@@ -230,8 +231,10 @@ def _mul_mat(node, cpu):
         repacked = a.view_src is None and a.ne[1] % 8 == 0
         X, Y = B[0, 0], O[0, 0]
 
+        mmq = fdispatch.mul_mat_quantized if fdispatch.supports(t) else mul_mat_quantized
+
         def step():
-            Y[...] = mul_mat_quantized(A, t, X, repacked)
+            Y[...] = mmq(A, t, X, repacked)
         return step
     if a.type is F16 and a.ne[3] == 1 and b.ne[3] == 1 and b.ne[2] % a.ne[2] == 0:
         A = a.array()[0].view(np.uint16)                    # (Hk, R, K) bits, strides of the cache view
