@@ -182,3 +182,84 @@ def test_thread_count_independence():
             assert same_bits(outs[0], outs[1]), (tname, T)
     finally:
         numba.set_num_threads(n0)
+
+
+# ---- decode kernels, serial twins, the parallel threshold, dropped file pages ---------------------
+
+@pytest.mark.parametrize("tname", ["q4_0", "q4_1", "q5_0", "q8_0"])
+@pytest.mark.parametrize("R,K", [(40, 576), (70, 640)])
+def test_q32_decode_and_serial_kernels(tname, R, K):
+    """q32.mv_<type> (codes straight into registers, fused exact fma) and every serial twin equal the
+    reference for T in {1, 3, 8, 17}, at 1 and 2 threads."""
+    import numba
+    raw = raw_rows(tname, R, K, seed=R + K + 1)
+    t = ggml_type(tname)
+    p = q32.pack_q32(raw, tname, K)
+    n0 = numba.get_num_threads()
+    try:
+        for T in (1, 3, 8, 17):
+            x = acts(T, K, seed=T + 100)
+            a = quantize_q8_1(x) if tname == "q4_1" else quantize_q8_0(x)
+            ref = mul_mat_q32(raw, t, x)
+            for n in (1, 2):
+                numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+                for fn in ("mv_", "mul_mat_"):
+                    for sfx in ("", "_serial"):
+                        got = getattr(q32, fn + tname + sfx)(*p, *a)[:, :R]
+                        assert same_bits(got, ref), (tname, fn + sfx, R, K, T, n)
+    finally:
+        numba.set_num_threads(n0)
+
+
+@pytest.mark.parametrize("tname,path,ref", K_CASES, ids=[f"{a}-{b}" for a, b, _ in K_CASES])
+def test_k_serial_twins(tname, path, ref):
+    raw = raw_rows(tname, 40, 512, seed=7)
+    t = ggml_type(tname)
+    p = kquants.pack_q4_k(raw, 512) if tname == "q4_k" else kquants.pack_q6_k(raw, 512)
+    fn = {"vec_dot": f"mul_mat_{tname}", "tiled": f"mul_mat_{tname}_tiled", "repack": "mul_mat_q4_k_repacked"}[path]
+    for T in (1, 3, 8, 17):
+        x = acts(T, 512, seed=T)
+        got = getattr(kquants, fn + "_serial")(*p, *quantize_q8_k(x))[:, :40]
+        assert same_bits(got, ref(raw, t, x)), (tname, path, T)
+
+
+def test_dispatch_parallel_and_serial_agree(monkeypatch):
+    """Forcing every call parallel (threshold 0) or serial (threshold huge) gives the same bits."""
+    from llmlab.ggml.cpu.fast import dispatch
+    for tname, K, rp in [("q4_1", 576, False), ("q5_0", 640, False), ("q8_0", 640, False), ("q4_k", 512, True), ("q6_k", 512, False)]:
+        t = ggml_type(tname)
+        raw = raw_rows(tname, 72, K, seed=11)
+        for T in (1, 3, 8, 17):
+            x = acts(T, K, seed=T + 7)
+            ref = ref_mul_mat_quantized(raw, t, x, rp)
+            for thr in (0, 1 << 60):
+                monkeypatch.setattr(dispatch, "PARALLEL_MIN_WORK", thr)
+                assert same_bits(fast.mul_mat_quantized(raw, t, x, rp), ref), (tname, T, thr)
+        fast.clear_cache()
+
+
+def test_packing_drops_file_pages_and_keeps_bytes(tmp_path, monkeypatch):
+    """A weight viewed from a read-only mmap: chunked packing (small chunks here) gives the bits of a
+    one-piece pack; the file pages are dropped (madvise) and the bytes still read back unchanged."""
+    import mmap
+    from llmlab.ggml.cpu.fast import dispatch
+    monkeypatch.setattr(dispatch, "PACK_CHUNK_ROWS", 64)
+    monkeypatch.setattr(dispatch, "HUGE_MIN_BYTES", 1)
+    raw = raw_rows("q8_0", 200, 640, seed=2)
+    f = tmp_path / "w.bin"
+    f.write_bytes(b"\0" * 100 + raw.tobytes())
+    with open(f, "rb") as fh:
+        mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        view = np.frombuffer(mm, np.uint8, count=raw.nbytes, offset=100).reshape(raw.shape)
+        t = ggml_type("q8_0")
+        x = acts(3, 640, seed=1)
+        fast.clear_cache()
+        got = fast.mul_mat_quantized(view, t, x)
+        assert same_bits(got, ref_mul_mat_quantized(raw, t, x))
+        assert np.array_equal(view, raw)                       # dropped pages read back from the file
+        assert dispatch.drop_file_pages(view)
+        assert not dispatch.drop_file_pages(raw)               # not an mmap: nothing done
+        anon = mmap.mmap(-1, 4096)
+        assert not dispatch.drop_file_pages(np.frombuffer(anon, np.uint8))   # writable: never dropped
+        fast.clear_cache()
+        del view, got

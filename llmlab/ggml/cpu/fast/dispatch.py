@@ -3,7 +3,8 @@
 
     mul_mat_quantized(raw, qtype, x, repacked=False) -> (T, R) float32
 
-* q4_0, q4_1, q5_0, q8_0: ggml's AVX2 vec_dot order (``q32.mul_mat_<type>``), for every T
+* q4_0, q4_1, q5_0, q8_0: ggml's AVX2 vec_dot order (``q32.mul_mat_<type>``, below MV_MAX_ROWS rows the decode
+  kernels ``q32.mv_<type>``), for every T
   (q4_0 in the REPACK buffer computes the same sums here, as in the reference);
 * q4_K in the REPACK buffer (``repacked`` and rows % 8 == 0, decided by the caller as ops.mul_mat does):
   gemv / gemm (``kquants.mul_mat_q4_k_repacked``);
@@ -40,6 +41,7 @@ REPACK_TYPES = frozenset({"q4_0", "q4_k", "q2_k", "iq4_nl", "mxfp4"})   # as llm
 TILED_MIN_ROWS = 8                                                      # ggml_tiled_min_batch
 PARALLEL_MIN_WORK = 1 << 21     # R * K * T multiply-adds below which a call runs serially (as cplan's)
 PACK_CHUNK_ROWS = 8192          # rows packed at a time (a multiple of G)
+MV_MAX_ROWS = 4                 # q32 types: below this many activation rows the decode kernels (q32.mv_*)
 HUGE_MIN_BYTES = 4 << 20        # packed arrays from this size go to MADV_HUGEPAGE anonymous maps
 
 _PACKED: dict[tuple, tuple] = {}
@@ -164,10 +166,9 @@ def mul_mat_quantized(raw: np.ndarray, qtype, x: np.ndarray, repacked: bool = Fa
     name = qtype.name
     path = path_of(qtype, len(x), repacked)
     sfx = "" if R * K * len(x) >= PARALLEL_MIN_WORK and numba.get_num_threads() > 1 else "_serial"
-    if name == "q4_1":
-        out = getattr(q32, "mul_mat_q4_1" + sfx)(*p, *quantize_q8_1(x))
-    elif name in Q32_TYPES:
-        out = getattr(q32, "mul_mat_" + name + sfx)(*p, *quantize_q8_0(x))
+    if name in Q32_TYPES:
+        kernel = getattr(q32, ("mv_" if len(x) < MV_MAX_ROWS else "mul_mat_") + name + sfx)
+        out = kernel(*p, *(quantize_q8_1(x) if name == "q4_1" else quantize_q8_0(x)))
     else:
         a = quantize_q8_k(x)
         if path == "repack":
