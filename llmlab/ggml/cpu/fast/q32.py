@@ -452,7 +452,9 @@ def mv_q5_0_serial(qs, qh, d, aq, ad):
 @njit(inline="always", **NOPYTHON)
 def _mv_q8_0(qs, d, aq, ad):
     """Few activation rows (decode): the codes go from the packed bytes straight into registers (no
-    scratch block), per activation row; the same integer lanes and float steps as mul_mat_q8_0."""
+    scratch block), per activation row; the same integer lanes and float steps as mul_mat_q8_0.
+    qs is the uint8 view of the int8 codes: u - ((u >> 7) << 8) keeps LLVM in int16 (a sign extension of
+    int8 made it widen every product to int64)."""
     ng, nb = qs.shape[0], qs.shape[1]
     T = aq.shape[0]
     out = np.empty((T, ng * G), np.float32)
@@ -472,22 +474,22 @@ def _mv_q8_0(qs, d, aq, ad):
                 a28 = np.int16(aq[t, o + 28]); a29 = np.int16(aq[t, o + 29]); a30 = np.int16(aq[t, o + 30]); a31 = np.int16(aq[t, o + 31])
                 dab = ad[t, b]
                 for r in range(G):
-                    l0 = np.int32(np.int16(np.int16(qs[g, b, 0, r]) * a0 + np.int16(qs[g, b, 1, r]) * a1)
-                         + np.int16(np.int16(qs[g, b, 2, r]) * a2 + np.int16(qs[g, b, 3, r]) * a3))
-                    l1 = np.int32(np.int16(np.int16(qs[g, b, 4, r]) * a4 + np.int16(qs[g, b, 5, r]) * a5)
-                         + np.int16(np.int16(qs[g, b, 6, r]) * a6 + np.int16(qs[g, b, 7, r]) * a7))
-                    l2 = np.int32(np.int16(np.int16(qs[g, b, 8, r]) * a8 + np.int16(qs[g, b, 9, r]) * a9)
-                         + np.int16(np.int16(qs[g, b, 10, r]) * a10 + np.int16(qs[g, b, 11, r]) * a11))
-                    l3 = np.int32(np.int16(np.int16(qs[g, b, 12, r]) * a12 + np.int16(qs[g, b, 13, r]) * a13)
-                         + np.int16(np.int16(qs[g, b, 14, r]) * a14 + np.int16(qs[g, b, 15, r]) * a15))
-                    l4 = np.int32(np.int16(np.int16(qs[g, b, 16, r]) * a16 + np.int16(qs[g, b, 17, r]) * a17)
-                         + np.int16(np.int16(qs[g, b, 18, r]) * a18 + np.int16(qs[g, b, 19, r]) * a19))
-                    l5 = np.int32(np.int16(np.int16(qs[g, b, 20, r]) * a20 + np.int16(qs[g, b, 21, r]) * a21)
-                         + np.int16(np.int16(qs[g, b, 22, r]) * a22 + np.int16(qs[g, b, 23, r]) * a23))
-                    l6 = np.int32(np.int16(np.int16(qs[g, b, 24, r]) * a24 + np.int16(qs[g, b, 25, r]) * a25)
-                         + np.int16(np.int16(qs[g, b, 26, r]) * a26 + np.int16(qs[g, b, 27, r]) * a27))
-                    l7 = np.int32(np.int16(np.int16(qs[g, b, 28, r]) * a28 + np.int16(qs[g, b, 29, r]) * a29)
-                         + np.int16(np.int16(qs[g, b, 30, r]) * a30 + np.int16(qs[g, b, 31, r]) * a31))
+                    l0 = np.int32(np.int16((np.int16(qs[g, b, 0, r]) - (np.int16(qs[g, b, 0, r] >> np.uint8(7)) << np.int16(8))) * a0 + (np.int16(qs[g, b, 1, r]) - (np.int16(qs[g, b, 1, r] >> np.uint8(7)) << np.int16(8))) * a1)
+                         + np.int16((np.int16(qs[g, b, 2, r]) - (np.int16(qs[g, b, 2, r] >> np.uint8(7)) << np.int16(8))) * a2 + (np.int16(qs[g, b, 3, r]) - (np.int16(qs[g, b, 3, r] >> np.uint8(7)) << np.int16(8))) * a3))
+                    l1 = np.int32(np.int16((np.int16(qs[g, b, 4, r]) - (np.int16(qs[g, b, 4, r] >> np.uint8(7)) << np.int16(8))) * a4 + (np.int16(qs[g, b, 5, r]) - (np.int16(qs[g, b, 5, r] >> np.uint8(7)) << np.int16(8))) * a5)
+                         + np.int16((np.int16(qs[g, b, 6, r]) - (np.int16(qs[g, b, 6, r] >> np.uint8(7)) << np.int16(8))) * a6 + (np.int16(qs[g, b, 7, r]) - (np.int16(qs[g, b, 7, r] >> np.uint8(7)) << np.int16(8))) * a7))
+                    l2 = np.int32(np.int16((np.int16(qs[g, b, 8, r]) - (np.int16(qs[g, b, 8, r] >> np.uint8(7)) << np.int16(8))) * a8 + (np.int16(qs[g, b, 9, r]) - (np.int16(qs[g, b, 9, r] >> np.uint8(7)) << np.int16(8))) * a9)
+                         + np.int16((np.int16(qs[g, b, 10, r]) - (np.int16(qs[g, b, 10, r] >> np.uint8(7)) << np.int16(8))) * a10 + (np.int16(qs[g, b, 11, r]) - (np.int16(qs[g, b, 11, r] >> np.uint8(7)) << np.int16(8))) * a11))
+                    l3 = np.int32(np.int16((np.int16(qs[g, b, 12, r]) - (np.int16(qs[g, b, 12, r] >> np.uint8(7)) << np.int16(8))) * a12 + (np.int16(qs[g, b, 13, r]) - (np.int16(qs[g, b, 13, r] >> np.uint8(7)) << np.int16(8))) * a13)
+                         + np.int16((np.int16(qs[g, b, 14, r]) - (np.int16(qs[g, b, 14, r] >> np.uint8(7)) << np.int16(8))) * a14 + (np.int16(qs[g, b, 15, r]) - (np.int16(qs[g, b, 15, r] >> np.uint8(7)) << np.int16(8))) * a15))
+                    l4 = np.int32(np.int16((np.int16(qs[g, b, 16, r]) - (np.int16(qs[g, b, 16, r] >> np.uint8(7)) << np.int16(8))) * a16 + (np.int16(qs[g, b, 17, r]) - (np.int16(qs[g, b, 17, r] >> np.uint8(7)) << np.int16(8))) * a17)
+                         + np.int16((np.int16(qs[g, b, 18, r]) - (np.int16(qs[g, b, 18, r] >> np.uint8(7)) << np.int16(8))) * a18 + (np.int16(qs[g, b, 19, r]) - (np.int16(qs[g, b, 19, r] >> np.uint8(7)) << np.int16(8))) * a19))
+                    l5 = np.int32(np.int16((np.int16(qs[g, b, 20, r]) - (np.int16(qs[g, b, 20, r] >> np.uint8(7)) << np.int16(8))) * a20 + (np.int16(qs[g, b, 21, r]) - (np.int16(qs[g, b, 21, r] >> np.uint8(7)) << np.int16(8))) * a21)
+                         + np.int16((np.int16(qs[g, b, 22, r]) - (np.int16(qs[g, b, 22, r] >> np.uint8(7)) << np.int16(8))) * a22 + (np.int16(qs[g, b, 23, r]) - (np.int16(qs[g, b, 23, r] >> np.uint8(7)) << np.int16(8))) * a23))
+                    l6 = np.int32(np.int16((np.int16(qs[g, b, 24, r]) - (np.int16(qs[g, b, 24, r] >> np.uint8(7)) << np.int16(8))) * a24 + (np.int16(qs[g, b, 25, r]) - (np.int16(qs[g, b, 25, r] >> np.uint8(7)) << np.int16(8))) * a25)
+                         + np.int16((np.int16(qs[g, b, 26, r]) - (np.int16(qs[g, b, 26, r] >> np.uint8(7)) << np.int16(8))) * a26 + (np.int16(qs[g, b, 27, r]) - (np.int16(qs[g, b, 27, r] >> np.uint8(7)) << np.int16(8))) * a27))
+                    l7 = np.int32(np.int16((np.int16(qs[g, b, 28, r]) - (np.int16(qs[g, b, 28, r] >> np.uint8(7)) << np.int16(8))) * a28 + (np.int16(qs[g, b, 29, r]) - (np.int16(qs[g, b, 29, r] >> np.uint8(7)) << np.int16(8))) * a29)
+                         + np.int16((np.int16(qs[g, b, 30, r]) - (np.int16(qs[g, b, 30, r] >> np.uint8(7)) << np.int16(8))) * a30 + (np.int16(qs[g, b, 31, r]) - (np.int16(qs[g, b, 31, r] >> np.uint8(7)) << np.int16(8))) * a31))
                     dd = np.float64(dab * d[g, b, r])
                     acc[0, r] = np.float32(dd * np.float64(l0) + np.float64(acc[0, r]))
                     acc[1, r] = np.float32(dd * np.float64(l1) + np.float64(acc[1, r]))
@@ -506,12 +508,12 @@ def _mv_q8_0(qs, d, aq, ad):
 
 @njit(parallel=True, fastmath=CONTRACT, **NOPYTHON)
 def mv_q8_0(qs, d, aq, ad):
-    return _mv_q8_0(qs, d, aq, ad)
+    return _mv_q8_0(qs.view(np.uint8), d, aq, ad)
 
 
 @njit(fastmath=CONTRACT, **NOPYTHON)
 def mv_q8_0_serial(qs, d, aq, ad):
-    return _mv_q8_0(qs, d, aq, ad)
+    return _mv_q8_0(qs.view(np.uint8), d, aq, ad)
 
 
 # ---- packing (once per weight, at load) ---------------------------------------------------------
