@@ -244,7 +244,6 @@ def test_packing_drops_file_pages_and_keeps_bytes(tmp_path, monkeypatch):
     import mmap
     from llmlab.ggml.cpu.fast import dispatch
     monkeypatch.setattr(dispatch, "PACK_CHUNK_ROWS", 64)
-    monkeypatch.setattr(dispatch, "HUGE_MIN_BYTES", 1)
     raw = raw_rows("q8_0", 200, 640, seed=2)
     f = tmp_path / "w.bin"
     f.write_bytes(b"\0" * 100 + raw.tobytes())

@@ -18,7 +18,7 @@ Memory: a packed weight replaces its file bytes. Packing runs in row chunks; aft
 pages it read are dropped from this process (``madvise(MADV_DONTNEED)`` on the read-only mmap: the
 kernel frees them from RSS, and a later read of those bytes faults them back in from the page cache), so
 the peak is the packed copy plus one chunk, not file + copy + packing temporaries. Large packed arrays
-live in anonymous maps advised ``MADV_HUGEPAGE`` (fewer TLB misses when a decode step streams them).
+get huge pages from numpy's allocator (MADV_HUGEPAGE: fewer TLB misses when a decode step streams them).
 
 Threads: below ``PARALLEL_MIN_WORK`` multiply-adds a call runs the serial twin of its kernel (same
 body, same bits): waking the other threads costs 5-20 us on a quiet machine and milliseconds on a
@@ -42,7 +42,6 @@ TILED_MIN_ROWS = 8                                                      # ggml_t
 PARALLEL_MIN_WORK = 1 << 21     # R * K * T multiply-adds below which a call runs serially (as cplan's)
 PACK_CHUNK_ROWS = 8192          # rows packed at a time (a multiple of G)
 MV_MAX_ROWS = 4                 # q32 types: below this many activation rows the decode kernels (q32.mv_*)
-HUGE_MIN_BYTES = 4 << 20        # packed arrays from this size go to MADV_HUGEPAGE anonymous maps
 
 _PACKED: dict[tuple, tuple] = {}
 
@@ -100,17 +99,9 @@ def _pack_chunked(rows: np.ndarray, name: str, K: int) -> tuple:
 
 
 def _alloc(shape: tuple, dtype) -> np.ndarray:
-    """An empty array; from HUGE_MIN_BYTES in an anonymous map advised MADV_HUGEPAGE."""
-    dtype = np.dtype(dtype)
-    n = int(np.prod(shape)) * dtype.itemsize
-    if n < HUGE_MIN_BYTES or not hasattr(mmap, "MADV_HUGEPAGE"):
-        return np.empty(shape, dtype)
-    m = mmap.mmap(-1, n)
-    try:
-        m.madvise(mmap.MADV_HUGEPAGE)
-    except OSError:
-        pass
-    return np.frombuffer(m, dtype, count=n // dtype.itemsize).reshape(shape)
+    """np.empty: numpy already advises MADV_HUGEPAGE on its large allocations (private anonymous memory;
+    an anonymous ``mmap.mmap`` is shared memory, which transparent huge pages skip)."""
+    return np.empty(shape, dtype)
 
 
 def _mmap_of(arr: np.ndarray):
