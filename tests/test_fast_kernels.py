@@ -211,18 +211,6 @@ def test_q32_decode_and_serial_kernels(tname, R, K):
         numba.set_num_threads(n0)
 
 
-@pytest.mark.parametrize("tname,path,ref", K_CASES, ids=[f"{a}-{b}" for a, b, _ in K_CASES])
-def test_k_serial_twins(tname, path, ref):
-    raw = raw_rows(tname, 40, 512, seed=7)
-    t = ggml_type(tname)
-    p = kquants.pack_q4_k(raw, 512) if tname == "q4_k" else kquants.pack_q6_k(raw, 512)
-    fn = {"vec_dot": f"mul_mat_{tname}", "tiled": f"mul_mat_{tname}_tiled", "repack": "mul_mat_q4_k_repacked"}[path]
-    for T in (1, 3, 8, 17):
-        x = acts(T, 512, seed=T)
-        got = getattr(kquants, fn + "_serial")(*p, *quantize_q8_k(x))[:, :40]
-        assert same_bits(got, ref(raw, t, x)), (tname, path, T)
-
-
 def test_dispatch_parallel_and_serial_agree(monkeypatch):
     """Forcing every call parallel (threshold 0) or serial (threshold huge) gives the same bits."""
     from llmlab.ggml.cpu.fast import dispatch

@@ -20,13 +20,14 @@ kernel frees them from RSS, and a later read of those bytes faults them back in 
 the peak is the packed copy plus one chunk, not file + copy + packing temporaries. Large packed arrays
 get huge pages from numpy's allocator (MADV_HUGEPAGE: fewer TLB misses when a decode step streams them).
 
-Threads: below ``PARALLEL_MIN_WORK`` multiply-adds a call runs the serial twin of its kernel (same
-body, same bits): waking the other threads costs 5-20 us on a quiet machine and milliseconds on a
+Threads: below ``PARALLEL_MIN_WORK`` multiply-adds a call runs single-threaded (q32: the serial twin of
+its kernel, same body, same bits; K-quants: the threaded kernel in a one-thread region): waking the other threads costs 5-20 us on a quiet machine and milliseconds on a
 loaded one, more than a small matvec saves.
 """
 from __future__ import annotations
 
 import mmap
+import os
 
 import numba
 import numpy as np
@@ -39,7 +40,9 @@ Q32_TYPES = ("q4_0", "q4_1", "q5_0", "q8_0")
 K_TYPES = ("q4_k", "q6_k")
 REPACK_TYPES = frozenset({"q4_0", "q4_k", "q2_k", "iq4_nl", "mxfp4"})   # as llmlab.ggml.cpu.kernels.REPACK_TYPES
 TILED_MIN_ROWS = 8                                                      # ggml_tiled_min_batch
-PARALLEL_MIN_WORK = 1 << 21     # R * K * T multiply-adds below which a call runs serially (as cplan's)
+# R * K * T multiply-adds below which a call runs on one thread (as cplan's). On a quiet machine a lower value
+# (about 1 << 19) lets 2 threads halve the layer matvecs; on a loaded one a threaded call can cost milliseconds.
+PARALLEL_MIN_WORK = int(os.environ.get("LLMLAB_PARALLEL_MIN_WORK", 1 << 21))
 PACK_CHUNK_ROWS = 8192          # rows packed at a time (a multiple of G)
 MV_MAX_ROWS = 4                 # q32 types: below this many activation rows the decode kernels (q32.mv_*)
 
@@ -163,11 +166,20 @@ def mul_mat_quantized(raw: np.ndarray, qtype, x: np.ndarray, repacked: bool = Fa
     else:
         a = quantize_q8_k(x)
         if path == "repack":
-            out = getattr(kquants, "mul_mat_q4_k_repacked" + sfx)(*p, *a)
+            kernel = kquants.mul_mat_q4_k_repacked
         elif path == "tiled":
-            out = getattr(kquants, f"mul_mat_{name}_tiled" + sfx)(*p, *a)
+            kernel = getattr(kquants, f"mul_mat_{name}_tiled")
         else:
-            out = getattr(kquants, f"mul_mat_{name}" + sfx)(*p, *a)
+            kernel = getattr(kquants, f"mul_mat_{name}")
+        n = numba.get_num_threads()
+        if sfx and n > 1:              # a one-thread region: no other thread to wake (and LLVM compiles the
+            numba.set_num_threads(1)   # outlined prange body of these kernels better than a serial twin's)
+            try:
+                out = kernel(*p, *a)
+            finally:
+                numba.set_num_threads(n)
+        else:
+            out = kernel(*p, *a)
     return out if out.shape[1] == R else np.ascontiguousarray(out[:, :R])
 
 

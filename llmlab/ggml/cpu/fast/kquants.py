@@ -74,8 +74,8 @@ def _half_chunk_dots(W, a, t, o, D, nr):
 
 # ---- vec_dot (ggml_vec_dot_q4_K_q8_K / q6_K_q8_K, AVX2 lanes) ---------------------------------------
 
-@njit(inline="always", **NOPYTHON)
-def _mul_mat_q4_k(qs, sc, mn, d, dmin, aq, ad, bsums):
+@njit(parallel=True, **NOPYTHON)
+def mul_mat_q4_k(qs, sc, mn, d, dmin, aq, ad, bsums):
     """vec_dot: acc (8 lanes) = fma(d_x d_w, lane, acc), lane u = sum over chunks of scale * quad u;
     acc_m (4 lanes) = fma(-d_x dmin_w, mins . block sums, acc_m); hsum(acc) + ((m0 + m2) + (m1 + m3))."""
     ng, nb, nr = qs.shape[0], qs.shape[1], qs.shape[3]
@@ -128,8 +128,8 @@ def _mul_mat_q4_k(qs, sc, mn, d, dmin, aq, ad, bsums):
     return out
 
 
-@njit(inline="always", **NOPYTHON)
-def _mul_mat_q6_k(W6, sc, d, aq, ad, bsums):
+@njit(parallel=True, **NOPYTHON)
+def mul_mat_q6_k(W6, sc, d, aq, ad, bsums):
     """vec_dot: lanes from the unsigned codes (chunk c: lanes 0-3 scale 2c, lanes 4-7 scale 2c+1), lane k
     minus 32 (sc[2k] bsum[2k] + sc[2k+1] bsum[2k+1]); acc = fma(d_x d_w, lane, acc); hsum."""
     ng, nb, nr = W6.shape[0], W6.shape[1], W6.shape[3]
@@ -174,8 +174,8 @@ def _mul_mat_q6_k(W6, sc, d, aq, ad, bsums):
 
 # ---- tiled (ggml-cpu's tiled kernels, from 8 activation rows on): one float step per super-block --------
 
-@njit(inline="always", **NOPYTHON)
-def _mul_mat_q4_k_tiled(qs, sc, mn, d, dmin, aq, ad, bsums):
+@njit(parallel=True, **NOPYTHON)
+def mul_mat_q4_k_tiled(qs, sc, mn, d, dmin, aq, ad, bsums):
     """res = d_w * (float) s1; res = fma(-dmin_w, (float) s2, res); acc = fma(res, d_x, acc)."""
     ng, nb, nr = qs.shape[0], qs.shape[1], qs.shape[3]
     T = aq.shape[0]
@@ -205,8 +205,8 @@ def _mul_mat_q4_k_tiled(qs, sc, mn, d, dmin, aq, ad, bsums):
     return out
 
 
-@njit(inline="always", **NOPYTHON)
-def _mul_mat_q6_k_tiled(W6, sc, d, aq, ad, bsums):
+@njit(parallel=True, **NOPYTHON)
+def mul_mat_q6_k_tiled(W6, sc, d, aq, ad, bsums):
     """res = d_w * (float) s1 (s1 with the signed codes); acc = fma(res, d_x, acc)."""
     ng, nb, nr = W6.shape[0], W6.shape[1], W6.shape[3]
     T = aq.shape[0]
@@ -237,8 +237,8 @@ def _mul_mat_q6_k_tiled(W6, sc, d, aq, ad, bsums):
 
 # ---- q4_K in the REPACK buffer: ggml_gemv / ggml_gemm_q4_K_8x8_q8_K -----------------------------------
 
-@njit(inline="always", **NOPYTHON)
-def _mul_mat_q4_k_repacked(qs, sc, mn, d, dmin, aq, ad, bsums):
+@njit(parallel=True, **NOPYTHON)
+def mul_mat_q4_k_repacked(qs, sc, mn, d, dmin, aq, ad, bsums):
     """Rows in groups of 4 (gemm): per 64 values acc = fma(isum, d_w d_x, acc), acc_m = fma(imins,
     dmin_w d_x, acc_m); the rows left over (gemv): one fma per super-block. Result acc - acc_m."""
     ng, nb, nr = qs.shape[0], qs.shape[1], qs.shape[3]
@@ -295,51 +295,6 @@ def _mul_mat_q4_k_repacked(qs, sc, mn, d, dmin, aq, ad, bsums):
             for r in range(nr):
                 out[t, g * nr + r] = acc[t, r] - accm[t, r]
     return out
-
-
-
-# ---- entry points: each kernel threaded (prange over row groups) and serial (for small work, where
-# waking the other threads costs more than it saves; the same body, inlined, so the same bits) ----
-
-@njit(parallel=True, **NOPYTHON)
-def mul_mat_q4_k(qs, sc, mn, d, dmin, aq, ad, bsums):
-    return _mul_mat_q4_k(qs, sc, mn, d, dmin, aq, ad, bsums)
-
-@njit(**NOPYTHON)
-def mul_mat_q4_k_serial(qs, sc, mn, d, dmin, aq, ad, bsums):
-    return _mul_mat_q4_k(qs, sc, mn, d, dmin, aq, ad, bsums)
-
-@njit(parallel=True, **NOPYTHON)
-def mul_mat_q6_k(W6, sc, d, aq, ad, bsums):
-    return _mul_mat_q6_k(W6, sc, d, aq, ad, bsums)
-
-@njit(**NOPYTHON)
-def mul_mat_q6_k_serial(W6, sc, d, aq, ad, bsums):
-    return _mul_mat_q6_k(W6, sc, d, aq, ad, bsums)
-
-@njit(parallel=True, **NOPYTHON)
-def mul_mat_q4_k_tiled(qs, sc, mn, d, dmin, aq, ad, bsums):
-    return _mul_mat_q4_k_tiled(qs, sc, mn, d, dmin, aq, ad, bsums)
-
-@njit(**NOPYTHON)
-def mul_mat_q4_k_tiled_serial(qs, sc, mn, d, dmin, aq, ad, bsums):
-    return _mul_mat_q4_k_tiled(qs, sc, mn, d, dmin, aq, ad, bsums)
-
-@njit(parallel=True, **NOPYTHON)
-def mul_mat_q6_k_tiled(W6, sc, d, aq, ad, bsums):
-    return _mul_mat_q6_k_tiled(W6, sc, d, aq, ad, bsums)
-
-@njit(**NOPYTHON)
-def mul_mat_q6_k_tiled_serial(W6, sc, d, aq, ad, bsums):
-    return _mul_mat_q6_k_tiled(W6, sc, d, aq, ad, bsums)
-
-@njit(parallel=True, **NOPYTHON)
-def mul_mat_q4_k_repacked(qs, sc, mn, d, dmin, aq, ad, bsums):
-    return _mul_mat_q4_k_repacked(qs, sc, mn, d, dmin, aq, ad, bsums)
-
-@njit(**NOPYTHON)
-def mul_mat_q4_k_repacked_serial(qs, sc, mn, d, dmin, aq, ad, bsums):
-    return _mul_mat_q4_k_repacked(qs, sc, mn, d, dmin, aq, ad, bsums)
 
 
 # ---- packing (once per weight, at load) ---------------------------------------------------------
