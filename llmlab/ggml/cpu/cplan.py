@@ -231,10 +231,15 @@ def _mul_mat(node, cpu):
         repacked = a.view_src is None and a.ne[1] % 8 == 0
         X, Y = B[0, 0], O[0, 0]
 
-        mmq = fdispatch.mul_mat_quantized if fdispatch.supports(t) else mul_mat_quantized
+        if fdispatch.supports(t):
+            run = fdispatch.bind(A, t, repacked)              # packed at the first call
+
+            def step():
+                Y[...] = run(X)
+            return step
 
         def step():
-            Y[...] = mmq(A, t, X, repacked)
+            Y[...] = mul_mat_quantized(A, t, X, repacked)
         return step
     if a.type is F16 and a.ne[3] == 1 and b.ne[3] == 1 and b.ne[2] % a.ne[2] == 0:
         A = a.array()[0].view(np.uint16)                    # (Hk, R, K) bits, strides of the cache view

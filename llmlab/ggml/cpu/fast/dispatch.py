@@ -150,37 +150,61 @@ def clear_cache() -> None:
 def mul_mat_quantized(raw: np.ndarray, qtype, x: np.ndarray, repacked: bool = False) -> np.ndarray:
     """x (T, K) float32 times the quantized rows raw (R, row_bytes) -> (T, R) float32, bit for bit
     what the reference ``ops.mul_mat_quantized(raw, qtype, x, repacked)`` returns."""
+    return bind(raw, qtype, repacked)(x)
+
+
+def bind(raw: np.ndarray, qtype, repacked: bool = False):
+    """``fn(x) -> mul_mat_quantized(raw, qtype, x, repacked)``, prepared once for a weight (the packed
+    arrays, and per activation row count the quantizer and kernels): a graph plan binds it per node, so
+    a decode step's matvec pays no lookups."""
     if not supports(qtype):
         from ..ops import mul_mat_quantized as reference
-        return reference(raw, qtype, x, repacked)
-    x = np.ascontiguousarray(x, dtype=np.float32)
-    x = x.reshape(-1, x.shape[-1])
-    K = x.shape[1]
-    R, p = packed(raw, qtype, K)
+        return lambda x: reference(raw, qtype, x, repacked)
     name = qtype.name
-    path = path_of(qtype, len(x), repacked)
-    sfx = "" if R * K * len(x) >= PARALLEL_MIN_WORK and numba.get_num_threads() > 1 else "_serial"
-    if name in Q32_TYPES:
-        kernel = getattr(q32, ("mv_" if len(x) < MV_MAX_ROWS else "mul_mat_") + name + sfx)
-        out = kernel(*p, *(quantize_q8_1(x) if name == "q4_1" else quantize_q8_0(x)))
-    else:
-        a = quantize_q8_k(x)
-        if path == "repack":
-            kernel = kquants.mul_mat_q4_k_repacked
-        elif path == "tiled":
-            kernel = getattr(kquants, f"mul_mat_{name}_tiled")
+    state: dict = {}
+
+    def choose(T: int, K: int):
+        if "p" not in state:
+            state["R"], state["p"] = packed(raw, qtype, K)
+        R = state["R"]
+        if name in Q32_TYPES:
+            quant = quantize_q8_1 if name == "q4_1" else quantize_q8_0
+            pre = "mv_" if T < MV_MAX_ROWS else "mul_mat_"
+            threaded, single = getattr(q32, pre + name), getattr(q32, pre + name + "_serial")
         else:
-            kernel = getattr(kquants, f"mul_mat_{name}")
+            quant = quantize_q8_k
+            path = path_of(qtype, T, repacked)
+            threaded = (kquants.mul_mat_q4_k_repacked if path == "repack" else
+                        getattr(kquants, f"mul_mat_{name}_tiled" if path == "tiled" else f"mul_mat_{name}"))
+            single = None              # a one-thread region: LLVM compiles the outlined prange body of these
+        c = state[T] = (quant, threaded, single, R * K * T, R)       # kernels better than a serial twin's
+        return c
+
+    def run(x: np.ndarray) -> np.ndarray:
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        if x.ndim != 2:
+            x = x.reshape(-1, x.shape[-1])
+        T = x.shape[0]
+        c = state.get(T)
+        if c is None:
+            c = choose(T, x.shape[1])
+        quant, threaded, single, work, R = c
+        p = state["p"]
         n = numba.get_num_threads()
-        if sfx and n > 1:              # a one-thread region: no other thread to wake (and LLVM compiles the
-            numba.set_num_threads(1)   # outlined prange body of these kernels better than a serial twin's)
+        if n == 1 or work >= PARALLEL_MIN_WORK:
+            out = threaded(*p, *quant(x))
+        elif single is not None:
+            out = single(*p, *quant(x))
+        else:
+            a = quant(x)
+            numba.set_num_threads(1)
             try:
-                out = kernel(*p, *a)
+                out = threaded(*p, *a)
             finally:
                 numba.set_num_threads(n)
-        else:
-            out = kernel(*p, *a)
-    return out if out.shape[1] == R else np.ascontiguousarray(out[:, :R])
+        return out if out.shape[1] == R else np.ascontiguousarray(out[:, :R])
+
+    return run
 
 
 set_threads()
