@@ -250,3 +250,22 @@ def test_packing_drops_file_pages_and_keeps_bytes(tmp_path, monkeypatch):
         assert not dispatch.drop_file_pages(np.frombuffer(anon, np.uint8))   # writable: never dropped
         fast.clear_cache()
         del view, got
+
+
+def test_bound_call_across_row_counts_and_threads():
+    """fast.bind: one prepared call, alternating row counts (decode kernels and full kernels) and
+    thread counts, always the reference's bits."""
+    import numba
+    n0 = numba.get_num_threads()
+    try:
+        for tname, K, rp in [("q4_1", 576, False), ("q8_0", 640, False), ("q4_k", 512, True), ("q6_k", 512, False)]:
+            t = ggml_type(tname)
+            raw = raw_rows(tname, 64, K, seed=21)
+            run = fast.bind(raw, t, rp)
+            for T, n in [(1, 2), (17, 2), (1, 1), (3, 2), (8, 1), (1, 2)]:
+                numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+                x = acts(T, K, seed=T + n)
+                assert same_bits(run(x), ref_mul_mat_quantized(raw, t, x, rp)), (tname, T, n)
+            fast.clear_cache()
+    finally:
+        numba.set_num_threads(n0)
