@@ -40,9 +40,11 @@ Q32_TYPES = ("q4_0", "q4_1", "q5_0", "q8_0")
 K_TYPES = ("q4_k", "q6_k")
 REPACK_TYPES = frozenset({"q4_0", "q4_k", "q2_k", "iq4_nl", "mxfp4"})   # as llmlab.ggml.cpu.kernels.REPACK_TYPES
 TILED_MIN_ROWS = 8                                                      # ggml_tiled_min_batch
-# R * K * T multiply-adds below which a call runs on one thread (as cplan's). On a quiet machine a lower value
-# (about 1 << 19) lets 2 threads halve the layer matvecs; on a loaded one a threaded call can cost milliseconds.
-PARALLEL_MIN_WORK = int(os.environ.get("LLMLAB_PARALLEL_MIN_WORK", 1 << 21))
+# R * K * T multiply-adds below which a call runs on one thread. On a quiet 2-core machine threads pay from
+# about 1 << 18 (a 576 x 576 q4_1 matvec: 36 -> 22 us), so only the K/V projections stay serial. On a loaded
+# machine (the other core busy) each threaded call can cost milliseconds waiting for the second thread:
+# LLMLAB_PARALLEL_MIN_WORK=2097152 (cplan's value for the cheap ops) keeps every layer matvec serial there.
+PARALLEL_MIN_WORK = int(os.environ.get("LLMLAB_PARALLEL_MIN_WORK", 1 << 18))
 PACK_CHUNK_ROWS = 8192          # rows packed at a time (a multiple of G)
 MV_MAX_ROWS = 4                 # q32 types: below this many activation rows the decode kernels (q32.mv_*)
 
