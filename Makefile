@@ -1,30 +1,66 @@
 # Two commands do everything on a fresh Debian machine: `make demo` and `make test`.
-# Set-up is idempotent: the venv is rebuilt only when pyproject.toml changes.
+# Set-up is idempotent and layered, one stamp per layer, each redone only when pyproject.toml changes:
+#   runtime + lab (JupyterLab, nbclient)        demo, lab, notebooks, html
+#   + dev (pytest, the llama.cpp oracle)         test, test-slow, notebooks
+#   + browser (playwright, Debian's chromium)    test-browser
+# so `make test` after `make demo` only adds the dev extras.
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
-STAMP  := $(VENV)/.llmlab-installed
+PIP    := $(PY) -m pip install -q --disable-pip-version-check
+STAMP_LAB     := $(VENV)/.llmlab-lab
+STAMP_DEV     := $(VENV)/.llmlab-dev
+STAMP_BROWSER := $(VENV)/.llmlab-browser
 MODEL  ?= smollm2
 PYTEST_ARGS ?=
+LAB_ARGS ?=
+NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]_*.ipynb))
+HTML_DIR ?= build/html
+IS_ROOT := $(shell [ "$$(id -u)" = 0 ] && echo 1)
 
-.PHONY: setup system-deps demo test test-slow test-all bench lab notebooks clean
+.PHONY: setup setup-dev system-deps browser-deps demo test test-slow test-browser test-all bench lab notebooks html clean oracle-avx2 test-avx2
 
-setup: system-deps $(STAMP)
+setup: system-deps $(STAMP_LAB)
+setup-dev: system-deps $(STAMP_DEV)
 
-# Graphviz's `dot` renders the compute graphs; installed with apt-get when missing and root.
+# Graphviz's `dot` draws the compute graphs; Noto CJK and colour-emoji fonts let Chinese text and
+# emoji render in the notebooks (browser and matplotlib). Installed with apt-get when missing and root.
 system-deps:
-	@command -v dot >/dev/null 2>&1 || { \
+	@missing=""; \
+	command -v dot >/dev/null 2>&1 || missing="$$missing graphviz"; \
+	fc-list 2>/dev/null | grep -q "Noto Sans CJK" || missing="$$missing fonts-noto-cjk"; \
+	fc-list 2>/dev/null | grep -q "Noto Color Emoji" || missing="$$missing fonts-noto-color-emoji"; \
+	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	    echo "installing graphviz (dot) with apt-get"; \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq graphviz >/dev/null; \
-	  else echo "warning: Graphviz's dot is missing (apt-get install graphviz); graph pictures will be unavailable"; fi; }
+	    echo "installing$$missing with apt-get"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing fontconfig >/dev/null; \
+	  else echo "warning: missing system packages:$$missing (apt-get install$$missing); graphs or CJK/emoji text may not render"; fi; \
+	fi
 
-$(STAMP): pyproject.toml
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
-	CMAKE_BUILD_PARALLEL_LEVEL=2 $(PY) -m pip install -q --disable-pip-version-check -e '.[dev,lab]'
+# Debian's chromium for the browser test (never a browser downloaded by playwright).
+browser-deps: system-deps $(STAMP_BROWSER)
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing chromium with apt-get"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null; \
+	  else echo "error: chromium is missing (apt-get install chromium)"; exit 1; fi; }
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) --upgrade pip
+
+$(STAMP_LAB): pyproject.toml | $(VENV)/bin/python
+	$(PIP) -e '.[lab]'
 	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
-	touch $(STAMP)
+	touch $@
+
+$(STAMP_DEV): $(STAMP_LAB) pyproject.toml
+	CMAKE_BUILD_PARALLEL_LEVEL=2 $(PIP) -e '.[dev,lab]'
+	touch $@
+
+$(STAMP_BROWSER): $(STAMP_DEV) pyproject.toml
+	$(PIP) -e '.[dev,lab,browser]'
+	touch $@
 
 DEMO_PROMPT ?= <|im_start|>user\nWhat is the capital of France? Answer in one sentence.<|im_end|>\n<|im_start|>assistant\n
 
@@ -34,26 +70,67 @@ demo: setup
 	$(PY) -m llmlab generate -m $(MODEL) -n 32 -p "$$(printf '$(DEMO_PROMPT)')"
 
 # the oracles (llama-cpp-python, gguf-py) are installed here, so a test skipped for lack of one fails
-test: setup
+test: setup-dev
 	$(PY) -m llmlab fetch smollm2 --quiet
 	$(PY) -m llmlab fetch gemma3 --quiet
 	LLMLAB_REQUIRE_ORACLES=1 $(PY) -m pytest -q -rs $(PYTEST_ARGS)
 
 # long suites: notebooks top to bottom, whole-model llama.cpp comparisons
-test-slow: setup
-	LLMLAB_REQUIRE_ORACLES=1 $(PY) -m pytest -q -rs --slow -m slow $(PYTEST_ARGS); rc=$$?; [ $$rc -eq 5 ] && rc=0; exit $$rc
+test-slow: setup-dev
+	LLMLAB_REQUIRE_ORACLES=1 $(PY) -m pytest -q -rs --slow -m "slow and not browser" $(PYTEST_ARGS); rc=$$?; [ $$rc -eq 5 ] && rc=0; exit $$rc
 
-bench: setup
+# JupyterLab in headless chromium: runs notebooks 00, 01, 05, 06, 08, screenshots in build/browser/
+test-browser: browser-deps
+	$(PY) -m llmlab fetch smollm2 --quiet
+	$(PY) -m llmlab fetch gemma3 --quiet
+	$(PY) -m pytest -q --slow -m browser tests/test_browser.py $(PYTEST_ARGS)
+
+# A second llama.cpp with only AVX2 kernels (no AVX-512), beside the native one, to check the avx2 CPU
+# profile on an AVX-512 machine. Built once (~10 min on 2 cores) from PyPI's source; the wheel is kept
+# in $(AVX2_WHEELS) (reused by any checkout) and installed into $(AVX2_ORACLE).
+AVX2_WHEELS ?= $(HOME)/.cache/llmlab/wheels-avx2
+AVX2_ORACLE ?= build/llama-cpp-avx2
+AVX2_CMAKE  := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
+# the live comparisons: kernels, node by node (both models, flash attention on and off), decode steps
+AVX2_TESTS  ?= tests/test_graph_exact.py tests/test_forward_kernels.py tests/test_quant_ggml.py tests/test_llamacpp.py \
+               tests/test_llamacpp_graph.py tests/test_forward_decode.py tests/test_forward.py tests/test_attention.py
+
+oracle-avx2: setup-dev
+	@if [ ! -d $(AVX2_ORACLE)/llama_cpp ]; then \
+	  set -e; \
+	  if ! ls $(AVX2_WHEELS)/llama_cpp_python-*.whl >/dev/null 2>&1; then \
+	    echo "building llama-cpp-python with AVX2 kernels only (about 10 minutes)"; \
+	    CMAKE_ARGS="$(AVX2_CMAKE)" CMAKE_BUILD_PARALLEL_LEVEL=2 $(PY) -m pip wheel -q --no-cache-dir --no-deps \
+	      -w $(AVX2_WHEELS) "$$($(PY) -c 'import importlib.metadata as m; print("llama-cpp-python==" + m.version("llama-cpp-python"))')"; \
+	  fi; \
+	  $(PY) -m pip install -q --no-deps --target $(AVX2_ORACLE) $(AVX2_WHEELS)/llama_cpp_python-*.whl; \
+	fi
+	@PYTHONPATH=$(AVX2_ORACLE) $(PY) -c "import llama_cpp; i = llama_cpp.llama_print_system_info().decode(); \
+	  assert 'AVX2 = 1' in i and 'AVX512 = 1' not in i, i; print('AVX2-only llama.cpp:', i)"
+
+# the live llama.cpp tests against the AVX2-only build, with llmlab's avx2 profile
+test-avx2: oracle-avx2
+	$(PY) -m llmlab fetch smollm2 --quiet
+	$(PY) -m llmlab fetch gemma3 --quiet
+	LLMLAB_CPU=avx2 PYTHONPATH=$(AVX2_ORACLE) $(PY) -m pytest -q --slow $(AVX2_TESTS) $(PYTEST_ARGS)
+
+bench: setup-dev
 	$(PY) benchmarks/bench_gguf_open.py
 	$(PY) benchmarks/bench_tokenizer.py
 	$(PY) benchmarks/bench_quant.py
 
+# JupyterLab on the course; as root (containers, cloud workshop machines) it needs --allow-root
 lab: setup
-	$(VENV)/bin/jupyter lab notebooks/
+	$(VENV)/bin/jupyter lab $(if $(IS_ROOT),--allow-root) $(LAB_ARGS) notebooks/
 
-# re-run every notebook top to bottom and store its outputs
-notebooks: setup
-	$(PY) -m llmlab.notebook_runner --write notebooks/*.ipynb
+# re-run every notebook top to bottom in order (fresh kernel each), store its outputs, stop at the
+# first error; the committed outputs include the llama.cpp comparisons, so this uses the dev extras
+notebooks: setup-dev
+	$(PY) -m llmlab.notebook_runner --write $(NOTEBOOKS)
+
+# the executed notebooks as static HTML a teacher can host or hand out (no kernel, no network)
+html: setup
+	$(PY) -m llmlab.notebook_runner --html $(HTML_DIR) $(NOTEBOOKS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info

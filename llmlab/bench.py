@@ -61,7 +61,7 @@ def run_llmlab(path, ids: list[int], n_gen: int, threads: int, cpu=None, kernels
     from .llama import Batch, Context, Model
     set_threads(threads)
     t0 = time.perf_counter()
-    model = Model(path)
+    model = Model(path, cpu=cpu)
     load = time.perf_counter() - t0
     ctx = Context(model, n_ctx=len(ids) + n_gen + 1, n_batch=len(ids), n_ubatch=512, kernels=kernels,
                   **({"cpu": cpu} if cpu is not None else {}))

@@ -1,5 +1,10 @@
 """Shared fixtures: the two real models (fetched once into the cache), the llama.cpp references.
 
+References exist per CPU profile (``REF_DIRS``): tests against stored references run for every
+profile that has them, on any machine (the emulation is deterministic); tests against the live
+llama.cpp use the detected profile (``LIVE``), and the bit-exact ones (marker ``llamacpp_exact``)
+are skipped on a machine whose llama.cpp no profile reproduces.
+
 Only optional third-party oracles may skip a test, with a reason that names them (``ORACLES``). ``make
 test`` installs all of them and sets ``LLMLAB_REQUIRE_ORACLES=1``: then a missing oracle is a broken
 set-up, and the suite fails (at start, and for every test that would have skipped on one).
@@ -15,10 +20,14 @@ import numpy as np
 import pytest
 
 from llmlab import models
+from llmlab.ggml.cpu import profiles
 
 DATA = Path(__file__).parent / "data"
 REFS = DATA / "refs"
 REF_STEMS = {"smollm2": "smollm2-135m-instruct-q4_1", "gemma3": "gemma-3-270m-q4_k_m"}
+REF_DIRS = {"avx512": REFS, "avx2": REFS / "avx2"}          # the logits of llama.cpp built for each CPU
+REF_PROFILES = [p for p, d in REF_DIRS.items() if (d / f"{REF_STEMS['smollm2']}.logits.npz").exists()]
+LIVE = profiles.detect()                                     # the profile of this machine's llama.cpp
 
 
 # module -> what to install; the only imports a test may skip on
@@ -65,6 +74,12 @@ def pytest_addoption(parser):
 
 
 def pytest_collection_modifyitems(config, items):
+    if not LIVE.reproduced:
+        no_exact = pytest.mark.skip(reason=f"this machine's llama.cpp is not reproduced by any llmlab profile "
+                                           f"(emulating {LIVE.profile.name}): no bit-exact comparison with it")
+        for item in items:
+            if "llamacpp_exact" in item.keywords:
+                item.add_marker(no_exact)
     if config.getoption("--slow"):
         return
     skip = pytest.mark.skip(reason="slow suite: run with --slow (make test-slow)")
@@ -93,6 +108,11 @@ def ref_tokens(name: str) -> list[dict]:
     return json.loads((REFS / f"{REF_STEMS[name]}.tokens.json").read_text())["cases"]
 
 
-def ref_logits(name: str) -> tuple[dict, dict]:
-    stem = REF_STEMS[name]
-    return json.loads((REFS / f"{stem}.logits.json").read_text()), dict(np.load(REFS / f"{stem}.logits.npz"))
+def ref_logits(name: str, cpu: str | None = None) -> tuple[dict, dict]:
+    """llama.cpp's logits for the model's prompts, as the build for ``cpu`` computed them (default: the
+    profile of this machine's llama.cpp). Prompt ids and greedy tokens' ids are the same in every set."""
+    cpu = cpu or LIVE.profile.name
+    if cpu not in REF_DIRS:
+        pytest.skip(f"no llama.cpp references for the {cpu} profile")
+    d, stem = REF_DIRS[cpu], REF_STEMS[name]
+    return json.loads((d / f"{stem}.logits.json").read_text()), dict(np.load(d / f"{stem}.logits.npz"))

@@ -147,3 +147,37 @@ def mul_mat(raw: np.ndarray, qtype, x: np.ndarray, n_threads: int = 2) -> np.nda
     finally:
         base.ggml_free(ctx)
     return out
+
+
+def unary(op: str, x: np.ndarray, n_threads: int = 2) -> np.ndarray:
+    """ggml-cpu's whole op ``ggml_<op>(ctx, x)`` (soft_max, silu, gelu, ...) on f32 rows x (T, n)."""
+    from llmlab.llamacpp.ggml_tensor import GGMLInitParams, GGMLTensor, check_layout
+    check_layout()
+    base, cpu = libs()
+    for lib, fn, args, res in [
+        (base, "ggml_init", [GGMLInitParams], C.c_void_p),
+        (base, "ggml_free", [C.c_void_p], None),
+        (base, "ggml_new_tensor_2d", [C.c_void_p, C.c_int, C.c_int64, C.c_int64], C.c_void_p),
+        (base, f"ggml_{op}", [C.c_void_p, C.c_void_p], C.c_void_p),
+        (base, "ggml_new_graph", [C.c_void_p], C.c_void_p),
+        (base, "ggml_build_forward_expand", [C.c_void_p, C.c_void_p], None),
+        (cpu, "ggml_graph_compute_with_ctx", [C.c_void_p, C.c_void_p, C.c_int], C.c_int),
+    ]:
+        f = getattr(lib, fn)
+        f.argtypes, f.restype = args, res
+    x = np.ascontiguousarray(x, np.float32).reshape(-1, x.shape[-1])
+    T, n = x.shape
+    ctx = base.ggml_init(GGMLInitParams(4 * x.nbytes + (n_threads + 2) * (1 << 20) + (8 << 20), None, False))
+    try:
+        a = base.ggml_new_tensor_2d(ctx, 0, n, T)
+        C.memmove(GGMLTensor.from_address(a).data, x.ctypes.data, x.nbytes)
+        d = getattr(base, f"ggml_{op}")(ctx, a)
+        g = base.ggml_new_graph(ctx)
+        base.ggml_build_forward_expand(g, d)
+        if cpu.ggml_graph_compute_with_ctx(ctx, g, n_threads) != 0:
+            raise RuntimeError("ggml_graph_compute_with_ctx failed")
+        out = np.empty((T, n), np.float32)
+        C.memmove(out.ctypes.data, GGMLTensor.from_address(d).data, out.nbytes)
+    finally:
+        base.ggml_free(ctx)
+    return out

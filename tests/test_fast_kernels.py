@@ -13,7 +13,9 @@ from llmlab.ggml.quant.core import random_blocks
 from llmlab.ggml.types import ggml_type
 
 # ---- the NumPy references: imported here only, so a rename upstream is a one-place fix ----------
-from llmlab.ggml.cpu.kernels import mul_mat_k, mul_mat_k_tiled, mul_mat_q32, mul_mat_q4_k_repacked
+from llmlab.ggml.cpu.quants import mul_mat as vec_dot_mul_mat
+from llmlab.ggml.cpu.repack import mul_mat_q4_k_repacked
+from llmlab.ggml.cpu.tiled import mul_mat_k_tiled
 from llmlab.ggml.cpu.ops import mul_mat_quantized as ref_mul_mat_quantized
 from llmlab.ggml.cpu.quants import quantize_activations
 
@@ -91,11 +93,11 @@ def test_q32_kernels(tname, R, K):
     t = ggml_type(tname)
     for T in TS:
         x = acts(T, K, seed=T)
-        assert same_bits(fast_q32(raw, tname, x), mul_mat_q32(raw, t, x)), (tname, R, K, T)
+        assert same_bits(fast_q32(raw, tname, x), vec_dot_mul_mat(raw, t, x)), (tname, R, K, T)
 
 
-K_CASES = [("q4_k", "vec_dot", mul_mat_k), ("q4_k", "tiled", mul_mat_k_tiled), ("q4_k", "repack", mul_mat_q4_k_repacked),
-           ("q6_k", "vec_dot", mul_mat_k), ("q6_k", "tiled", mul_mat_k_tiled)]
+K_CASES = [("q4_k", "vec_dot", vec_dot_mul_mat), ("q4_k", "tiled", mul_mat_k_tiled), ("q4_k", "repack", mul_mat_q4_k_repacked),
+           ("q6_k", "vec_dot", vec_dot_mul_mat), ("q6_k", "tiled", mul_mat_k_tiled)]
 
 
 @pytest.mark.parametrize("tname,path,ref", K_CASES, ids=[f"{a}-{b}" for a, b, _ in K_CASES])
@@ -200,7 +202,7 @@ def test_q32_decode_and_serial_kernels(tname, R, K):
         for T in (1, 3, 8, 17):
             x = acts(T, K, seed=T + 100)
             a = quantize_q8_1(x) if tname == "q4_1" else quantize_q8_0(x)
-            ref = mul_mat_q32(raw, t, x)
+            ref = vec_dot_mul_mat(raw, t, x)
             for n in (1, 2):
                 numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
                 for fn in ("mv_", "mul_mat_"):

@@ -25,62 +25,67 @@ def leaf(ctx, type_, *ne, values=None, name=""):
     return t
 
 
-def both_ways(out):
+@pytest.fixture(params=["avx512", "avx2"])
+def cpu(request) -> str:
+    return request.param
+
+
+def both_ways(out, cpu):
     """Run the graph of ``out`` with the reference executor and with a fast plan; return both results."""
     g = build_forward(out)
-    graph_compute(g)
+    graph_compute(g, cpu=cpu)
     ref = out.numpy()
-    plan = graph_plan(g.nodes)
+    plan = graph_plan(g.nodes, cpu=cpu)
     assert plan.n_fast >= 1, "the op under test should have a fast binding"
     plan.compute()
     return ref, out.numpy()
 
 
-def test_rms_norm_mul_add():
+def test_rms_norm_mul_add(cpu):
     ctx = GGMLContext()
     x, w, r = leaf(ctx, "f32", 576, 5), leaf(ctx, "f32", 576), leaf(ctx, "f32", 576, 5)
     out = ggml.add(ctx, ggml.mul(ctx, ggml.rms_norm(ctx, x, 1e-5), w), r)
-    assert same_bits(*both_ways(out))
+    assert same_bits(*both_ways(out, cpu))
 
 
 @pytest.mark.parametrize("n_q", [1, 4])
-def test_soft_max_with_mask_and_scale(n_q):
+def test_soft_max_with_mask_and_scale(n_q, cpu):
     ctx = GGMLContext()
     x = leaf(ctx, "f32", 256, n_q, 3)
     m = np.zeros((n_q, 256), np.float32)
     m[:, 200:] = -np.inf
     m[0, 10] = -np.inf
     mask = leaf(ctx, "f32", 256, n_q, values=m)
-    assert same_bits(*both_ways(ggml.soft_max_ext(ctx, x, mask, 0.125)))
+    assert same_bits(*both_ways(ggml.soft_max_ext(ctx, x, mask, 0.125), cpu))
 
 
-def test_swiglu():
+def test_swiglu(cpu):
     ctx = GGMLContext()
     g, u = leaf(ctx, "f32", 1536, 3), leaf(ctx, "f32", 1536, 3)
-    assert same_bits(*both_ways(ggml.swiglu_split(ctx, g, u)))
+    assert same_bits(*both_ways(ggml.swiglu_split(ctx, g, u), cpu))
 
 
 @pytest.mark.parametrize("mode", [0, 2])
-def test_rope_norm_and_neox(mode):
+def test_rope_norm_and_neox(mode, cpu):
     ctx = GGMLContext()
     x = leaf(ctx, "f32", 64, 3, 5)
     pos = leaf(ctx, "i32", 5, values=np.array([0, 1, 7, 100, 4000], np.int32))
     out = ggml.rope_ext(ctx, x, pos, None, 64, mode, 8192, 100000.0, 1.0)
-    assert same_bits(*both_ways(out))
+    assert same_bits(*both_ways(out, cpu))
 
 
 @pytest.mark.parametrize("n_q", [1, 2, 9])
-def test_f16_mul_mat_vec_dot_and_tinyblas(n_q):
+def test_f16_mul_mat_vec_dot_and_tinyblas(n_q, cpu):
     """One activation row takes ggml_vec_dot_f16, two or more llamafile's tinyBLAS; K over a permuted
     cache view as attention reads it, with grouped heads (GQA)."""
     ctx = GGMLContext()
     k = leaf(ctx, "f16", 64, 3, 256, values=rng.standard_normal(64 * 3 * 256).astype(np.float16))
     kp = ggml.permute(ctx, k, 0, 2, 1, 3)                       # (64, 256, 3): the cache as attention sees it
     q = ggml.permute(ctx, leaf(ctx, "f32", 64, 9, n_q), 0, 2, 1, 3)
-    assert same_bits(*both_ways(ggml.mul_mat(ctx, kp, q)))
+    assert same_bits(*both_ways(ggml.mul_mat(ctx, kp, q), cpu))
 
 
-def test_quantized_mul_mat_and_cont():
+def test_quantized_mul_mat_and_cont(cpu):
     from llmlab.ggml.quant import quantize
     ctx = GGMLContext()
     raw = quantize(rng.standard_normal(576 * 64).astype(np.float32), "q4_1").reshape(64, -1)
@@ -89,7 +94,7 @@ def test_quantized_mul_mat_and_cont():
     x = leaf(ctx, "f32", 576, 3)
     y = ggml.mul_mat(ctx, w, x)
     out = ggml.cont(ctx, ggml.transpose(ctx, y))
-    assert same_bits(*both_ways(out))
+    assert same_bits(*both_ways(out, cpu))
 
 
 @pytest.fixture(scope="module")
@@ -99,10 +104,10 @@ def tiny(tmp_path_factory):
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])
-def test_whole_model_prompt_and_decode_steps(tiny, arch):
+def test_whole_model_prompt_and_decode_steps(tiny, arch, cpu):
     outs = {}
     for kernels in ("fast", "reference"):
-        ctx = Context(tiny[arch], n_ctx=64, kernels=kernels)
+        ctx = Context(tiny[arch], n_ctx=64, kernels=kernels, cpu=cpu)
         seq = [ctx.decode(Batch.from_tokens([3, 1, 4, 1, 5, 9, 2, 6, 5, 3], logits="all"))]
         for i, t in enumerate([7, 11, 13]):
             seq.append(ctx.decode(Batch.from_tokens([t], pos0=10 + i, logits="last")))
@@ -127,22 +132,40 @@ def test_unknown_kernel_set_is_refused(tiny):
         Context(tiny["llama"], kernels="turbo")
 
 
+@pytest.mark.parametrize("cpu", ["avx512", "avx2"])
 @pytest.mark.parametrize("tiny_blas", [False, True])
-def test_threaded_kernels_do_not_depend_on_the_split(tiny_blas):
+def test_threaded_kernels_do_not_depend_on_the_split(cpu, tiny_blas):
     """Each output is computed whole by one thread, so how the rows are cut cannot change a bit."""
+    from llmlab.ggml.cpu import profiles
     from llmlab.ggml.cpu.fast import vec as fvec
+    v = fvec.params(profiles.get(cpu))
+    n_reg, lanes, prog = (1, v.sgemm_lanes, v.sgemm_prog) if tiny_blas else (v.arr, v.lanes, v.vec_prog)
     A = rng.standard_normal((2, 96, 64)).astype(np.float16).view(np.uint16)
     B = rng.standard_normal((6, 5, 64)).astype(np.float16).astype(np.float32)
     one = np.empty((6, 5, 96), np.float32)
-    fvec.mul_mat_f16(A, B, one, fvec.F16_TO_F32, 16, tiny_blas)
+    fvec.mul_mat_f16(A, B, one, n_reg, lanes, prog)
     x = rng.standard_normal((6, 5, 96)).astype(np.float32)
     m = np.zeros((0, 96), np.float32)
     sm = np.empty_like(x)
-    fvec.soft_max(x, m, np.float32(0.5), sm, 16)
+    fvec.soft_max(x, m, np.float32(0.5), sm, v.lanes, v.hsum_prog, v.expf)
     for n in (1, 2, 7):
         many = np.empty_like(one)
-        fvec.mul_mat_f16_mt(A, B, many, fvec.F16_TO_F32, 16, tiny_blas, n)
+        fvec.mul_mat_f16_mt(A, B, many, n_reg, lanes, prog, n)
         assert same_bits(one, many)
         sm2 = np.empty_like(x)
-        fvec.soft_max_mt(x, m, np.float32(0.5), sm2, 16, n)
+        fvec.soft_max_mt(x, m, np.float32(0.5), sm2, v.lanes, v.hsum_prog, v.expf, n)
         assert same_bits(sm, sm2)
+
+
+@pytest.mark.parametrize("cpu", ["avx512", "avx2"])
+def test_expf_variants_equal_the_reference_everywhere(cpu):
+    """ggml_v_expf of each profile on the whole range softmax and SiLU meet, saturation and -inf included."""
+    from llmlab.ggml.cpu import profiles, vec
+    from llmlab.ggml.cpu.fast import vec as fvec
+    prof = profiles.get(cpu)
+    x = np.concatenate([np.linspace(-120, 100, 20001, dtype=np.float32), rng.standard_normal(5000).astype(np.float32) * 30,
+                        np.array([-np.inf, np.inf, 0.0, -0.0, -87.5, 88.7, -103.9, -150.0, 130.0, 200.0, -200.0],
+                                 np.float32)])
+    out = np.empty_like(x)
+    fvec.expf(x, out, fvec.params(prof).expf)
+    assert same_bits(out, vec.v_expf(x, prof))

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import ref_logits
+from conftest import REF_PROFILES, ref_logits
 from llmlab import LLMLabError
 from llmlab.ggml.gguf import GGUFFile, GGUFWriter
 from llmlab.llama import Batch, Context, Model
@@ -34,53 +34,75 @@ def gemma3(gemma3_path):
     return Model(gemma3_path)
 
 
-def agreement(model, name, i):
-    meta, npz = ref_logits(name)
+def agreement(model, name, i, cpu):
+    """llmlab emulating ``cpu`` against the stored logits of llama.cpp built for that CPU."""
+    meta, npz = ref_logits(name, cpu)
     ids = npz[f"p{i}_ids"]
-    lg = Context(model, n_ctx=max(64, len(ids))).decode(Batch.from_tokens(ids, logits="all"))
+    lg = Context(model, n_ctx=max(64, len(ids)), cpu=cpu).decode(Batch.from_tokens(ids, logits="all"))
     tid, tl = npz[f"p{i}_top_ids"].astype(np.int64), npz[f"p{i}_top_logits"]
     last = npz[f"p{i}_last_logits"]
     a = lg[-1]
     return dict(top1=(lg.argmax(1) == tid[:, 0]).mean(),
                 top32=float(np.abs(np.take_along_axis(lg, tid, 1) - tl).max()),
                 cos=float(a @ last / np.linalg.norm(a) / np.linalg.norm(last)),
-                bitexact=bool((a == last).all()))
+                bitexact=bool((a == last).all()),
+                top32_bitexact=bool((np.take_along_axis(lg, tid, 1) == tl).all()))
 
 
 # SmolLM2 (q4_1 weights, q8_0 tied head): every path reproduces ggml-cpu's order of float
-# operations, so the logits are bit-identical to llama.cpp's (measured on all 5 ref prompts).
-def test_smollm2_matches_llama_cpp_prompt0(smollm2):
-    r = agreement(smollm2, "smollm2", 0)
-    assert r["top1"] == 1.0 and r["top32"] <= 1e-4 and r["cos"] > 0.9999
-    assert r["bitexact"]
+# operations, so the logits are bit-identical to llama.cpp's on each CPU profile (all 5 ref prompts,
+# every position's top 32 and the whole last row), whatever CPU runs the test.
+@pytest.mark.parametrize("cpu", REF_PROFILES)
+def test_smollm2_matches_llama_cpp_prompt0(smollm2, cpu):
+    r = agreement(smollm2, "smollm2", 0, cpu)
+    assert r["top1"] == 1.0 and r["top32"] == 0.0 and r["cos"] > 0.9999
+    assert r["bitexact"] and r["top32_bitexact"]
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("cpu", REF_PROFILES)
 @pytest.mark.parametrize("i", [1, 2, 3, 4])
-def test_smollm2_matches_llama_cpp_all_prompts(smollm2, i):
-    r = agreement(smollm2, "smollm2", i)
-    assert r["top1"] == 1.0 and r["top32"] <= 1e-4 and r["cos"] > 0.9999
+def test_smollm2_matches_llama_cpp_all_prompts(smollm2, i, cpu):
+    r = agreement(smollm2, "smollm2", i, cpu)
+    assert r["top1"] == 1.0 and r["top32"] == 0.0 and r["cos"] > 0.9999
+    assert r["bitexact"] and r["top32_bitexact"]
 
 
 # Gemma 3 (q5_0/q8_0 plain, q4_K repacked, q6_K plain): bit-identical too (measured on all 5 ref
 # prompts, 9-30 tokens). From 8 activation rows on, ggml-cpu sends the plain q6_K products through its
 # tiled K-quant kernels (one float step per super-block), which llmlab reproduces; prompt 0 (9 tokens)
 # takes that path.
-def test_gemma3_matches_llama_cpp_prompt0(gemma3):
-    r = agreement(gemma3, "gemma3", 0)
+@pytest.mark.parametrize("cpu", REF_PROFILES)
+def test_gemma3_matches_llama_cpp_prompt0(gemma3, cpu):
+    r = agreement(gemma3, "gemma3", 0, cpu)
     assert r["top1"] == 1.0 and r["top32"] == 0.0 and r["cos"] > 0.9999
-    assert r["bitexact"]
+    assert r["bitexact"] and r["top32_bitexact"]
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("cpu", REF_PROFILES)
 @pytest.mark.parametrize("i", [1, 2, 3, 4])
-def test_gemma3_matches_llama_cpp_all_prompts(gemma3, i):
-    r = agreement(gemma3, "gemma3", i)
+def test_gemma3_matches_llama_cpp_all_prompts(gemma3, i, cpu):
+    r = agreement(gemma3, "gemma3", i, cpu)
     assert r["top1"] == 1.0 and r["top32"] == 0.0 and r["cos"] > 0.9999
-    assert r["bitexact"]
+    assert r["bitexact"] and r["top32_bitexact"]
+
+
+def test_the_two_cpus_disagree_and_each_profile_reproduces_its_own(smollm2):
+    """The same prompt on llama.cpp for AVX2 and for AVX-512 gives different logits; llmlab with each
+    profile gives each one's, bit for bit, on whatever CPU runs this test."""
+    if not {"avx2", "avx512"} <= set(REF_PROFILES):
+        pytest.skip("needs both reference sets")
+    refs = {cpu: ref_logits("smollm2", cpu)[1]["p0_last_logits"] for cpu in ("avx2", "avx512")}
+    assert (refs["avx2"] != refs["avx512"]).any()
+    ids = ref_logits("smollm2", "avx2")[1]["p0_ids"]
+    for cpu, want in refs.items():
+        got = Context(smollm2, n_ctx=64, cpu=cpu).decode(Batch.from_tokens(ids, logits="last"))[-1]
+        np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.slow
+@pytest.mark.llamacpp_exact
 @pytest.mark.parametrize("name", ["smollm2", "gemma3"])
 def test_short_prompt_bit_exact_with_llama_cpp(name, real_model):
     """Fewer than 8 tokens (ggml-cpu's vec_dot and REPACK gemv/gemm paths): every logit is identical."""
@@ -96,6 +118,7 @@ def test_short_prompt_bit_exact_with_llama_cpp(name, real_model):
 
 
 @pytest.mark.slow
+@pytest.mark.llamacpp_exact
 @pytest.mark.parametrize("name", ["smollm2", "gemma3"])
 def test_token_by_token_bit_exact_with_llama_cpp(name, real_model):
     """Micro-batches of one token (decode steps: KQ and KQV through ggml_vec_dot_f16, every weight
@@ -113,15 +136,16 @@ def test_token_by_token_bit_exact_with_llama_cpp(name, real_model):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("cpu", REF_PROFILES)
 @pytest.mark.parametrize("name", ["smollm2", "gemma3"])
-def test_greedy_continuation_matches_llama_cpp(name, real_model):
+def test_greedy_continuation_matches_llama_cpp(name, real_model, cpu):
     """Prefill in one batch, then one token per decode step, as llama.cpp generated the refs' greedy text."""
     mname, path = real_model
     if mname != name:
         pytest.skip("one model per parameter")
-    npz = ref_logits(name)[1]
+    npz = ref_logits(name, cpu)[1]
     ids, want = npz["p0_ids"].tolist(), npz["p0_greedy"].tolist()[:8]
-    ctx = Context(Model(path), n_ctx=256)
+    ctx = Context(Model(path), n_ctx=256, cpu=cpu)
     nxt = int(ctx.decode(Batch.from_tokens(ids, logits="last"))[-1].argmax())
     got = [nxt]
     while len(got) < len(want):

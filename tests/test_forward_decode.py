@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import ref_logits
+from conftest import REF_PROFILES, ref_logits
 from llmlab.llama import Batch, Context, Model
 
 N_SEQ = 24                     # prompt 0 (8 tokens) and the first 16 tokens of its greedy continuation
@@ -60,6 +60,7 @@ def assert_same_logits(got: np.ndarray, want: np.ndarray) -> None:
                           f"(max |diff| {np.abs(got - want).max():.3g})")
 
 
+@pytest.mark.llamacpp_exact
 def test_one_token_decode_after_prefill_bit_exact(smollm2, llama):
     """The smallest case that tells the two f16 kernels apart: 11 tokens, then one."""
     seq = sequence(12)
@@ -86,6 +87,7 @@ CHUNKINGS = {
 
 
 @pytest.mark.slow
+@pytest.mark.llamacpp_exact
 @pytest.mark.parametrize("chunks", list(CHUNKINGS.values()), ids=list(CHUNKINGS))
 def test_every_chunking_matches_llama_cpp_bit_for_bit(smollm2, llama, chunks):
     """Single tokens and small batches, in any mix, against llama.cpp decoding the same chunks."""
@@ -94,12 +96,13 @@ def test_every_chunking_matches_llama_cpp_bit_for_bit(smollm2, llama, chunks):
     assert_same_logits(llmlab_chunks(smollm2, seq, chunks), llama_cpp_chunks(llama, seq, chunks))
 
 
-def greedy_agreement(model, name: str, i: int, n: int) -> tuple[list[int], list[int]]:
-    """llmlab's greedy continuation of ref prompt ``i`` (prefill, then one token at a time), stopped at
-    the first token that differs from llama.cpp's, and the ref's first ``n`` tokens."""
-    npz = ref_logits(name)[1]
+def greedy_agreement(model, name: str, i: int, n: int, cpu: str) -> tuple[list[int], list[int]]:
+    """llmlab's greedy continuation of ref prompt ``i`` (prefill, then one token at a time) emulating
+    ``cpu``, stopped at the first token that differs from llama.cpp's on that CPU, and the ref's first
+    ``n`` tokens."""
+    npz = ref_logits(name, cpu)[1]
     ids, want = npz[f"p{i}_ids"].tolist(), npz[f"p{i}_greedy"].tolist()[:n]
-    ctx = Context(model, n_ctx=256)
+    ctx = Context(model, n_ctx=256, cpu=cpu)
     logits = ctx.decode(Batch.from_tokens(ids, logits="last"))[-1]
     got: list[int] = []
     for k, w in enumerate(want):
@@ -115,11 +118,12 @@ def models_by_name(smollm2, gemma3_path):
     return {"smollm2": smollm2, "gemma3": Model(gemma3_path)}
 
 
-# measured: all 48 ref tokens (or up to the ref's EOS) agree for every ref prompt of both models
+# all 48 ref tokens (or up to the ref's EOS) agree for every ref prompt of both models, on each profile
 @pytest.mark.slow
+@pytest.mark.parametrize("cpu", REF_PROFILES)
 @pytest.mark.parametrize("name", ["smollm2", "gemma3"])
 @pytest.mark.parametrize("i", [0, 1, 2, 3, 4])
-def test_greedy_continuation_equals_llama_cpp(models_by_name, name, i):
-    """Prefill, then one token at a time: the first 16 tokens of llama.cpp's greedy continuation."""
-    got, want = greedy_agreement(models_by_name[name], name, i, 16)
+def test_greedy_continuation_equals_llama_cpp(models_by_name, name, i, cpu):
+    """Prefill, then one token at a time: llama.cpp's whole greedy continuation (48 tokens or to EOS)."""
+    got, want = greedy_agreement(models_by_name[name], name, i, 48, cpu)
     assert got == want

@@ -5,6 +5,7 @@ import json
 import sys
 
 from .. import models
+from ._cpu import add_cpu_argument, resolve_cpu
 
 
 def register(sub) -> None:
@@ -18,6 +19,7 @@ def register(sub) -> None:
     p.add_argument("--first-token", action="store_true",
                    help="also time a whole `generate -n 1` process, warm and cold numba cache")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_cpu_argument(p)
     p.set_defaults(func=run)
 
 
@@ -35,8 +37,9 @@ def run(args) -> int:
     ids = bench.prompt_tokens(Tokenizer.from_model(path), args.prompt_tokens)
     if len(ids) + args.gen_tokens > model.hparams.n_ctx_train:
         raise ValueError(f"{len(ids)} + {args.gen_tokens} tokens exceed the model's context ({model.hparams.n_ctx_train})")
-    cpu = _cpu_name(args)
-    me = bench.run_llmlab(path, ids, args.gen_tokens, threads, kernels=args.kernels)
+    prof = resolve_cpu(args)
+    cpu = prof.name
+    me = bench.run_llmlab(path, ids, args.gen_tokens, threads, cpu=prof, kernels=args.kernels)
     wb = bench.weight_bytes(model)
     res = bench.BenchResult(
         model=args.model, threads=threads, cpu=cpu, kernels=args.kernels, prompt_tokens=len(ids),
@@ -60,11 +63,6 @@ def run(args) -> int:
         return 0
     _print(res, sys.stdout)
     return 0
-
-
-def _cpu_name(args) -> str:
-    from ..ggml.cpu import profiles
-    return profiles.resolve(getattr(args, "cpu", None)).name
 
 
 def _print(r, out) -> None:

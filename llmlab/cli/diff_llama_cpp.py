@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from .. import LLMLabError, models
+from ._cpu import add_cpu_argument, resolve_cpu
 from ._common import dumps, positive_int
 
 
@@ -14,6 +15,7 @@ def register(sub) -> None:
     p.add_argument("--threads", type=positive_int, default=1,
                    help="llama.cpp threads (default 1: the node-by-node run synchronizes its threads at every node)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    add_cpu_argument(p)
     p.set_defaults(func=run)
 
 
@@ -39,16 +41,22 @@ def run(args) -> int:
     if not llamacpp.available():
         raise LLMLabError("diff-llama-cpp needs llama-cpp-python (pip install llama-cpp-python==0.3.36)")
     path = models.resolve(args.model)
+    cpu = resolve_cpu(args)
     flash = args.flash_attn == "on"
     tokens = llamacpp.tokenize(path, args.prompt)
     if not tokens:
         raise ValueError("the prompt tokenizes to nothing")
-    ours = llamacpp.llmlab_nodes(path, tokens, flash_attn=flash)
+    ours = llamacpp.llmlab_nodes(path, tokens, flash_attn=flash, cpu=cpu)
     cap = llamacpp.capture(path, tokens, flash_attn=flash, n_threads=args.threads)
     report = llamacpp.diff(ours, cap, layers=layers)
+    from ..ggml.cpu import profiles
+    here = "yes" if profiles.bit_identical_here(cpu) else "no"
     if args.json:
-        print(dumps(report.to_json(), indent=1))
+        same = sum(1 for n in report.nodes if n.max_abs_err == 0)
+        print(dumps({**report.to_json(), "first_inexact": report.first_inexact, "nodes_bit_identical": same,
+                     "cpu": cpu.name, "bit_identical_on_this_cpu": here == "yes"}, indent=1))
         return 0
     print(report.table())
+    print(f"cpu profile: {cpu.name} ({cpu.title}); bit-identical on this CPU: {here}")
     print(report.summary())
     return 0

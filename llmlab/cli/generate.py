@@ -5,13 +5,11 @@ The options shared with ``chat`` (model, sampling, context, CPU) live here too.
 """
 from __future__ import annotations
 
-import inspect
 import json
 import sys
 
 from .. import LLMLabError, models
-
-CPUS = ("auto", "avx2", "avx512")
+from ._cpu import add_cpu_argument, resolve_cpu
 
 
 def add_engine_args(p) -> None:
@@ -32,8 +30,7 @@ def add_engine_args(p) -> None:
     p.add_argument("--seed", type=int, default=d.seed, help="RNG seed; the default draws a random one, as llama.cpp does")
     p.add_argument("--n-ctx", type=int, default=None, help="context size")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for the kernels (default: all)")
-    p.add_argument("--cpu", choices=CPUS, default="auto",
-                   help="which llama.cpp CPU build to reproduce bit for bit: avx2, avx512, or auto (this machine's)")
+    add_cpu_argument(p)
     p.add_argument("--kernels", choices=("fast", "reference"), default="fast",
                    help="numba kernels or the NumPy reference ops (the same numbers; default fast)")
     p.add_argument("--flash-attn", action="store_true", help="use the flash-attention path")
@@ -46,50 +43,20 @@ def sampling_params(args):
                           penalty_freq=args.frequency_penalty, penalty_present=args.presence_penalty)
 
 
-def resolve_cpu(name: str) -> str:
-    """The CPU profile's name for ``--cpu`` (``auto``: this machine's)."""
-    try:
-        from ..ggml.cpu import profiles
-    except ImportError:        # no CPU profiles in the engine yet: name the host's SIMD level
-        return host_cpu() if name == "auto" else name
-    return profiles.resolve(None if name == "auto" else name).name
-
-
-def host_cpu() -> str:
-    """The SIMD level llama.cpp's CPU backend would pick here: avx512 (AVX512F), else avx2."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
-    except OSError:
-        return "avx2"
-    return "avx512" if "avx512f" in flags else "avx2"
-
-
 def load_context(args, path, n_ctx: int):
-    """(Context, the CPU name it reproduces) for the options; ``cpu`` and the thread count go to
-    the engine where it takes them."""
+    """(Context, the CPU profile's name) for the options: threads, profile and kernel set go to the engine."""
+    from ..ggml.cpu.fast import set_threads
     from ..llama import Context, Model
     if args.threads is not None and args.threads < 1:
         raise LLMLabError("--threads must be >= 1")
-    cpu = resolve_cpu(args.cpu)
-    params = inspect.signature(Context).parameters
-    extra = {}
-    if "cpu" in params:
-        extra["cpu"] = cpu
-    if "kernels" in params:
-        extra["kernels"] = args.kernels
-    for name in ("n_threads", "threads"):
-        if name in params and args.threads is not None:
-            extra[name] = args.threads
-    if args.threads is not None:
-        from ..ggml.cpu.fast import set_threads
-        set_threads(args.threads)
-    model = Model(path)
+    set_threads(args.threads)
+    cpu = resolve_cpu(args)
+    model = Model(path, cpu=cpu)
     if n_ctx <= 0 or n_ctx > model.hparams.n_ctx_train:
         raise LLMLabError(f"a context of {n_ctx} tokens is outside 1..{model.hparams.n_ctx_train} (the model's "
                           f"context_length); lower -n or --n-ctx")
-    ctx = Context(model, n_ctx=n_ctx, n_batch=n_ctx, flash_attn=args.flash_attn, **extra)
-    return ctx, str(getattr(ctx, "cpu", cpu))
+    ctx = Context(model, n_ctx=n_ctx, n_batch=n_ctx, flash_attn=args.flash_attn, kernels=args.kernels, cpu=cpu)
+    return ctx, cpu.name
 
 
 def register(sub) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 
 from .. import models
+from ._cpu import add_cpu_argument, resolve_cpu
 from ._common import dumps, positive_int
 
 
@@ -15,6 +16,7 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true", help='print {"ids", "top_ids", "top_logits"} as JSON')
     p.add_argument("--n-ctx", type=positive_int, default=None, help="context size (default: the prompt length)")
     p.add_argument("--flash-attn", action="store_true", help="use the flash-attention path")
+    add_cpu_argument(p)
     p.set_defaults(func=run)
 
 
@@ -28,7 +30,8 @@ def run(args) -> int:
     if args.top <= 0:
         raise ValueError("--top must be positive")
     path = models.resolve(args.model)
-    model = Model(path)
+    cpu = resolve_cpu(args)
+    model = Model(path, cpu=cpu)
     if args.top > model.hparams.n_vocab:
         raise ValueError(f"--top {args.top} exceeds the vocabulary ({model.hparams.n_vocab})")
     tok = Tokenizer.from_model(path)
@@ -45,7 +48,7 @@ def run(args) -> int:
     vals = np.take_along_axis(logits, top, 1)
     if args.json:
         print(dumps({"ids": [int(i) for i in ids], "top_ids": top.tolist(),
-                     "top_logits": [[float(v) for v in row] for row in vals]}))
+                     "top_logits": [[float(v) for v in row] for row in vals], "cpu": cpu.name}))
         return 0
     for i, t in enumerate(ids):
         piece = tok.token_to_piece(int(t)).decode("utf-8", "replace")

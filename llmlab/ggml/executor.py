@@ -8,6 +8,9 @@ Hooks, in the spirit of llama.cpp's ``cb_eval`` callback:
 - ``callback(tensor)``: called after every node.
 - ``dispatch``: ``fn(node) -> bool``: asked first for every node; returns True when it
   computed the node itself (this is how a backend plugs accelerated kernels in).
+
+``cpu``: the CPU profile whose arithmetic the ops reproduce (``llmlab.ggml.cpu.profiles``: a
+profile, its name, or None/"auto" for this machine's), passed to every op.
 """
 from __future__ import annotations
 
@@ -16,12 +19,14 @@ from typing import Callable, Iterable
 import numpy as np
 
 from .cgraph import CGraph
+from .cpu import profiles
 from .cpu.ops import COMPUTE
 from .tensor import Tensor
 
 
 def run_nodes(nodes: Iterable[Tensor], capture=None, replace=None, callback=None,
-              dispatch: Callable[[Tensor], bool] | None = None) -> dict[str, np.ndarray]:
+              dispatch: Callable[[Tensor], bool] | None = None, cpu=None) -> dict[str, np.ndarray]:
+    cpu = profiles.resolve(cpu)
     want = None
     if capture is not None:
         want = capture if callable(capture) else (lambda t, names=frozenset(capture): t.name in names)
@@ -33,7 +38,7 @@ def run_nodes(nodes: Iterable[Tensor], capture=None, replace=None, callback=None
             fn = COMPUTE.get(node.op)
             if fn is None:
                 raise NotImplementedError(f"no CPU implementation for op {node.op} (node {node.name})")
-            fn(node)
+            fn(node, cpu)
         if replace and node.name in replace:
             r = replace[node.name]
             a = node.array()
@@ -45,9 +50,9 @@ def run_nodes(nodes: Iterable[Tensor], capture=None, replace=None, callback=None
     return got
 
 
-def compute(graph: CGraph, capture=None, replace=None, callback=None, dispatch=None) -> dict[str, np.ndarray]:
+def compute(graph: CGraph, capture=None, replace=None, callback=None, dispatch=None, cpu=None) -> dict[str, np.ndarray]:
     """Compute every node of the graph on the plain NumPy path (one backend, no scheduler)."""
     for leaf in graph.leafs:
         if leaf.root().data is None:
             raise RuntimeError(f"leaf {leaf.name} has no data: bind weights and set inputs before computing")
-    return run_nodes(graph.nodes, capture, replace, callback, dispatch)
+    return run_nodes(graph.nodes, capture, replace, callback, dispatch, cpu)

@@ -17,6 +17,7 @@ import numpy as np
 
 from .batch import Batch, BatchAllocator, UBatch
 from .arch import get_builder
+from ..ggml.cpu import profiles
 from ..ggml.cpu.cplan import CPlan, graph_plan
 from ..ggml.executor import compute as compute_graph
 from .graph import KVView
@@ -41,12 +42,14 @@ class Context:
 
     def __init__(self, model: Model, n_ctx: int = 512, n_batch: int = 512, n_ubatch: int = 512,
                  flash_attn: bool = False, type_k: str = "f16", type_v: str = "f16", n_seq_max: int = 1,
-                 sched=None, graph_reuse: bool = True, kernels: str = "fast"):
+                 sched=None, graph_reuse: bool = True, kernels: str = "fast", cpu=None):
         if n_ctx <= 0 or n_ubatch <= 0 or n_batch <= 0:
             raise ValueError("n_ctx, n_batch and n_ubatch must be positive")
         hp = model.hparams
         check_kv_memory(hp, n_ctx, type_k, type_v)     # before allocating: a clear error, not a MemoryError
         self.model = model
+        # whose arithmetic: a profile, its name, "auto"; by default the model's (llmlab.ggml.cpu.profiles)
+        self.cpu = profiles.resolve(cpu if cpu is not None else getattr(model, "cpu", None))
         self.n_ctx = -(-n_ctx // CTX_PAD) * CTX_PAD
         self.n_batch, self.n_ubatch = n_batch, min(n_ubatch, n_batch)
         self.n_seq_max = n_seq_max
@@ -132,7 +135,8 @@ class Context:
             elif dispatch is None:
                 got = self._plan_for(g).compute(capture=capture, replace=replace, callback=callback)
             else:
-                got = compute_graph(g.gf, capture=capture, replace=replace, callback=callback, dispatch=dispatch)
+                got = compute_graph(g.gf, capture=capture, replace=replace, callback=callback, dispatch=dispatch,
+                                    cpu=self.cpu)
             self.captured.update(got)
             out_ids = np.flatnonzero(ub.output)
             rows.append(g.t_logits.numpy().reshape(len(out_ids), -1))
@@ -142,7 +146,7 @@ class Context:
 
     def _plan_for(self, g) -> CPlan:
         if self._plan[0] is not g:
-            self._plan = (g, graph_plan(g.gf.nodes, fast=self.kernels == "fast"))
+            self._plan = (g, graph_plan(g.gf.nodes, cpu=self.cpu, fast=self.kernels == "fast"))
         return self._plan[1]
 
     def build_graph(self, n_tokens: int):

@@ -36,8 +36,12 @@ class LayerWeights:
 class Model:
     """llama_model: hparams, weights bound by name, shared by any number of contexts."""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, cpu=None):
+        from ..ggml.cpu import profiles
         self.path = Path(path)
+        # the CPU whose llama.cpp build to reproduce (which weights REPACK takes, lane counts):
+        # a profile, its name, or None/"auto" for this machine's; contexts default to it
+        self.cpu = profiles.resolve(cpu)
         self.gguf = GGUFFile(self.path)
         self._info = {t.name: t for t in self.gguf.tensors}
         emb = self._info.get("token_embd.weight")

@@ -12,17 +12,18 @@ from .eval_callback import labels
 
 
 def llmlab_nodes(model_path: str | Path, tokens: Iterable[int], flash_attn: bool = False, output: str = "all",
-                 n_ctx: int | None = None, dispatch=None) -> list[tuple[str, str, tuple[int, ...], np.ndarray | None]]:
+                 n_ctx: int | None = None, dispatch=None, cpu=None) -> list[tuple[str, str, tuple[int, ...], np.ndarray | None]]:
     """Decode ``tokens`` with llmlab (one micro-batch, one sequence) and return its compute nodes in order.
 
     Each entry is ``(label, op, ne, values)`` as :func:`llmlab.llamacpp.diff`
     takes it; unnamed nodes get the same ``<op>-<layer>`` labels as
     llama.cpp's (:func:`~llmlab.llamacpp.eval_callback.labels`). ``dispatch``: an executor hook that
     swaps kernels (e.g. :func:`llmlab.ggml.cpu.float_path.f32_activations`, no 8-bit activations).
+    ``cpu``: the CPU profile to reproduce (default: this machine's llama.cpp).
     """
     toks = np.asarray(list(tokens), np.int32)
     n = len(toks)
-    model = Model(model_path)
+    model = Model(model_path, cpu=cpu)
     ctx = Context(model, n_ctx=max(n_ctx or 0, 256, n), n_batch=n, n_ubatch=n, flash_attn=bool(flash_attn))
     seen: list = []
 

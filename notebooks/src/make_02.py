@@ -7,6 +7,11 @@ cells = []
 md = lambda s: cells.append(nbf.v4.new_markdown_cell(s.strip()))
 code = lambda s: cells.append(nbf.v4.new_code_cell(s.strip()))
 
+
+def solution(s):
+    """A code cell whose source is collapsed when the notebook opens (click to reveal)."""
+    cells.append(nbf.v4.new_code_cell(s.strip(), metadata={"jupyter": {"source_hidden": True}, "tags": ["solution"]}))
+
 md(r"""
 # 02 · Tokenizer: from text to token ids and back
 
@@ -24,23 +29,36 @@ Whatever the algorithm, llama.cpp tokenizes in three steps (`llama_vocab::impl::
 
 Our two real models use two different algorithms: SmolLM2 uses **byte-level BPE** (like GPT-2 and LLaMA 3),
 Gemma 3 uses **SentencePiece** (like LLaMA 1/2).
+
+**What you will learn**
+* the three steps every llama.cpp tokenizer takes (special tokens, the algorithm, BOS/EOS);
+* the four algorithm families, each on a worked example: BPE merges by rank, SentencePiece by score,
+  WordPiece by longest prefix, Unigram by the best total score (Viterbi);
+* byte fallback, and why a streaming decoder must hold back incomplete characters.
+
+**Prerequisites:** notebook 01 (where the vocabulary lives in the GGUF file); UTF-8 at the level of
+"a character can take several bytes".
+**Run time:** about 30 seconds.
 """)
 
 code(r"""
+from llmlab import nb
+paths = nb.setup(models=["smollm2", "gemma3"])
+
 import json, time
 from pathlib import Path
 import matplotlib.pyplot as plt
 from IPython.display import display, HTML
 
-from llmlab import models
 from llmlab.ggml.gguf import GGUFFile
+from llmlab.nb import exercises as ex
 from llmlab.llama.vocab import Tokenizer, Vocab
 from llmlab.viz import tokens as vt
 from llmlab.viz.html import table
 
 toks = {}
 for name, label in [("smollm2", "SmolLM2 (BPE)"), ("gemma3", "Gemma 3 (SPM)")]:
-    with GGUFFile(models.resolve(name)) as f:
+    with GGUFFile(paths[name]) as f:
         t0 = time.perf_counter()
         vocab = Vocab.from_gguf(f)
         dt = time.perf_counter() - t0
@@ -74,7 +92,54 @@ what the pieces are and in who decides the order. SPM starts from characters and
 whose result has the best **score**; BPE starts from bytes, first cuts the text into words with a regex, and
 merges pairs in the order of a learned **merge list** (rank 0 first). WordPiece and Unigram do not merge:
 WordPiece matches the longest known prefix, Unigram searches for the segmentation with the best total score.
-llmlab implements the two families our models use.
+llmlab implements the two families our models use exactly (sections 4 and 5); the other two get a tiny
+worked example each, on a vocabulary of a dozen pieces, right here.
+
+### WordPiece (BERT): the longest piece that fits
+
+WordPiece first normalises the text (BERT lower-cases it and strips accents), splits it on spaces and
+makes every punctuation mark a word of its own. Inside each word it takes, from the current position,
+the **longest** vocabulary piece that matches, and moves on. If at some position no piece matches at all,
+the *whole word* becomes `[UNK]`: WordPiece has no byte fallback. (In a GGUF file BERT's pieces are
+rewritten by the converter: a word-initial piece gets the `▁` marker, a continuation piece loses its
+`##`, so `##able` is stored as `able`.)
+""")
+
+code(r"""
+from llmlab.viz import tokenizers_demo as td
+print("vocabulary:", td.WPM_VOCAB)
+display(td.wordpiece_table("The unaffable players!"))
+display(td.wordpiece_table("zebras"))
+""")
+
+md(r"""
+### Unigram (T5): the best total score, by dynamic programming
+
+Unigram gives every piece a log probability and looks for the segmentation with the **highest sum**,
+over *all* possible segmentations, not just the greedy one. There are exponentially many, but a dynamic
+programme (Viterbi) needs only one pass: `best[i]` is the best score of the first `i` characters, and
+`best[i] = max over pieces p ending at i of best[i - len(p)] + score(p)`. Following the winning choices
+back from the end gives the segmentation. (llama.cpp's `llm_tokenizer_ugm` does exactly this, with a trie
+to find the pieces and a penalty score for unknown characters.)
+
+On "hugs", greedy longest-prefix matching would take `▁hugs` (score −9.5); Viterbi finds `▁hug` + `s`
+(−4.0 − 2.5 = −6.5), which is more probable:
+""")
+
+code(r"""
+print({p: s for p, s in td.UGM_VOCAB.items()})
+display(td.viterbi_table("hugs"))
+norm = td.ugm_normalize("hugs")
+greedy = td.greedy_longest(norm, td.UGM_VOCAB)
+print(f"greedy longest prefix: {greedy} total {td.score(greedy):.1f};  Viterbi: {td.unigram('hugs')} "
+      f"total {td.score(td.unigram('hugs')):.1f}")
+""")
+
+md(r"""
+The families differ in one question: **who decides where the boundaries go?** A learned merge order
+(BPE), merge scores applied greedily (SPM), the longest match (WordPiece), or the best global score
+(Unigram). The same vocabulary can give different tokens under different algorithms, so the GGUF file
+must say which one to run (`tokenizer.ggml.model`).
 
 ## 2. The example sentence, through both tokenizers
 
@@ -254,29 +319,21 @@ table(["model", "normal", "control", "user-defined", "byte", "English-letter tok
 md(r"""
 ## 8. Try it
 
-Type in the box to retokenize with both models (the static output below shows the default text, since a
-headless run has no widgets).
+Type in the box to retokenize with both models (without a live kernel, the output shows the default text).
 """)
 
 code(r"""
 import ipywidgets as w
 
 default = "llama.cpp 把文本切成 token：Hello, world! 🙂"
-box = w.Text(value=default, layout=w.Layout(width="90%"))
-special = w.Checkbox(value=False, description="special")
-bos = w.Checkbox(value=False, description="add_bos")
-out = w.Output()
+controls = {"text": w.Text(value=default, layout=w.Layout(width="90%")),
+            "special": w.Checkbox(value=False, description="special"),
+            "add_bos": w.Checkbox(value=False, description="add_bos")}
 
-def show(_=None):
-    out.clear_output()
-    with out:
-        display(vt.compare_html(toks, [box.value], add_bos=bos.value, special=special.value))
+def show(text, special, add_bos):
+    return vt.compare_html(toks, [text], add_bos=add_bos, special=special)
 
-for c in (box, special, bos):
-    c.observe(show, names="value")
-show()
-display(w.VBox([box, w.HBox([special, bos]), out]))
-display(vt.compare_html(toks, [default]))
+nb.live(show, controls);
 """)
 
 md(r"""
@@ -307,9 +364,77 @@ for label, tok in toks.items():
     print(f"{label}: the {len(article.encode()) / 1e3:.0f} KB seed article -> {len(ids)} tokens in {dt * 1e3:.0f} ms")
 """)
 
-nb = nbf.v4.new_notebook()
-nb["cells"] = cells
-nb["metadata"]["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+md(r"""
+## Summary
+
+* Tokenizing is three steps: cut out special tokens, run the algorithm on the rest, add BOS/EOS as the file asks.
+* BPE merges byte pairs in the order of a learned merge list; SentencePiece merges the pair whose result
+  scores best; WordPiece takes the longest matching piece; Unigram finds the best-scoring segmentation.
+* Byte fallback keeps every text representable; a streaming decoder holds back bytes of an unfinished character.
+* llmlab's BPE and SPM give llama.cpp's ids on every shared reference case.
+
+## Exercises
+
+Each checker says "correct" or what is off; the solutions are in the collapsed cells.
+
+**1. Predict the next BPE merge.** Here are the symbols of " tokenization" after SmolLM2's first
+two merges. Which adjacent pair merges next? (Look up ranks with `smol.vocab.merges["a b"]`: lower wins.)
+""")
+
+code(r"""
+word = " tokenization"
+print(smol.algorithm.trace(word)[1].symbols)
+my_answer = ("", "")          # (left, right)
+ex.check_next_bpe_merge(smol, word, 2, my_answer);
+""")
+
+solution(r"""
+syms = smol.algorithm.trace(word)[1].symbols
+ranked = sorted((smol.vocab.merges[f"{a} {b}"], a, b) for a, b in zip(syms, syms[1:]) if f"{a} {b}" in smol.vocab.merges)
+print(ranked[:3])
+ex.check_next_bpe_merge(smol, word, 2, ranked[0][1:]);
+""")
+
+md(r"""
+**2. WordPiece by hand.** With the tiny vocabulary above (`td.WPM_VOCAB`), how is "unplayable" split?
+(Careful: which pieces may continue a word?)
+""")
+
+code(r"""
+my_answer = []
+ex.check_wordpiece("unplayable", my_answer);
+""")
+
+solution(r"""
+# ▁un matches at 0, but no piece starts with "p" without the ▁ marker ("▁play" only starts a word):
+# WordPiece gives up on the whole word
+display(td.wordpiece_table("unplayable"))
+ex.check_wordpiece("unplayable", ["[UNK]"]);
+""")
+
+md(r"""
+**3. Unigram by hand.** With `td.UGM_VOCAB`, what is the best segmentation of "bun"? Compare the
+totals of the candidates (`td.score([...])`) before you answer.
+""")
+
+code(r"""
+my_answer = []
+ex.check_unigram("bun", my_answer);
+""")
+
+solution(r"""
+for cand in (["▁bun"], ["▁b", "un"], ["▁b", "u", "n"], ["▁", "b", "un"]):
+    print(cand, td.score(cand))
+ex.check_unigram("bun", ["▁b", "un"]);
+""")
+
+md(r"""
+Next, **03 · attention and heads**: the ids become vectors, and the vectors look at each other.
+""")
+
+notebook = nbf.v4.new_notebook()
+notebook["cells"] = cells
+notebook["metadata"]["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
 out = Path(__file__).resolve().parent.parent / "02_tokenizer.ipynb"
-nbf.write(nb, out)
+nbf.write(notebook, out)
 print(out)

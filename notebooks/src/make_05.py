@@ -7,6 +7,11 @@ cells = []
 md = lambda s: cells.append(nbf.v4.new_markdown_cell(s.strip()))
 code = lambda s: cells.append(nbf.v4.new_code_cell(s.strip()))
 
+
+def solution(s):
+    """A code cell whose source is collapsed when the notebook opens (click to reveal)."""
+    cells.append(nbf.v4.new_code_cell(s.strip(), metadata={"jupyter": {"source_hidden": True}, "tags": ["solution"]}))
+
 md(r"""
 # 05 · Quantization block formats: how ggml stores a weight in 4.5 bits
 
@@ -21,25 +26,35 @@ makes it fast. Then we add a toy format for real, at run time, and put it throug
 
 Everything is computed by `llmlab.ggml.quant`, which reproduces ggml **bit for bit**: its dequantizers give the
 same float32 bits as gguf-py and llama.cpp, its quantizers the same bytes as `llama-quantize`.
+
+**What you will learn**
+* the three places a format lives (type id, block struct, `type_traits` row) and the contract of its two row functions;
+* how q4_0, q4_1, q8_0, q4_k and q6_k lay out their bytes and bits, and how to quantize a block by hand;
+* how quantized matrix products avoid dequantizing, and what it takes to add a format.
+
+**Prerequisites:** notebook 01 (tensor types in the file); binary numbers and bit masks.
+**Run time:** about 1 minute.
 """)
 
 code(r"""
+from llmlab import nb
+paths = nb.setup(models=["smollm2", "gemma3"])
+
 import numpy as np
 import matplotlib.pyplot as plt
 from IPython.display import display
 
 import llmlab.ggml.quant as Q
-from llmlab import models
 from llmlab.ggml.gguf import GGUFFile
+from llmlab.nb import exercises as ex
 from llmlab.ggml.types import TYPES, ggml_type
 from llmlab.ggml.quant import checklist, toy
 from llmlab.ggml.cpu import quants as cpu
 from llmlab.viz import quant as vq
 from llmlab.viz.html import table
 
-smol = GGUFFile(models.resolve("smollm2"))     # Q4_1 weights, q8_0 embedding
-gemma = GGUFFile(models.resolve("gemma3"))     # Q4_K_M: q4_k, q6_k, q5_0, q8_0
-plt.rcParams["figure.dpi"] = 90
+smol = GGUFFile(paths["smollm2"])     # Q4_1 weights, q8_0 embedding
+gemma = GGUFFile(paths["gemma3"])     # Q4_K_M: q4_k, q6_k, q5_0, q8_0
 """)
 
 md(r"""
@@ -96,6 +111,30 @@ except Q.QuantError as e:
     print("refused:", e)
 """)
 
+md(r"""
+### The walkthrough article's table, checked against the type table
+
+The seed article compares formats by the bytes each spends on 32 weights. The legacy and K-quant rows
+follow from `type_size × 32 / blck_size`. "Q4_K_M" and "Q5_K_M" are not tensor types but **file
+recipes** (`llama_ftype`): mostly q4_k (or q5_k), with q6_k for the tensors that matter most (such as
+`ffn_down` of some layers and the output), so their size is an average over the file, which we can
+measure on the real Gemma 3 file. The article's description of q4_0 (`scale = max_abs / 7`,
+`q = round(x / scale) + 8`) is a simplification: ggml uses `d = max / −8` with the *signed* extreme
+value, as section 2 shows by hand.
+""")
+
+code(r"""
+rows = []
+for name in ("f32", "f16", "q8_0", "q5_k", "q4_k", "q4_1", "q4_0", "q2_k"):
+    t = ggml_type(name)
+    b32 = t.type_size * 32 / t.block_size
+    rows.append([name, f"{t.bits_per_weight:.4g}", f"{b32:.4g} B", f"{128 / b32:.1f}x", f"{7e9 * t.bits_per_weight / 8 / 1e9:.1f} GB"])
+g_el = sum(int(np.prod(t.shape)) for t in gemma.tensors if t.name.startswith("blk."))
+g_by = sum(t.nbytes for t in gemma.tensors if t.name.startswith("blk."))
+rows.append(["Q4_K_M (Gemma 3's layers, measured)", f"{8 * g_by / g_el:.4g}", f"{32 * g_by / g_el:.4g} B",
+             f"{128 * g_el / (32 * g_by):.1f}x", f"{7e9 * g_by / g_el / 1e9:.1f} GB"])
+display(table(["type", "bits per weight", "bytes per 32 weights", "vs f32", "a 7B model"], rows))
+""")
 
 md(r"""
 ## 2. The block idea on one real weight row
@@ -229,21 +268,26 @@ md(r"""
 
 Pick a type: the row is quantized with ggml's reference quantizer and decoded again. The lower plot is the
 error per weight; it is bounded by each block's own scale, so blocks of small weights get small errors.
-(The widget needs a live kernel; the static figure below shows the default, q4_k.)
+The row comes from Gemma 3's `blk.2.ffn_down.weight`; its type is read from the file (Q4_K_M mixes
+types: this tensor is q4_k while `ffn_down` of layers 0 and 1 is q6_k), so the row we start from is
+exactly what the model uses. Requantizing it to its own type, q4_k, gives back exactly the same values
+(error 0: the quantizer finds the same scales again); any other type loses something. (Without a live
+kernel the view shows the default, q4_0.)
 """)
 
 code(r"""
 import ipywidgets as W
 
-g_row = Q.dequantize(gemma.tensor("blk.2.ffn_down.weight").data[:2048 // 256 * 210], "q6_k")   # one 2048-wide row
+g_t = gemma.tensor("blk.2.ffn_down.weight")
+g_row = Q.dequantize(g_t.data[: g_t.type.row_size(g_t.shape[0])], g_t.type)      # one 2048-wide row
+print(f"{g_t.name}: stored as {g_t.type.name}, row of {g_row.size}, values in [{g_row.min():.3f}, {g_row.max():.3f}]")
 quantizable = [t.name for t in TYPES.values() if t.from_float is not None and t.name not in ("f32",)]
 
-def show(qtype="q4_k", n=160):
-    vq.plot_reconstruction(g_row, qtype, n)
-    plt.show()
+def show(qtype, n):
+    return vq.plot_reconstruction(g_row, qtype, n)
 
-W.interact(show, qtype=W.Dropdown(options=quantizable, value="q4_k"), n=W.IntSlider(value=160, min=32, max=1024, step=32))
-show("q4_k")
+nb.live(show, {"qtype": W.Dropdown(options=quantizable, value="q4_0", description="type"),
+               "n": W.IntSlider(value=160, min=32, max=1024, step=32, description="values shown")}, columns=2);
 """)
 
 md(r"""
@@ -379,7 +423,7 @@ with toy.registered() as t:
     from llmlab.ggml.gguf import GGUFWriter
     w = GGUFWriter()
     w.add_tensor("toy.weight", Q.quantize(real[:64], "mini1"), type="mini1", shape=(64,))
-    buf = "mini1_demo.gguf"
+    buf = nb.build_dir("05") / "mini1_demo.gguf"     # a scratch folder, not the working directory
     w.write(buf)
     with GGUFFile(buf) as f:
         print("read back:", f.tensors[0].type, Q.dequantize(f.tensors[0].data, f.tensors[0].type)[:8])
@@ -389,7 +433,7 @@ try:
     GGUFFile(buf)
 except Exception as e:
     print("once unregistered, the same file is refused:", e)
-import os; os.remove(buf)
+buf.unlink()
 print(f"relative RMS error: mini1 {rms_mini1:.3f}  vs  q1_0 {checklist.rms_error(real[:4096], 'q1_0'):.3f}")
 """)
 
@@ -414,13 +458,71 @@ dispatchable**. A build can decode a tensor only if its table has the row.
   rules) and codes are multiplied as integers, scales applied once per block.
 """)
 
+md(r"""
+## Exercises
+
+Each checker says "correct" or what is off; the solutions are in the collapsed cells.
+
+**1. Quantize a q4_1 block by hand.** q4_1 stores `d = (max − min) / 15` and `m = min` as f16, and each
+weight as `q = min(15, (int)((x − m) · (1/d) + 0.5))` (with `1/d` computed in f32, and 0 when d is 0);
+low nibbles hold weights 0..15, high nibbles 16..31. Build the 20 bytes for the block `xb` below.
+""")
+
+code(r"""
+xb = row[32:64].copy()
+my_answer = b""            # 20 bytes
+ex.check_q4_1_block(xb, my_answer);
+""")
+
+solution(r"""
+mn, mx = xb.min(), xb.max()
+d = np.float32((mx - mn) / np.float32(15))
+inv = np.float32(1) / d if d else np.float32(0)
+q = np.minimum(15, np.trunc((xb - mn) * inv + np.float32(0.5))).astype(np.uint8)
+block = np.float16(d).tobytes() + np.float16(mn).tobytes() + (q[:16] | (q[16:] << 4)).tobytes()
+ex.check_q4_1_block(xb, block);
+""")
+
+md(r"""
+**2. Bits per weight from a layout.** Using only `vq.layout_table("q5_k")` (the fields of `block_q5_K`)
+and the super-block size of 256, how many bits does q5_k spend per weight?
+""")
+
+code(r"""
+display(vq.layout_table("q5_k"))
+my_answer = 0.0
+ex.check_bits_per_weight("q5_k", my_answer);
+""")
+
+solution(r"""
+total_bytes = 2 + 2 + 12 + 32 + 128          # d, dmin, scales, qh (1 bit each), qs (4 bits each)
+ex.check_bits_per_weight("q5_k", total_bytes * 8 / 256);
+""")
+
+md(r"""
+**3. Decode a q8_0 block by hand.** The first block of SmolLM2's `token_embd.weight` is `blocks["q8_0"]`
+(34 bytes). Produce its 32 float32 weights, bit for bit.
+""")
+
+code(r"""
+raw8 = blocks["q8_0"]
+my_answer = []
+ex.check_q8_0_decode(raw8, my_answer);
+""")
+
+solution(r"""
+d = np.frombuffer(raw8[:2].tobytes(), np.float16)[0].astype(np.float32)
+qs = np.frombuffer(raw8[2:34].tobytes(), np.int8).astype(np.float32)
+ex.check_q8_0_decode(raw8, d * qs);
+""")
+
 code(r"""
 smol.close(); gemma.close()
 """)
 
 nb = nbf.v4.new_notebook()
 nb["cells"] = cells
-nb["metadata"] = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
+nb["metadata"] = {"kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"},
                   "language_info": {"name": "python"}}
 out = Path(__file__).resolve().parents[1] / "05_quant_blocks.ipynb"
 nbf.write(nb, out)

@@ -11,6 +11,10 @@ The graph stays the graph the notebooks draw: the plan neither adds nor fuses no
 ``capture``/``replace``/``callback`` every node is still seen, in order, as the reference
 executor shows it. llama.cpp reuses a graph when the shapes repeat; the context keeps the plan
 with the graph, so a decode step pays for binding once per 256 cells of cache.
+
+A plan is bound for one CPU profile (``cpu``): a fast kernel binds only where it computes that
+profile's arithmetic (its lane count, reduction tree and expf); elsewhere the node keeps its
+NumPy reference, which takes the profile too.
 """
 from __future__ import annotations
 
@@ -20,16 +24,16 @@ import numpy as np
 
 from ..ops import VIEW_OPS
 from ..tensor import F16, F32, Tensor
-from .fast import dispatch as fdispatch
+from . import sgemm
+from .fast import dispatch as fq
 from .fast import ops as fops
 from .fast import vec as fvec
-from .kernels import rope_cache
-from .ops import COMPUTE, mul_mat_quantized
+from .ops import COMPUTE, rope_cache
+from .profiles import CPUProfile, resolve
 
 Step = Callable[[], None]
 PARALLEL_MIN_WORK = 1 << 21     # multiply-adds below which waking the other threads costs more than it saves
-BINDERS: dict[str, Callable[[Tensor, "CPUProfileLike"], Step | None]] = {}
-CPUProfileLike = object
+BINDERS: dict[str, Callable[[Tensor, CPUProfile], Step | None]] = {}
 
 
 def binder(op: str):
@@ -40,11 +44,11 @@ def binder(op: str):
     return deco
 
 
-def _reference(node: Tensor) -> Step:
+def _reference(node: Tensor, cpu: CPUProfile) -> Step:
     fn = COMPUTE.get(node.op)
     if fn is None:
         raise NotImplementedError(f"no CPU implementation for op {node.op} (node {node.name})")
-    return lambda: fn(node)
+    return lambda: fn(node, cpu)
 
 
 class CPlan:
@@ -81,7 +85,9 @@ class CPlan:
 
 
 def graph_plan(nodes: list[Tensor], cpu=None, fast: bool = True) -> CPlan:
-    """Give every node its bytes and its step (views: none); ``fast=False`` binds the references."""
+    """Give every node its bytes and its step (views: none); ``fast=False`` binds the references.
+    ``cpu``: the profile whose arithmetic the kernels reproduce (a profile, its name, or auto)."""
+    cpu = resolve(cpu)
     steps: list[Step | None] = []
     n_fast = 0
     for node in nodes:
@@ -93,7 +99,7 @@ def graph_plan(nodes: list[Tensor], cpu=None, fast: bool = True) -> CPlan:
             continue
         step = BINDERS[node.op](node, cpu) if fast and node.op in BINDERS else None
         n_fast += step is not None
-        steps.append(step or _reference(node))
+        steps.append(step or _reference(node, cpu))
     return CPlan(nodes, steps, n_fast)
 
 
@@ -200,11 +206,13 @@ def _soft_max(node, cpu):
             return None
         M = m.array()[0, 0][: x.ne[1]]
     scale = np.float32(node.op_params["scale"])
-    lanes = _lanes(cpu)
+    v = fvec.params(cpu)
+    if x.ne[0] % v.lanes:
+        return None                         # a scalar tail through libm's expf: the reference has it
     if X.size >= PARALLEL_MIN_WORK // 8 and _threads() > 1:
         n = _threads()
-        return lambda: fvec.soft_max_mt(X, M, scale, O, lanes, n)
-    return lambda: fvec.soft_max(X, M, scale, O, lanes)
+        return lambda: fvec.soft_max_mt(X, M, scale, O, v.lanes, v.hsum_prog, v.expf, n)
+    return lambda: fvec.soft_max(X, M, scale, O, v.lanes, v.hsum_prog, v.expf)
 
 
 @binder("SWIGLU")
@@ -213,9 +221,10 @@ def _swiglu(node, cpu):
         return None
     g, u = (_rows(s) for s in node.src)
     out = _rows(node)
-    if g is None or u is None or out is None:
+    v = fvec.params(cpu)
+    if g is None or u is None or out is None or node.ne[0] % v.lanes:
         return None
-    return lambda: fvec.swiglu(g, u, out)
+    return lambda: fvec.swiglu(g, u, out, v.expf)
 
 
 @binder("MUL_MAT")
@@ -228,34 +237,29 @@ def _mul_mat(node, cpu):
         if a.ne[2] != 1 or a.ne[3] != 1 or b.ne[2] != 1 or b.ne[3] != 1:
             return None
         A, t = a.array()[0, 0], a.type
-        repacked = a.view_src is None and a.ne[1] % 8 == 0
+        repacked = a.view_src is None and cpu.repacks(t.name, a.ne[1])   # llama.cpp's CPU_REPACK buffer
         X, Y = B[0, 0], O[0, 0]
-
-        if fdispatch.supports(t):
-            run = fdispatch.bind(A, t, repacked)              # packed at the first call
-
-            def step():
-                Y[...] = run(X)
-            return step
+        if not fq.supports(t):
+            return None
+        run = fq.bind(A, t, repacked)                       # prepared once; packed at the first call
 
         def step():
-            Y[...] = mul_mat_quantized(A, t, X, repacked)
+            Y[...] = run(X)
         return step
     if a.type is F16 and a.ne[3] == 1 and b.ne[3] == 1 and b.ne[2] % a.ne[2] == 0:
-        A = a.array()[0].view(np.uint16)                    # (Hk, R, K) bits, strides of the cache view
+        A = a.array()[0].view(np.uint16)                    # (Hk, R, K) f16 bits, strides of the cache view
         X, Y = B[0], O[0]
         T, R, K = b.ne[1], a.ne[1], a.ne[0]
-        tiny = T >= 2 and K % 16 == 0 and R % 4 == 0        # llamafile_sgemm takes it, else vec_dot_f16
-        lanes, lut = _lanes(cpu), fvec.F16_TO_F32
+        v = fvec.params(cpu)
+        if sgemm.takes(cpu, R, T, K):                       # llamafile_sgemm: one register per output
+            n_reg, lanes, prog = 1, v.sgemm_lanes, v.sgemm_prog
+        else:                                               # ggml_vec_dot_f16
+            n_reg, lanes, prog = v.arr, v.lanes, v.vec_prog
         if Y.size * K >= PARALLEL_MIN_WORK and _threads() > 1:
             n = _threads()
-            return lambda: fvec.mul_mat_f16_mt(A, X.astype(np.float16).astype(np.float32), Y, lut, lanes, tiny, n)
-        return lambda: fvec.mul_mat_f16(A, X.astype(np.float16).astype(np.float32), Y, lut, lanes, tiny)
+            return lambda: fvec.mul_mat_f16_mt(A, X.astype(np.float16).astype(np.float32), Y, n_reg, lanes, prog, n)
+        return lambda: fvec.mul_mat_f16(A, X.astype(np.float16).astype(np.float32), Y, n_reg, lanes, prog)
     return None
-
-
-def _lanes(cpu) -> int:
-    return 16
 
 
 def _threads() -> int:

@@ -6,7 +6,7 @@ them but uses one kernel order for every shape.
 ggml-cpu multiplies a quantized weight by an activation only after quantizing the
 activation to the weight's ``vec_dot_type`` (q8_0, q8_1 or q8_K: 8-bit codes, one
 scale per block), so that the dot product runs on integers. llmlab reproduces
-that (``compute.mul_mat``). :func:`f32_activations` is an executor ``dispatch``
+that (``ops.mul_mat_quantized``). :func:`f32_activations` is an executor ``dispatch``
 hook that instead dequantizes the weight rows to float32 and multiplies them
 by the float32 activations as they are: the same weights, no activation
 rounding. Everything else (f16 KV cache, softmax, norms) is unchanged.
@@ -59,7 +59,7 @@ def vec_dot_everywhere(node: Tensor) -> bool:
     REPACK kernels for repacked weights); all of them compute the same exact integer block sums and
     differ only in the order of the float steps. This path ignores that choice, to measure what a
     float32-noise difference becomes once 8-bit activation rounding meets it."""
-    from .kernels import EXACT_MUL_MAT
-    if not _quantized_mul_mat(node) or node.src[0].type.name not in EXACT_MUL_MAT:
+    from .quants import TYPE_TRAITS_CPU, mul_mat
+    if not _quantized_mul_mat(node) or node.src[0].type.name not in TYPE_TRAITS_CPU:
         return False
-    return _each_matrix(node, EXACT_MUL_MAT[node.src[0].type.name])
+    return _each_matrix(node, mul_mat)

@@ -1,24 +1,30 @@
-"""The plain NumPy reference of every op, registered by op name (ggml_compute_forward's switch).
+"""The NumPy reference of every op, registered by op name (ggml-cpu's ops.cpp and the
+``ggml_compute_forward`` switch).
 
-Each function takes the node and writes its result into the node's bytes.
-Where ggml-cpu's numerics matter for exactness they are reproduced here:
-RMS norm sums squares in double, softmax sums in double, RoPE multiplies the
-angle by ``theta_scale`` step by step in float, GELU goes through an f16 table,
-f16 weights (the KV cache) see their activations rounded to f16, and quantized
-weights see their activations quantized to the weight's ``vec_dot_type``
-(``llmlab.ggml.quant`` and ``quants.py``).
+Each function takes the node and the CPU profile (``cpu``: a ``profiles.CPUProfile``, its name, or
+None for the detected one) and writes its result into the node's bytes. Where ggml-cpu's numerics
+matter for exactness they are reproduced: RMS norm sums squares in double, RoPE multiplies the
+angle by ``theta_scale`` step by step in float with libm's cosf/sinf, softmax and SiLU go through
+``vec`` (the profile's expf and lane sums), GELU through an f16 table, f16 weights (the KV cache)
+through tinyBLAS or ``ggml_vec_dot_f16`` (``sgemm``, ``vec``), quantized weights through the kernel
+ggml-cpu picks for the shape (:func:`mul_mat_quantized`: REPACK, tiled or vec_dot).
 """
 from __future__ import annotations
 
 from typing import Callable
 
 import numpy as np
+from numpy import float32, float64
 
-from ..quant import dequantize
+from . import profiles
+from .libm import expf as libm_expf
+from .libm import libm
+from .vec import gelu as gelu_ggml
+from .vec import gelu_f32, gelu_table  # noqa: F401  (re-exported: ggml's GELU lives in vec)
 from ..tensor import F16, F32, Tensor
 from .quants import mul_mat as quant_mul_mat
 
-COMPUTE: dict[str, Callable[[Tensor], None]] = {}
+COMPUTE: dict[str, Callable[..., None]] = {}
 
 
 def register(op: str):
@@ -36,29 +42,44 @@ def f32(t: Tensor) -> np.ndarray:
     return a if a.dtype == np.float32 else a.astype(np.float32)
 
 
-# ---- quantized weights: llmlab.ggml.quant's formats, ggml-cpu's kernels (kernels.py, quants.py) ------------
-
 def dequantize_rows(raw: np.ndarray, qtype) -> np.ndarray:
+    from ..quant import dequantize
     return np.asarray(dequantize(raw, qtype), dtype=np.float32).reshape(raw.shape[0], -1)
 
 
-def mul_mat_quantized(raw: np.ndarray, qtype, x: np.ndarray, repacked: bool = False) -> np.ndarray:
+# ---- MUL_MAT: which kernel ggml-cpu takes (ggml_compute_forward_mul_mat) ---------------------------
+
+def quantized_kernel(qtype, n_rows: int, repacked: bool, cpu) -> Callable | None:
+    """The kernel that multiplies a quantized weight by ``n_rows`` activation rows on this profile:
+    the REPACK gemv/gemm for weights in the REPACK buffer, the tiled K-quant matmul from
+    ``tiled_min_batch`` rows on, otherwise the type's vec_dot (``quants.mul_mat``); None when llmlab
+    has no exact kernel for the type."""
+    from .quants import TYPE_TRAITS_CPU, mul_mat
+    from .repack import REPACKED_MUL_MAT
+    from .tiled import mul_mat_k_tiled
+    name = qtype.name
+    if repacked and name in cpu.repack_types:
+        fn = REPACKED_MUL_MAT.get(name)
+    elif n_rows >= cpu.tiled_min_batch and name in cpu.tiled_types:
+        fn = mul_mat_k_tiled
+    else:
+        fn = None
+    if fn is None and name in TYPE_TRAITS_CPU:
+        fn = mul_mat
+    return fn
+
+
+def mul_mat_quantized(raw: np.ndarray, qtype, x: np.ndarray, repacked: bool = False, cpu=None) -> np.ndarray:
     """x [N, K] times the quantized weight rows raw [M, row_bytes] -> [N, M], as ggml-cpu computes it.
 
-    Types whose x86 accumulation order is reproduced (``ggml_cpu``) are bit-exact; the others
-    use llmlab.ggml.quant's reference (exact integer sums, float terms summed in another order)."""
-    from .kernels import EXACT_MUL_MAT, REPACK_TYPES, REPACKED_MUL_MAT, TILED_MIN_ROWS, TILED_MUL_MAT
-    repacked = repacked and qtype.name in REPACK_TYPES
-    if repacked:                                   # the REPACK buffer's kernels
-        exact = REPACKED_MUL_MAT.get(qtype.name)
-    elif len(x) >= TILED_MIN_ROWS:                 # ggml_compute_forward_mul_mat_tiled takes K-quants
-        exact = TILED_MUL_MAT.get(qtype.name)
-    else:
-        exact = None
-    exact = exact or EXACT_MUL_MAT.get(qtype.name)
-    if exact is not None:
-        return exact(raw, qtype, x)
-    return np.asarray(quant_mul_mat(raw, qtype, x), dtype=np.float32)
+    ``repacked``: the weight sits where llama.cpp's CPU_REPACK buffer would take it (the profile's
+    ``repack_types`` decide). Types without an exact kernel in llmlab use a float stand-in."""
+    cpu = profiles.resolve(cpu)
+    fn = quantized_kernel(qtype, len(x), repacked, cpu)
+    if fn is not None:
+        return fn(raw, qtype, x, cpu=cpu)
+    w = dequantize_rows(raw, qtype)          # float stand-in (not activation-quantized)
+    return (x @ w.T).astype(np.float32)
 
 
 # ---- ops ------------------------------------------------------------------------------
@@ -68,7 +89,7 @@ def _out(dst: Tensor) -> np.ndarray:
 
 
 @register("GET_ROWS")
-def get_rows(dst: Tensor) -> None:
+def get_rows(dst: Tensor, cpu=None) -> None:
     a, ids = dst.src
     idx = ids.array()                                   # (1, ne12, ne11, n)
     A = a.array()                                       # (ne03, ne02, ne01, row)
@@ -91,44 +112,45 @@ def _bcast(b: np.ndarray, shape) -> np.ndarray:
 
 
 @register("ADD")
-def add(dst: Tensor) -> None:
+def add(dst: Tensor, cpu=None) -> None:
     a, b = dst.src
     A, B = f32(a), f32(b)
     np.add(A, _bcast(B, A.shape), out=_out(dst))
 
 
 @register("MUL")
-def mul(dst: Tensor) -> None:
+def mul(dst: Tensor, cpu=None) -> None:
     a, b = dst.src
     A, B = f32(a), f32(b)
     np.multiply(A, _bcast(B, A.shape), out=_out(dst))
 
 
 @register("SCALE")
-def scale(dst: Tensor) -> None:
+def scale(dst: Tensor, cpu=None) -> None:
     np.multiply(f32(dst.src[0]), np.float32(dst.op_params["scale"]), out=_out(dst))
 
 
 @register("MUL_MAT")
-def mul_mat(dst: Tensor) -> None:
+def mul_mat(dst: Tensor, cpu=None) -> None:
     a, b = dst.src
     B = f32(b)                                          # (ne13, ne12, N, K)
     out = _out(dst)                                     # (ne13, ne12, N, M)
     r2, r3 = b.ne[2] // a.ne[2], b.ne[3] // a.ne[3]
+    cpu = profiles.resolve(cpu)
     if a.type.block_size != 1:
         A = a.array()
-        repacked = a.view_src is None and a.ne[1] % 8 == 0      # where llama.cpp's CPU_REPACK buffer takes it
+        repacked = a.view_src is None and cpu.repacks(a.type.name, a.ne[1])   # llama.cpp's CPU_REPACK buffer
         for i3 in range(b.ne[3]):
             for i2 in range(b.ne[2]):
-                out[i3, i2] = mul_mat_quantized(A[i3 // r3, i2 // r2], a.type, B[i3, i2], repacked)
+                out[i3, i2] = mul_mat_quantized(A[i3 // r3, i2 // r2], a.type, B[i3, i2], repacked, cpu)
         return
     A = a.array()
     if a.type is F16:                                   # ggml-cpu: vec_dot_type f16, activations rounded to f16
-        from .kernels import mul_mat_f16_op
+        from .sgemm import mul_mat_f16_op
         Bh = B.astype(np.float16)
         for i3 in range(b.ne[3]):
             for i2 in range(b.ne[2]):
-                out[i3, i2] = mul_mat_f16_op(A[i3 // r3, i2 // r2], Bh[i3, i2])
+                out[i3, i2] = mul_mat_f16_op(A[i3 // r3, i2 // r2], Bh[i3, i2], cpu)
         return
     if A.dtype != np.float32:
         A = A.astype(np.float32)
@@ -140,7 +162,7 @@ def mul_mat(dst: Tensor) -> None:
 
 
 @register("RMS_NORM")
-def rms_norm(dst: Tensor) -> None:
+def rms_norm(dst: Tensor, cpu=None) -> None:
     x = f32(dst.src[0])
     eps = np.float32(dst.op_params["eps"])
     sq = (x * x).astype(np.float64)                     # sum += (ggml_float)(x[i]*x[i]): float products,
@@ -151,7 +173,7 @@ def rms_norm(dst: Tensor) -> None:
 
 
 @register("NORM")
-def norm(dst: Tensor) -> None:
+def norm(dst: Tensor, cpu=None) -> None:
     x = f32(dst.src[0])
     eps = np.float32(dst.op_params["eps"])
     mean = (x.astype(np.float64).sum(-1) / x.shape[-1]).astype(np.float32)
@@ -160,13 +182,51 @@ def norm(dst: Tensor) -> None:
     np.multiply(y, (np.float32(1.0) / np.sqrt(var + eps))[..., None], out=_out(dst))
 
 
-def rope_cache(pos, n_dims, freq_base, freq_scale=1.0, attn_factor=1.0):
-    from .kernels import rope_cache as rc
-    return rc(pos, n_dims, freq_base, freq_scale, attn_factor)
+# ---- RoPE: the cos/sin cache from the C library's powf/cosf/sinf, the rotation with one fma ------
+
+_ROPE_ROWS: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+
+
+def rope_cache(pos: np.ndarray, n_dims: int, freq_base: float, freq_scale: float = 1.0,
+               attn_factor: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin per (position, pair) as ggml_rope_cache_init: theta starts at the position and is
+    multiplied by theta_scale = powf(base, -2/n_dims) in float; cosf/sinf from the C library
+    (they are not always correctly rounded, so numpy's cos would differ in the last bit)."""
+    lib = libm()
+    base, fs, af = float32(freq_base), float32(freq_scale), float32(attn_factor)
+    ex = float32(-2.0) / float32(n_dims)
+    ts = float32(lib.powf(float(base), float(ex))) if lib else float32(np.power(base, ex, dtype=float32))
+    cos = np.empty((len(pos), n_dims // 2), float32)
+    sin = np.empty((len(pos), n_dims // 2), float32)
+    for i, p in enumerate(np.asarray(pos).tolist()):
+        key = (float(base), n_dims, float(fs), float(af), p)
+        row = _ROPE_ROWS.get(key)
+        if row is None:
+            th = float32(p)
+            c = np.empty(n_dims // 2, float32)
+            s = np.empty(n_dims // 2, float32)
+            for k in range(n_dims // 2):
+                t = float32(fs * th)
+                if lib:
+                    c[k], s[k] = lib.cosf(float(t)), lib.sinf(float(t))
+                else:
+                    c[k], s[k] = np.cos(float64(t)), np.sin(float64(t))
+                th = float32(th * ts)
+            row = ((c * af).astype(float32), (s * af).astype(float32))
+            _ROPE_ROWS[key] = row
+        cos[i], sin[i] = row
+    return cos, sin
+
+
+def rotate(x0: np.ndarray, x1: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """rotate_pairs as compiled (the first product fused): x0*cos - x1*sin, x0*sin + x1*cos."""
+    y0 = (x0.astype(float64) * cos - (x1 * sin).astype(float32)).astype(float32)
+    y1 = (x0.astype(float64) * sin + (x1 * cos).astype(float32)).astype(float32)
+    return y0, y1
 
 
 @register("ROPE")
-def rope(dst: Tensor) -> None:
+def rope(dst: Tensor, cpu=None) -> None:
     a, pos = dst.src[0], dst.src[1]
     p = dst.op_params
     if len(dst.src) > 2:
@@ -177,7 +237,6 @@ def rope(dst: Tensor) -> None:
     n_dims = p["n_dims"]
     cos, sin = rope_cache(pos.array().reshape(-1), n_dims, p["freq_base"], p["freq_scale"], p["attn_factor"])
     cos, sin = cos[None, :, None, :], sin[None, :, None, :]
-    from .kernels import rotate
     out = _out(dst)
     out[...] = x
     if p["mode"] & 2:                                   # NEOX: pairs (i, i + n_dims/2)
@@ -188,67 +247,25 @@ def rope(dst: Tensor) -> None:
 
 
 @register("SOFT_MAX")
-def soft_max(dst: Tensor) -> None:
+def soft_max(dst: Tensor, cpu=None) -> None:
     x = f32(dst.src[0])                                 # (ne3, ne2, ne1, ne0)
     w = x * np.float32(dst.op_params["scale"])
     if len(dst.src) > 1:
         m = f32(dst.src[1])                             # (m3, m2, >= ne1, ne0)
         m = m[:, :, : x.shape[2], :]
         w = w + _bcast(m, (m.shape[0] if m.shape[0] == x.shape[0] else 1, m.shape[1] if m.shape[1] == x.shape[1] else 1) + x.shape[2:])
-    from .kernels import soft_max_rows
-    _out(dst)[...] = soft_max_rows(w.astype(np.float32))
-
-
-def _silu(x: np.ndarray) -> np.ndarray:
-    from .kernels import v_silu
-    return v_silu(x)
-
-
-_GELU_TABLE: np.ndarray | None = None
-
-
-def gelu_f32(x: np.ndarray) -> np.ndarray:
-    """0.5 x (1 + tanh(sqrt(2/pi) x (1 + 0.044715 x^2))) in float (ggml_gelu_f32)."""
-    x = x.astype(np.float32)
-    c = np.float32(0.79788456080286535587989211986876)
-    return (np.float32(0.5) * x * (np.float32(1.0) + np.tanh(c * x * (np.float32(1.0) + np.float32(0.044715) * x * x)))).astype(np.float32)
-
-
-def gelu_table() -> np.ndarray:
-    """ggml_table_gelu_f16: GELU of every f16 value, stored as f16, computed as ggml-cpu's init does
-    (``1 + a*x*x`` fused into one fma, the C library's tanhf)."""
-    global _GELU_TABLE
-    if _GELU_TABLE is None:
-        from .kernels import _libm
-        with np.errstate(all="ignore"):
-            x = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float32)
-            f32, f64 = np.float32, np.float64
-            inner = ((f32(0.044715) * x).astype(f64) * x.astype(f64) + 1.0).astype(f32)
-            arg = (f32(0.79788456080286535587989211986876) * x * inner).astype(f32)
-            lib = _libm()
-            if lib:
-                fin = np.isfinite(arg)
-                t = np.tanh(arg)
-                t[fin] = [lib.tanhf(float(z)) for z in arg[fin]]
-            else:
-                t = np.tanh(arg)
-            _GELU_TABLE = (f32(0.5) * x * (f32(1.0) + t.astype(f32))).astype(f32).astype(np.float16)
-    return _GELU_TABLE
-
-
-def gelu_ggml(x: np.ndarray) -> np.ndarray:
-    """ggml-cpu's GELU: through the f16 table, 0 below -10, identity above 10."""
-    t = gelu_table()[x.astype(np.float16).view(np.uint16)].astype(np.float32)
-    return np.where(x <= -10.0, np.float32(0), np.where(x >= 10.0, x, t)).astype(np.float32)
+    from .vec import soft_max_rows
+    _out(dst)[...] = soft_max_rows(w.astype(np.float32), cpu)
 
 
 @register("SILU")
-def silu(dst: Tensor) -> None:
-    _out(dst)[...] = _silu(f32(dst.src[0]))
+def silu(dst: Tensor, cpu=None) -> None:
+    from .vec import silu as silu_
+    _out(dst)[...] = silu_(f32(dst.src[0]), cpu)
 
 
 @register("GELU")
-def gelu(dst: Tensor) -> None:
+def gelu(dst: Tensor, cpu=None) -> None:
     _out(dst)[...] = gelu_ggml(f32(dst.src[0]))
 
 
@@ -261,13 +278,14 @@ def _glu_parts(dst: Tensor):
 
 
 @register("SWIGLU")
-def swiglu(dst: Tensor) -> None:
+def swiglu(dst: Tensor, cpu=None) -> None:
     g, u = _glu_parts(dst)
-    np.multiply(_silu(g), u, out=_out(dst))
+    from .vec import silu as silu_
+    np.multiply(silu_(g, cpu), u, out=_out(dst))
 
 
 @register("GEGLU")
-def geglu(dst: Tensor) -> None:
+def geglu(dst: Tensor, cpu=None) -> None:
     g, u = _glu_parts(dst)
     np.multiply(gelu_ggml(g), u, out=_out(dst))
 
@@ -281,7 +299,7 @@ def _convert(values: np.ndarray, dst_type) -> np.ndarray:
 
 
 @register("CONT")
-def cont(dst: Tensor) -> None:
+def cont(dst: Tensor, cpu=None) -> None:
     src = dst.src[0]
     out = _out(dst)
     out[...] = src.array().reshape(-1).reshape(out.shape) if src.is_contiguous() else \
@@ -289,7 +307,7 @@ def cont(dst: Tensor) -> None:
 
 
 @register("CPY")
-def cpy(dst: Tensor) -> None:
+def cpy(dst: Tensor, cpu=None) -> None:
     src = dst.src[0]
     out = _out(dst)
     vals = f32(src) if src.type.block_size != 1 else src.array()
@@ -301,7 +319,7 @@ def cpy(dst: Tensor) -> None:
 
 
 @register("SET_ROWS")
-def set_rows(dst: Tensor) -> None:
+def set_rows(dst: Tensor, cpu=None) -> None:
     src, idx = dst.src
     rows = idx.array().reshape(-1).astype(np.int64)
     if rows.size and (rows.min() < 0 or rows.max() >= dst.ne[1]):
@@ -315,7 +333,7 @@ def set_rows(dst: Tensor) -> None:
         out[rows] = _convert(vals, dst.type)
 
 
-def _noop(dst: Tensor) -> None:
+def _noop(dst: Tensor, cpu=None) -> None:
     pass
 
 
@@ -324,7 +342,7 @@ for _op in ("NONE", "VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE"):
 
 
 @register("FLASH_ATTN_EXT")
-def flash_attn_ext(dst: Tensor) -> None:
+def flash_attn_ext(dst: Tensor, cpu=None) -> None:
     """ggml-cpu's flash attention (ggml_compute_forward_flash_attn_ext_f16, one query row at a time):
     online softmax over the key cells in order, masked cells skipped; with an f16 V the running
     output is kept in f16 (scaled by exp(M_old - M) when the max grows, then += v * exp(s - M))."""
@@ -345,8 +363,8 @@ def flash_attn_ext(dst: Tensor) -> None:
     S = np.zeros((n_head, n_q), np.float32)
     Mx = np.full((n_head, n_q), -np.inf, np.float32)
     acc = np.zeros((n_head, n_q, V.shape[-1]), np.float16 if f16_acc else np.float32)
-    from .kernels import vec_dot_f16
-    scores = (vec_dot_f16(Q[:, :, None, :], K[:, None, :, :]) * scale).astype(np.float32)   # (h, q, k)
+    from .vec import vec_dot_f16
+    scores = (vec_dot_f16(Q[:, :, None, :], K[:, None, :, :], cpu) * scale).astype(np.float32)   # (h, q, k)
     for ic in range(n_kv):
         mv = M[:, ic]
         live = np.isfinite(mv)[None, :] & np.ones((n_head, 1), bool)
@@ -355,8 +373,8 @@ def flash_attn_ext(dst: Tensor) -> None:
         s = (scores[:, :, ic] + mv[None, :]).astype(np.float32)
         grow = live & (s > Mx)
         with np.errstate(invalid="ignore", over="ignore"):
-            ms = np.where(grow, np.exp((Mx - s).astype(np.float64)), 1.0).astype(np.float32)   # expf
-            vs = np.where(grow, 1.0, np.exp((s - Mx).astype(np.float64))).astype(np.float32)
+            ms = np.where(grow, libm_expf(np.where(grow, Mx - s, 0)), 1.0).astype(np.float32)   # the C library's expf
+            vs = np.where(grow, 1.0, libm_expf(np.where(grow, 0, s - Mx))).astype(np.float32)
         ms = np.where(live, ms, np.float32(1))
         vs = np.where(live, vs, np.float32(0))
         Mx = np.where(grow, s, Mx)

@@ -1,28 +1,23 @@
-"""What ggml-cpu adds on top of the type table: ``type_traits_cpu[]``.
+"""Quantized dot products (ggml-cpu's quants.c + arch/x86/quants.c, and ``type_traits_cpu[]``).
 
-For a matrix product ggml-cpu never dequantizes the weights. It quantizes each
-activation row to the weight type's partner (``vec_dot_type``: q8_0, q8_1 or q8_K),
-multiplies 8-bit integers block by block, and applies the float scales once per block:
+For a matrix product ggml-cpu never dequantizes the weights. It quantizes each activation row
+to the weight type's partner (``vec_dot_type``: q8_0, q8_1 or q8_K), multiplies 8-bit integers
+block by block, and applies the float scales once per block:
 
     dot(w, x) = sum over blocks b of  d_w[b] * d_x[b] * sum_i q_w[b,i] * q_x[b,i]   (+ min terms)
 
-This module is the NumPy reference of that path:
+This module is that path, written once per type:
 
-* :func:`quantize_activations` - the partner quantizers as the x86 AVX2 build runs them
-  (q8_0/q8_1: ``id = 127/amax`` and round half to even; q8_K: ggml's reference);
-* ``vec_dot_<w>_<a>`` per weight type - integer block sums (exact), then the block
-  scales in float32 exactly as ggml forms them (``d_w * d_x``);
-* :func:`mul_mat` - ``W @ x`` for all rows at once.
-
-The activation codes and scales, every integer block sum and every per-block float scale
-are exact. For every type in the table the float accumulation follows the
-x86 AVX2 ``ggml_vec_dot_*`` kernels lane by lane (8 float lanes, each holding sums of 4
-consecutive products, fused multiply-adds block after block, then ``hsum_float_8``), so
-the result is the one those kernels return (and q2_k, q3_k, q6_k as the llama.cpp build
-in llama-cpp-python 0.3.36 has them: the -32 of q6_k and the mins of q2_k enter the lanes
-through the bsums). Note that llama.cpp may route a
-matrix product through other kernels (llamafile's tinyBLAS, the repacked q4_0/q4_k/q8_0
-layouts), which add the same exact block terms in yet another order.
+* :func:`quantize_activations`: the partner quantizers as x86 builds run them (q8_0/q8_1:
+  ``id = 127/amax`` and round half to even; q8_K: ggml's reference);
+* ``vec_dot_<w>_<a>`` per weight type, as the AVX2 ``ggml_vec_dot_*`` kernels that both x86 profiles
+  run (AVX-512 builds keep them; VNNI only changes how the exact integers are formed): 8 float
+  lanes, lane j holding the integer sum of products 4j..4j+3 of every 32 values (times the
+  sub-block scale for K-quants), ``acc_j = fma(d_w * d_x, (float) lane_j, acc_j)`` block after block,
+  then ``hsum_float_8`` (the profile's ``quant_hsum_tree``); the min terms of q4_1/q5_1/q2_K/q4_K/q5_K
+  and q6_K's -32 enter as each kernel adds them;
+* :func:`mul_mat`: ``W @ x`` for all rows through the type's vec_dot (ggml-cpu's plain path; the
+  tiled and REPACK paths are in ``tiled`` and ``repack``, the choice in ``ops.mul_mat_quantized``).
 """
 from __future__ import annotations
 
@@ -30,47 +25,55 @@ from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
+from numpy import float32, float64
 
+from . import profiles
+from .simd import fma, fma64, reduce_tree
 from ..types import QK_K, ggml_type
 from ..quant import k_quants as K
 from ..quant import legacy as L
-from ..quant.core import F32, QuantError, blocks_of, fp16, nibbles
+from ..quant.core import QuantError, blocks_of, fp16, nibbles
+
+ROW_CHUNK = 4096          # weight rows per step (bounds the lane temporaries)
 
 # ---------------------------------------------------------------- activation quantizers (quantize_row_q8_*)
 
 
-def quantize_row_q8_0_avx2(x: np.ndarray) -> np.ndarray:
+def quantize_row_q8_0(x: np.ndarray) -> np.ndarray:
     """ggml-cpu x86 quantize_row_q8_0: d = amax/127 (stored f16), q = round_half_even(x * 127/amax)."""
-    x = np.asarray(x, F32).reshape(-1, 32)
+    x = np.asarray(x, float32).reshape(-1, 32)
     amax = np.abs(x).max(-1)
     with np.errstate(divide="ignore"):
-        iscale = np.where(amax != 0, F32(127) / amax, F32(0)).astype(F32)
+        iscale = np.where(amax != 0, float32(127) / amax, float32(0)).astype(float32)
     out = np.zeros(len(x), L.BLOCK_Q8_0)
-    out["d"], out["qs"] = fp16(amax / F32(127)), np.rint(x * iscale[:, None])
+    out["d"], out["qs"] = fp16(amax / float32(127)), np.rint(x * iscale[:, None])
     return out
 
 
-def quantize_row_q8_1_avx2(x: np.ndarray) -> np.ndarray:
+def quantize_row_q8_1(x: np.ndarray) -> np.ndarray:
     """As q8_0, plus s = f16(d * sum(q)) with the unrounded f32 d."""
-    x = np.asarray(x, F32).reshape(-1, 32)
+    x = np.asarray(x, float32).reshape(-1, 32)
     amax = np.abs(x).max(-1)
-    d = (amax / F32(127)).astype(F32)
+    d = (amax / float32(127)).astype(float32)
     with np.errstate(divide="ignore"):
-        iscale = np.where(amax != 0, F32(127) / amax, F32(0)).astype(F32)
+        iscale = np.where(amax != 0, float32(127) / amax, float32(0)).astype(float32)
     q = np.rint(x * iscale[:, None]).astype(np.int32)
     out = np.zeros(len(x), L.BLOCK_Q8_1)
-    out["d"], out["qs"], out["s"] = fp16(d), q, fp16(d * q.sum(-1).astype(F32))
+    out["d"], out["qs"], out["s"] = fp16(d), q, fp16(d * q.sum(-1).astype(float32))
     return out
 
 
 def quantize_row_q8_k(x: np.ndarray) -> np.ndarray:
     """x86 ggml-cpu uses ggml's reference for q8_K."""
-    return K.quantize_q8_k(np.asarray(x, F32).reshape(-1, QK_K))
+    return K.quantize_q8_k(np.asarray(x, float32).reshape(-1, QK_K))
 
+
+# the old names (the x86 forms are what both x86 profiles run)
+quantize_row_q8_0_avx2, quantize_row_q8_1_avx2 = quantize_row_q8_0, quantize_row_q8_1
 
 ACTIVATION_QUANTIZERS: dict[str, Callable] = {
-    "q8_0": quantize_row_q8_0_avx2,
-    "q8_1": quantize_row_q8_1_avx2,
+    "q8_0": quantize_row_q8_0,
+    "q8_1": quantize_row_q8_1,
     "q8_K": quantize_row_q8_k,
 }
 
@@ -80,7 +83,7 @@ def quantize_activations(x: np.ndarray, partner: str) -> np.ndarray:
     key = "q8_K" if partner.lower() == "q8_k" else partner.lower()
     if key not in ACTIVATION_QUANTIZERS:
         raise QuantError(f"no activation quantizer for {partner!r} (known: {', '.join(ACTIVATION_QUANTIZERS)})")
-    x = np.asarray(x, F32)
+    x = np.asarray(x, float32)
     x2 = x.reshape(-1, x.shape[-1])
     bs = 32 if key != "q8_K" else QK_K
     if x2.shape[-1] % bs:
@@ -88,180 +91,194 @@ def quantize_activations(x: np.ndarray, partner: str) -> np.ndarray:
     return ACTIVATION_QUANTIZERS[key](x2).reshape(x2.shape[0], -1)
 
 
-# ---------------------------------------------------------------- integer block dots
+# ---------------------------------------------------------------- integer lane sums
 
-def block_dots(qw: np.ndarray, qa: np.ndarray) -> np.ndarray:
-    """Integer dot products of matching groups: qw (R, G, k) and qa (T, G, k) small integers
-    -> (T, R, G) float64, exact. (float32 products and sums are exact here: every partial
-    sum is an integer below 2**24, whatever order BLAS adds in.)"""
-    w = np.ascontiguousarray(qw.transpose(1, 2, 0), dtype=F32)      # (G, k, R)
-    a = np.ascontiguousarray(qa.transpose(1, 0, 2), dtype=F32)      # (G, T, k)
-    return np.matmul(a, w).transpose(1, 2, 0).astype(np.float64)    # (T, R, G)
+class LaneSums:
+    """The 8 int32 lanes of an AVX2 block dot (maddubs + madd), block by block: lane j sums the
+    products of values 4j..4j+3 of every 32 (over all 32-value chunks of the block).
+    W (n, nb, G) integer codes (already times their sub-block scales), A (T, nb, G) activation codes,
+    G = 32 * chunks; ``lanes[b]`` is (8, T, n), exact (float64 when sums may pass 2**24).
+    ``correct(b) -> (8, T, n)`` is added to each block's lanes (q6_K's -32 through the bsums)."""
 
+    def __init__(self, W: np.ndarray, A: np.ndarray, exact64: bool = False, correct=None):
+        n, nb, G = W.shape
+        T = A.shape[0]
+        c = G // 32
+        dt = float64 if exact64 else float32
+        self.Wl = W.reshape(n, nb, c, 8, 4).transpose(1, 3, 2, 4, 0).reshape(nb, 8, c * 4, n).astype(dt)
+        self.Al = A.reshape(T, nb, c, 8, 4).transpose(1, 3, 0, 2, 4).reshape(nb, 8, T, c * 4).astype(dt)
+        self.correct = correct
 
-def _fma(a, b, c):
-    """float32 fused multiply-add: the product of two float32 is exact in float64,
-    the sum is rounded there and then to float32 (a double rounding that can differ from the
-    hardware only when the float64 sum lands exactly half-way between two float32)."""
-    return (a.astype(np.float64) * b + c).astype(F32)
+    def __len__(self) -> int:
+        return len(self.Wl)
 
-
-def hsum_float_8(acc: np.ndarray) -> np.ndarray:
-    """ggml's hsum_float_8 over the last axis (8 SIMD lanes): (lanes 0-3 + lanes 4-7), then pairs."""
-    r = acc[..., :4] + acc[..., 4:]
-    return (r[..., 0] + r[..., 2]) + (r[..., 1] + r[..., 3])
-
-
-def _avx2_accumulate(d: np.ndarray, lanes: np.ndarray) -> np.ndarray:
-    """The AVX2 kernels' accumulator: 8 float lanes, ``acc = fma(d_block, (float) lane_sums, acc)``
-    block after block, then hsum_float_8. d: (T, R, nb) float32; lanes: (T, R, nb, 8) integers."""
-    acc = np.zeros(lanes.shape[:2] + (8,), F32)
-    lanes = lanes.astype(F32)                       # _mm256_cvtepi32_ps: rounds beyond 2**24
-    for b in range(lanes.shape[2]):
-        acc = _fma(d[:, :, b, None], lanes[:, :, b, :], acc)
-    return hsum_float_8(acc)
+    def __getitem__(self, b: int) -> np.ndarray:
+        s = np.matmul(self.Al[b], self.Wl[b])
+        return s if self.correct is None else s + self.correct(b)
 
 
-def _quads(qw: np.ndarray, qa: np.ndarray) -> np.ndarray:
-    """Lane sums of 32-value chunks: each of the 8 int32 lanes of maddubs + madd holds the sum of
-    4 consecutive products. qw (R, nb, 32*c), qa (T, nb, 32*c) -> (T, R, nb, c, 8)."""
-    R, nb, n = qw.shape
-    T = qa.shape[0]
-    return block_dots(qw.reshape(R, nb * n // 4, 4), qa.reshape(T, nb * n // 4, 4)).reshape(T, R, nb, n // 32, 8)
+def accumulate(d: np.ndarray, lanes: LaneSums, acc: np.ndarray | None = None) -> np.ndarray:
+    """The AVX2 accumulator: ``acc = fma(d_b, (float) lanes_b, acc)`` block after block.
+    d (nb, T, n) float32 -> acc (8, T, n) float32."""
+    for b in range(len(lanes)):
+        lb = lanes[b].astype(float32)              # _mm256_cvtepi32_ps (rounds beyond 2**24)
+        acc = fma64(d[b].astype(float64)[None], lb, 0 if acc is None else acc)
+    return acc
 
 
-def _h(b, name):
-    return b[name].astype(F32)
+def hsum(acc: np.ndarray, cpu) -> np.ndarray:
+    """hsum_float_8 of (8, T, n) lanes -> (T, n)."""
+    return reduce_tree(np.moveaxis(acc, 0, -1), cpu.quant_hsum_tree)
 
 
-def _dd(w, a):
-    """Per-block d_w * d_a as float32, (T, R, nb)."""
-    return _h(w, "d")[None] * _h(a, "d")[:, None]
+def _dd(w, a) -> np.ndarray:
+    """Per-block d_w * d_a as float32, (nb, T, n)."""
+    return (a["d"].astype(float32).T[:, :, None] * w["d"].astype(float32).T[:, None, :]).astype(float32)
 
 
-def vec_dot_q4_0_q8_0(w, a):
-    lanes = _quads(nibbles(w["qs"]).astype(np.int8) - 8, a["qs"])[:, :, :, 0]
-    return _avx2_accumulate(_dd(w, a), lanes)
+def _scalar_fma_sum(m: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """``summs += m_b * s_b`` block after block, contracted into an fma; m, s broadcast to (nb, T, n)."""
+    out = np.zeros(np.broadcast_shapes(m.shape, s.shape)[1:], float32)
+    for b in range(max(m.shape[0], s.shape[0])):
+        out = fma(m[b % m.shape[0]], s[b % s.shape[0]], out)
+    return out
 
 
-def vec_dot_q5_0_q8_0(w, a):
-    q = L.q5_codes(w.reshape(-1)).reshape(w.shape + (32,)).astype(np.int8) - 16
-    return _avx2_accumulate(_dd(w, a), _quads(q, a["qs"])[:, :, :, 0])
+# ---------------------------------------------------------------- vec_dot per type (32-value blocks)
+
+def _legacy(w, a, codes, cpu):
+    cpu = profiles.resolve(cpu)
+    return hsum(accumulate(_dd(w, a), LaneSums(codes, a["qs"])), cpu)
 
 
-def vec_dot_q8_0_q8_0(w, a):
-    return _avx2_accumulate(_dd(w, a), _quads(w["qs"], a["qs"])[:, :, :, 0])
+def codes_q4_0(w) -> np.ndarray:
+    return nibbles(w["qs"]).astype(np.int16) - 8
 
 
-def _affine_dot(w, a, codes):
-    """q4_1/q5_1 x q8_1: lanes accumulate d_w d_a sum(q_w q_a); the min terms m_w * s_a go to a
-    scalar float sum (a fused multiply-add, as compiled), added after the horizontal sum."""
-    main = _avx2_accumulate(_dd(w, a), _quads(codes, a["qs"])[:, :, :, 0])
-    m, s = _h(w, "m")[None], _h(a, "s")[:, None]           # (1, R, nb), (T, 1, nb)
-    summs = np.zeros(main.shape, F32)
-    for b in range(m.shape[-1]):
-        summs = _fma(m[..., b], s[..., b], summs)
-    return main + summs
+def codes_q5(w) -> np.ndarray:
+    """q5_0/q5_1 codes 0..31 (low nibble | fifth bit << 4), (R, nb, 32)."""
+    return L.q5_codes(w.reshape(-1)).reshape(w.shape + (32,)).astype(np.int16)
 
 
-def vec_dot_q4_1_q8_1(w, a):
-    return _affine_dot(w, a, nibbles(w["qs"]))
+def vec_dot_q4_0_q8_0(w, a, cpu=None):
+    return _legacy(w, a, codes_q4_0(w), cpu)
 
 
-def vec_dot_q5_1_q8_1(w, a):
-    return _affine_dot(w, a, L.q5_codes(w.reshape(-1)).reshape(w.shape + (32,)))
+def vec_dot_q5_0_q8_0(w, a, cpu=None):
+    return _legacy(w, a, codes_q5(w) - 16, cpu)
 
 
-def _k_lanes(w, a, codes, scales_per_chunk):
-    """AVX2 lane sums of a K-quant super-block: lane k of chunk c (32 values) is scale(c, k) times the
-    sum of 4 products; the 8 chunks add up in int32. scales_per_chunk (R, nb, 8 chunks, 8 lanes)."""
-    R, nb = w.shape
-    quads = _quads(codes.reshape(R, nb, QK_K), a["qs"].reshape(a.shape[0], nb, QK_K))   # (T, R, nb, 8, 8)
-    return (quads * scales_per_chunk.astype(np.float64)[None]).sum(3)
+def vec_dot_q8_0_q8_0(w, a, cpu=None):
+    return _legacy(w, a, w["qs"], cpu)
 
+
+def _affine(w, a, codes, cpu):
+    """q4_1/q5_1 x q8_1: the lanes take d_w d_a sum(q_w q_a); the min terms m_w * s_a go to a scalar
+    float sum (``summs += m*s``, an fma as compiled), added after the horizontal sum."""
+    main = _legacy(w, a, codes, cpu)
+    summs = _scalar_fma_sum(w["m"].astype(float32).T[:, None, :], a["s"].astype(float32).T[:, :, None])
+    return (main + summs).astype(float32)
+
+
+def vec_dot_q4_1_q8_1(w, a, cpu=None):
+    return _affine(w, a, nibbles(w["qs"]), cpu)
+
+
+def vec_dot_q5_1_q8_1(w, a, cpu=None):
+    return _affine(w, a, codes_q5(w), cpu)
+
+
+# ---------------------------------------------------------------- vec_dot per type (K-quants x q8_K)
 
 def _pairs_of_16(sc16: np.ndarray) -> np.ndarray:
-    """Scales of 16-value sub-blocks (R, nb, 16) as lane scales (R, nb, 8 chunks, 8 lanes):
-    lanes 0-3 of chunk c use sub-block 2c, lanes 4-7 sub-block 2c+1."""
-    R, nb = sc16.shape[:2]
-    return np.repeat(sc16.reshape(R, nb, 8, 2), 4, axis=-1)
+    """Scales of 16-value sub-blocks (n, nb, 16) spread over the 256 values (n, nb, 256)."""
+    return np.repeat(sc16, 16, axis=-1)
 
 
-def vec_dot_q2_k_q8_k(w, a):
-    """Per super-block: acc = fma(dmin, min lanes, acc) with lane k = m[2k] bsum[2k] + m[2k+1] bsum[2k+1],
-    then acc = fma(d, scale lanes, acc); dmin = -y.d * fp16(x.dmin)."""
-    R, nb = w.shape
+def _bsum_pairs(a, n_T: int, nb: int) -> np.ndarray:
+    """q8_K bsums (sums of 16 activation codes) as (T, nb, 8, 2): lane k's two sub-blocks 2k, 2k+1."""
+    return a["bsums"].astype(np.int64).reshape(n_T, nb, 8, 2)
+
+
+def _d_k(w, a, name="d") -> np.ndarray:
+    """y.d * x.d per super-block (nb, T, n) float32 (q8_K's d is f32, the weight's f16)."""
+    return (a["d"].astype(float32).T[:, :, None] * w[name].astype(float32).T[:, None, :]).astype(float32)
+
+
+def vec_dot_q2_k_q8_k(w, a, cpu=None):
+    """Per super-block: acc = fma(dmin, min lanes, acc), lane k = m[2k] bsum[2k] + m[2k+1] bsum[2k+1],
+    then acc = fma(d, scale lanes, acc); dmin = -y.d * x.dmin."""
+    cpu = profiles.resolve(cpu)
+    n, nb = w.shape
     T = a.shape[0]
-    b = w.reshape(-1)
-    sc = b["scales"].reshape(R, nb, 16)
-    lanes = _k_lanes(w, a, K.crumbs(b["qs"]), _pairs_of_16(sc & 0x0F))
-    bs = a["bsums"].astype(np.int64).reshape(T, 1, nb, 8, 2)
-    mlanes = ((sc >> 4).astype(np.int64).reshape(1, R, nb, 8, 2) * bs).sum(-1)
-    d = a["d"][:, None, :] * _h(w, "d")[None]
-    dmin = -a["d"][:, None, :] * _h(w, "dmin")[None]
-    acc = np.zeros((T, R, 8), F32)
-    lanes, mlanes = lanes.astype(F32), mlanes.astype(F32)
-    for i in range(nb):
-        acc = _fma(dmin[:, :, i, None], mlanes[:, :, i, :], acc)
-        acc = _fma(d[:, :, i, None], lanes[:, :, i, :], acc)
-    return hsum_float_8(acc)
+    flat = w.reshape(-1)
+    sc = flat["scales"].reshape(n, nb, 16)
+    W = K.crumbs(flat["qs"]).astype(np.int32).reshape(n, nb, 256) * _pairs_of_16(sc & 0x0F)
+    lanes = LaneSums(W, a["qs"], exact64=True)
+    mins, bs = (sc >> 4).astype(np.int64).reshape(n, nb, 8, 2), _bsum_pairs(a, T, nb)
+    d, dmin = _d_k(w, a), (-_d_k(w, a, "dmin")).astype(float32)
+    acc = np.zeros((8, T, n), float32)
+    for b in range(nb):
+        mlanes = np.einsum("rkj,tkj->ktr", mins[:, b], bs[:, b]).astype(float32)
+        acc = fma64(dmin[b].astype(float64)[None], mlanes, acc)
+        acc = fma64(d[b].astype(float64)[None], lanes[b].astype(float32), acc)
+    return hsum(acc, cpu)
 
 
-def vec_dot_q3_k_q8_k(w, a):
-    R, nb = w.shape
-    b = w.reshape(-1)
-    lanes = _k_lanes(w, a, K.q3_codes(b), _pairs_of_16(K.q3_scales(b["scales"]).reshape(R, nb, 16)))
-    return _avx2_accumulate(a["d"][:, None, :] * _h(w, "d")[None], lanes)
+def vec_dot_q3_k_q8_k(w, a, cpu=None):
+    cpu = profiles.resolve(cpu)
+    n, nb = w.shape
+    flat = w.reshape(-1)
+    W = K.q3_codes(flat).astype(np.int32).reshape(n, nb, 256) * _pairs_of_16(K.q3_scales(flat["scales"]).reshape(n, nb, 16))
+    return hsum(accumulate(_d_k(w, a), LaneSums(W, a["qs"], exact64=True)), cpu)
 
 
-def _k4_parts(w, a, codes):
-    """Shared by q4_k/q5_k: scale lanes, and the 4 min-lanes m = mins[2l]*s[2l] + mins[2l+1]*s[2l+1]
-    where s[j] is the sum of q_a over sub-block j (two bsums)."""
-    b = w.reshape(-1)
-    R, nb = w.shape
+def _k4(w, a, codes):
+    """q4_K/q5_K: scale lanes (each 32-value sub-block times its 6-bit scale), and the four
+    min products m[2l] s[2l] + m[2l+1] s[2l+1] (s[j]: the q8 sum over sub-block j), (nb, T, n, 4)."""
+    n, nb = w.shape
     T = a.shape[0]
-    sc, mn = K.scale_min_k4(b["scales"])
-    lanes = _k_lanes(w, a, codes, np.repeat(sc.reshape(R, nb, 8, 1), 8, axis=-1))
-    q8s = a["bsums"].astype(np.int64).reshape(T, nb, 8, 2).sum(-1)                       # (T, nb, 8)
-    prod = (mn.reshape(R, nb, 4, 2).astype(np.int64)[None] * q8s.reshape(T, 1, nb, 4, 2)).sum(-1)  # (T, R, nb, 4)
-    d = a["d"][:, None, :] * _h(w, "d")[None]
-    dmin = -a["d"][:, None, :] * _h(w, "dmin")[None]
-    return d, lanes, dmin, prod
+    sc, mn = K.scale_min_k4(w.reshape(-1)["scales"])                    # (n*nb, 8) each
+    W = codes.astype(np.int32).reshape(n, nb, 8, 32) * sc.reshape(n, nb, 8, 1).astype(np.int32)
+    lanes = LaneSums(W.reshape(n, nb, 256), a["qs"], exact64=True)
+    q8s = _bsum_pairs(a, T, nb).sum(-1)                                   # (T, nb, 8): sums over 32 values
+    prod = np.einsum("rbmk,tbmk->btrm", mn.astype(np.int64).reshape(n, nb, 4, 2), q8s.reshape(T, nb, 4, 2))
+    return lanes, prod, (-_d_k(w, a, "dmin")).astype(float32)
 
 
-def vec_dot_q4_k_q8_k(w, a):
-    """acc (8 lanes) += d * lanes; acc_m (4 lanes) += dmin * (min lanes); result hsum(acc) + hsum(acc_m)."""
-    d, lanes, dmin, prod = _k4_parts(w, a, K.q4k_codes(w.reshape(-1)["qs"]))
-    acc_m = np.zeros(prod.shape[:2] + (4,), F32)
-    for b in range(prod.shape[2]):
-        acc_m = _fma(dmin[:, :, b, None], prod[:, :, b, :].astype(F32), acc_m)
-    m = (acc_m[..., 0] + acc_m[..., 2]) + (acc_m[..., 1] + acc_m[..., 3])
-    return _avx2_accumulate(d, lanes) + m
+def vec_dot_q4_k_q8_k(w, a, cpu=None):
+    """acc (8 lanes) += d * lanes; acc_m (4 lanes) += dmin * min products; hsum(acc) + hsum4(acc_m)."""
+    cpu = profiles.resolve(cpu)
+    lanes, prod, dmin = _k4(w, a, K.q4k_codes(w.reshape(-1)["qs"]))
+    accm = np.zeros(prod.shape[1:], float32)
+    prod = prod.astype(float32)
+    for b in range(prod.shape[0]):
+        accm = fma64(dmin[b].astype(float64)[..., None], prod[b], accm)
+    m = reduce_tree(accm, ((0, 2), (1, 3)))
+    return (hsum(accumulate(_d_k(w, a), lanes), cpu) + m).astype(float32)
 
 
-def vec_dot_q5_k_q8_k(w, a):
-    """As q4_k, but the min term is a scalar sum: summs += dmin * (sum of the 4 min lanes)."""
-    d, lanes, dmin, prod = _k4_parts(w, a, K.q5k_codes(w.reshape(-1)))
-    total = prod.sum(-1).astype(F32)
-    summs = np.zeros(total.shape[:2], F32)
-    for b in range(total.shape[2]):
-        summs = _fma(dmin[:, :, b], total[:, :, b], summs)
-    return _avx2_accumulate(d, lanes) + summs
+def vec_dot_q5_k_q8_k(w, a, cpu=None):
+    """As q4_K, but the min term is a scalar: summs += dmin * (sum of the 4 min products)."""
+    cpu = profiles.resolve(cpu)
+    lanes, prod, dmin = _k4(w, a, K.q5k_codes(w.reshape(-1)))
+    summs = _scalar_fma_sum(dmin, prod.sum(-1).astype(float32))
+    return (hsum(accumulate(_d_k(w, a), lanes), cpu) + summs).astype(float32)
 
 
-def vec_dot_q6_k_q8_k(w, a):
-    """The codes enter the lanes unsigned (0..63); the -32 offset is taken out afterwards from the bsums:
-    lane k loses 32 * (sc[2k] bsum[2k] + sc[2k+1] bsum[2k+1]). Chunk c of 32 values uses scale 2c for
-    lanes 0-3 (its values 0-15) and 2c+1 for lanes 4-7."""
-    R, nb = w.shape
+def vec_dot_q6_k_q8_k(w, a, cpu=None):
+    """The codes enter the lanes unsigned (0..63); the -32 comes back through the bsums:
+    lane k loses 32 * (sc[2k] bsum[2k] + sc[2k+1] bsum[2k+1]) (found by probing this build)."""
+    cpu = profiles.resolve(cpu)
+    n, nb = w.shape
     T = a.shape[0]
-    b = w.reshape(-1)
-    sc = b["scales"].reshape(R, nb, 16).astype(np.int64)
-    codes = K.q6k_codes(b).astype(np.int16) + 32
-    lanes = _k_lanes(w, a, codes, _pairs_of_16(sc))
-    bs = a["bsums"].astype(np.int64).reshape(T, 1, nb, 8, 2)
-    lanes = lanes - 32 * (sc.reshape(1, R, nb, 8, 2) * bs).sum(-1)
-    return _avx2_accumulate(a["d"][:, None, :] * _h(w, "d")[None], lanes)
+    flat = w.reshape(-1)
+    sc = flat["scales"].reshape(n, nb, 16).astype(np.int64)
+    W = (K.q6k_codes(flat).astype(np.int32).reshape(n, nb, 256) + 32) * _pairs_of_16(sc)
+    sc2, bs = sc.reshape(n, nb, 8, 2), _bsum_pairs(a, T, nb)
+    lanes = LaneSums(W, a["qs"], exact64=True,
+                     correct=lambda b: -32.0 * np.einsum("rkj,tkj->ktr", sc2[:, b], bs[:, b]))
+    return hsum(accumulate(_d_k(w, a), lanes), cpu)
 
 
 # ---------------------------------------------------------------- type_traits_cpu
@@ -269,7 +286,7 @@ def vec_dot_q6_k_q8_k(w, a):
 @dataclass(frozen=True)
 class CPUTraits:
     vec_dot_type: str          # the activation partner type
-    vec_dot: Callable          # (weight blocks (R, nb), partner blocks (T, nb)) -> (T, R) float32
+    vec_dot: Callable          # (weight blocks (R, nb), partner blocks (T, nb), cpu) -> (T, R) float32
 
 
 TYPE_TRAITS_CPU: dict[str, CPUTraits] = {
@@ -293,8 +310,18 @@ def vec_dot_type(qtype) -> str:
     return TYPE_TRAITS_CPU[t.name].vec_dot_type
 
 
-def mul_mat(weight_raw, qtype, x: np.ndarray) -> np.ndarray:
-    """ggml-cpu's ``mul_mat`` for a quantized weight: ``W @ x^T`` as (T, R) float32.
+def weight_blocks(weight_raw, t, n: int) -> np.ndarray:
+    """The weight's structured blocks as (R, n / block_size), with clear errors."""
+    if n % t.block_size:
+        raise QuantError(f"{t.name}: row length {n} is not a multiple of the block size {t.block_size}")
+    w = blocks_of(weight_raw, t)
+    if w.size % (n // t.block_size):
+        raise QuantError(f"{t.name}: weight of {w.size} blocks does not hold rows of {n} values")
+    return w.reshape(-1, n // t.block_size)
+
+
+def mul_mat(weight_raw, qtype, x: np.ndarray, cpu=None) -> np.ndarray:
+    """ggml-cpu's plain ``mul_mat`` for a quantized weight (one vec_dot per output): ``W @ x^T`` as (T, R).
 
     weight_raw: the raw bytes of a 2-D tensor, rows of ``n`` values (uint8 (R, row_bytes)
     or a flat buffer, or structured blocks (R, nb)); x: float32 activations (T, n) or (n,).
@@ -302,20 +329,16 @@ def mul_mat(weight_raw, qtype, x: np.ndarray) -> np.ndarray:
     t = ggml_type(qtype)
     if t.name not in TYPE_TRAITS_CPU:
         raise QuantError(f"ggml type {t.name} has no CPU dot product in llmlab")
+    cpu = profiles.resolve(cpu)
     traits = TYPE_TRAITS_CPU[t.name]
-    x = np.asarray(x, F32)
+    x = np.asarray(x, float32)
     squeeze = x.ndim == 1
     x2 = x.reshape(-1, x.shape[-1])
-    n = x2.shape[-1]
-    if n % t.block_size:
-        raise QuantError(f"{t.name}: row length {n} is not a multiple of the block size {t.block_size}")
-    w = blocks_of(weight_raw, t)
-    if w.size % (n // t.block_size):
-        raise QuantError(f"{t.name}: weight of {w.size} blocks does not hold rows of {n} values")
-    w = w.reshape(-1, n // t.block_size)
+    w = weight_blocks(weight_raw, t, x2.shape[-1])
     a = quantize_activations(x2, traits.vec_dot_type)
-    step = max(1, (1 << 23) // (len(x2) * max(n // 4, 1)))      # bound the (T, R, n/4) lane temporaries
-    out = np.concatenate([traits.vec_dot(w[i:i + step], a) for i in range(0, len(w), step)], axis=1)
+    out = np.empty((len(x2), len(w)), float32)
+    for r0 in range(0, len(w), ROW_CHUNK):
+        out[:, r0:r0 + ROW_CHUNK] = traits.vec_dot(w[r0:r0 + ROW_CHUNK], a, cpu)
     return out[0] if squeeze else out
 
 
@@ -330,9 +353,9 @@ def affine_dot_terms(w_block, a_block) -> dict[str, float]:
     t = "q5_1" if w.dtype == L.BLOCK_Q5_1 else "q4_1"
     q = (L.q5_codes(w) if t == "q5_1" else nibbles(w["qs"]))[0].astype(np.int64)
     p = a["qs"][0].astype(np.int64)
-    dw, mw, da, s = (float(np.float32(v)) for v in (w["d"][0], w["m"][0], a["d"][0], a["s"][0]))
+    dw, mw, da, s = (float(float32(v)) for v in (w["d"][0], w["m"][0], a["d"][0], a["s"][0]))
+    deq = L.dequantize_q5_1(w) if t == "q5_1" else L.dequantize_q4_1(w)
     return {"sum_qp": int(q @ p), "sum_p": int(p.sum()), "d_w": dw, "m_w": mw, "d_a": da, "s_a": s,
-            "scale_term": float(np.float32(dw * da) * np.float32(q @ p)), "min_term": float(np.float32(mw * s)),
+            "scale_term": float(float32(dw * da) * float32(q @ p)), "min_term": float(float32(mw * s)),
             "min_term_from_codes": mw * da * int(p.sum()),
-            "dequantized_dot": float(L.dequantize_q4_1(w)[0].astype(np.float64) @ L.dequantize_q8_0(a)[0].astype(np.float64))
-            if t == "q4_1" else float(L.dequantize_q5_1(w)[0].astype(np.float64) @ L.dequantize_q8_0(a)[0].astype(np.float64))}
+            "dequantized_dot": float(deq[0].astype(float64) @ L.dequantize_q8_0(a)[0].astype(float64))}

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import profiles
 from .ops import COMPUTE, f32, mul_mat_quantized
 from ..tensor import F16, Tensor
 
@@ -67,7 +68,7 @@ class NodeTrace:
     work: list[list] = field(default_factory=list)   # per thread: rows, or (chunk, r0, r1, c0, c1) for mul_mat
 
 
-def _mul_mat_chunk(node: Tensor, r0: int, r1: int, c0: int, c1: int) -> None:
+def _mul_mat_chunk(node: Tensor, r0: int, r1: int, c0: int, c1: int, cpu=None) -> None:
     """Output rows [r0, r1) (weight rows) x columns [c0, c1) (token rows, flattened over ne2, ne3)."""
     a, b = node.src
     out = node.array()
@@ -80,7 +81,7 @@ def _mul_mat_chunk(node: Tensor, r0: int, r1: int, c0: int, c1: int) -> None:
         A = a.array()[i3 // (b.ne[3] // a.ne[3]), i2 // r2]
         x = B[col:col + 1]
         if a.type.block_size != 1:
-            O[col, r0:r1] = mul_mat_quantized(A[r0:r1], a.type, x)[0]
+            O[col, r0:r1] = mul_mat_quantized(A[r0:r1], a.type, x, cpu=cpu)[0]
         else:
             w = A[r0:r1].astype(np.float32)
             if a.type is F16:
@@ -88,7 +89,7 @@ def _mul_mat_chunk(node: Tensor, r0: int, r1: int, c0: int, c1: int) -> None:
             O[col, r0:r1] = (x @ w.T)[0]
 
 
-def mul_mat_threaded(node: Tensor, nth: int) -> list[list]:
+def mul_mat_threaded(node: Tensor, nth: int, cpu=None) -> list[list]:
     """Compute a MUL_MAT with nth real threads taking chunks from a shared counter; returns who did what."""
     nr0, nr1 = node.ne[0], node.ne[1] * node.ne[2] * node.ne[3]
     nchunk0, nchunk1, dr0, dr1 = mul_mat_chunking(nr0, nr1, nth)
@@ -102,7 +103,7 @@ def mul_mat_threaded(node: Tensor, nth: int) -> list[list]:
             i0, i1 = chunk % nchunk0, chunk // nchunk0
             r0, r1 = dr0 * i0, min(dr0 * i0 + dr0, nr0)
             c0, c1 = dr1 * i1, min(dr1 * i1 + dr1, nr1)
-            _mul_mat_chunk(node, r0, r1, c0, c1)
+            _mul_mat_chunk(node, r0, r1, c0, c1, cpu)
             done[ith].append((chunk, r0, r1, c0, c1))
             if nth >= nchunk0 * nchunk1:
                 break
@@ -117,8 +118,9 @@ def mul_mat_threaded(node: Tensor, nth: int) -> list[list]:
     return done
 
 
-def trace_nodes(nodes, nth: int = 2) -> list[NodeTrace]:
+def trace_nodes(nodes, nth: int = 2, cpu=None) -> list[NodeTrace]:
     """Run nodes as the CPU backend does with nth threads, recording the partition of each node."""
+    cpu = profiles.resolve(cpu)
     traces = []
     for node in nodes:
         if node.view_src is None and node.data is None:
@@ -127,9 +129,9 @@ def trace_nodes(nodes, nth: int = 2) -> list[NodeTrace]:
         nr = node.nrows()
         tr = NodeTrace(node.name, node.op, kind, nr)
         if kind == "chunks":
-            tr.work = mul_mat_threaded(node, nth)
+            tr.work = mul_mat_threaded(node, nth, cpu)
         else:
-            COMPUTE[node.op](node)
+            COMPUTE[node.op](node, cpu)
             if kind == "interleaved":
                 tr.work = rows_interleaved(node.ne[1], nth)
             elif kind == "blocks":

@@ -24,7 +24,7 @@ import numpy as np
 from ... import LLMLabError
 from ..types import GGMLType, ggml_type
 
-F32 = np.float32
+float32 = np.float32        # numpy's float32 (F32 is the ggml type, llmlab.ggml.tensor)
 CHUNK_VALUES = 1 << 20     # quantize() works through at most this many values at a time
 
 
@@ -47,40 +47,40 @@ def register(name: str, layout: np.dtype, to_float: Callable | None, from_float:
 def nearest_int(x: np.ndarray) -> np.ndarray:
     """ggml's ``nearest_int``: adds 1.5 * 2**23 in float32, so ties go to even (for |x| < 2**22)."""
     with np.errstate(invalid="ignore"):
-        return np.rint(np.asarray(x, F32)).astype(np.int32)
+        return np.rint(np.asarray(x, float32)).astype(np.int32)
 
 
 def roundf(x: np.ndarray) -> np.ndarray:
     """C's ``roundf``/``lroundf``: halves go away from zero (exact for every float32)."""
-    x = np.asarray(x, F32)
+    x = np.asarray(x, float32)
     a = np.abs(x)
     fl = np.floor(a)
     with np.errstate(invalid="ignore"):   # +-inf gives nan here (C: inf); lroundf of inf is undefined anyway
-        return np.copysign(fl + np.floor(F32(2) * (a - fl)), x)
+        return np.copysign(fl + np.floor(float32(2) * (a - fl)), x)
 
 
 def trunc_int(x: np.ndarray) -> np.ndarray:
     """A C cast ``(int)x`` of a float: toward zero."""
     with np.errstate(invalid="ignore"):
-        return np.trunc(np.asarray(x, F32)).astype(np.int32)
+        return np.trunc(np.asarray(x, float32)).astype(np.int32)
 
 
 def seq_sum(a: np.ndarray, axis: int = -1) -> np.ndarray:
     """``s = a[0]; s += a[1]; ...`` in float32, in order (np.sum would add pairwise)."""
-    return np.add.accumulate(np.asarray(a, F32), axis=axis).take(-1, axis=axis)
+    return np.add.accumulate(np.asarray(a, float32), axis=axis).take(-1, axis=axis)
 
 
 def inv_or_zero(d: np.ndarray) -> np.ndarray:
     """``d ? 1.0f/d : 0.0f``"""
-    d = np.asarray(d, F32)
+    d = np.asarray(d, float32)
     with np.errstate(divide="ignore", over="ignore"):
-        return np.where(d != 0, F32(1) / d, F32(0)).astype(F32)
+        return np.where(d != 0, float32(1) / d, float32(0)).astype(float32)
 
 
 def fp16(x) -> np.ndarray:
     """GGML_FP32_TO_FP16: round to nearest even."""
     with np.errstate(over="ignore"):
-        return np.asarray(x, F32).astype(np.float16)
+        return np.asarray(x, float32).astype(np.float16)
 
 
 def first_absmax(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -161,7 +161,7 @@ def dequantize(raw, qtype) -> np.ndarray:
     if t.to_float is None:
         raise QuantError(f"ggml type {t.name} has no dequantizer in llmlab")
     with np.errstate(all="ignore"):          # inf/NaN scales in the data propagate, as in C
-        return t.to_float(b).reshape(-1).astype(F32, copy=False)
+        return t.to_float(b).reshape(-1).astype(float32, copy=False)
 
 
 def quantize(values, qtype) -> np.ndarray:
@@ -169,7 +169,7 @@ def quantize(values, qtype) -> np.ndarray:
     t = _type(qtype)
     if t.from_float is None:
         raise QuantError(f"ggml type {t.name} has no reference quantizer in llmlab")
-    x = np.asarray(values, dtype=F32).reshape(-1)
+    x = np.asarray(values, dtype=float32).reshape(-1)
     if x.size % t.block_size:
         raise QuantError(f"{t.name}: {x.size} values is not a multiple of the block size {t.block_size}")
     blocks = x.reshape(-1, t.block_size)

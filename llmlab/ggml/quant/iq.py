@@ -17,10 +17,10 @@ import numpy as np
 
 from ..types import QK_K
 from . import _iq_tables
-from .core import F32, first_absmax, fp16, nearest_int, nibbles, register, seq_sum
+from .core import float32, first_absmax, fp16, nearest_int, nibbles, register, seq_sum
 
 KVALUES_IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int8)
-IQ1S_DELTA = F32(0.125)
+IQ1S_DELTA = float32(0.125)
 
 BLOCK_IQ2_XXS = np.dtype([("d", "<f2"), ("qs", "<u2", (QK_K // 8,))])
 BLOCK_IQ2_XS = np.dtype([("d", "<f2"), ("qs", "<u2", (QK_K // 8,)), ("scales", "u1", (QK_K // 32,))])
@@ -38,7 +38,7 @@ BLOCK_IQ4_XS = np.dtype([("d", "<f2"), ("scales_h", "<u2"), ("scales_l", "u1", (
 def grid(name: str) -> np.ndarray:
     """One of ggml's i-quant grids as float32 (entries, 8 or 4)."""
     data = zlib.decompress(base64.b64decode("".join(getattr(_iq_tables, name.upper()))))
-    return np.frombuffer(data, np.int8).reshape(getattr(_iq_tables, name.upper() + "_SHAPE")).astype(F32)
+    return np.frombuffer(data, np.int8).reshape(getattr(_iq_tables, name.upper() + "_SHAPE")).astype(float32)
 
 
 @lru_cache(maxsize=None)
@@ -47,19 +47,19 @@ def ksigns() -> np.ndarray:
     i = np.arange(128, dtype=np.uint8)
     b = (i[:, None] >> np.arange(7, dtype=np.uint8)) & 1
     parity = b.sum(-1, keepdims=True) & 1
-    return np.where(np.concatenate([b, parity], axis=-1) != 0, F32(-1), F32(1))
+    return np.where(np.concatenate([b, parity], axis=-1) != 0, float32(-1), float32(1))
 
 
 def _signs8(bytes_: np.ndarray) -> np.ndarray:
     """Plain sign bytes -> +-1 for each bit (bit 0 first)."""
-    return np.where(np.unpackbits(bytes_, axis=-1, bitorder="little") != 0, F32(-1), F32(1))
+    return np.where(np.unpackbits(bytes_, axis=-1, bitorder="little") != 0, float32(-1), float32(1))
 
 
 def dequantize_iq2_xxs(b):
     n = b.shape[0]
-    d = b["d"].astype(F32)[:, None]
+    d = b["d"].astype(float32)[:, None]
     aux = b["qs"].reshape(n, 8, 4).copy().view(np.uint32)         # (n, 8, 2): grid indices, signs+scale
-    db = (d * (F32(0.5) + (aux[..., 1] >> 28).astype(F32)) * F32(0.25))[..., None, None]
+    db = (d * (float32(0.5) + (aux[..., 1] >> 28).astype(float32)) * float32(0.25))[..., None, None]
     signs = ksigns()[(aux[..., 1:2] >> np.array([0, 7, 14, 21], np.uint32)) & 127]
     g = grid("iq2xxs")[aux[..., 0:1].view(np.uint8).reshape(n, 8, 4)]
     return (db * g * signs).reshape(n, QK_K)
@@ -67,9 +67,9 @@ def dequantize_iq2_xxs(b):
 
 def dequantize_iq2_xs(b):
     n = b.shape[0]
-    d = b["d"].astype(F32)[:, None]
+    d = b["d"].astype(float32)[:, None]
     sc = nibbles(b["scales"].reshape(n, 8, 1)).reshape(n, 16)
-    db = (d * (F32(0.5) + sc.astype(F32)) * F32(0.25)).reshape(n, 16, 1, 1)
+    db = (d * (float32(0.5) + sc.astype(float32)) * float32(0.25)).reshape(n, 16, 1, 1)
     qs = b["qs"]
     g = grid("iq2xs")[qs & 511].reshape(n, 16, 2, 8)
     signs = ksigns()[qs >> 9].reshape(n, 16, 2, 8)
@@ -78,9 +78,9 @@ def dequantize_iq2_xs(b):
 
 def dequantize_iq2_s(b):
     n = b.shape[0]
-    d = b["d"].astype(F32)[:, None]
+    d = b["d"].astype(float32)[:, None]
     sc = nibbles(b["scales"].reshape(n, 8, 1)).reshape(n, 16)
-    db = (d * (F32(0.5) + sc.astype(F32)) * F32(0.25)).reshape(n, 16, 1, 1)
+    db = (d * (float32(0.5) + sc.astype(float32)) * float32(0.25)).reshape(n, 16, 1, 1)
     qs, sbytes = b["qs"][:, :32], b["qs"][:, 32:]
     hi = (b["qh"][..., None] >> np.array([0, 2, 4, 6], np.uint8)) & 3
     idx = qs.astype(np.uint16) | (hi.reshape(n, 32).astype(np.uint16) << 8)
@@ -90,9 +90,9 @@ def dequantize_iq2_s(b):
 
 def dequantize_iq3_xxs(b):
     n = b.shape[0]
-    d = b["d"].astype(F32)[:, None]
+    d = b["d"].astype(float32)[:, None]
     qs, ss = b["qs"][:, :64], b["qs"][:, 64:].copy().view(np.uint32)   # (n, 8) scale + 4x7 sign bits
-    db = (d * (F32(0.5) + (ss >> 28).astype(F32)) * F32(0.5)).reshape(n, 8, 1, 1)
+    db = (d * (float32(0.5) + (ss >> 28).astype(float32)) * float32(0.5)).reshape(n, 8, 1, 1)
     signs = ksigns()[(ss[..., None] >> np.array([0, 7, 14, 21], np.uint32)) & 127]
     g = grid("iq3xxs")[qs].reshape(n, 8, 4, 8)
     return (db * g * signs).reshape(n, QK_K)
@@ -100,7 +100,7 @@ def dequantize_iq3_xxs(b):
 
 def dequantize_iq3_s(b):
     n = b.shape[0]
-    d = b["d"].astype(F32)[:, None]
+    d = b["d"].astype(float32)[:, None]
     sc = nibbles(b["scales"].reshape(n, 4, 1)).reshape(n, 8)
     db = (d * (1 + 2 * sc)).reshape(n, 8, 1, 1)
     hi = np.unpackbits(b["qh"], axis=-1, bitorder="little").astype(np.uint16)
@@ -111,7 +111,7 @@ def dequantize_iq3_s(b):
 
 def dequantize_iq1_s(b):
     n = b.shape[0]
-    d = b["d"].astype(F32)[:, None]
+    d = b["d"].astype(float32)[:, None]
     qh = b["qh"]
     dl = (d * (2 * ((qh >> 12) & 7) + 1)).reshape(n, 8, 1, 1)
     delta = np.where((qh & 0x8000) == 0, IQ1S_DELTA, -IQ1S_DELTA).reshape(n, 8, 1, 1)
@@ -126,7 +126,7 @@ def dequantize_iq1_m(b):
     n = b.shape[0]
     sc = b["scales"]
     d16 = (sc[:, 0] >> 12) | ((sc[:, 1] >> 8) & 0x00F0) | ((sc[:, 2] >> 4) & 0x0F00) | (sc[:, 3] & 0xF000)
-    d = d16.astype(np.uint16).view(np.float16).astype(F32)[:, None]
+    d = d16.astype(np.uint16).view(np.float16).astype(float32)[:, None]
     s3 = ((sc[..., None] >> np.array([0, 3, 6, 9], np.uint16)) & 7).reshape(n, 16)
     dl = (d * (2 * s3 + 1)).reshape(n, 8, 2, 1, 1)
     qh = b["qh"]
@@ -138,35 +138,35 @@ def dequantize_iq1_m(b):
 
 
 def dequantize_iq4_nl(b):
-    return b["d"].astype(F32)[:, None] * KVALUES_IQ4NL[nibbles(b["qs"])].astype(F32)
+    return b["d"].astype(float32)[:, None] * KVALUES_IQ4NL[nibbles(b["qs"])].astype(float32)
 
 
 def dequantize_iq4_xs(b):
     n = b.shape[0]
-    d = b["d"].astype(F32)[:, None]
+    d = b["d"].astype(float32)[:, None]
     lo = nibbles(b["scales_l"].reshape(n, 4, 1)).reshape(n, 8)
     hi = ((b["scales_h"][:, None] >> (2 * np.arange(8, dtype=np.uint16))) & 3).astype(np.uint8)
     ls = (lo | (hi << 4)).astype(np.int8) - np.int8(32)
-    dl = (d * ls.astype(F32))[..., None]
+    dl = (d * ls.astype(float32))[..., None]
     q = nibbles(b["qs"].reshape(n, 8, 16))
-    return (dl * KVALUES_IQ4NL[q].astype(F32)).reshape(n, QK_K)
+    return (dl * KVALUES_IQ4NL[q].astype(float32)).reshape(n, QK_K)
 
 
 # ---------------------------------------------------------------- iq4_nl / iq4_xs quantizers
 
-GROUP_MAX_EPS = F32(1e-15)
-_MIDPOINTS2 = (KVALUES_IQ4NL[:-1].astype(np.int32) + KVALUES_IQ4NL[1:]).astype(F32)   # val[j-1] + val[j]
+GROUP_MAX_EPS = float32(1e-15)
+_MIDPOINTS2 = (KVALUES_IQ4NL[:-1].astype(np.int32) + KVALUES_IQ4NL[1:]).astype(float32)   # val[j-1] + val[j]
 
 
 def best_index_int8(x: np.ndarray) -> np.ndarray:
     """Index of the nearest kvalues_iq4nl entry: level j once 2x reaches val[j-1] + val[j] (exact in float)."""
-    x2 = np.asarray(x, F32) * F32(2)
+    x2 = np.asarray(x, float32) * float32(2)
     idx = np.searchsorted(_MIDPOINTS2, x2, side="right")          # how many midpoints are <= 2x
     return np.where(np.isnan(x2), 0, idx).astype(np.uint8)
 
 
 def _nl_sums(x, w, idx):
-    q = KVALUES_IQ4NL[idx].astype(F32)
+    q = KVALUES_IQ4NL[idx].astype(float32)
     wq = w * q
     return seq_sum(wq * x), seq_sum(wq * q)
 
@@ -177,20 +177,20 @@ def _iq4_block_scales(x: np.ndarray, ntry: int) -> tuple[np.ndarray, np.ndarray]
     w = x * x
     amax, mx = first_absmax(x)
     zero = amax < GROUP_MAX_EPS
-    v0 = F32(KVALUES_IQ4NL[0])
+    v0 = float32(KVALUES_IQ4NL[0])
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        d = ((-mx if ntry > 0 else mx) / v0).astype(F32)
-        L = best_index_int8((F32(1) / d)[:, None] * x)
+        d = ((-mx if ntry > 0 else mx) / v0).astype(float32)
+        L = best_index_int8((float32(1) / d)[:, None] * x)
         sumqx, sumq2 = _nl_sums(x, w, L)
-        d = np.where(sumq2 > 0, sumqx / sumq2, F32(0)).astype(F32)
+        d = np.where(sumq2 > 0, sumqx / sumq2, float32(0)).astype(float32)
         best = d * sumqx
         for itry in range(-ntry, ntry + 1):
-            idt = (F32(itry + int(KVALUES_IQ4NL[0])) / mx).astype(F32)
+            idt = (float32(itry + int(KVALUES_IQ4NL[0])) / mx).astype(float32)
             sqx, sq2 = _nl_sums(x, w, best_index_int8(idt[:, None] * x))
             take = (sq2 > 0) & (sqx * sqx > best * sq2)
-            d = np.where(take, sqx / sq2, d).astype(F32)
-            best = np.where(take, d * sqx, best).astype(F32)
-    return np.where(zero, F32(0), d), np.where(zero[:, None], 0, L).astype(np.uint8)
+            d = np.where(take, sqx / sq2, d).astype(float32)
+            best = np.where(take, d * sqx, best).astype(float32)
+    return np.where(zero, float32(0), d), np.where(zero[:, None], 0, L).astype(np.uint8)
 
 
 def quantize_iq4_nl(x, ntry: int = 7):
@@ -198,10 +198,10 @@ def quantize_iq4_nl(x, ntry: int = 7):
     15 scales around -max/-127). ``quantize_row_iq4_nl_ref`` is the same with ntry=-1, except that
     the build in llama-cpp-python leaves the codes of an all-zero block stale (d = 0 there, so they
     decode to zeros anyway); here they are 0."""
-    d, L = _iq4_block_scales(np.asarray(x, F32), ntry)
+    d, L = _iq4_block_scales(np.asarray(x, float32), ntry)
     if ntry > 0:
         with np.errstate(divide="ignore"):
-            inv = np.where(d != 0, F32(1) / d, F32(0)).astype(F32)
+            inv = np.where(d != 0, float32(1) / d, float32(0)).astype(float32)
         L = best_index_int8(inv[:, None] * x)
     out = np.zeros(len(x), BLOCK_IQ4_NL)
     out["d"], out["qs"] = fp16(d), L[:, :16] | (L[:, 16:] << 4)
@@ -211,15 +211,15 @@ def quantize_iq4_nl(x, ntry: int = 7):
 def quantize_iq4_xs(x):
     """Eight iq4_nl-style block scales, quantized to 6 bits against d = -max_scale / 32."""
     n = x.shape[0]
-    xs = np.asarray(x, F32).reshape(n * 8, 32)
+    xs = np.asarray(x, float32).reshape(n * 8, 32)
     scales = _iq4_block_scales(xs, 7)[0].reshape(n, 8)
     _, max_scale = first_absmax(scales)
-    d = (-max_scale / F32(32)).astype(F32)
+    d = (-max_scale / float32(32)).astype(float32)
     with np.errstate(divide="ignore", invalid="ignore"):
-        inv = np.where(d != 0, F32(1) / d, F32(0)).astype(F32)
+        inv = np.where(d != 0, float32(1) / d, float32(0)).astype(float32)
         l = np.clip(nearest_int(inv[:, None] * scales), -32, 31)
-        dl = d[:, None] * l.astype(F32)
-        idl = np.where(dl != 0, F32(1) / dl, F32(0)).astype(F32)
+        dl = d[:, None] * l.astype(float32)
+        idl = np.where(dl != 0, float32(1) / dl, float32(0)).astype(float32)
     L = best_index_int8(idl.reshape(-1, 1) * xs).reshape(n, 8, 32)
     l = (l + 32).astype(np.uint16)
     out = np.zeros(n, BLOCK_IQ4_XS)

@@ -16,10 +16,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..types import QK_K
-from .core import F32, first_absmax, first_min_max, fp16, nearest_int, register, seq_sum
+from .core import float32, first_absmax, first_min_max, fp16, nearest_int, register, seq_sum
 
 K_SCALE_SIZE = 12
-GROUP_MAX_EPS = F32(1e-15)
+GROUP_MAX_EPS = float32(1e-15)
 
 BLOCK_Q2_K = np.dtype([("scales", "u1", (QK_K // 16,)), ("qs", "u1", (QK_K // 4,)), ("d", "<f2"), ("dmin", "<f2")])
 BLOCK_Q3_K = np.dtype([("hmask", "u1", (QK_K // 8,)), ("qs", "u1", (QK_K // 4,)), ("scales", "u1", (12,)), ("d", "<f2")])
@@ -116,29 +116,29 @@ def q6k_codes(b) -> np.ndarray:
 # ---------------------------------------------------------------- dequantize_row_*
 
 def _f(b, name):
-    return b[name].astype(F32)
+    return b[name].astype(float32)
 
 
 def dequantize_q2_k(b):
     n = b.shape[0]
     d, dmin = _f(b, "d")[:, None], _f(b, "dmin")[:, None]
-    dl = (d * (b["scales"] & 0x0F).astype(F32))[..., None]
-    ml = (dmin * (b["scales"] >> 4).astype(F32))[..., None]
-    return (dl * crumbs(b["qs"]).reshape(n, 16, 16).astype(F32) - ml).reshape(n, QK_K)
+    dl = (d * (b["scales"] & 0x0F).astype(float32))[..., None]
+    ml = (dmin * (b["scales"] >> 4).astype(float32))[..., None]
+    return (dl * crumbs(b["qs"]).reshape(n, 16, 16).astype(float32) - ml).reshape(n, QK_K)
 
 
 def dequantize_q3_k(b):
     n = b.shape[0]
-    dl = (_f(b, "d")[:, None] * q3_scales(b["scales"]).astype(F32))[..., None]
-    return (dl * q3_codes(b).reshape(n, 16, 16).astype(F32)).reshape(n, QK_K)
+    dl = (_f(b, "d")[:, None] * q3_scales(b["scales"]).astype(float32))[..., None]
+    return (dl * q3_codes(b).reshape(n, 16, 16).astype(float32)).reshape(n, QK_K)
 
 
 def _dequantize_k4(b, q):
     n = b.shape[0]
     sc, mn = scale_min_k4(b["scales"])
-    d = (_f(b, "d")[:, None] * sc.astype(F32))[..., None]
-    dm = (_f(b, "dmin")[:, None] * mn.astype(F32))[..., None]
-    return (d * q.reshape(n, 8, 32).astype(F32) - dm).reshape(n, QK_K)
+    d = (_f(b, "d")[:, None] * sc.astype(float32))[..., None]
+    dm = (_f(b, "dmin")[:, None] * mn.astype(float32))[..., None]
+    return (d * q.reshape(n, 8, 32).astype(float32) - dm).reshape(n, QK_K)
 
 
 def dequantize_q4_k(b):
@@ -151,12 +151,12 @@ def dequantize_q5_k(b):
 
 def dequantize_q6_k(b):
     n = b.shape[0]
-    d = (_f(b, "d")[:, None] * b["scales"].astype(F32))[..., None]
-    return (d * q6k_codes(b).reshape(n, 16, 16).astype(F32)).reshape(n, QK_K)
+    d = (_f(b, "d")[:, None] * b["scales"].astype(float32))[..., None]
+    return (d * q6k_codes(b).reshape(n, 16, 16).astype(float32)).reshape(n, QK_K)
 
 
 def dequantize_q8_k(b):
-    return _f(b, "d")[:, None] * b["qs"].astype(F32)
+    return _f(b, "d")[:, None] * b["qs"].astype(float32)
 
 
 # ---------------------------------------------------------------- scale searches (ggml-quants.c)
@@ -168,14 +168,14 @@ def make_qkx2_quants(x, w, nmax, rmin, rdelta, nstep, use_mad):
     scale and min by weighted least squares and keep the one with the lowest weighted
     error. Returns (scale (m,), -min (m,), L (m, n) uint8).
     """
-    x, w = np.asarray(x, F32), np.asarray(w, F32)
+    x, w = np.asarray(x, float32), np.asarray(w, float32)
     mn, mx = first_min_max(x)
     sum_w, sum_x = seq_sum(w), seq_sum(w * x)
-    mn = np.minimum(mn, F32(0))
+    mn = np.minimum(mn, float32(0))
     flat = mx == mn
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        iscale = (F32(nmax) / (mx - mn)).astype(F32)
-        scale = (F32(1) / iscale).astype(F32)
+        iscale = (float32(nmax) / (mx - mn)).astype(float32)
+        scale = (float32(1) / iscale).astype(float32)
         L = np.clip(nearest_int(iscale[:, None] * (x - mn[:, None])), 0, nmax)
 
         def err(s, m, Lf):
@@ -183,18 +183,18 @@ def make_qkx2_quants(x, w, nmax, rmin, rdelta, nstep, use_mad):
             diff = np.abs(diff) if use_mad else diff * diff
             return seq_sum(w * diff)
 
-        best = err(scale, mn, L.astype(F32))
+        best = err(scale, mn, L.astype(float32))
         for step in range(nstep + 1):
-            iscale = ((F32(rmin) + F32(rdelta) * F32(step) + F32(nmax)) / (mx - mn)).astype(F32)
+            iscale = ((float32(rmin) + float32(rdelta) * float32(step) + float32(nmax)) / (mx - mn)).astype(float32)
             Laux = np.clip(nearest_int(iscale[:, None] * (x - mn[:, None])), 0, nmax)
-            lf = Laux.astype(F32)
+            lf = Laux.astype(float32)
             wl = w * lf
             sum_l, sum_l2, sum_xl = seq_sum(wl), seq_sum(wl * lf), seq_sum(wl * x)
             D = sum_w * sum_l2 - sum_l * sum_l
             this_scale = (sum_w * sum_xl - sum_x * sum_l) / D
             this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D
             pos = this_min > 0
-            this_min = np.where(pos, F32(0), this_min)
+            this_min = np.where(pos, float32(0), this_min)
             this_scale = np.where(pos, sum_xl / sum_l2, this_scale)
             cur = err(this_scale, this_min, lf)
             better = (D > 0) & (cur < best)
@@ -203,14 +203,14 @@ def make_qkx2_quants(x, w, nmax, rmin, rdelta, nstep, use_mad):
             scale = np.where(better, this_scale, scale)
             mn = np.where(better, this_min, mn)
     L = np.where(flat[:, None], 0, L)
-    scale = np.where(flat, F32(0), scale)
-    return scale.astype(F32), (-mn).astype(F32), L.astype(np.uint8)
+    scale = np.where(flat, float32(0), scale)
+    return scale.astype(float32), (-mn).astype(float32), L.astype(np.uint8)
 
 
 def make_qx_quants(x, nmax):
     """Symmetric scale for codes -nmax..nmax-1 (rmse_type 1, no importance weights): weights x^2,
     least-squares scale, then 18 more trial scales -(nmax + 0.1 k)/max. Returns (scale, L = l + nmax)."""
-    x = np.asarray(x, F32)
+    x = np.asarray(x, float32)
     amax, mx = first_absmax(x)
     zero = amax < GROUP_MAX_EPS
     w = x * x
@@ -219,56 +219,56 @@ def make_qx_quants(x, nmax):
 
         def trial(iscale):
             l = np.clip(nearest_int(iscale[:, None] * x), -nmax, nmax - 1)
-            lf = l.astype(F32)
+            lf = l.astype(float32)
             return l, seq_sum(wx * lf), seq_sum(w * lf * lf)
 
-        iscale = (F32(-nmax) / mx).astype(F32)
+        iscale = (float32(-nmax) / mx).astype(float32)
         L, sumlx, suml2 = trial(iscale)
-        scale = np.where(suml2 != 0, sumlx / suml2, F32(0)).astype(F32)
+        scale = np.where(suml2 != 0, sumlx / suml2, float32(0)).astype(float32)
         best = scale * sumlx
         for k in range(-9, 10):
             if k == 0:
                 continue
-            iscale = (-(F32(nmax) + F32(0.1) * F32(k)) / mx).astype(F32)
+            iscale = (-(float32(nmax) + float32(0.1) * float32(k)) / mx).astype(float32)
             l, sumlx, suml2 = trial(iscale)
             better = (suml2 > 0) & (sumlx * sumlx > best * suml2)
             L = np.where(better[:, None], l, L)
-            scale = np.where(better, sumlx / suml2, scale).astype(F32)
-            best = np.where(better, scale * sumlx, best).astype(F32)
+            scale = np.where(better, sumlx / suml2, scale).astype(float32)
+            best = np.where(better, scale * sumlx, best).astype(float32)
     L = np.where(zero[:, None], 0, L + nmax)
-    return np.where(zero, F32(0), scale).astype(F32), L.astype(np.int8)
+    return np.where(zero, float32(0), scale).astype(float32), L.astype(np.int8)
 
 
 def make_q3_quants(x, nmax):
     """Symmetric codes -nmax..nmax-1 with weights x^2, improved by up to 5 passes of coordinate
     descent (move one code at a time when it raises sumlx^2 / suml2). Returns (scale, L + nmax)."""
-    x = np.asarray(x, F32)
+    x = np.asarray(x, float32)
     m, n = x.shape
     amax, mx = first_absmax(x)
     zero = amax < GROUP_MAX_EPS
     w = x * x
     wx = w * x
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        iscale = (F32(-nmax) / mx).astype(F32)
+        iscale = (float32(-nmax) / mx).astype(float32)
         L = np.clip(nearest_int(iscale[:, None] * x), -nmax, nmax - 1)
-        Lf = L.astype(F32)
+        Lf = L.astype(float32)
         sumlx, suml2 = seq_sum(wx * Lf), seq_sum(w * Lf * Lf)
         for _ in range(5):          # a pass that changes nothing leaves the state as it is
             for i in range(n):
-                xi, wi, wxi, li = x[:, i], w[:, i], wx[:, i], L[:, i].astype(F32)
+                xi, wi, wxi, li = x[:, i], w[:, i], wx[:, i], L[:, i].astype(float32)
                 slx = sumlx - wxi * li
                 sl2 = suml2 - wi * li * li
                 new_l = np.clip(nearest_int(xi * sl2 / slx), -nmax, nmax - 1)
-                nl = new_l.astype(F32)
+                nl = new_l.astype(float32)
                 slx2 = slx + wxi * nl
                 sl22 = sl2 + wi * nl * nl
                 take = (slx > 0) & (new_l != L[:, i]) & (sl22 > 0) & (slx2 * slx2 * suml2 > sumlx * sumlx * sl22)
                 L[:, i] = np.where(take, new_l, L[:, i])
                 sumlx = np.where(take, slx2, sumlx)
                 suml2 = np.where(take, sl22, suml2)
-        scale = np.where(suml2 > 0, sumlx / suml2, F32(0)).astype(F32)
+        scale = np.where(suml2 > 0, sumlx / suml2, float32(0)).astype(float32)
     L = np.where(zero[:, None], 0, L + nmax)
-    return np.where(zero, F32(0), scale).astype(F32), L.astype(np.int8)
+    return np.where(zero, float32(0), scale).astype(float32), L.astype(np.int8)
 
 
 # ---------------------------------------------------------------- quantize_row_q*_K_ref
@@ -286,18 +286,18 @@ def quantize_q2_k(x):
     xs = x.reshape(n * 16, 16)
     scales, mins, L = make_qkx2_quants(xs, np.abs(xs), 3, -0.5, 0.1, 15, True)
     scales, mins, L = scales.reshape(n, 16), mins.reshape(n, 16), L.reshape(n, 16, 16).astype(np.int32)
-    max_scale = np.maximum(scales.max(-1), F32(0))
-    max_min = np.maximum(mins.max(-1), F32(0))
+    max_scale = np.maximum(scales.max(-1), float32(0))
+    max_min = np.maximum(mins.max(-1), float32(0))
     with np.errstate(divide="ignore", invalid="ignore"):
-        ls = np.where((max_scale > 0)[:, None], nearest_int((F32(15) / max_scale)[:, None] * scales), 0) & 0xFF
-        lm = np.where((max_min > 0)[:, None], nearest_int((F32(15) / max_min)[:, None] * mins), 0)
+        ls = np.where((max_scale > 0)[:, None], nearest_int((float32(15) / max_scale)[:, None] * scales), 0) & 0xFF
+        lm = np.where((max_min > 0)[:, None], nearest_int((float32(15) / max_min)[:, None] * mins), 0)
     sc = (ls | (lm << 4)) & 0xFF
     out = np.zeros(n, BLOCK_Q2_K)
     out["scales"] = sc
-    out["d"] = fp16(np.where(max_scale > 0, max_scale / F32(15), F32(0)))
-    out["dmin"] = fp16(np.where(max_min > 0, max_min / F32(15), F32(0)))
-    d = out["d"].astype(F32)[:, None] * (sc & 0x0F).astype(F32)
-    dm = out["dmin"].astype(F32)[:, None] * (sc >> 4).astype(F32)
+    out["d"] = fp16(np.where(max_scale > 0, max_scale / float32(15), float32(0)))
+    out["dmin"] = fp16(np.where(max_min > 0, max_min / float32(15), float32(0)))
+    d = out["d"].astype(float32)[:, None] * (sc & 0x0F).astype(float32)
+    dm = out["dmin"].astype(float32)[:, None] * (sc >> 4).astype(float32)
     L = _requantize(x.reshape(n, 16, 16), d, dm, 0, 3, L)
     out["qs"] = pack_crumbs(L.reshape(n, QK_K))
     return out
@@ -310,13 +310,13 @@ def quantize_q3_k(x):
     _, max_scale = first_absmax(scales)
     nz = max_scale != 0
     with np.errstate(divide="ignore", invalid="ignore"):
-        iscale = (F32(-32) / max_scale).astype(F32)
+        iscale = (float32(-32) / max_scale).astype(float32)
         l = (np.clip(nearest_int(iscale[:, None] * scales).astype(np.int8), -32, 31) + 32).astype(np.uint8)
-        d16 = fp16(np.where(nz, F32(1) / iscale, F32(0)))
+        d16 = fp16(np.where(nz, float32(1) / iscale, float32(0)))
     out = np.zeros(n, BLOCK_Q3_K)
     out["scales"] = np.where(nz[:, None], pack_q3_scales(l), 0)
     out["d"] = d16
-    d = d16.astype(F32)[:, None] * q3_scales(out["scales"]).astype(F32)
+    d = d16.astype(float32)[:, None] * q3_scales(out["scales"]).astype(float32)
     L = _requantize(x.reshape(n, 16, 16), d, np.zeros_like(d), -4, 3, L - 4) + 4
     L = L.reshape(n, QK_K)
     high = L > 3
@@ -330,22 +330,22 @@ def _k4_scales(x, nmax, rmin, rdelta, nstep):
     """Shared by q4_k and q5_k: sub-block (scale, min) search, 6-bit packing, final codes."""
     n = x.shape[0]
     xs = x.reshape(n * 8, 32)
-    av_x = np.sqrt(seq_sum(xs * xs) / F32(32)).astype(F32)
+    av_x = np.sqrt(seq_sum(xs * xs) / float32(32)).astype(float32)
     w = av_x[:, None] + np.abs(xs)
     scales, mins, L = make_qkx2_quants(xs, w, nmax, rmin, rdelta, nstep, False)
     scales, mins, L = scales.reshape(n, 8), mins.reshape(n, 8), L.reshape(n, 8, 32).astype(np.int32)
-    max_scale = np.maximum(scales.max(-1), F32(0))
-    max_min = np.maximum(mins.max(-1), F32(0))
+    max_scale = np.maximum(scales.max(-1), float32(0))
+    max_min = np.maximum(mins.max(-1), float32(0))
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):   # C divides by subnormals too
-        inv_scale = np.where(max_scale > 0, F32(63) / max_scale, F32(0)).astype(F32)
-        inv_min = np.where(max_min > 0, F32(63) / max_min, F32(0)).astype(F32)
+        inv_scale = np.where(max_scale > 0, float32(63) / max_scale, float32(0)).astype(float32)
+        inv_min = np.where(max_min > 0, float32(63) / max_min, float32(0)).astype(float32)
         ls = np.minimum(nearest_int(inv_scale[:, None] * scales) & 0xFF, 63)
         lm = np.minimum(nearest_int(inv_min[:, None] * mins) & 0xFF, 63)
     packed = pack_scale_min_k4(ls, lm)
-    d16, dmin16 = fp16(max_scale / F32(63)), fp16(max_min / F32(63))
+    d16, dmin16 = fp16(max_scale / float32(63)), fp16(max_min / float32(63))
     sc, m = scale_min_k4(packed)
-    d = d16.astype(F32)[:, None] * sc.astype(F32)
-    dm = dmin16.astype(F32)[:, None] * m.astype(F32)
+    d = d16.astype(float32)[:, None] * sc.astype(float32)
+    dm = dmin16.astype(float32)[:, None] * m.astype(float32)
     L = _requantize(x.reshape(n, 8, 32), d, dm, 0, nmax, L)
     return d16, dmin16, packed, L.reshape(n, 4, 2, 32)
 
@@ -376,10 +376,10 @@ def quantize_q6_k(x):
     max_abs, max_scale = first_absmax(scales)
     zero = max_abs < GROUP_MAX_EPS
     with np.errstate(divide="ignore", invalid="ignore"):
-        iscale = (F32(-128) / max_scale).astype(F32)
+        iscale = (float32(-128) / max_scale).astype(float32)
         sc = np.minimum(nearest_int(iscale[:, None] * scales), 127).astype(np.int8)
-        d16 = fp16(F32(1) / iscale)
-    d = d16.astype(F32)[:, None] * sc.astype(F32)
+        d16 = fp16(float32(1) / iscale)
+    d = d16.astype(float32)[:, None] * sc.astype(float32)
     L = _requantize(x.reshape(n, 16, 16), d, np.zeros_like(d), -32, 31, L - 32) + 32
     L = L.reshape(n, 2, 4, 32).astype(np.uint8)
     out = np.zeros(n, BLOCK_Q6_K)
@@ -399,13 +399,13 @@ def quantize_q8_k(x):
     n = x.shape[0]
     amax, mx = first_absmax(x)
     with np.errstate(divide="ignore", invalid="ignore"):
-        iscale = (F32(-127) / mx).astype(F32)
+        iscale = (float32(-127) / mx).astype(float32)
         q = np.minimum(nearest_int(iscale[:, None] * x), 127)
-        d = F32(1) / iscale
+        d = float32(1) / iscale
     zero = amax == 0
     q = np.where(zero[:, None], 0, q).astype(np.int8)
     out = np.zeros(n, BLOCK_Q8_K)
-    out["d"] = np.where(zero, F32(0), d)
+    out["d"] = np.where(zero, float32(0), d)
     out["qs"] = q
     out["bsums"] = q.reshape(n, 16, 16).astype(np.int32).sum(-1)
     return out

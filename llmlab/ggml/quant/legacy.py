@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .core import F32, fp16, first_absmax, first_min_max, inv_or_zero, nibbles, pack_nibbles, register, roundf, seq_sum, trunc_int
+from .core import float32, fp16, first_absmax, first_min_max, inv_or_zero, nibbles, pack_nibbles, register, roundf, seq_sum, trunc_int
 
 QK = 32
 
@@ -22,7 +22,7 @@ BLOCK_Q1_0 = np.dtype([("d", "<f2"), ("qs", "u1", (16,))])   # 128 signs + one s
 
 
 def _scale(b, name="d"):
-    return b[name].astype(F32)[:, None]
+    return b[name].astype(float32)[:, None]
 
 
 def q5_codes(b) -> np.ndarray:
@@ -40,23 +40,23 @@ def pack_q5(q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 # ---------------------------------------------------------------- dequantize_row_*
 
 def dequantize_q4_0(b):
-    return _scale(b) * (nibbles(b["qs"]).astype(np.int8) - np.int8(8)).astype(F32)
+    return _scale(b) * (nibbles(b["qs"]).astype(np.int8) - np.int8(8)).astype(float32)
 
 
 def dequantize_q4_1(b):
-    return _scale(b) * nibbles(b["qs"]).astype(F32) + _scale(b, "m")
+    return _scale(b) * nibbles(b["qs"]).astype(float32) + _scale(b, "m")
 
 
 def dequantize_q5_0(b):
-    return _scale(b) * (q5_codes(b).astype(np.int8) - np.int8(16)).astype(F32)
+    return _scale(b) * (q5_codes(b).astype(np.int8) - np.int8(16)).astype(float32)
 
 
 def dequantize_q5_1(b):
-    return _scale(b) * q5_codes(b).astype(F32) + _scale(b, "m")
+    return _scale(b) * q5_codes(b).astype(float32) + _scale(b, "m")
 
 
 def dequantize_q8_0(b):
-    return b["qs"].astype(F32) * _scale(b)
+    return b["qs"].astype(float32) * _scale(b)
 
 
 dequantize_q8_1 = dequantize_q8_0
@@ -72,16 +72,16 @@ def dequantize_q1_0(b):
 def _symmetric(x, nmax, offset, top):
     """q4_0 / q5_0: d = max / -nmax (the signed value of largest magnitude), q = min(top, (int)(x/d + offset))."""
     _, mx = first_absmax(x)
-    d = (mx / F32(-nmax)).astype(F32)
-    q = np.minimum(trunc_int(x * inv_or_zero(d)[:, None] + F32(offset)), top).astype(np.uint8)
+    d = (mx / float32(-nmax)).astype(float32)
+    q = np.minimum(trunc_int(x * inv_or_zero(d)[:, None] + float32(offset)), top).astype(np.uint8)
     return d, q
 
 
 def _affine(x, nmax):
     """q4_1 / q5_1: d = (max - min) / nmax, q = (int)((x - min)/d + 0.5)."""
     mn, mx = first_min_max(x)
-    d = ((mx - mn) / F32(nmax)).astype(F32)
-    q = np.minimum(trunc_int((x - mn[:, None]) * inv_or_zero(d)[:, None] + F32(0.5)), nmax).astype(np.uint8)
+    d = ((mx - mn) / float32(nmax)).astype(float32)
+    q = np.minimum(trunc_int((x - mn[:, None]) * inv_or_zero(d)[:, None] + float32(0.5)), nmax).astype(np.uint8)
     return d, mn, q
 
 
@@ -117,7 +117,7 @@ def quantize_q5_1(x):
 
 def quantize_q8_0(x):
     """d = amax / 127, q = roundf(x / d): halves away from zero (the model-file reference)."""
-    d = (np.abs(x).max(-1) / F32(127)).astype(F32)
+    d = (np.abs(x).max(-1) / float32(127)).astype(float32)
     out = np.zeros(len(x), BLOCK_Q8_0)
     out["d"], out["qs"] = fp16(d), roundf(x * inv_or_zero(d)[:, None])
     return out
@@ -125,17 +125,17 @@ def quantize_q8_0(x):
 
 def quantize_q8_1(x):
     """As q8_0, plus s = d * sum(q) (as f16), which the q4_1/q5_1 dot products use for the minimum term."""
-    d = (np.abs(x).max(-1) / F32(127)).astype(F32)
+    d = (np.abs(x).max(-1) / float32(127)).astype(float32)
     q = roundf(x * inv_or_zero(d)[:, None]).astype(np.int32)
     out = np.zeros(len(x), BLOCK_Q8_1)
     out["d"], out["qs"] = fp16(d), q
-    out["s"] = fp16(q.sum(-1).astype(F32) * d)
+    out["s"] = fp16(q.sum(-1).astype(float32) * d)
     return out
 
 
 def quantize_q1_0(x):
     """d = mean |x| (summed left to right), one sign bit per value (x >= 0 -> 1)."""
-    d = (seq_sum(np.abs(x)) / F32(x.shape[-1])).astype(F32)
+    d = (seq_sum(np.abs(x)) / float32(x.shape[-1])).astype(float32)
     out = np.zeros(len(x), BLOCK_Q1_0)
     out["d"], out["qs"] = fp16(d), np.packbits(x >= 0, axis=-1, bitorder="little")
     return out

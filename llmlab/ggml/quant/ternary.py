@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..types import QK_K
-from .core import F32, fp16, inv_or_zero, register, roundf
+from .core import float32, fp16, inv_or_zero, register, roundf
 
 BLOCK_TQ1_0 = np.dtype([("qs", "u1", ((QK_K - 4 * QK_K // 64) // 5,)), ("qh", "u1", (QK_K // 64,)), ("d", "<f2")])
 BLOCK_TQ2_0 = np.dtype([("qs", "u1", (QK_K // 4,)), ("d", "<f2")])
@@ -38,11 +38,11 @@ def tq2_codes(b) -> np.ndarray:
 
 
 def dequantize_tq1_0(b):
-    return b["d"].astype(F32)[:, None] * tq1_codes(b).astype(F32)
+    return b["d"].astype(float32)[:, None] * tq1_codes(b).astype(float32)
 
 
 def dequantize_tq2_0(b):
-    return b["d"].astype(F32)[:, None] * tq2_codes(b).astype(F32)
+    return b["d"].astype(float32)[:, None] * tq2_codes(b).astype(float32)
 
 
 def _ternary(x):

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from ..types import GGMLType, register_type, unregister_type
-from .core import F32, fp16, register
+from .core import float32, fp16, register
 
 QK_MINI1 = 8
 MINI1_ID = 43                       # the next free id after GGML_TYPE_COUNT in the seed's ggml.h
@@ -27,8 +27,8 @@ assert BLOCK_MINI1.itemsize == 3    # static_assert(sizeof(block_mini1) == 3)
 
 
 def dequantize_mini1(b):
-    signs = np.unpackbits(b["qs"][:, None], axis=-1, bitorder="little").astype(F32) * F32(2) - F32(1)
-    return b["d"].astype(F32)[:, None] * signs
+    signs = np.unpackbits(b["qs"][:, None], axis=-1, bitorder="little").astype(float32) * float32(2) - float32(1)
+    return b["d"].astype(float32)[:, None] * signs
 
 
 def quantize_mini1(x):

@@ -38,6 +38,7 @@ class ExtraBufferType:
 class Backend:
     name = "backend"
     buffer_type = "host"
+    cpu = None            # the CPU profile its NumPy kernels reproduce (None: this machine's)
 
     def supports_op(self, node: Tensor) -> bool:
         return True
@@ -52,7 +53,7 @@ class Backend:
         return False
 
     def compute(self, nodes: Iterable[Tensor], capture=None, replace=None, callback=None) -> dict:
-        return run_nodes(nodes, capture, replace, callback, self.dispatch)
+        return run_nodes(nodes, capture, replace, callback, self.dispatch, self.cpu)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name})"
@@ -62,8 +63,9 @@ class CPUBackend(Backend):
     name = "CPU"
     buffer_type = "CPU"
 
-    def __init__(self, n_threads: int = 2, extra: list[ExtraBufferType] | None = None):
+    def __init__(self, n_threads: int = 2, extra: list[ExtraBufferType] | None = None, cpu=None):
         self.n_threads = n_threads
+        self.cpu = cpu
         self.extra: list[ExtraBufferType] = list(extra or [])
         self.plugin_log: list[tuple[str, str]] = []     # (node name, plug-in) for nodes a plug-in computed
 
@@ -84,8 +86,9 @@ class AccelBackend(Backend):
     buffer_type = "ACCEL"
 
     def __init__(self, name: str = "ACCEL", supported_ops: Iterable[str] | None = None,
-                 offload_min_batch: int | None = 32):
+                 offload_min_batch: int | None = 32, cpu=None):
         self.name = name
+        self.cpu = cpu
         self.buffer_type = name
         self.supported_ops = frozenset(supported_ops) | VIEW_OPS if supported_ops is not None else ALL_OPS
         self.offload_min_batch = offload_min_batch

@@ -38,7 +38,7 @@ from .quantize import quantize_q8_0, quantize_q8_1, quantize_q8_k
 
 Q32_TYPES = ("q4_0", "q4_1", "q5_0", "q8_0")
 K_TYPES = ("q4_k", "q6_k")
-REPACK_TYPES = frozenset({"q4_0", "q4_k", "q2_k", "iq4_nl", "mxfp4"})   # as llmlab.ggml.cpu.kernels.REPACK_TYPES
+REPACK_TYPES = frozenset({"q4_0", "q4_k", "q2_k", "iq4_nl", "mxfp4"})   # as the x86 profiles list them
 TILED_MIN_ROWS = 8                                                      # ggml_tiled_min_batch
 # R * K * T multiply-adds below which a call runs on one thread. On a quiet 2-core machine threads pay from
 # about 1 << 18 (a 576 x 576 q4_1 matvec: 36 -> 22 us), so only the K/V projections stay serial. On a loaded

@@ -1,26 +1,65 @@
 """numba twins of ggml-cpu's float vector code (vec.h / vec.cpp / llamafile's tinyBLAS), bit for bit.
 
-Each function does the arithmetic of its NumPy reference in ``llmlab.ggml.cpu`` in the same
+Each kernel does the arithmetic of its NumPy reference in ``llmlab.ggml.cpu.vec`` in the same
 order: a fused multiply-add is a float64 product and sum rounded once to float32 (exact for
-float32 inputs, as the reference does it), SIMD lanes are explicit loops, and every
-horizontal reduction adds lanes in the tree the intrinsic uses. Which tree and how many lanes
-come from the CPU profile as plain integers, so one compiled kernel serves every profile:
+float32 inputs, as the references do it), SIMD lanes are explicit loops, and every horizontal sum
+adds lanes in the tree of its intrinsic. The CPU profile reaches the kernels as plain numbers
+(:class:`VecParams`): lane counts, the expf variant, and each reduction tree compiled to a small
+program of pairwise additions, so one compiled kernel serves every profile.
 
-- ``lanes``: 16 (AVX-512) or 8 (AVX2) float lanes per register;
-- the lane reduction: ``_mm512_reduce_add_ps`` for 16 lanes, ``hsum_float_8`` /
-  llamafile's ``hsum`` for 8 (both add the high half to the low half, then pairs).
-
-f16 values arrive as their uint16 bits with a 65,536-entry table to float32 (numba has no
-float16), so nothing is converted twice.
+numba has no float16: f16 weights (the KV cache) arrive as their uint16 bits and are widened in
+the inner loop; f16-rounded activations arrive as float32.
 """
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 from numba import njit, prange
 
-F16_TO_F32 = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float32)
+from ._common import f16_bits_to_f32
+
+EXPF_CODES = {"scalef": 0, "bits": 1}
+
+
+def tree_program(tree, n_lanes: int) -> np.ndarray:
+    """A reduction tree (``llmlab.ggml.cpu.simd``: a lane index or a pair of trees) as rows (a, b) of
+    additions over a scratch buffer that starts with the lanes; row k writes slot n_lanes + k."""
+    prog: list[tuple[int, int]] = []
+
+    def emit(t) -> int:
+        if isinstance(t, int):
+            return t
+        a, b = emit(t[0]), emit(t[1])
+        prog.append((a, b))
+        return n_lanes + len(prog) - 1
+    emit(tree)
+    return np.array(prog, np.int64).reshape(-1, 2)
+
+
+class VecParams(NamedTuple):
+    """What the vector kernels need of a CPU profile, as numba-friendly values."""
+    lanes: int                  # GGML_F32_EPR
+    arr: int                    # GGML_F32_ARR
+    vec_prog: np.ndarray        # GGML_F32_VEC_REDUCE's last register
+    hsum_prog: np.ndarray       # one register's horizontal sum (softmax blocks)
+    expf: int                   # EXPF_CODES
+    sgemm_lanes: int
+    sgemm_prog: np.ndarray
+
+
+_PARAMS: dict[str, VecParams] = {}
+
+
+def params(cpu) -> VecParams:
+    p = _PARAMS.get(cpu.name)
+    if p is None:
+        p = _PARAMS[cpu.name] = VecParams(
+            cpu.f32_lanes, cpu.f32_arr, tree_program(cpu.vec_reduce_tree, cpu.f32_lanes),
+            tree_program(cpu.hsum_tree, cpu.f32_lanes), EXPF_CODES[cpu.expf], cpu.sgemm_lanes,
+            tree_program(cpu.sgemm_hsum_tree, cpu.sgemm_lanes))
+    return p
 
 
 @njit(inline="always")
@@ -30,81 +69,107 @@ def fma32(a, b, c):
 
 
 @njit(inline="always")
-def reduce_lanes(v, lanes):
-    """Horizontal sum of a float32 register: 16 lanes as _mm512_reduce_add_ps, 8 as hsum_float_8."""
-    if lanes == 16:
-        t = np.empty(8, np.float32)
-        for i in range(8):
-            t[i] = v[i + 8] + v[i]
-    else:
-        t = v
-    r = np.empty(4, np.float32)
-    for i in range(4):
-        r[i] = t[i + 4] + t[i]
-    return (r[0] + r[2]) + (r[1] + r[3])
+def run_tree(v, prog, scratch):
+    """Add the lanes of ``v`` as the program says (float32 additions); ``scratch`` holds lanes + steps."""
+    n = v.shape[0]
+    for i in range(n):
+        scratch[i] = v[i]
+    for k in range(prog.shape[0]):
+        scratch[n + k] = scratch[prog[k, 0]] + scratch[prog[k, 1]]
+    return scratch[n + prog.shape[0] - 1]
 
 
 # ---- f16 dot products: ggml_vec_dot_f16 (one activation row) and tinyBLAS (two or more) -------------
+#
+# Both keep ``n_reg`` registers of ``lanes`` floats per output, fma'd step after step along K
+# (vec_dot_f16: GGML_F32_ARR registers, each step arr*lanes elements; tinyBLAS: one register), then
+# fold the registers pairwise (upper half onto lower) and add the last register's lanes by ``prog``.
+# The kernels run that for a whole column of cache rows at once: every register lane becomes a row
+# of a (lanes, R) block, so the inner loops run across rows, contiguous and vectorized.
 
 @njit(inline="always")
-def _vec_dot_f16(a, b, lut, lanes):
-    """ggml_vec_dot_f16: four registers take consecutive pieces of each 4*lanes step (fma), then
-    (0+2),(1+3), (0+1), a lane reduction added to a double; the tail in double."""
-    n = a.shape[0]
-    step = 4 * lanes
-    np_ = n - n % step
-    acc = np.zeros((4, lanes), np.float32)
+def _widen_transposed(A, hk, AT):
+    """AT[k, r] = float32(A[hk, r, k]): one pass over the cache rows (read along K), so every later
+    loop runs along R on contiguous floats."""
+    R, K = A.shape[1], A.shape[2]
+    for r in range(R):
+        for k in range(K):
+            AT[k, r] = f16_bits_to_f32(A[hk, r, k])
+
+
+@njit(inline="always")
+def _dot_rows(AT, b, out_row, n_reg, lanes, prog, acc, scratch):
+    """out_row[r] = AT[:, r] . b for every cache row r, in the order of n_reg registers of ``lanes``."""
+    K, R = AT.shape
+    step = n_reg * lanes
+    np_ = K - K % step
+    acc[:, :] = 0
     for i in range(0, np_, step):
-        for r in range(4):
-            for l in range(lanes):
-                k = i + r * lanes + l
-                acc[r, l] = fma32(lut[a[k]], b[k], acc[r, l])
-    s = np.empty(lanes, np.float32)
-    for l in range(lanes):
-        s[l] = (acc[0, l] + acc[2, l]) + (acc[1, l] + acc[3, l])
-    total = np.float64(reduce_lanes(s, lanes))
-    for k in range(np_, n):
-        total += np.float64(lut[a[k]] * b[k])
-    return np.float32(total)
+        for j in range(step):                                   # register j // lanes, lane j % lanes
+            bj = np.float64(b[i + j])
+            a = AT[i + j]
+            row = acc[j]
+            for r in range(R):
+                row[r] = np.float32(np.float64(a[r]) * bj + np.float64(row[r]))
+    h = step
+    while h > lanes:                                            # GGML_F32_VEC_REDUCE: registers pairwise
+        h //= 2
+        for j in range(h):
+            for r in range(R):
+                acc[j, r] = acc[j, r] + acc[j + h, r]
+    for l in range(lanes):                                      # the last register's lanes, by the tree
+        for r in range(R):
+            scratch[l, r] = acc[l, r]
+    for k in range(prog.shape[0]):
+        a_, b_ = prog[k, 0], prog[k, 1]
+        for r in range(R):
+            scratch[lanes + k, r] = scratch[a_, r] + scratch[b_, r]
+    last = scratch[lanes + prog.shape[0] - 1]
+    for r in range(R):
+        total = np.float64(last[r])
+        for k in range(np_, K):                                 # vec_dot_f16's tail, one by one in double
+            total += np.float64(AT[k, r] * b[k])
+        out_row[r] = np.float32(total)
 
 
 @njit(inline="always")
-def _tinyblas_f16(a, b, lut, lanes):
-    """tinyBLAS: one register per output, fma across K in steps of ``lanes``, then its hsum."""
-    acc = np.zeros(lanes, np.float32)
-    for i in range(0, a.shape[0], lanes):
-        for l in range(lanes):
-            acc[l] = fma32(lut[a[i + l]], b[i + l], acc[l])
-    return reduce_lanes(acc, lanes)
-
-
-@njit(inline="always")
-def _mul_mat_f16_rows(A, B, out, lut, lanes, tiny, j0, j1):
+def _mul_mat_f16_kv(A, B, out, n_reg, lanes, prog, k0, k1):
+    """Output heads of the kv heads k0..k1 (grouped-query heads share one widened copy)."""
     H, T, R = out.shape
     g = H // A.shape[0]
-    for hr in range(j0, j1):
-        h, r = hr // R, hr % R
-        a = A[h // g, r]
-        for t in range(T):
-            out[h, t, r] = _tinyblas_f16(a, B[h, t], lut, lanes) if tiny else _vec_dot_f16(a, B[h, t], lut, lanes)
+    AT = np.empty((A.shape[2], R), np.float32)
+    acc = np.empty((n_reg * lanes, R), np.float32)
+    scratch = np.empty((lanes + prog.shape[0], R), np.float32)
+    for hk in range(k0, k1):
+        _widen_transposed(A, hk, AT)
+        for h in range(hk * g, (hk + 1) * g):
+            for t in range(T):
+                _dot_rows(AT, B[h, t], out[h, t], n_reg, lanes, prog, acc, scratch)
 
 
 @njit(cache=True)
-def mul_mat_f16(A, B, out, lut, lanes, tiny):
-    """out[h, t, r] = A[h // (H / Hk), r] . B[h, t] for f16 A (uint16 bits, (Hk, R, K), any strides)
-    and B (H, T, K) float32 values already rounded to f16; ``tiny`` picks tinyBLAS over vec_dot."""
-    _mul_mat_f16_rows(A, B, out, lut, lanes, tiny, 0, out.shape[0] * out.shape[2])
+def mul_mat_f16(A, B, out, n_reg, lanes, prog):
+    """out[h, t, r] = A[h // (H / Hk), r] . B[h, t]: A (Hk, R, K) f16 bits (uint16, any strides, as the
+    KV cache view lies), B (H, T, K) float32 holding f16 values. vec_dot_f16: n_reg = GGML_F32_ARR;
+    tinyBLAS: n_reg = 1 with its own lanes; ``prog`` is the lane reduction."""
+    _mul_mat_f16_kv(A, B, out, n_reg, lanes, prog, 0, A.shape[0])
 
 
 @njit(cache=True, parallel=True)
-def mul_mat_f16_mt(A, B, out, lut, lanes, tiny, n_chunks):
-    """:func:`mul_mat_f16` with the (head, row) pairs cut into ``n_chunks`` for the threads."""
-    n = out.shape[0] * out.shape[2]
-    for c in prange(n_chunks):
-        _mul_mat_f16_rows(A, B, out, lut, lanes, tiny, c * n // n_chunks, (c + 1) * n // n_chunks)
+def mul_mat_f16_mt(A, B, out, n_reg, lanes, prog, n_chunks):
+    """:func:`mul_mat_f16` with the kv heads (or, with one kv head, the activation rows) cut into
+    ``n_chunks`` for the threads."""
+    Hk, T = A.shape[0], out.shape[1]
+    if Hk >= n_chunks or T == 1:
+        for c in prange(n_chunks):
+            _mul_mat_f16_kv(A, B, out, n_reg, lanes, prog, c * Hk // n_chunks, (c + 1) * Hk // n_chunks)
+    else:
+        for c in prange(n_chunks):
+            t0, t1 = c * T // n_chunks, (c + 1) * T // n_chunks
+            _mul_mat_f16_kv(A, B[:, t0:t1], out[:, t0:t1], n_reg, lanes, prog, 0, Hk)
 
 
-# ---- exp, SiLU, softmax: ggml_v_expf per instruction set -------------------------------------------
+# ---- exp, SiLU, softmax: ggml_v_expf in its two variants ------------------------------------------
 
 LOG2E = np.float32(float.fromhex("0x1.715476p+0"))
 SHIFT = np.float32(float.fromhex("0x1.8p23"))
@@ -119,45 +184,54 @@ ONE = np.float32(1.0)
 
 
 @njit(inline="always")
-def v_expf_512(x):
-    """ggml_v_expf, AVX-512: the polynomial includes the 1, then scalef(j, n)."""
+def v_expf(x, variant):
+    """ggml_v_expf. variant 0 (AVX-512): j = 1 + poly(b), result j * 2^n (scalef). variant 1 (AVX2):
+    k = 2^n built in the exponent bits, j = poly(b) without the 1, result fma(k, j, k); past |n| = 126
+    the scale is split in two factors, past 192 it saturates."""
     z = fma32(x, LOG2E, SHIFT)
     n = z - SHIFT
     b = fma32(-n, LN2_LO, fma32(-n, LN2_HI, x))
     u = b * b
-    j = fma32(fma32(fma32(C0, b, C1), u, fma32(C2, b, C3)), u, fma32(C4, b, ONE))
-    if not np.isfinite(n):
-        return np.float32(np.nan) if np.isnan(n) else (np.float32(np.inf) if n > 0 else np.float32(0.0))
+    p = fma32(fma32(C0, b, C1), u, fma32(C2, b, C3))
+    if np.isnan(n):
+        return np.float32(np.nan)
+    if variant == 0:
+        j = fma32(p, u, fma32(C4, b, ONE))
+        if abs(n) > 192:
+            return np.float32(np.inf) if n > 0 else np.float32(0.0)
+        return np.float32(math.ldexp(np.float64(j), int(n)))
+    j = fma32(p, u, C4 * b)
+    if abs(n) <= 126:
+        k = np.float32(math.ldexp(1.0, int(n)))
+        return fma32(k, j, k)
+    s1 = np.float32(2.0 ** 127) if n > 0 else np.float32(2.0 ** -125)
     if abs(n) > 192:
-        return np.float32(np.inf) if n > 0 else np.float32(0.0)
-    return np.float32(math.ldexp(np.float64(j), int(n)))
+        return s1 * s1
+    s2 = np.float32(math.ldexp(1.0, int(n) - 127)) if n > 0 else np.float32(math.ldexp(1.0, int(n) + 125))
+    return fma32(s2, j, s2) * s1
 
 
 @njit(cache=True)
-def exp_rows_512(x, out):
+def expf(x, out, variant):
     for i in range(x.size):
-        out.flat[i] = v_expf_512(x.flat[i])
-
-
-@njit(inline="always")
-def silu(x):
-    """ggml_v_silu: x / (1 + exp(-x))."""
-    return x / (ONE + v_expf_512(-x))
+        out.flat[i] = v_expf(x.flat[i], variant)
 
 
 @njit(cache=True)
-def swiglu(g, u, out):
-    """ggml_vec_swiglu_f32 over rows: silu(g) * u."""
+def swiglu(g, u, out, variant):
+    """ggml_vec_swiglu_f32 over rows: silu(g) * u, silu(x) = x / (1 + exp(-x)) (whole vector blocks)."""
     for r in range(out.shape[0]):
         for i in range(out.shape[1]):
-            out[r, i] = silu(g[r, i]) * u[r, i]
+            x = g[r, i]
+            out[r, i] = (x / (ONE + v_expf(-x, variant))) * u[r, i]
 
 
 @njit(inline="always")
-def _soft_max_rows(x, mask, scale, out, lanes, j0, j1):
+def _soft_max_rows(x, mask, scale, out, lanes, prog, variant, j0, j1):
     n_head, n_q, n = x.shape
     w = np.empty(n, np.float32)
     blk = np.empty(lanes, np.float32)
+    scratch = np.empty(lanes + prog.shape[0], np.float32)
     for hq in range(j0, j1):
         h, q = hq // n_q, hq % n_q
         mx = np.float32(-np.inf)
@@ -169,32 +243,27 @@ def _soft_max_rows(x, mask, scale, out, lanes, j0, j1):
             if v > mx:
                 mx = v
         s = np.float64(0.0)
-        nv = n - n % lanes
-        for i0 in range(0, nv, lanes):
+        for i0 in range(0, n, lanes):
             for l in range(lanes):
-                e = v_expf_512(np.float32(w[i0 + l] - mx))
+                e = v_expf(np.float32(w[i0 + l] - mx), variant)
                 w[i0 + l] = e
                 blk[l] = e
-            s += np.float64(reduce_lanes(blk, lanes))
-        for i in range(nv, n):
-            e = v_expf_512(np.float32(w[i] - mx))
-            w[i] = e
-            s += np.float64(e)
+            s += np.float64(run_tree(blk, prog, scratch))
         inv = np.float32(1.0 / s)
         for i in range(n):
             out[h, q, i] = w[i] * inv
 
 
 @njit(cache=True)
-def soft_max(x, mask, scale, out, lanes):
-    """ggml_compute_forward_soft_max_f32 per row: w = x*scale + mask, exp(w - max) in blocks of
-    ``lanes`` whose reductions add up in double, then times (float)(1/sum). ``mask`` has one row per
-    query row (broadcast over heads), or zero rows for none."""
-    _soft_max_rows(x, mask, scale, out, lanes, 0, x.shape[0] * x.shape[1])
+def soft_max(x, mask, scale, out, lanes, prog, variant):
+    """ggml_compute_forward_soft_max_f32 per row of x (heads, rows, n), n a multiple of ``lanes``:
+    w = x*scale + mask, exp(w - max) in blocks whose horizontal sums (``prog``) add up in double,
+    then times (float)(1/sum). ``mask`` has one row per query row (broadcast over heads), or none."""
+    _soft_max_rows(x, mask, scale, out, lanes, prog, variant, 0, x.shape[0] * x.shape[1])
 
 
 @njit(cache=True, parallel=True)
-def soft_max_mt(x, mask, scale, out, lanes, n_chunks):
+def soft_max_mt(x, mask, scale, out, lanes, prog, variant, n_chunks):
     n = x.shape[0] * x.shape[1]
     for c in prange(n_chunks):
-        _soft_max_rows(x, mask, scale, out, lanes, c * n // n_chunks, (c + 1) * n // n_chunks)
+        _soft_max_rows(x, mask, scale, out, lanes, prog, variant, c * n // n_chunks, (c + 1) * n // n_chunks)

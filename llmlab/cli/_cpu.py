@@ -1,0 +1,27 @@
+"""``--cpu auto|avx2|avx512``: whose llama.cpp arithmetic a command reproduces (shared by the commands
+that compute: logits, generate, diff-llama-cpp)."""
+from __future__ import annotations
+
+import sys
+
+
+def add_cpu_argument(p) -> None:
+    from ..ggml.cpu import profiles
+    p.add_argument("--cpu", default=None, choices=profiles.CHOICES,
+                   help="CPU profile to reproduce bit for bit (default auto: LLMLAB_CPU, else this machine's "
+                        "llama.cpp build, else its CPU flags)")
+
+
+def resolve_cpu(args):
+    """The profile a command runs with; says once, in one line on stderr, when its results will not be
+    bit-identical to this machine's llama.cpp."""
+    from ..ggml.cpu import profiles
+    choice = getattr(args, "cpu", None)
+    if choice in (None, "auto"):
+        return profiles.warn_if_unreproduced().profile
+    prof = profiles.get(choice)
+    here = profiles.detect()
+    if here.source != "LLMLAB_CPU" and here.reproduced and here.profile is not prof:
+        print(f"llmlab: emulating {prof.name}; this machine's llama.cpp computes {here.profile.name}, "
+              f"so results will not be bit-identical to it", file=sys.stderr)
+    return prof

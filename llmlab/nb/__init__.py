@@ -1,0 +1,243 @@
+"""The notebooks' shared set-up: one call at the top of each notebook.
+
+    from llmlab import nb
+    nb.setup(models=["smollm2"])          # fonts, figure defaults, threads, models, versions, CPU
+
+``setup`` fetches the models it is given (a progress bar on first use, then the cache), sets the
+engine's thread count, optionally warms the compiled kernels with one visible line, sets
+matplotlib's defaults (a modest dpi, CJK and emoji fallback fonts) and prints the versions and the
+CPU's SIMD profile. ``has_oracle`` lets a cell that compares with llama.cpp say in one line that it
+skips when llama-cpp-python is missing. ``live`` wires widgets to a view that renders once, in
+one place, whether a widget front-end is present or not (see its docstring).
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from .live import figure_png, live  # noqa: F401  (re-exported)
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+
+# fonts tried after matplotlib's default, so Chinese text and emoji do not print as boxes
+FALLBACK_FONTS = ["Noto Sans CJK SC", "Noto Sans CJK JP", "Noto Sans SC", "WenQuanYi Zen Hei", "Droid Sans Fallback",
+                  "Noto Emoji", "Symbola"]
+FIGURE_DPI = 80
+
+ORACLES = {"llama_cpp": "llama-cpp-python", "gguf": "gguf (gguf-py)"}
+
+
+# ---------------------------------------------------------------- figures and fonts
+
+def set_matplotlib_defaults(dpi: int = FIGURE_DPI) -> list[str]:
+    """A modest dpi (notebooks stay small) and a fallback list of installed CJK/emoji fonts.
+    Returns the fallback fonts found on this machine."""
+    import matplotlib
+    import matplotlib.pyplot as plt  # noqa: F401  (activates the inline backend first, then our rc wins)
+    from matplotlib import font_manager
+
+    installed = {f.name for f in font_manager.fontManager.ttflist}
+    found = [name for name in FALLBACK_FONTS if name in installed]
+    if not found and any("CJK" in Path(f).name for f in font_manager.findSystemFonts()):
+        # fonts installed after matplotlib built its cache (make system-deps): rebuild it once
+        font_manager.fontManager = font_manager._load_fontmanager(try_read_cache=False)
+        installed = {f.name for f in font_manager.fontManager.ttflist}
+        found = [name for name in FALLBACK_FONTS if name in installed]
+    base = matplotlib.rcParamsDefault["font.sans-serif"]
+    matplotlib.rcParams["font.sans-serif"] = [base[0]] + found + [f for f in base[1:] if f not in found]
+    # a list of families is a per-glyph fallback chain (a generic "sans-serif" would resolve to one font)
+    matplotlib.rcParams["font.family"] = [base[0]] + found
+    matplotlib.rcParams["figure.dpi"] = dpi
+    matplotlib.rcParams["savefig.dpi"] = dpi
+    matplotlib.rcParams["figure.max_open_warning"] = 0
+    return found
+
+
+# ---------------------------------------------------------------- CPU and threads
+
+def cpu_profile() -> dict:
+    """What the CPU offers the kernels. Uses ``llmlab.ggml.cpu.profiles`` when that module exists
+    (its ``current()`` or ``detect()``); otherwise the flags the kernel reports in /proc/cpuinfo."""
+    try:
+        from ..ggml.cpu import profiles  # type: ignore[attr-defined]
+        for name in ("current", "detect", "profile"):
+            fn = getattr(profiles, name, None)
+            if callable(fn):
+                p = fn()
+                return p if isinstance(p, dict) else {"profile": str(p), "source": "llmlab.ggml.cpu.profiles"}
+    except ImportError:
+        pass
+    info = {"machine": platform.machine(), "cores": os.cpu_count() or 1, "model": platform.processor() or "?",
+            "simd": [], "source": "/proc/cpuinfo"}
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return info
+    flags: set[str] = set()
+    for line in text.splitlines():
+        key, _, val = line.partition(":")
+        key = key.strip()
+        if key == "model name" and info["model"] == "?":
+            info["model"] = val.strip()
+        if key in ("flags", "Features") and not flags:
+            flags = set(val.split())
+    wanted = ["sse3", "ssse3", "avx", "f16c", "fma", "avx2", "avx_vnni", "avx512f", "avx512bw", "avx512_vnni",
+              "avx512_bf16", "amx_int8", "asimd", "asimddp", "sve", "i8mm"]
+    info["simd"] = [f for f in wanted if f in flags]
+    return info
+
+
+def choose_threads(threads: int | None = None) -> tuple[int, str]:
+    """The thread count for the engine and why: ``threads``, else ``LLMLAB_THREADS``, else all
+    cores; a machine already busier than its core count gets 1 (threads that wait at every
+    barrier for a descheduled sibling are slower than one thread)."""
+    cores = os.cpu_count() or 1
+    if threads:
+        return threads, "as asked"
+    env = os.environ.get("LLMLAB_THREADS")
+    if env:
+        return int(env), "LLMLAB_THREADS"
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        load = 0.0
+    if cores > 1 and load > cores:
+        return 1, f"the machine is busy (load {load:.1f} on {cores} cores)"
+    return cores, "all cores"
+
+
+def set_threads(threads: int | None = None) -> int:
+    n, why = choose_threads(threads)
+    try:
+        from ..ggml.cpu.fast import set_threads as _set
+        n = _set(n)
+    except ImportError:
+        pass
+    print(f"threads: {n} ({why})")
+    return n
+
+
+# ---------------------------------------------------------------- models
+
+def fetch_models(names, quiet: bool = False) -> dict[str, Path]:
+    """Each registered model's path, downloading the missing ones with a progress bar. The
+    download runs in a child process whose messages are shown as ordinary output."""
+    from .. import models
+    paths = {}
+    for name in names:
+        spec = models.spec_for(name)
+        if not models.is_cached(spec):
+            print(f"{name}: downloading {spec.filename} ({spec.size / 1e6:.0f} MB) once, into {models.home()}", flush=True)
+            p = subprocess.Popen([sys.executable, "-m", "llmlab", "fetch", name], stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, cwd=str(ROOT), env=_child_env())
+            assert p.stdout is not None
+            buf = b""
+            while chunk := p.stdout.read1(4096) if hasattr(p.stdout, "read1") else p.stdout.read(4096):
+                buf += chunk
+                *done, buf = buf.replace(b"\r", b"\n").split(b"\n")
+                for line in done:
+                    if line.strip() and not quiet:
+                        print("\r" + line.decode(errors="replace"), end="", flush=True)
+            if p.wait() != 0:
+                raise RuntimeError(f"fetching {name} failed; run `python -m llmlab fetch {name}` in a terminal to see why")
+            print()
+        paths[name] = models.resolve(name)
+        if not quiet:
+            print(f"{name}: {paths[name]} ({paths[name].stat().st_size / 1e6:.0f} MB)")
+    return paths
+
+
+def _child_env() -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    return env
+
+
+def warm_kernels(model: str = "smollm2") -> float:
+    """Run the engine once on two tokens so every compiled kernel is loaded (or compiled, the
+    very first time) before the lesson needs it; one line of output."""
+    from .. import models
+    from ..llama import Batch, Context, Model
+    t0 = time.perf_counter()
+    m = Model(models.resolve(model))
+    ctx = Context(m, n_ctx=32, n_batch=8)
+    ctx.decode(Batch.from_tokens([1, 2], logits="last"))
+    ctx.decode(Batch.from_tokens([3], pos0=2, logits="last"))
+    dt = time.perf_counter() - t0
+    print(f"kernels: warm ({dt:.1f} s; the first run on a new machine compiles them, later runs load numba's cache)")
+    return dt
+
+
+# ---------------------------------------------------------------- versions and the oracle
+
+def _version(dist: str) -> str | None:
+    from importlib import metadata
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def versions() -> dict[str, str | None]:
+    from .. import __version__
+    out = {"python": platform.python_version(), "llmlab": __version__}
+    for dist in ("numpy", "numba", "matplotlib", "ipywidgets", "llama-cpp-python", "gguf"):
+        out[dist] = _version(dist)
+    return out
+
+
+def has_oracle(purpose: str = "the comparison with llama.cpp", module: str = "llama_cpp") -> bool:
+    """True when the reference implementation is importable; otherwise prints one line saying that
+    ``purpose`` is skipped, and returns False. The oracle comes with ``make test`` (dev extras)."""
+    if importlib.util.find_spec(module) is not None:
+        return True
+    print(f"skipped: {purpose} needs {ORACLES.get(module, module)}, the test oracle "
+          f"(`make test` installs it; everything else in this notebook runs without it)")
+    return False
+
+
+def build_dir(*parts: str) -> Path:
+    """A scratch folder for files a notebook writes (``build/notebooks/...`` in the checkout when
+    it is writable, else the system's temporary folder), never the working directory."""
+    base = ROOT / "build" / "notebooks"
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+        probe = base / ".write-test"
+        probe.touch()
+        probe.unlink()
+    except OSError:
+        base = Path(tempfile.gettempdir()) / "llmlab-notebooks"
+        base.mkdir(parents=True, exist_ok=True)
+    d = base.joinpath(*parts)
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+# ---------------------------------------------------------------- the one call
+
+def setup(models=("smollm2",), threads: int | None = None, warm: bool = False, quiet: bool = False) -> dict:
+    """Prepare a notebook: matplotlib defaults and fonts, threads, models (fetched once), kernels
+    warmed when ``warm``, and one line each of versions and CPU profile. Returns the model paths."""
+    fonts = set_matplotlib_defaults()
+    if not quiet:
+        v = versions()
+        print("versions: " + ", ".join(f"{k} {val}" for k, val in v.items() if val) +
+              ("" if v.get("llama-cpp-python") else " (no llama-cpp-python: comparisons with llama.cpp are skipped)"))
+        p = cpu_profile()
+        if "simd" in p:
+            print(f"cpu: {p.get('model', '?')}, {p.get('cores')} cores, {p.get('machine')}; "
+                  f"SIMD: {' '.join(p['simd']) or 'none found'} (from {p['source']})")
+        else:
+            print("cpu:", p)
+        print(f"figures: {FIGURE_DPI} dpi; fallback fonts: {', '.join(fonts) or 'none installed (make system-deps)'}")
+    set_threads(threads)
+    paths = fetch_models(models, quiet=quiet)
+    if warm:
+        warm_kernels(next(iter(models), "smollm2"))
+    return paths

@@ -1,0 +1,148 @@
+"""Widget views that render once, in one place, with or without a widget front-end.
+
+``live(render, controls)`` calls ``render(**values)`` now and after every change of a control.
+What it returns (a matplotlib figure, an HTML object or markup string, Graphviz source, or a list
+of those) goes into *image and HTML widgets* whose values are replaced: nothing is cleared and
+redrawn, so the front end cannot lose a view between two updates.
+
+The cell shows a single output holding both the live widget and a static copy of its first
+render. JupyterLab draws the widget (it ranks the widget MIME type first) and so shows one
+figure, not two; a headless run, a notebook opened without its kernel, or the HTML export
+(which drops the widget MIME type) show the static copy. So a viz module never needs to know
+whether a widget front-end is present: it returns a figure and calls ``live``.
+"""
+from __future__ import annotations
+
+import base64
+import html as _html
+import io
+
+
+def figure_png(fig, close: bool = True) -> bytes:
+    """PNG bytes of a matplotlib figure at its own dpi (the notebooks' default is modest)."""
+    import matplotlib.pyplot as plt
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=fig.dpi, bbox_inches="tight", facecolor="white")
+    if close:
+        plt.close(fig)
+    return buf.getvalue()
+
+
+def _figure_of(obj):
+    """The matplotlib Figure behind ``obj`` (a Figure, an Axes, an array of Axes), or None."""
+    try:
+        from matplotlib.axes import Axes
+        from matplotlib.figure import Figure
+    except ImportError:  # pragma: no cover
+        return None
+    if isinstance(obj, Figure):
+        return obj
+    if isinstance(obj, Axes):
+        return obj.figure
+    if hasattr(obj, "flat"):
+        first = next(iter(obj.flat), None)
+        if isinstance(first, Axes):
+            return first.figure
+    return None
+
+
+def _parts(result) -> list[tuple[str, object]]:
+    """("png", bytes) or ("html", markup) for each piece of a render's result."""
+    import matplotlib.pyplot as plt
+    items = list(result) if isinstance(result, (list, tuple)) else [result]
+    if result is None or not items:   # the render drew with pyplot and returned nothing
+        items = [plt.gcf()] if plt.get_fignums() else []
+    out = []
+    for it in items:
+        fig = _figure_of(it)
+        if fig is not None:
+            out.append(("png", figure_png(fig)))
+        elif hasattr(it, "_repr_svg_") and callable(it._repr_svg_):   # graphviz sources
+            out.append(("html", f"<div style='max-width:100%;overflow:auto'>{it._repr_svg_()}</div>"))
+        elif hasattr(it, "_repr_html_"):
+            out.append(("html", it._repr_html_()))
+        elif isinstance(it, str):
+            out.append(("html", it))
+        else:
+            out.append(("html", f"<pre>{_html.escape(str(it))}</pre>"))
+    plt.close("all")
+    return out
+
+
+def _static_html(parts) -> str:
+    chunks = []
+    for kind, val in parts:
+        if kind == "png":
+            chunks.append(f"<img style='max-width:100%' src='data:image/png;base64,{base64.b64encode(val).decode()}'/>")
+        else:
+            chunks.append(val)
+    return "<div>" + "".join(chunks) + "</div>"
+
+
+class LiveView:
+    """The widgets of one view: controls on top, one image/HTML widget per rendered piece below."""
+
+    def __init__(self, render, controls, columns: int = 1):
+        import ipywidgets as W
+        self.render = render
+        self.controls = dict(controls) if not isinstance(controls, dict) else controls
+        self.W = W
+        self.panes_box = W.VBox(layout=W.Layout(width="100%"))
+        self.status = W.HTML(value="")
+        children = list(self.controls.values())
+        for c in children:      # descriptions in full ("values shown", not "values sh...")
+            if getattr(c, "description", "") and hasattr(c, "style") and hasattr(c.style, "description_width"):
+                c.style.description_width = "initial"
+        ctl = W.HBox(children, layout=W.Layout(flex_flow="row wrap")) if columns > 1 else W.VBox(children)
+        self.box = W.VBox([ctl, self.status, self.panes_box])
+        self.first = self.update()
+        for c in self.controls.values():
+            c.observe(self._changed, names="value")
+
+    def values(self) -> dict:
+        return {k: c.value for k, c in self.controls.items()}
+
+    def _changed(self, _change=None):
+        if self.values() != self._last:      # linked controls may fire twice for one change
+            self.update()
+
+    def update(self):
+        W = self.W
+        self._last = self.values()
+        try:
+            parts = _parts(self.render(**self.values()))
+            self.status.value = ""
+        except Exception as e:  # a bad combination of values: say so, keep the last view
+            self.status.value = f"<span style='color:#b00'>{_html.escape(type(e).__name__)}: {_html.escape(str(e))}</span>"
+            return None
+        panes = list(self.panes_box.children)
+        kinds = [getattr(p, "_llmlab_kind", None) for p in panes]
+        if kinds != [k for k, _ in parts]:
+            panes = []
+            for kind, _ in parts:
+                p = W.Image(format="png", layout=W.Layout(max_width="100%", height="auto")) if kind == "png" else W.HTML()
+                p._llmlab_kind = kind
+                panes.append(p)
+            self.panes_box.children = panes
+        for p, (kind, val) in zip(panes, parts):
+            p.value = val
+        return parts
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        bundle = self.box._repr_mimebundle_(include=include, exclude=exclude) or {}
+        if isinstance(bundle, tuple):
+            bundle = bundle[0]
+        bundle = dict(bundle)
+        bundle["text/html"] = _static_html(self.first or [])
+        bundle["text/plain"] = "(live view: run the notebook in JupyterLab to change it)"
+        return bundle
+
+
+def live(render, controls, columns: int = 1, show: bool = True) -> LiveView:
+    """Wire ``controls`` (a dict name -> widget; names are ``render``'s keyword arguments) to
+    ``render`` and display the view. Returns the LiveView (``.box`` is the widget)."""
+    view = LiveView(render, controls, columns)
+    if show:
+        from IPython.display import display
+        display(view)
+    return view

@@ -1,0 +1,194 @@
+"""The course the way a learner sees it: JupyterLab in headless chromium (make test-browser).
+
+JupyterLab serves a copy of the notebooks (so autosave never touches the committed files) on a
+free loopback port with a token. For each notebook the test opens it in a fresh workspace,
+checks that it opens unmodified (no unsaved dot), runs all cells from the Run menu, waits until
+the kernel is idle, and checks that no cell shows an error, that widgets render live and that
+moving a slider or dropdown changes the view, and that graphs render as SVG. Screenshots go to
+build/browser/. Debian's chromium is driven by playwright; no browser is downloaded.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parent.parent
+SHOTS = ROOT / "build" / "browser"
+CHROMIUM = os.environ.get("LLMLAB_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+# notebook -> what must be true after Run All: a live control to move, an SVG graph
+# (the issue asks for 00, 01, 05, 06 and 08; 02 is here for its CJK and emoji text)
+NOTEBOOKS = {
+    "00_overview": {"control": None, "svg": True},
+    "01_gguf_bytes": {"control": "select", "svg": False},
+    "02_tokenizer": {"control": None, "svg": False},      # Chinese text and emoji need the Noto fonts
+    "05_quant_blocks": {"control": "slider", "svg": False},
+    "06_cgraph_and_scheduler": {"control": "slider", "svg": True},
+    "08_full_generation": {"control": None, "svg": False},
+}
+RUN_TIMEOUT = int(os.environ.get("LLMLAB_BROWSER_TIMEOUT", "1200"))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        pytest.skip("playwright is not installed (make browser-deps)")
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"no chromium at {CHROMIUM} (make browser-deps installs Debian's chromium)")
+    if shutil.which("jupyter", path=str(Path(sys.executable).parent)) is None and shutil.which("jupyter") is None:
+        pytest.skip("JupyterLab is not installed (make setup)")
+    served = tmp_path_factory.mktemp("lab")
+    (served / "notebooks").mkdir()
+    # LLMLAB_BROWSER_NOTEBOOKS: another folder of executed notebooks to serve (e.g. fresh runs)
+    source = Path(os.environ.get("LLMLAB_BROWSER_NOTEBOOKS", ROOT / "notebooks"))
+    for p in (ROOT / "notebooks").glob("*.ipynb"):
+        if (source / p.name).exists():
+            p = source / p.name
+        shutil.copy2(p, served / "notebooks" / p.name)
+    for d in ("data", "tests", "llmlab"):           # relative paths the notebooks read (../data, ../tests/data)
+        (served / d).symlink_to(ROOT / d)
+    port, token = _free_port(), uuid.uuid4().hex
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+               JUPYTER_CONFIG_DIR=str(served / ".jupyter-config"))
+    cmd = [sys.executable, "-m", "jupyter", "lab", "--no-browser", f"--port={port}", "--ip=127.0.0.1",
+           f"--ServerApp.token={token}", f"--ServerApp.root_dir={served}",
+           f"--LabApp.workspaces_dir={served / '.workspaces'}", f"--LabApp.user_settings_dir={served / '.settings'}"]
+    if os.geteuid() == 0:
+        cmd.append("--allow-root")
+    news = served / ".settings" / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
+    news.parent.mkdir(parents=True)
+    news.write_text('{"fetchNews": "false", "checkForUpdates": false}')     # no pop-up over the screenshots
+    log = open(served / "lab.log", "w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=served)
+    base = f"http://127.0.0.1:{port}"
+    for _ in range(240):
+        try:
+            urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2)
+            break
+        except OSError:
+            if proc.poll() is not None:
+                pytest.fail("JupyterLab exited: " + (served / "lab.log").read_text()[-2000:])
+            time.sleep(0.5)
+    else:
+        proc.terminate()
+        pytest.fail("JupyterLab did not start in 120 s: " + (served / "lab.log").read_text()[-2000:])
+    from playwright.sync_api import sync_playwright
+    pw = sync_playwright().start()
+    browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    yield {"base": base, "token": token, "browser": browser, "served": served}
+    browser.close()
+    pw.stop()
+    proc.terminate()
+    try:
+        proc.wait(20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    log.close()
+
+
+def _wait_idle(page, timeout: float, polls: int = 3) -> None:
+    """Idle = the execution indicator says idle and no cell shows [*], three polls in a row."""
+    t_end, calm = time.time() + timeout, 0
+    while time.time() < t_end:
+        idle = page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").count() > 0
+        busy = page.locator(".jp-InputPrompt:has-text('[*]')").count() > 0
+        calm = calm + 1 if idle and not busy else 0
+        if calm >= polls:
+            return
+        time.sleep(1.0)
+    raise AssertionError(f"the kernel was still busy after {timeout:.0f} s")
+
+
+def _view_signature(cell) -> str:
+    """What a control changes: images, HTML panes and output widgets of the cell, not the controls."""
+    return cell.evaluate("""c => [...c.querySelectorAll('.jp-OutputArea-output img, .widget-html-content, .widget-output')]
+                                 .map(e => e.tagName === 'IMG' ? e.src : e.innerHTML).join('|')""")
+
+
+@pytest.mark.parametrize("name", list(NOTEBOOKS))
+def test_notebook_in_browser(lab, name):
+    path = lab["served"] / "notebooks" / f"{name}.ipynb"
+    if not path.exists():
+        pytest.skip(f"notebooks/{name}.ipynb does not exist in this checkout yet")
+    want = NOTEBOOKS[name]
+    page = lab["browser"].new_page(viewport={"width": 1400, "height": 1000})
+    console_errors: list[str] = []
+    page.on("pageerror", lambda e: console_errors.append(str(e)))
+    ws = f"t{uuid.uuid4().hex[:8]}"
+    page.goto(f"{lab['base']}/lab/workspaces/{ws}/tree/notebooks/{name}.ipynb?reset&token={lab['token']}")
+    page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=120_000)
+    _wait_idle(page, 180)
+    time.sleep(2)
+    dirty = page.locator(".jp-mod-current.jp-mod-dirty, .lm-TabBar-tab.jp-mod-dirty").count()
+    page.screenshot(path=str(SHOTS / f"{name}-opened.png"))
+    assert dirty == 0, f"{name} opens as modified (unsaved dot) before any edit"
+
+    # Run > Run All Cells
+    page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
+    page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
+    time.sleep(3)
+    _wait_idle(page, RUN_TIMEOUT)
+    page.screenshot(path=str(SHOTS / f"{name}-run.png"))
+
+    errors = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
+    if errors.count():
+        raise AssertionError(f"{name}: {errors.count()} cell(s) show an error or stderr: {errors.first.inner_text()[:1500]}")
+    broken = page.locator(".jp-OutputArea-output:has-text('Error displaying widget')")
+    assert broken.count() == 0, f"{name}: a widget failed to display"
+
+    views = page.locator(".jp-Cell", has=page.locator(".jp-OutputArea-output .jupyter-widgets"))
+    if views.count():
+        views.first.scroll_into_view_if_needed()
+        views.first.screenshot(path=str(SHOTS / f"{name}-view.png"))
+
+    if want["svg"]:
+        # inline <svg>, or JupyterLab's SVG renderer (an output of MIME type image/svg+xml, drawn as <img>)
+        svg = page.locator(".jp-OutputArea-output svg, .jp-OutputArea-output[data-mime-type='image/svg+xml']")
+        assert svg.count() > 0, f"{name}: no graph rendered as SVG"
+        svg.first.scroll_into_view_if_needed()
+        page.locator(".jp-Cell", has=svg.first).last.screenshot(path=str(SHOTS / f"{name}-graph.png"))
+
+    if want["control"]:
+        assert page.locator(".jp-OutputArea-output .jupyter-widgets").count() > 0, f"{name}: no live widget rendered"
+        sel = ".jp-OutputArea-output .widget-dropdown select" if want["control"] == "select" \
+            else ".jp-OutputArea-output .noUi-handle"
+        control = page.locator(sel).first
+        control.scroll_into_view_if_needed()
+        cell = page.locator(".jp-Cell", has=page.locator(sel)).last
+        before = _view_signature(cell)
+        if want["control"] == "select":
+            control.click()
+            page.keyboard.press("ArrowDown")
+            page.keyboard.press("Enter")
+        else:
+            control.focus()
+            page.keyboard.press("ArrowRight")
+        t_end = time.time() + 180
+        while time.time() < t_end and _view_signature(cell) == before:
+            time.sleep(1.0)
+        _wait_idle(page, 180)
+        cell.screenshot(path=str(SHOTS / f"{name}-widget.png"))
+        assert _view_signature(cell) != before, f"{name}: moving the {want['control']} did not change its view"
+    assert not console_errors, f"{name}: page errors: {console_errors[:3]}"
+    page.close()

@@ -1,0 +1,122 @@
+"""CPU profiles: the registry, detection and overrides, and the arithmetic that differs between
+instruction sets (emulated, so these run on any machine)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from llmlab.ggml.cpu import profiles
+from llmlab.ggml.cpu.simd import halves, hadd_tree, reduce_tree, tree_lanes
+from llmlab.ggml.cpu.vec import expf_bits, expf_scalef, soft_max_rows, vec_dot_f16
+
+
+def test_registry_has_one_file_per_instruction_set():
+    assert {"avx2", "avx512"} <= set(profiles.PROFILES)
+    for p in profiles.PROFILES.values():
+        assert tree_lanes(p.vec_reduce_tree) == p.f32_lanes == tree_lanes(p.hsum_tree)
+        assert tree_lanes(p.sgemm_hsum_tree) == p.sgemm_lanes
+    assert profiles.resolve("avx2") is profiles.get("AVX2") is profiles.resolve(profiles.get("avx2"))
+    with pytest.raises(ValueError, match="unknown CPU profile"):
+        profiles.get("neon9000")
+
+
+def test_reduction_trees():
+    assert halves(8) == (((0, 4), (2, 6)), ((1, 5), (3, 7)))               # hsum_float_8
+    assert hadd_tree(8) == (((0, 4), (1, 5)), ((2, 6), (3, 7)))            # GGML_F32x8_REDUCE
+    x = np.array([1e8, 1, -1e8, 1, 0.5, 0.25, 3, -3], np.float32)
+    assert reduce_tree(x, halves(8)) != reduce_tree(x, hadd_tree(8))       # same numbers, other bits
+
+
+def test_system_info_decides_the_profile():
+    avx512 = "CPU : SSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | AVX512 = 1 | AVX512_VNNI = 1 |"
+    avx2 = "CPU : SSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | BMI2 = 1 | LLAMAFILE = 1 |"
+    neon = "CPU : NEON = 1 | ARM_FMA = 1 | FP16_VA = 1 | DOTPROD = 1 |"
+    assert profiles._from_system_info(avx512).name == "avx512"
+    assert profiles._from_system_info(avx2).name == "avx2"            # ggml omits "AVX512 = 0"
+    assert profiles._from_system_info(neon) is None
+    assert profiles._from_flags({"avx2", "fma", "f16c"}).name == "avx2"
+    assert profiles._from_flags({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512dq", "avx512vl"}).name == "avx512"
+    assert profiles._from_flags({"neon", "asimd"}) is None
+
+
+def _run(code: str, **env) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **env})
+
+
+def test_llmlab_cpu_overrides_detection():
+    out = _run("from llmlab.ggml.cpu import profiles as p; d = p.detect(); print(d.profile.name, d.source)",
+               LLMLAB_CPU="avx2")
+    assert out.stdout.split() == ["avx2", "LLMLAB_CPU"]
+    bad = _run("from llmlab.ggml.cpu import profiles as p; p.detect()", LLMLAB_CPU="sparc")
+    assert bad.returncode != 0 and "unknown CPU profile" in bad.stderr
+
+
+def test_unreproduced_cpu_runs_the_nearest_profile_and_says_so_once():
+    code = ("import llmlab.ggml.cpu.profiles as p\n"
+            "p.llama_cpp_system_info = lambda: None\n"
+            "p.cpu_flags = lambda: {'neon', 'asimd'}\n"
+            "a = p.resolve('auto'); b = p.resolve(None)\n"
+            "print(a.name, b.name, p.detect().reproduced)\n")
+    out = _run(code)
+    assert out.stdout.split() == ["avx2", "avx2", "False"]
+    lines = [ln for ln in out.stderr.splitlines() if ln.startswith("llmlab:")]
+    assert len(lines) == 1 and "not be bit-identical" in lines[0]
+
+
+def test_vec_dot_f16_lanes_differ_between_profiles():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((200, 64)).astype(np.float16).astype(np.float32)
+    y = rng.standard_normal((200, 64)).astype(np.float16).astype(np.float32)
+    a, b = vec_dot_f16(x, y, "avx2"), vec_dot_f16(x, y, "avx512")
+    exact = (x.astype(np.float64) * y).sum(-1)
+    assert (a != b).any()
+    np.testing.assert_allclose(a, exact, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(b, exact, rtol=1e-5, atol=1e-5)
+
+
+def test_expf_variants_special_cases():
+    x = np.array([-np.inf, -200, -110, -100, -87.5, -1, 0, 1e-8, 1, 80, 88.7, 89, 100, np.inf], np.float32)
+    want = np.exp(x.astype(np.float64))
+    for f in (expf_bits, expf_scalef):
+        got = f(x)
+        fin = np.isfinite(want) & (want > 1e-37) & (want < 3e38)
+        np.testing.assert_allclose(got[fin], want[fin], rtol=4e-7)
+        assert got[0] == 0 and got[-1] == np.inf and got[1] == 0
+    d = np.linspace(-30, 0, 20001, dtype=np.float32)
+    assert (expf_bits(d) != expf_scalef(d)).any()                          # two polynomials' last bits
+
+
+def test_soft_max_tail_and_masked_rows():
+    w = np.random.default_rng(1).standard_normal((3, 21)).astype(np.float32)
+    w[1, :7] = -np.inf
+    for cpu in ("avx2", "avx512"):
+        p = soft_max_rows(w, cpu)
+        assert (p[1, :7] == 0).all()
+        np.testing.assert_allclose(p.sum(-1), 1, rtol=1e-6)
+
+
+def test_repack_types_follow_the_instruction_set():
+    assert profiles.get("avx512").repacks("q2_k", 640) and not profiles.get("avx2").repacks("q2_k", 640)
+    for name in ("avx2", "avx512"):
+        p = profiles.get(name)
+        assert p.repacks("q4_k", 1024) and not p.repacks("q4_k", 1028) and not p.repacks("q6_k", 1024)
+
+
+def test_cli_takes_cpu_and_reports_it(smollm2_path):
+    outs = {}
+    for cpu in ("avx2", "avx512"):
+        r = subprocess.run([sys.executable, "-m", "llmlab", "logits", "-m", str(smollm2_path), "-p", "Hello there",
+                            "--top", "3", "--json", "--cpu", cpu], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        outs[cpu] = json.loads(r.stdout)
+        assert outs[cpu]["cpu"] == cpu
+    assert outs["avx2"]["top_ids"][-1][0] == outs["avx512"]["top_ids"][-1][0]
+    bad = subprocess.run([sys.executable, "-m", "llmlab", "logits", "-m", str(smollm2_path), "-p", "x", "--cpu", "z80"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "invalid choice" in bad.stderr

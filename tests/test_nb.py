@@ -1,0 +1,152 @@
+"""The notebooks' helpers: set-up, live views, exercise checkers, the teaching tokenizers, the runner."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from llmlab import nb
+from llmlab.nb import exercises as ex
+from llmlab.viz import tokenizers_demo as td
+
+
+def test_live_view_renders_once_and_updates(capsys):
+    import matplotlib
+    matplotlib.use("agg")
+    import ipywidgets as W
+    import matplotlib.pyplot as plt
+
+    calls = []
+
+    def render(n):
+        calls.append(n)
+        fig, ax = plt.subplots(figsize=(2, 1))
+        ax.plot(range(n))
+        return [fig, f"<b>{n}</b>"]
+
+    view = nb.live(render, {"n": W.IntSlider(value=3, description="a long description")}, show=False)
+    bundle = view._repr_mimebundle_()
+    # one output: the live widget, and a static copy (image + HTML) for front ends without widgets
+    assert "application/vnd.jupyter.widget-view+json" in bundle
+    assert "data:image/png;base64," in bundle["text/html"] and "<b>3</b>" in bundle["text/html"]
+    assert [type(p).__name__ for p in view.panes_box.children] == ["Image", "HTML"]
+    png = view.panes_box.children[0].value
+    view.controls["n"].value = 5
+    assert calls == [3, 5]
+    assert view.panes_box.children[1].value == "<b>5</b>" and view.panes_box.children[0].value != png
+    view._changed()                     # a second event for the same values does not redraw
+    assert calls == [3, 5]
+    assert view.controls["n"].style.description_width == "initial"
+    assert plt.get_fignums() == []      # figures are closed, none leaks to the inline backend
+
+
+def test_live_view_reports_errors_and_keeps_last_view():
+    import ipywidgets as W
+
+    def render(k):
+        if k == 2:
+            raise ValueError("no such thing")
+        return f"<i>{k}</i>"
+
+    view = nb.live(render, {"k": W.IntSlider(value=1)}, show=False)
+    view.controls["k"].value = 2
+    assert "no such thing" in view.status.value and view.panes_box.children[0].value == "<i>1</i>"
+
+
+def test_setup_helpers(capsys):
+    assert nb.choose_threads(3) == (3, "as asked")
+    p = nb.cpu_profile()
+    assert p["cores"] >= 1
+    assert nb.has_oracle("x", module="surely_not_a_module_llmlab") is False
+    assert "skipped: x needs surely_not_a_module_llmlab" in capsys.readouterr().out
+    d = nb.build_dir("test")
+    assert d.is_dir() and "build" in str(d) or "llmlab-notebooks" in str(d)
+
+
+def test_fallback_fonts_are_a_family_chain():
+    import matplotlib
+    found = nb.set_matplotlib_defaults()
+    assert matplotlib.rcParams["font.family"][1:] == found
+    assert matplotlib.rcParams["figure.dpi"] == nb.FIGURE_DPI
+
+
+def test_wordpiece_and_unigram():
+    assert td.wordpiece("The unaffable players!") == ["▁the", "▁unaff", "able", "▁play", "er", "s", "▁!"]
+    assert td.wordpiece("unplayable") == ["[UNK]"]          # no piece continues with "p": the word is unknown
+    pieces, total, _ = td.viterbi(td.ugm_normalize("hugs"))
+    assert pieces == ["▁hug", "s"] and total == pytest.approx(-6.5)
+    assert td.greedy_longest(td.ugm_normalize("hugs"), td.UGM_VOCAB) == ["▁hugs"]   # greedy is worse here
+    assert td.unigram("the bun hugs") == ["▁the", "▁b", "un", "▁hug", "s"]
+
+
+def test_checkers(smollm2_path, capsys):
+    from llmlab.ggml import quant as Q
+    assert ex.check_bits_per_weight("q4_0", 0) is False
+    assert "no answer yet" in capsys.readouterr().out
+    assert ex.check_bits_per_weight("q4_k", 4.5)
+    x = np.linspace(-1, 2, 32).astype(np.float32)
+    good = Q.quantize(x, "q4_1")
+    assert ex.check_q4_1_block(x, good.tobytes())
+    swapped = good.copy()
+    swapped[4:] = (good[4:] >> 4) | (good[4:] << 4)
+    assert not ex.check_q4_1_block(x, swapped.tobytes())
+    assert "nibble order" in capsys.readouterr().out
+    assert ex.check_kv_pair(smollm2_path, 24, "general.architecture", 8, "llama", 69)
+    assert not ex.check_kv_pair(smollm2_path, 24, "general.architecture", 8, "llama", 70)
+    assert ex.check_tensor_nbytes(smollm2_path, "blk.0.ffn_down.weight", 576 * 1536 // 32 * 20)
+    assert ex.check_wordpiece("unplayable", ["[UNK]"]) and not ex.check_unigram("bun", ["▁bun"])
+    assert ex.check_kv_cache_bytes(smollm2_path, 4096, 4096 * 30 * 2 * 3 * 64 * 2)
+    assert ex.check_arithmetic_intensity(5.0, 3.2)
+
+
+def test_tensor_groups(smollm2_path):
+    from llmlab.ggml.gguf import GGUFFile
+    from llmlab.viz.gguf import tensor_groups
+    with GGUFFile(smollm2_path) as f:
+        g = tensor_groups(f)
+        assert list(g)[:3] == ["global", "blk.0", "blk.1"] and len(g) == 31
+        assert sum(len(v) for v in g.values()) == len(f.tensors)
+        assert len(g["blk.0"]) == 9
+
+
+def _tiny_notebook(tmp_path, source):
+    import nbformat
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1"), nbformat.v4.new_code_cell(source)])
+    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    path = tmp_path / "t.ipynb"
+    nbformat.write(notebook, str(path))
+    return path
+
+
+def test_runner_fails_on_a_warning_and_names_the_cell(tmp_path):
+    pytest.importorskip("nbclient")
+    from llmlab.notebook_runner import NotebookCellError, run_notebook
+    path = _tiny_notebook(tmp_path, "import warnings; warnings.warn('careful')")
+    with pytest.raises(NotebookCellError, match="cell 1 wrote to stderr: .*careful"):
+        run_notebook(path, timeout=120)
+    ok = _tiny_notebook(tmp_path, "print('fine')")
+    run_notebook(ok, timeout=120, write=True)
+    saved = json.loads(ok.read_text())
+    assert "".join(saved["cells"][1]["outputs"][0]["text"]) == "fine\n"
+    assert "execution" not in saved["cells"][1]["metadata"] and "widgets" not in saved["metadata"]
+    assert ok.read_text().endswith("}\n") and saved["nbformat_minor"] >= 5
+    from jupyter_client.kernelspec import KernelSpecManager
+    assert saved["metadata"]["kernelspec"]["display_name"] == KernelSpecManager().get_kernel_spec("python3").display_name
+
+
+def test_html_export_keeps_the_static_copy(tmp_path):
+    pytest.importorskip("nbconvert")
+    import nbformat
+    from llmlab.notebook_runner import export_html
+    cell = nbformat.v4.new_code_cell("view")
+    cell.outputs = [nbformat.v4.new_output("display_data", data={
+        "application/vnd.jupyter.widget-view+json": {"model_id": "abc", "version_major": 2, "version_minor": 0},
+        "text/html": "<b>static copy</b>", "text/plain": "(live view)"})]
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# Title"), cell])
+    path = tmp_path / "x.ipynb"
+    nbformat.write(notebook, str(path))
+    out = export_html([path], tmp_path / "html")
+    page = (tmp_path / "html" / "x.html").read_text()
+    assert "<b>static copy</b>" in page and "widget-view+json" not in page and "require.min.js" not in page
+    assert "Title" in (tmp_path / "html" / "index.html").read_text() and len(out) == 2
