@@ -67,7 +67,7 @@ DEMO_PROMPT ?= <|im_start|>user\nWhat is the capital of France? Answer in one se
 # the main job: text generation on the default model, llama.cpp-exact and token by token
 demo: setup
 	$(PY) -m llmlab fetch $(MODEL)
-	$(PY) -m llmlab generate -m $(MODEL) -n 32 -p "$$(printf '$(DEMO_PROMPT)')"
+	$(PY) -m llmlab generate -m $(MODEL) -n 32 --temp 0 -p "$$(printf '$(DEMO_PROMPT)')"
 
 # the oracles (llama-cpp-python, gguf-py) are installed here, so a test skipped for lack of one fails
 test: setup-dev
@@ -115,6 +115,9 @@ test-avx2: oracle-avx2
 	LLMLAB_CPU=avx2 PYTHONPATH=$(AVX2_ORACLE) $(PY) -m pytest -q --slow $(AVX2_TESTS) $(PYTEST_ARGS)
 
 bench: setup-dev
+	$(PY) -m llmlab bench -m smollm2 --vs-llama-cpp
+	$(PY) -m llmlab bench -m gemma3 --vs-llama-cpp
+	$(PY) benchmarks/bench_kernels.py
 	$(PY) benchmarks/bench_gguf_open.py
 	$(PY) benchmarks/bench_tokenizer.py
 	$(PY) benchmarks/bench_quant.py

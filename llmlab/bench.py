@@ -63,12 +63,11 @@ def run_llmlab(path, ids: list[int], n_gen: int, threads: int, cpu=None, kernels
     t0 = time.perf_counter()
     model = Model(path, cpu=cpu)
     load = time.perf_counter() - t0
-    ctx = Context(model, n_ctx=len(ids) + n_gen + 1, n_batch=len(ids), n_ubatch=512, kernels=kernels,
-                  **({"cpu": cpu} if cpu is not None else {}))
-    warm = Context(model, n_ctx=64, kernels=kernels, **({"cpu": cpu} if cpu is not None else {}))
-    warm.decode(Batch.from_tokens(ids[:9], logits="last"))          # compile (or load) every kernel once
-    warm.decode(Batch.from_tokens(ids[9:10], pos0=9, logits="last"))
-    del warm
+    ctx = Context(model, n_ctx=len(ids) + n_gen + 1, n_batch=len(ids), n_ubatch=512, kernels=kernels, cpu=cpu)
+    warm = Context(model, n_ctx=len(ids) + 2, n_batch=len(ids), n_ubatch=512, kernels=kernels, cpu=cpu)
+    warm.decode(Batch.from_tokens(ids, logits="last"))             # warm-up with the same shapes, as
+    warm.decode(Batch.from_tokens(ids[:1], pos0=len(ids), logits="last"))   # llama-bench does: every
+    del warm                                                        # kernel compiled (or loaded) once
     t0 = time.perf_counter()
     logits = ctx.decode(Batch.from_tokens(ids, logits="last"))[-1]
     t_pp = time.perf_counter() - t0
@@ -94,7 +93,7 @@ llm = Llama(a["path"], n_ctx=len(a["ids"]) + a["n_gen"] + 1, n_batch=512, n_ubat
 load = time.perf_counter() - t0
 n_vocab = llm.n_vocab()
 last = lambda: np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(n_vocab,))
-llm.eval(a["ids"][:9]); llm.reset()                      # warm-up, as llama-bench does
+llm.eval(a["ids"]); llm.reset()                          # warm-up with the same shapes
 t0 = time.perf_counter(); llm.eval(a["ids"]); t_pp = time.perf_counter() - t0
 out = []
 t0 = time.perf_counter()

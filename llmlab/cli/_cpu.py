@@ -1,5 +1,6 @@
-"""``--cpu auto|avx2|avx512``: whose llama.cpp arithmetic a command reproduces (shared by the commands
-that compute: logits, generate, diff-llama-cpp)."""
+"""``--cpu auto|avx2|avx512``: whose llama.cpp arithmetic a command reproduces, and ``--kernels
+fast|reference``: how it computes it (shared by the commands that compute: logits, generate, chat,
+bench, diff-llama-cpp)."""
 from __future__ import annotations
 
 import sys
@@ -10,6 +11,11 @@ def add_cpu_argument(p) -> None:
     p.add_argument("--cpu", default=None, choices=profiles.CHOICES,
                    help="CPU profile to reproduce bit for bit (default auto: LLMLAB_CPU, else this machine's "
                         "llama.cpp build, else its CPU flags)")
+
+
+def add_kernels_argument(p) -> None:
+    p.add_argument("--kernels", choices=("fast", "reference"), default="fast",
+                   help="numba kernels or the NumPy reference ops (the same bits; default fast)")
 
 
 def resolve_cpu(args):

@@ -5,7 +5,7 @@ import json
 import sys
 
 from .. import models
-from ._cpu import add_cpu_argument, resolve_cpu
+from ._cpu import add_cpu_argument, add_kernels_argument, resolve_cpu
 
 
 def register(sub) -> None:
@@ -14,7 +14,7 @@ def register(sub) -> None:
     p.add_argument("--threads", type=int, default=None, help="threads (default: LLMLAB_THREADS or all cores)")
     p.add_argument("--prompt-tokens", type=int, default=256, help="prompt length (default 256)")
     p.add_argument("--gen-tokens", type=int, default=128, help="tokens to generate (default 128)")
-    p.add_argument("--kernels", choices=("fast", "reference"), default="fast", help="kernel set (default fast)")
+    add_kernels_argument(p)
     p.add_argument("--vs-llama-cpp", action="store_true", help="measure llama.cpp (llama-cpp-python) in the same run")
     p.add_argument("--first-token", action="store_true",
                    help="also time a whole `generate -n 1` process, warm and cold numba cache")

@@ -9,7 +9,7 @@ import json
 import sys
 
 from .. import LLMLabError, models
-from ._cpu import add_cpu_argument, resolve_cpu
+from ._cpu import add_cpu_argument, add_kernels_argument, resolve_cpu
 
 
 def add_engine_args(p) -> None:
@@ -31,8 +31,7 @@ def add_engine_args(p) -> None:
     p.add_argument("--n-ctx", type=int, default=None, help="context size")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for the kernels (default: all)")
     add_cpu_argument(p)
-    p.add_argument("--kernels", choices=("fast", "reference"), default="fast",
-                   help="numba kernels or the NumPy reference ops (the same numbers; default fast)")
+    add_kernels_argument(p)
     p.add_argument("--flash-attn", action="store_true", help="use the flash-attention path")
 
 

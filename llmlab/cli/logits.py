@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 from .. import models
-from ._cpu import add_cpu_argument, resolve_cpu
+from ._cpu import add_cpu_argument, add_kernels_argument, resolve_cpu
 from ._common import dumps, positive_int
 
 
@@ -17,6 +17,7 @@ def register(sub) -> None:
     p.add_argument("--n-ctx", type=positive_int, default=None, help="context size (default: the prompt length)")
     p.add_argument("--flash-attn", action="store_true", help="use the flash-attention path")
     add_cpu_argument(p)
+    add_kernels_argument(p)
     p.set_defaults(func=run)
 
 
@@ -40,7 +41,8 @@ def run(args) -> int:
         raise ValueError("the prompt produced no tokens")
     n_ctx = args.n_ctx if args.n_ctx is not None else len(ids)
     check_context(model.hparams, n_ctx, n_prompt=len(ids))
-    ctx = Context(model, n_ctx=n_ctx, n_batch=max(len(ids), 1), n_ubatch=512, flash_attn=args.flash_attn)
+    ctx = Context(model, n_ctx=n_ctx, n_batch=max(len(ids), 1), n_ubatch=512, flash_attn=args.flash_attn,
+                  kernels=args.kernels)
     logits = ctx.decode(Batch.from_tokens(ids, logits="all"))
     check_finite(logits)
     k = args.top

@@ -12,11 +12,12 @@ the inner loop; f16-rounded activations arrive as float32.
 """
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit, prange
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.extending import intrinsic
 
 from ._common import f16_bits_to_f32
 
@@ -183,6 +184,21 @@ C4 = np.float32(float.fromhex("0x1.ffffecp-1"))
 ONE = np.float32(1.0)
 
 
+@intrinsic
+def _bits_f64(typingctx, u):
+    """The float64 whose bits are the int64 ``u`` (a bitcast)."""
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.DoubleType())
+    return types.float64(types.int64), codegen
+
+
+@njit(inline="always")
+def pow2(n):
+    """2^n as a float64, exactly, for -1022 <= n <= 1023 (built in the exponent bits: no libm call,
+    so loops over it vectorize)."""
+    return _bits_f64(np.int64(n + 1023) << np.int64(52))
+
+
 @njit(inline="always")
 def v_expf(x, variant):
     """ggml_v_expf. variant 0 (AVX-512): j = 1 + poly(b), result j * 2^n (scalef). variant 1 (AVX2):
@@ -199,15 +215,15 @@ def v_expf(x, variant):
         j = fma32(p, u, fma32(C4, b, ONE))
         if abs(n) > 192:
             return np.float32(np.inf) if n > 0 else np.float32(0.0)
-        return np.float32(math.ldexp(np.float64(j), int(n)))
+        return np.float32(np.float64(j) * pow2(int(n)))          # scalef: j * 2^n, rounded once
     j = fma32(p, u, C4 * b)
     if abs(n) <= 126:
-        k = np.float32(math.ldexp(1.0, int(n)))
+        k = np.float32(pow2(int(n)))
         return fma32(k, j, k)
     s1 = np.float32(2.0 ** 127) if n > 0 else np.float32(2.0 ** -125)
     if abs(n) > 192:
         return s1 * s1
-    s2 = np.float32(math.ldexp(1.0, int(n) - 127)) if n > 0 else np.float32(math.ldexp(1.0, int(n) + 125))
+    s2 = np.float32(pow2(int(n) - 127)) if n > 0 else np.float32(pow2(int(n) + 125))
     return fma32(s2, j, s2) * s1
 
 
