@@ -38,14 +38,12 @@ from .quantize import quantize_q8_0, quantize_q8_1, quantize_q8_k
 
 Q32_TYPES = ("q4_0", "q4_1", "q5_0", "q8_0")
 K_TYPES = ("q4_k", "q6_k")
-REPACK_TYPES = frozenset({"q4_0", "q4_k", "q2_k", "iq4_nl", "mxfp4"})   # as the x86 profiles list them
-TILED_MIN_ROWS = 8                                                      # ggml_tiled_min_batch
-# R * K * T multiply-adds below which a call runs on one thread (cplan's value for the cheap ops). Every layer
-# matvec of both models stays serial: where the other core is busy (a shared machine), a threaded call can
-# cost milliseconds waiting for the second thread (Gemma decode median 433 ms/token vs 100 with 1 << 21).
-# On a quiet 2-core machine LLMLAB_PARALLEL_MIN_WORK=262144 pays (matvecs per token: SmolLM2 12.2 -> 8.1 ms,
-# Gemma 20.8 -> 15.5 ms): only the K/V projections then stay serial.
-PARALLEL_MIN_WORK = int(os.environ.get("LLMLAB_PARALLEL_MIN_WORK", 1 << 21))
+TILED_MIN_ROWS = 8              # ggml_tiled_min_batch (the same in every x86 profile's tiled_min_batch)
+# R * K * T multiply-adds below which a call runs on one thread. On a quiet 2-core machine threading pays
+# from about 262144 (matvecs per token: SmolLM2 12.2 -> 8.1 ms, Gemma 20.8 -> 15.5 ms; only the K/V
+# projections stay serial). Where the other core is busy (a shared machine), a threaded call can cost
+# milliseconds waiting for the second thread: LLMLAB_PARALLEL_MIN_WORK=2097152 keeps every layer serial.
+PARALLEL_MIN_WORK = int(os.environ.get("LLMLAB_PARALLEL_MIN_WORK", 1 << 18))
 PACK_CHUNK_ROWS = 8192          # rows packed at a time (a multiple of G)
 MV_MAX_ROWS = 4                 # q32 types: below this many activation rows the decode kernels (q32.mv_*)
 
@@ -62,7 +60,7 @@ def path_of(qtype, n_rows: int, repacked: bool = False) -> str:
     if name in Q32_TYPES:
         return "vec_dot"
     if name in K_TYPES:
-        if repacked and name in REPACK_TYPES:
+        if repacked:                     # the caller asked the CPU profile (cpu.repacks)
             return "repack"
         return "tiled" if n_rows >= TILED_MIN_ROWS else "vec_dot"
     return "reference"
