@@ -60,7 +60,7 @@ def path_of(qtype, n_rows: int, repacked: bool = False) -> str:
     if name in Q32_TYPES:
         return "vec_dot"
     if name in K_TYPES:
-        if repacked:                     # the caller asked the CPU profile (cpu.repacks)
+        if repacked and name == "q4_k":  # in the REPACK buffer (the caller asked the CPU profile)
             return "repack"
         return "tiled" if n_rows >= TILED_MIN_ROWS else "vec_dot"
     return "reference"
