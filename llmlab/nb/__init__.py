@@ -62,19 +62,12 @@ def set_matplotlib_defaults(dpi: int = FIGURE_DPI) -> list[str]:
 # ---------------------------------------------------------------- CPU and threads
 
 def cpu_profile() -> dict:
-    """What the CPU offers the kernels. Uses ``llmlab.ggml.cpu.profiles`` when that module exists
-    (its ``current()`` or ``detect()``); otherwise the flags the kernel reports in /proc/cpuinfo."""
-    try:
-        from ..ggml.cpu import profiles  # type: ignore[attr-defined]
-        for name in ("current", "detect", "profile"):
-            fn = getattr(profiles, name, None)
-            if callable(fn):
-                p = fn()
-                return p if isinstance(p, dict) else {"profile": str(p), "source": "llmlab.ggml.cpu.profiles"}
-    except ImportError:
-        pass
+    """What the CPU offers the kernels: the machine's facts (cores, model, SIMD flags) and the CPU
+    profile llmlab reproduces here (``llmlab.ggml.cpu.profiles``), with where that came from."""
+    from ..ggml.cpu import profiles
+    d = profiles.detect()
     info = {"machine": platform.machine(), "cores": os.cpu_count() or 1, "model": platform.processor() or "?",
-            "simd": [], "source": "/proc/cpuinfo"}
+            "simd": [], "profile": d.profile.name, "source": d.source, "reproduced": d.reproduced}
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
@@ -230,11 +223,9 @@ def setup(models=("smollm2",), threads: int | None = None, warm: bool = False, q
         print("versions: " + ", ".join(f"{k} {val}" for k, val in v.items() if val) +
               ("" if v.get("llama-cpp-python") else " (no llama-cpp-python: comparisons with llama.cpp are skipped)"))
         p = cpu_profile()
-        if "simd" in p:
-            print(f"cpu: {p.get('model', '?')}, {p.get('cores')} cores, {p.get('machine')}; "
-                  f"SIMD: {' '.join(p['simd']) or 'none found'} (from {p['source']})")
-        else:
-            print("cpu:", p)
+        print(f"cpu: {p['model']}, {p['cores']} cores, {p['machine']}; SIMD: {' '.join(p['simd']) or 'none found'}")
+        print(f"CPU profile: {p['profile']} (from {p['source']}); bit-identical to this machine's llama.cpp: "
+              f"{'yes' if p['reproduced'] else 'no'}")
         print(f"figures: {FIGURE_DPI} dpi; fallback fonts: {', '.join(fonts) or 'none installed (make system-deps)'}")
     set_threads(threads)
     paths = fetch_models(models, quiet=quiet)
