@@ -22,6 +22,7 @@ from typing import Callable
 
 import numpy as np
 
+from ..executor import Hooks
 from ..ops import VIEW_OPS
 from ..tensor import F16, F32, Tensor
 from . import sgemm
@@ -59,26 +60,16 @@ class CPlan:
         self._run = [s for s in steps if s is not None]
 
     def compute(self, capture=None, replace=None, callback=None) -> dict[str, np.ndarray]:
-        if capture is None and replace is None and callback is None:
+        hooks = Hooks(capture, replace, callback)
+        if not hooks:
             for step in self._run:
                 step()
             return {}
-        want = None
-        if capture is not None:
-            want = capture if callable(capture) else (lambda t, names=frozenset(capture): t.name in names)
-        got: dict[str, np.ndarray] = {}
         for node, step in zip(self.nodes, self.steps):
             if step is not None:
                 step()
-            if replace and node.name in replace:
-                r = replace[node.name]
-                a = node.array()
-                a[...] = np.asarray(r(node, a.copy()) if callable(r) else r, dtype=a.dtype).reshape(a.shape)
-            if want is not None and want(node):
-                got[node.name] = node.numpy()
-            if callback is not None:
-                callback(node)
-        return got
+            hooks.after(node)
+        return hooks.got
 
     def __repr__(self) -> str:
         return f"CPlan({len(self._run)} steps, {self.n_fast} on fast kernels)"
