@@ -184,3 +184,90 @@ def test_thread_count_independence():
             assert same_bits(outs[0], outs[1]), (tname, T)
     finally:
         numba.set_num_threads(n0)
+
+
+# ---- decode kernels, serial twins, the parallel threshold, dropped file pages ---------------------
+
+@pytest.mark.parametrize("tname", ["q4_0", "q4_1", "q5_0", "q8_0"])
+@pytest.mark.parametrize("R,K", [(40, 576), (70, 640)])
+def test_q32_decode_and_serial_kernels(tname, R, K):
+    """q32.mv_<type> (codes straight into registers, fused exact fma) and every serial twin equal the
+    reference for T in {1, 3, 8, 17}, at 1 and 2 threads."""
+    import numba
+    raw = raw_rows(tname, R, K, seed=R + K + 1)
+    t = ggml_type(tname)
+    p = q32.pack_q32(raw, tname, K)
+    n0 = numba.get_num_threads()
+    try:
+        for T in (1, 3, 8, 17):
+            x = acts(T, K, seed=T + 100)
+            a = quantize_q8_1(x) if tname == "q4_1" else quantize_q8_0(x)
+            ref = vec_dot_mul_mat(raw, t, x)
+            for n in (1, 2):
+                numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+                for fn in ("mv_", "mul_mat_"):
+                    for sfx in ("", "_serial"):
+                        got = getattr(q32, fn + tname + sfx)(*p, *a)[:, :R]
+                        assert same_bits(got, ref), (tname, fn + sfx, R, K, T, n)
+    finally:
+        numba.set_num_threads(n0)
+
+
+def test_dispatch_parallel_and_serial_agree(monkeypatch):
+    """Forcing every call parallel (threshold 0) or serial (threshold huge) gives the same bits."""
+    from llmlab.ggml.cpu.fast import dispatch
+    for tname, K, rp in [("q4_1", 576, False), ("q5_0", 640, False), ("q8_0", 640, False), ("q4_k", 512, True), ("q6_k", 512, False)]:
+        t = ggml_type(tname)
+        raw = raw_rows(tname, 72, K, seed=11)
+        for T in (1, 3, 8, 17):
+            x = acts(T, K, seed=T + 7)
+            ref = ref_mul_mat_quantized(raw, t, x, rp)
+            for thr in (0, 1 << 60):
+                monkeypatch.setattr(dispatch, "PARALLEL_MIN_WORK", thr)
+                assert same_bits(fast.mul_mat_quantized(raw, t, x, rp), ref), (tname, T, thr)
+        fast.clear_cache()
+
+
+def test_packing_drops_file_pages_and_keeps_bytes(tmp_path, monkeypatch):
+    """A weight viewed from a read-only mmap: chunked packing (small chunks here) gives the bits of a
+    one-piece pack; the file pages are dropped (madvise) and the bytes still read back unchanged."""
+    import mmap
+    from llmlab.ggml.cpu.fast import dispatch
+    monkeypatch.setattr(dispatch, "PACK_CHUNK_ROWS", 64)
+    raw = raw_rows("q8_0", 200, 640, seed=2)
+    f = tmp_path / "w.bin"
+    f.write_bytes(b"\0" * 100 + raw.tobytes())
+    with open(f, "rb") as fh:
+        mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        view = np.frombuffer(mm, np.uint8, count=raw.nbytes, offset=100).reshape(raw.shape)
+        t = ggml_type("q8_0")
+        x = acts(3, 640, seed=1)
+        fast.clear_cache()
+        got = fast.mul_mat_quantized(view, t, x)
+        assert same_bits(got, ref_mul_mat_quantized(raw, t, x))
+        assert np.array_equal(view, raw)                       # dropped pages read back from the file
+        assert dispatch.drop_file_pages(view)
+        assert not dispatch.drop_file_pages(raw)               # not an mmap: nothing done
+        anon = mmap.mmap(-1, 4096)
+        assert not dispatch.drop_file_pages(np.frombuffer(anon, np.uint8))   # writable: never dropped
+        fast.clear_cache()
+        del view, got
+
+
+def test_bound_call_across_row_counts_and_threads():
+    """fast.bind: one prepared call, alternating row counts (decode kernels and full kernels) and
+    thread counts, always the reference's bits."""
+    import numba
+    n0 = numba.get_num_threads()
+    try:
+        for tname, K, rp in [("q4_1", 576, False), ("q8_0", 640, False), ("q4_k", 512, True), ("q6_k", 512, False)]:
+            t = ggml_type(tname)
+            raw = raw_rows(tname, 64, K, seed=21)
+            run = fast.bind(raw, t, rp)
+            for T, n in [(1, 2), (17, 2), (1, 1), (3, 2), (8, 1), (1, 2)]:
+                numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+                x = acts(T, K, seed=T + n)
+                assert same_bits(run(x), ref_mul_mat_quantized(raw, t, x, rp)), (tname, T, n)
+            fast.clear_cache()
+    finally:
+        numba.set_num_threads(n0)

@@ -24,13 +24,35 @@ from .cpu.ops import COMPUTE
 from .tensor import Tensor
 
 
+class Hooks:
+    """llama.cpp's ``cb_eval`` in Python: what happens right after a node is computed (``replace``,
+    then ``capture``, then ``callback``), shared by this executor and the compiled plans."""
+
+    def __init__(self, capture=None, replace=None, callback=None):
+        self.want = None
+        if capture is not None:
+            self.want = capture if callable(capture) else (lambda t, names=frozenset(capture): t.name in names)
+        self.replace, self.callback = replace, callback
+        self.got: dict[str, np.ndarray] = {}
+
+    def __bool__(self) -> bool:
+        return self.want is not None or bool(self.replace) or self.callback is not None
+
+    def after(self, node: Tensor) -> None:
+        if self.replace and node.name in self.replace:
+            r = self.replace[node.name]
+            a = node.array()
+            a[...] = np.asarray(r(node, a.copy()) if callable(r) else r, dtype=a.dtype).reshape(a.shape)
+        if self.want is not None and self.want(node):
+            self.got[node.name] = node.numpy()
+        if self.callback is not None:
+            self.callback(node)
+
+
 def run_nodes(nodes: Iterable[Tensor], capture=None, replace=None, callback=None,
               dispatch: Callable[[Tensor], bool] | None = None, cpu=None) -> dict[str, np.ndarray]:
     cpu = profiles.resolve(cpu)
-    want = None
-    if capture is not None:
-        want = capture if callable(capture) else (lambda t, names=frozenset(capture): t.name in names)
-    got: dict[str, np.ndarray] = {}
+    hooks = Hooks(capture, replace, callback)
     for node in nodes:
         if node.view_src is None and node.data is None:
             node.data = np.empty(node.nbytes(), np.uint8)
@@ -39,15 +61,8 @@ def run_nodes(nodes: Iterable[Tensor], capture=None, replace=None, callback=None
             if fn is None:
                 raise NotImplementedError(f"no CPU implementation for op {node.op} (node {node.name})")
             fn(node, cpu)
-        if replace and node.name in replace:
-            r = replace[node.name]
-            a = node.array()
-            a[...] = np.asarray(r(node, a.copy()) if callable(r) else r, dtype=a.dtype).reshape(a.shape)
-        if want is not None and want(node):
-            got[node.name] = node.numpy()
-        if callback is not None:
-            callback(node)
-    return got
+        hooks.after(node)
+    return hooks.got
 
 
 def compute(graph: CGraph, capture=None, replace=None, callback=None, dispatch=None, cpu=None) -> dict[str, np.ndarray]:

@@ -62,34 +62,27 @@ def set_matplotlib_defaults(dpi: int = FIGURE_DPI) -> list[str]:
 # ---------------------------------------------------------------- CPU and threads
 
 def cpu_profile() -> dict:
-    """What the CPU offers the kernels: model, cores and SIMD flags from /proc/cpuinfo, and, when
-    ``llmlab.ggml.cpu.profiles`` can tell, the profile whose arithmetic llmlab reproduces here
-    (``profile``), where that choice came from and whether this machine's llama.cpp computes it."""
+    """What the CPU offers the kernels: the machine's facts (cores, model, SIMD flags) and the CPU
+    profile llmlab reproduces here (``llmlab.ggml.cpu.profiles``), with where that came from."""
+    from ..ggml.cpu import profiles
+    d = profiles.detect()
     info = {"machine": platform.machine(), "cores": os.cpu_count() or 1, "model": platform.processor() or "?",
-            "simd": [], "source": "/proc/cpuinfo"}
+            "simd": [], "profile": d.profile.name, "source": d.source, "reproduced": d.reproduced}
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        text = ""
+        return info
     flags: set[str] = set()
     for line in text.splitlines():
         key, _, val = line.partition(":")
         key = key.strip()
-        if key == "model name" and info["model"] in ("?", ""):
+        if key == "model name" and info["model"] == "?":
             info["model"] = val.strip()
         if key in ("flags", "Features") and not flags:
             flags = set(val.split())
     wanted = ["sse3", "ssse3", "avx", "f16c", "fma", "avx2", "avx_vnni", "avx512f", "avx512bw", "avx512_vnni",
               "avx512_bf16", "amx_int8", "asimd", "asimddp", "sve", "i8mm"]
     info["simd"] = [f for f in wanted if f in flags]
-    try:
-        from ..ggml.cpu import profiles  # type: ignore[attr-defined]
-        d = profiles.detect()
-        info["profile"] = d.profile.name
-        info["profile_source"] = d.source
-        info["reproduced"] = bool(d.reproduced)
-    except (ImportError, AttributeError, ValueError):
-        pass
     return info
 
 
@@ -262,11 +255,9 @@ def setup(models=("smollm2",), threads: int | None = None, warm: bool = False, q
         print("versions: " + ", ".join(f"{k} {val}" for k, val in v.items() if val) +
               ("" if v.get("llama-cpp-python") else " (no llama-cpp-python: comparisons with llama.cpp are skipped)"))
         p = cpu_profile()
-        print(f"cpu: {p.get('model', '?')}, {p.get('cores')} cores, {p.get('machine')}; "
-              f"SIMD: {' '.join(p['simd']) or 'none found'}")
-        if "profile" in p:
-            print(f"llmlab CPU profile: {p['profile']} (chosen from {p['profile_source']}; "
-                  f"{'the arithmetic of' if p['reproduced'] else 'not exactly'} this machine's llama.cpp)")
+        print(f"cpu: {p['model']}, {p['cores']} cores, {p['machine']}; SIMD: {' '.join(p['simd']) or 'none found'}")
+        print(f"CPU profile: {p['profile']} (from {p['source']}); bit-identical to this machine's llama.cpp: "
+              f"{'yes' if p['reproduced'] else 'no'}")
         print(f"figures: {FIGURE_DPI} dpi; fallback fonts: {', '.join(fonts) or 'none installed (make system-deps)'}")
     set_threads(threads)
     paths = fetch_models(models, quiet=quiet)

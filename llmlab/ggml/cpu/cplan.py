@@ -22,6 +22,7 @@ from typing import Callable
 
 import numpy as np
 
+from ..executor import Hooks
 from ..ops import VIEW_OPS
 from ..tensor import F16, F32, Tensor
 from . import sgemm
@@ -59,26 +60,16 @@ class CPlan:
         self._run = [s for s in steps if s is not None]
 
     def compute(self, capture=None, replace=None, callback=None) -> dict[str, np.ndarray]:
-        if capture is None and replace is None and callback is None:
+        hooks = Hooks(capture, replace, callback)
+        if not hooks:
             for step in self._run:
                 step()
             return {}
-        want = None
-        if capture is not None:
-            want = capture if callable(capture) else (lambda t, names=frozenset(capture): t.name in names)
-        got: dict[str, np.ndarray] = {}
         for node, step in zip(self.nodes, self.steps):
             if step is not None:
                 step()
-            if replace and node.name in replace:
-                r = replace[node.name]
-                a = node.array()
-                a[...] = np.asarray(r(node, a.copy()) if callable(r) else r, dtype=a.dtype).reshape(a.shape)
-            if want is not None and want(node):
-                got[node.name] = node.numpy()
-            if callback is not None:
-                callback(node)
-        return got
+            hooks.after(node)
+        return hooks.got
 
     def __repr__(self) -> str:
         return f"CPlan({len(self._run)} steps, {self.n_fast} on fast kernels)"
@@ -90,9 +81,7 @@ def graph_plan(nodes: list[Tensor], cpu=None, fast: bool = True) -> CPlan:
     cpu = resolve(cpu)
     steps: list[Step | None] = []
     n_fast = 0
-    for node in nodes:
-        if node.view_src is None and node.data is None:
-            node.data = np.empty(node.nbytes(), np.uint8)
+    allocate(nodes)
     for node in nodes:
         if node.op in VIEW_OPS:
             steps.append(None)
@@ -101,6 +90,65 @@ def graph_plan(nodes: list[Tensor], cpu=None, fast: bool = True) -> CPlan:
         n_fast += step is not None
         steps.append(step or _reference(node, cpu))
     return CPlan(nodes, steps, n_fast)
+
+
+ALIGN = 64
+
+
+def allocate(nodes: list[Tensor]) -> int:
+    """ggml-alloc in small: give the nodes that own bytes (not views, not already placed) offsets in one
+    arena, each buffer taken when its node runs and given back after its last reader ran (a view's
+    readers read its root), so a prompt's activations need a few layers' worth of memory, not the
+    whole graph's. Nodes nobody reads (the outputs) keep theirs. Returns the arena's size."""
+    todo = [n for n in nodes if n.view_src is None and n.data is None]
+    if not todo:
+        return 0
+    last_use: dict[int, int] = {}
+    for i, n in enumerate(nodes):
+        for s in n.src:
+            if s is not None:
+                last_use[id(s.root())] = i
+    free: list[tuple[int, int]] = []          # (offset, size) holes, by offset
+    top = 0
+    offs: dict[int, int] = {}
+    frees_at: dict[int, list[Tensor]] = {}
+    mine = {id(n) for n in todo}
+
+    def take(size: int) -> int:
+        nonlocal top
+        best = min((h for h in free if h[1] >= size), key=lambda h: h[1], default=None)
+        if best is None:
+            off, top = top, top + size
+            return off
+        free.remove(best)
+        if best[1] > size:
+            free.append((best[0] + size, best[1] - size))
+        return best[0]
+
+    def give(off: int, size: int) -> None:
+        free.append((off, size))
+        free.sort()
+        merged: list[tuple[int, int]] = []
+        for o, s in free:
+            if merged and merged[-1][0] + merged[-1][1] == o:
+                merged[-1] = (merged[-1][0], merged[-1][1] + s)
+            else:
+                merged.append((o, s))
+        free[:] = merged
+
+    sizes = {id(n): -(-max(n.nbytes(), 1) // ALIGN) * ALIGN for n in todo}
+    for i, n in enumerate(nodes):
+        if id(n) in mine:
+            offs[id(n)] = take(sizes[id(n)])
+            end = last_use.get(id(n))
+            if end is not None and end > i:
+                frees_at.setdefault(end, []).append(n)
+        for done in frees_at.pop(i, []):
+            give(offs[id(done)], sizes[id(done)])
+    arena = np.empty(top, np.uint8)
+    for n in todo:
+        n.data = arena[offs[id(n)]:offs[id(n)] + n.nbytes()]
+    return top
 
 
 # ---- bindings ----------------------------------------------------------------------------------
@@ -241,9 +289,10 @@ def _mul_mat(node, cpu):
         X, Y = B[0, 0], O[0, 0]
         if not fq.supports(t):
             return None
+        run = fq.bind(A, t, repacked)                       # prepared once; packed at the first call
 
         def step():
-            Y[...] = fq.mul_mat_quantized(A, t, X, repacked)
+            Y[...] = run(X)
         return step
     if a.type is F16 and a.ne[3] == 1 and b.ne[3] == 1 and b.ne[2] % a.ne[2] == 0:
         A = a.array()[0].view(np.uint16)                    # (Hk, R, K) f16 bits, strides of the cache view

@@ -12,6 +12,6 @@ cache; entry point :func:`mul_mat_quantized`), ``vec`` (f16 dot products and tin
 softmax), ``ops`` (RMS norm, RoPE). ``llmlab.ggml.cpu.cplan`` binds them to a graph's nodes.
 """
 from ._common import set_threads, thread_count
-from .dispatch import clear_cache, mul_mat_quantized, packed_nbytes, path_of, supports
+from .dispatch import bind, clear_cache, mul_mat_quantized, packed_nbytes, path_of, supports
 
-__all__ = ["mul_mat_quantized", "path_of", "supports", "packed_nbytes", "clear_cache", "set_threads", "thread_count"]
+__all__ = ["mul_mat_quantized", "bind", "path_of", "supports", "packed_nbytes", "clear_cache", "set_threads", "thread_count"]

@@ -3,7 +3,8 @@
 
     mul_mat_quantized(raw, qtype, x, repacked=False) -> (T, R) float32
 
-* q4_0, q4_1, q5_0, q8_0: ggml's AVX2 vec_dot order (``q32.mul_mat_<type>``), for every T
+* q4_0, q4_1, q5_0, q8_0: ggml's AVX2 vec_dot order (``q32.mul_mat_<type>``, below MV_MAX_ROWS rows the decode
+  kernels ``q32.mv_<type>``), for every T
   (q4_0 in the REPACK buffer computes the same sums here, as in the reference);
 * q4_K in the REPACK buffer (``repacked`` and rows % 8 == 0, decided by the caller as ops.mul_mat does):
   gemv / gemm (``kquants.mul_mat_q4_k_repacked``);
@@ -12,19 +13,39 @@
 
 Weights are repacked once (the packed arrays are cached, keyed by the weight buffer's address, shape
 and type; the cache keeps the weight array alive so that the address cannot be reused).
+
+Memory: a packed weight replaces its file bytes. Packing runs in row chunks; after each chunk the file
+pages it read are dropped from this process (``madvise(MADV_DONTNEED)`` on the read-only mmap: the
+kernel frees them from RSS, and a later read of those bytes faults them back in from the page cache), so
+the peak is the packed copy plus one chunk, not file + copy + packing temporaries. Large packed arrays
+get huge pages from numpy's allocator (MADV_HUGEPAGE: fewer TLB misses when a decode step streams them).
+
+Threads: below ``PARALLEL_MIN_WORK`` multiply-adds a call runs single-threaded (q32: the serial twin of
+its kernel, same body, same bits; K-quants: the threaded kernel in a one-thread region): waking the other threads costs 5-20 us on a quiet machine and milliseconds on a
+loaded one, more than a small matvec saves.
 """
 from __future__ import annotations
 
+import mmap
+import os
+
+import numba
 import numpy as np
 
 from . import kquants, q32
-from ._common import set_threads
+from ._common import G, set_threads
 from .quantize import quantize_q8_0, quantize_q8_1, quantize_q8_k
 
 Q32_TYPES = ("q4_0", "q4_1", "q5_0", "q8_0")
 K_TYPES = ("q4_k", "q6_k")
-REPACK_TYPES = frozenset({"q4_0", "q4_k", "q2_k", "iq4_nl", "mxfp4"})   # as the x86 profiles list them
-TILED_MIN_ROWS = 8                                                      # ggml_tiled_min_batch
+TILED_MIN_ROWS = 8              # ggml_tiled_min_batch (the same in every x86 profile's tiled_min_batch)
+# R * K * T multiply-adds below which a call runs on one thread. On a quiet 2-core machine threading pays
+# from about 262144 (matvecs per token: SmolLM2 12.2 -> 8.1 ms, Gemma 20.8 -> 15.5 ms; only the K/V
+# projections stay serial). Where the other core is busy (a shared machine), a threaded call can cost
+# milliseconds waiting for the second thread: LLMLAB_PARALLEL_MIN_WORK=2097152 keeps every layer serial.
+PARALLEL_MIN_WORK = int(os.environ.get("LLMLAB_PARALLEL_MIN_WORK", 1 << 18))
+PACK_CHUNK_ROWS = 8192          # rows packed at a time (a multiple of G)
+MV_MAX_ROWS = 4                 # q32 types: below this many activation rows the decode kernels (q32.mv_*)
 
 _PACKED: dict[tuple, tuple] = {}
 
@@ -39,7 +60,7 @@ def path_of(qtype, n_rows: int, repacked: bool = False) -> str:
     if name in Q32_TYPES:
         return "vec_dot"
     if name in K_TYPES:
-        if repacked and name in REPACK_TYPES:
+        if repacked and name == "q4_k":  # in the REPACK buffer (the caller asked the CPU profile)
             return "repack"
         return "tiled" if n_rows >= TILED_MIN_ROWS else "vec_dot"
     return "reference"
@@ -54,14 +75,68 @@ def packed(raw: np.ndarray, qtype, K: int) -> tuple:
         rows = np.ascontiguousarray(arr).view(np.uint8).reshape(-1, K // qtype.block_size * qtype.type_size)
         name = qtype.name
         if name in Q32_TYPES:
-            p = q32.pack_q32(rows, name, K)
-        elif name == "q4_k":
-            p = kquants.pack_q4_k(rows, K)
+            p = _pack_chunked(rows, name, K)
         else:
-            p = kquants.pack_q6_k(rows, K)
+            p = kquants.pack_q4_k(rows, K) if name == "q4_k" else kquants.pack_q6_k(rows, K)
+            drop_file_pages(rows)
         hit = (arr, rows.shape[0], p)
         _PACKED[key] = hit
     return hit[1], hit[2]
+
+
+def _pack_chunked(rows: np.ndarray, name: str, K: int) -> tuple:
+    """q32.pack_q32 over PACK_CHUNK_ROWS rows at a time into preallocated arrays, dropping each chunk's
+    file pages once packed."""
+    R = rows.shape[0]
+    ng = -(-R // G)
+    out = None
+    for r0 in range(0, R, PACK_CHUNK_ROWS):
+        part = q32.pack_q32(rows[r0:r0 + PACK_CHUNK_ROWS], name, K)
+        if out is None:
+            out = tuple(_alloc((ng,) + a.shape[1:], a.dtype) for a in part)
+        g0 = r0 // G
+        for o, a in zip(out, part):
+            o[g0:g0 + len(a)] = a
+        del part
+        drop_file_pages(rows[r0:r0 + PACK_CHUNK_ROWS])
+    return out
+
+
+def _alloc(shape: tuple, dtype) -> np.ndarray:
+    """np.empty: numpy already advises MADV_HUGEPAGE on its large allocations (private anonymous memory;
+    an anonymous ``mmap.mmap`` is shared memory, which transparent huge pages skip)."""
+    return np.empty(shape, dtype)
+
+
+def _mmap_of(arr: np.ndarray):
+    base = arr
+    while base is not None and not isinstance(base, mmap.mmap):
+        base = base.obj if isinstance(base, memoryview) else getattr(base, "base", None)
+    return base
+
+
+def drop_file_pages(arr: np.ndarray) -> bool:
+    """Drop the pages of a read-only mmap that ``arr`` views from this process's memory
+    (MADV_DONTNEED; they read back from the page cache when touched again). False when arr does not
+    view an ACCESS_READ mmap (nothing is done)."""
+    m = _mmap_of(arr)
+    if m is None or not hasattr(mmap, "MADV_DONTNEED") or arr.size == 0:
+        return False
+    try:
+        head = np.frombuffer(m, np.uint8, count=1)
+    except (TypeError, ValueError):
+        return False
+    if head.flags.writeable:
+        return False                                   # a writable map: DONTNEED could lose data
+    start = head.__array_interface__["data"][0]
+    a = arr.__array_interface__["data"][0] - start
+    lo = a - a % mmap.PAGESIZE
+    hi = min(len(m), a + arr.nbytes)
+    try:
+        m.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 def packed_nbytes() -> int:
@@ -76,28 +151,61 @@ def clear_cache() -> None:
 def mul_mat_quantized(raw: np.ndarray, qtype, x: np.ndarray, repacked: bool = False) -> np.ndarray:
     """x (T, K) float32 times the quantized rows raw (R, row_bytes) -> (T, R) float32, bit for bit
     what the reference ``ops.mul_mat_quantized(raw, qtype, x, repacked)`` returns."""
+    return bind(raw, qtype, repacked)(x)
+
+
+def bind(raw: np.ndarray, qtype, repacked: bool = False):
+    """``fn(x) -> mul_mat_quantized(raw, qtype, x, repacked)``, prepared once for a weight (the packed
+    arrays, and per activation row count the quantizer and kernels): a graph plan binds it per node, so
+    a decode step's matvec pays no lookups."""
     if not supports(qtype):
         from ..ops import mul_mat_quantized as reference
-        return reference(raw, qtype, x, repacked)
-    x = np.ascontiguousarray(x, dtype=np.float32)
-    x = x.reshape(-1, x.shape[-1])
-    K = x.shape[1]
-    R, p = packed(raw, qtype, K)
+        return lambda x: reference(raw, qtype, x, repacked)
     name = qtype.name
-    path = path_of(qtype, len(x), repacked)
-    if name == "q4_1":
-        out = q32.mul_mat_q4_1(*p, *quantize_q8_1(x))
-    elif name in Q32_TYPES:
-        out = getattr(q32, "mul_mat_" + name)(*p, *quantize_q8_0(x))
-    else:
-        a = quantize_q8_k(x)
-        if path == "repack":
-            out = kquants.mul_mat_q4_k_repacked(*p, *a)
-        elif path == "tiled":
-            out = getattr(kquants, f"mul_mat_{name}_tiled")(*p, *a)
+    state: dict = {}
+
+    def choose(T: int, K: int):
+        if "p" not in state:
+            state["R"], state["p"] = packed(raw, qtype, K)
+        R = state["R"]
+        if name in Q32_TYPES:
+            quant = quantize_q8_1 if name == "q4_1" else quantize_q8_0
+            pre = "mv_" if T < MV_MAX_ROWS else "mul_mat_"
+            threaded, single = getattr(q32, pre + name), getattr(q32, pre + name + "_serial")
         else:
-            out = getattr(kquants, f"mul_mat_{name}")(*p, *a)
-    return out if out.shape[1] == R else np.ascontiguousarray(out[:, :R])
+            quant = quantize_q8_k
+            path = path_of(qtype, T, repacked)
+            threaded = (kquants.mul_mat_q4_k_repacked if path == "repack" else
+                        getattr(kquants, f"mul_mat_{name}_tiled" if path == "tiled" else f"mul_mat_{name}"))
+            single = None              # a one-thread region: LLVM compiles the outlined prange body of these
+        c = state[T] = (quant, threaded, single, R * K * T, R)       # kernels better than a serial twin's
+        return c
+
+    def run(x: np.ndarray) -> np.ndarray:
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        if x.ndim != 2:
+            x = x.reshape(-1, x.shape[-1])
+        T = x.shape[0]
+        c = state.get(T)
+        if c is None:
+            c = choose(T, x.shape[1])
+        quant, threaded, single, work, R = c
+        p = state["p"]
+        n = numba.get_num_threads()
+        if n == 1 or work >= PARALLEL_MIN_WORK:
+            out = threaded(*p, *quant(x))
+        elif single is not None:
+            out = single(*p, *quant(x))
+        else:
+            a = quant(x)
+            numba.set_num_threads(1)
+            try:
+                out = threaded(*p, *a)
+            finally:
+                numba.set_num_threads(n)
+        return out if out.shape[1] == R else np.ascontiguousarray(out[:, :R])
+
+    return run
 
 
 set_threads()

@@ -100,8 +100,8 @@ def _finish(acc, out, t, col):
                                 acc[t, 4, r], acc[t, 5, r], acc[t, 6, r], acc[t, 7, r])
 
 
-@njit(parallel=True, **NOPYTHON)
-def mul_mat_q4_0(qs, d, aq, ad):
+@njit(inline="always", **NOPYTHON)
+def _mul_mat_q4_0(qs, d, aq, ad):
     """qs (ng, nb, 16, G) uint8, d (ng, nb, G) f32; aq (T, K) int8, ad (T, nb) f32 (q8_0) -> (T, ng*G) f32."""
     ng, nb = qs.shape[0], qs.shape[1]
     T = aq.shape[0]
@@ -122,8 +122,8 @@ def mul_mat_q4_0(qs, d, aq, ad):
     return out
 
 
-@njit(parallel=True, **NOPYTHON)
-def mul_mat_q4_1(qs, d, m, aq, ad, as_):
+@njit(inline="always", **NOPYTHON)
+def _mul_mat_q4_1(qs, d, m, aq, ad, as_):
     """qs (ng, nb, 16, G) uint8, d, m (ng, nb, G) f32; aq (T, K) int8, ad, as_ (T, nb) f32 (q8_1)."""
     ng, nb = qs.shape[0], qs.shape[1]
     T = aq.shape[0]
@@ -150,8 +150,8 @@ def mul_mat_q4_1(qs, d, m, aq, ad, as_):
     return out
 
 
-@njit(parallel=True, **NOPYTHON)
-def mul_mat_q5_0(qs, qh, d, aq, ad):
+@njit(inline="always", **NOPYTHON)
+def _mul_mat_q5_0(qs, qh, d, aq, ad):
     """qs (ng, nb, 16, G) uint8, qh (ng, nb, 4, G) uint8, d (ng, nb, G) f32; q8_0 activations."""
     ng, nb = qs.shape[0], qs.shape[1]
     T = aq.shape[0]
@@ -176,8 +176,8 @@ def mul_mat_q5_0(qs, qh, d, aq, ad):
     return out
 
 
-@njit(parallel=True, **NOPYTHON)
-def mul_mat_q8_0(qs, d, aq, ad):
+@njit(inline="always", **NOPYTHON)
+def _mul_mat_q8_0(qs, d, aq, ad):
     """qs (ng, nb, 32, G) int8, d (ng, nb, G) f32; q8_0 activations."""
     ng, nb, nr = qs.shape[0], qs.shape[1], qs.shape[3]
     T = aq.shape[0]
@@ -194,6 +194,326 @@ def mul_mat_q8_0(qs, d, aq, ad):
         for t in range(T):
             _finish(acc, out, t, g * G)
     return out
+
+
+
+# ---- entry points: each kernel threaded (prange over row groups) and serial (for small work, where
+# waking the other threads costs more than it saves; the same body, inlined, so the same bits) ----
+
+@njit(parallel=True, **NOPYTHON)
+def mul_mat_q4_0(qs, d, aq, ad):
+    return _mul_mat_q4_0(qs, d, aq, ad)
+
+@njit(**NOPYTHON)
+def mul_mat_q4_0_serial(qs, d, aq, ad):
+    return _mul_mat_q4_0(qs, d, aq, ad)
+
+@njit(parallel=True, **NOPYTHON)
+def mul_mat_q4_1(qs, d, m, aq, ad, as_):
+    return _mul_mat_q4_1(qs, d, m, aq, ad, as_)
+
+@njit(**NOPYTHON)
+def mul_mat_q4_1_serial(qs, d, m, aq, ad, as_):
+    return _mul_mat_q4_1(qs, d, m, aq, ad, as_)
+
+@njit(parallel=True, **NOPYTHON)
+def mul_mat_q5_0(qs, qh, d, aq, ad):
+    return _mul_mat_q5_0(qs, qh, d, aq, ad)
+
+@njit(**NOPYTHON)
+def mul_mat_q5_0_serial(qs, qh, d, aq, ad):
+    return _mul_mat_q5_0(qs, qh, d, aq, ad)
+
+@njit(parallel=True, **NOPYTHON)
+def mul_mat_q8_0(qs, d, aq, ad):
+    return _mul_mat_q8_0(qs, d, aq, ad)
+
+@njit(**NOPYTHON)
+def mul_mat_q8_0_serial(qs, d, aq, ad):
+    return _mul_mat_q8_0(qs, d, aq, ad)
+
+
+
+# ---- decode kernels (few activation rows) -------------------------------------------------------
+# fastmath "contract" only lets LLVM fuse each float64 d * lane + acc into one fma: the product of a
+# float32 scale (24 bits) and an integer lane (at most 17 bits) is exact in float64, so the fused and the
+# separate operations round the same; nothing else in these kernels multiplies and then adds.
+CONTRACT = {"contract"}
+
+@njit(inline="always", **NOPYTHON)
+def _mv_q4_0(qs, d, aq, ad):
+    """Few activation rows (decode): the codes go from the packed bytes straight into registers (no
+    scratch block), per activation row; the same integer lanes and float steps as mul_mat_q4_0."""
+    ng, nb = qs.shape[0], qs.shape[1]
+    T = aq.shape[0]
+    out = np.empty((T, ng * G), np.float32)
+    for g in prange(ng):
+        acc = np.empty((8, G), np.float32)
+        for t in range(T):
+            acc[:] = 0
+            for b in range(nb):
+                o = b * 32
+                a0 = np.int16(aq[t, o + 0]); a1 = np.int16(aq[t, o + 1]); a2 = np.int16(aq[t, o + 2]); a3 = np.int16(aq[t, o + 3])
+                a4 = np.int16(aq[t, o + 4]); a5 = np.int16(aq[t, o + 5]); a6 = np.int16(aq[t, o + 6]); a7 = np.int16(aq[t, o + 7])
+                a8 = np.int16(aq[t, o + 8]); a9 = np.int16(aq[t, o + 9]); a10 = np.int16(aq[t, o + 10]); a11 = np.int16(aq[t, o + 11])
+                a12 = np.int16(aq[t, o + 12]); a13 = np.int16(aq[t, o + 13]); a14 = np.int16(aq[t, o + 14]); a15 = np.int16(aq[t, o + 15])
+                a16 = np.int16(aq[t, o + 16]); a17 = np.int16(aq[t, o + 17]); a18 = np.int16(aq[t, o + 18]); a19 = np.int16(aq[t, o + 19])
+                a20 = np.int16(aq[t, o + 20]); a21 = np.int16(aq[t, o + 21]); a22 = np.int16(aq[t, o + 22]); a23 = np.int16(aq[t, o + 23])
+                a24 = np.int16(aq[t, o + 24]); a25 = np.int16(aq[t, o + 25]); a26 = np.int16(aq[t, o + 26]); a27 = np.int16(aq[t, o + 27])
+                a28 = np.int16(aq[t, o + 28]); a29 = np.int16(aq[t, o + 29]); a30 = np.int16(aq[t, o + 30]); a31 = np.int16(aq[t, o + 31])
+                dab = ad[t, b]
+                for r in range(G):
+                    v0 = qs[g, b, 0, r]; v1 = qs[g, b, 1, r]; v2 = qs[g, b, 2, r]; v3 = qs[g, b, 3, r]
+                    v4 = qs[g, b, 4, r]; v5 = qs[g, b, 5, r]; v6 = qs[g, b, 6, r]; v7 = qs[g, b, 7, r]
+                    v8 = qs[g, b, 8, r]; v9 = qs[g, b, 9, r]; v10 = qs[g, b, 10, r]; v11 = qs[g, b, 11, r]
+                    v12 = qs[g, b, 12, r]; v13 = qs[g, b, 13, r]; v14 = qs[g, b, 14, r]; v15 = qs[g, b, 15, r]
+                    l0 = np.int16((np.int16(v0 & np.uint8(15)) - np.int16(8)) * a0 + (np.int16(v1 & np.uint8(15)) - np.int16(8)) * a1
+                         + (np.int16(v2 & np.uint8(15)) - np.int16(8)) * a2 + (np.int16(v3 & np.uint8(15)) - np.int16(8)) * a3)
+                    l1 = np.int16((np.int16(v4 & np.uint8(15)) - np.int16(8)) * a4 + (np.int16(v5 & np.uint8(15)) - np.int16(8)) * a5
+                         + (np.int16(v6 & np.uint8(15)) - np.int16(8)) * a6 + (np.int16(v7 & np.uint8(15)) - np.int16(8)) * a7)
+                    l2 = np.int16((np.int16(v8 & np.uint8(15)) - np.int16(8)) * a8 + (np.int16(v9 & np.uint8(15)) - np.int16(8)) * a9
+                         + (np.int16(v10 & np.uint8(15)) - np.int16(8)) * a10 + (np.int16(v11 & np.uint8(15)) - np.int16(8)) * a11)
+                    l3 = np.int16((np.int16(v12 & np.uint8(15)) - np.int16(8)) * a12 + (np.int16(v13 & np.uint8(15)) - np.int16(8)) * a13
+                         + (np.int16(v14 & np.uint8(15)) - np.int16(8)) * a14 + (np.int16(v15 & np.uint8(15)) - np.int16(8)) * a15)
+                    l4 = np.int16((np.int16(v0 >> np.uint8(4)) - np.int16(8)) * a16 + (np.int16(v1 >> np.uint8(4)) - np.int16(8)) * a17
+                         + (np.int16(v2 >> np.uint8(4)) - np.int16(8)) * a18 + (np.int16(v3 >> np.uint8(4)) - np.int16(8)) * a19)
+                    l5 = np.int16((np.int16(v4 >> np.uint8(4)) - np.int16(8)) * a20 + (np.int16(v5 >> np.uint8(4)) - np.int16(8)) * a21
+                         + (np.int16(v6 >> np.uint8(4)) - np.int16(8)) * a22 + (np.int16(v7 >> np.uint8(4)) - np.int16(8)) * a23)
+                    l6 = np.int16((np.int16(v8 >> np.uint8(4)) - np.int16(8)) * a24 + (np.int16(v9 >> np.uint8(4)) - np.int16(8)) * a25
+                         + (np.int16(v10 >> np.uint8(4)) - np.int16(8)) * a26 + (np.int16(v11 >> np.uint8(4)) - np.int16(8)) * a27)
+                    l7 = np.int16((np.int16(v12 >> np.uint8(4)) - np.int16(8)) * a28 + (np.int16(v13 >> np.uint8(4)) - np.int16(8)) * a29
+                         + (np.int16(v14 >> np.uint8(4)) - np.int16(8)) * a30 + (np.int16(v15 >> np.uint8(4)) - np.int16(8)) * a31)
+                    dd = np.float64(dab * d[g, b, r])
+                    acc[0, r] = np.float32(dd * np.float64(l0) + np.float64(acc[0, r]))
+                    acc[1, r] = np.float32(dd * np.float64(l1) + np.float64(acc[1, r]))
+                    acc[2, r] = np.float32(dd * np.float64(l2) + np.float64(acc[2, r]))
+                    acc[3, r] = np.float32(dd * np.float64(l3) + np.float64(acc[3, r]))
+                    acc[4, r] = np.float32(dd * np.float64(l4) + np.float64(acc[4, r]))
+                    acc[5, r] = np.float32(dd * np.float64(l5) + np.float64(acc[5, r]))
+                    acc[6, r] = np.float32(dd * np.float64(l6) + np.float64(acc[6, r]))
+                    acc[7, r] = np.float32(dd * np.float64(l7) + np.float64(acc[7, r]))
+            for r in range(G):
+                out[t, g * G + r] = hsum8(acc[0, r], acc[1, r], acc[2, r], acc[3, r],
+                                          acc[4, r], acc[5, r], acc[6, r], acc[7, r])
+
+    return out
+
+
+@njit(parallel=True, fastmath=CONTRACT, **NOPYTHON)
+def mv_q4_0(qs, d, aq, ad):
+    return _mv_q4_0(qs, d, aq, ad)
+
+
+@njit(fastmath=CONTRACT, **NOPYTHON)
+def mv_q4_0_serial(qs, d, aq, ad):
+    return _mv_q4_0(qs, d, aq, ad)
+
+@njit(inline="always", **NOPYTHON)
+def _mv_q4_1(qs, d, m, aq, ad, as_):
+    """Few activation rows (decode): the codes go from the packed bytes straight into registers (no
+    scratch block), per activation row; the same integer lanes and float steps as mul_mat_q4_1."""
+    ng, nb = qs.shape[0], qs.shape[1]
+    T = aq.shape[0]
+    out = np.empty((T, ng * G), np.float32)
+    for g in prange(ng):
+        acc = np.empty((8, G), np.float32)
+        summ = np.empty(G, np.float32)
+        for t in range(T):
+            acc[:] = 0
+            summ[:] = 0
+            for b in range(nb):
+                o = b * 32
+                a0 = np.int16(aq[t, o + 0]); a1 = np.int16(aq[t, o + 1]); a2 = np.int16(aq[t, o + 2]); a3 = np.int16(aq[t, o + 3])
+                a4 = np.int16(aq[t, o + 4]); a5 = np.int16(aq[t, o + 5]); a6 = np.int16(aq[t, o + 6]); a7 = np.int16(aq[t, o + 7])
+                a8 = np.int16(aq[t, o + 8]); a9 = np.int16(aq[t, o + 9]); a10 = np.int16(aq[t, o + 10]); a11 = np.int16(aq[t, o + 11])
+                a12 = np.int16(aq[t, o + 12]); a13 = np.int16(aq[t, o + 13]); a14 = np.int16(aq[t, o + 14]); a15 = np.int16(aq[t, o + 15])
+                a16 = np.int16(aq[t, o + 16]); a17 = np.int16(aq[t, o + 17]); a18 = np.int16(aq[t, o + 18]); a19 = np.int16(aq[t, o + 19])
+                a20 = np.int16(aq[t, o + 20]); a21 = np.int16(aq[t, o + 21]); a22 = np.int16(aq[t, o + 22]); a23 = np.int16(aq[t, o + 23])
+                a24 = np.int16(aq[t, o + 24]); a25 = np.int16(aq[t, o + 25]); a26 = np.int16(aq[t, o + 26]); a27 = np.int16(aq[t, o + 27])
+                a28 = np.int16(aq[t, o + 28]); a29 = np.int16(aq[t, o + 29]); a30 = np.int16(aq[t, o + 30]); a31 = np.int16(aq[t, o + 31])
+                dab = ad[t, b]
+                s = np.float64(as_[t, b])
+                for r in range(G):
+                    v0 = qs[g, b, 0, r]; v1 = qs[g, b, 1, r]; v2 = qs[g, b, 2, r]; v3 = qs[g, b, 3, r]
+                    v4 = qs[g, b, 4, r]; v5 = qs[g, b, 5, r]; v6 = qs[g, b, 6, r]; v7 = qs[g, b, 7, r]
+                    v8 = qs[g, b, 8, r]; v9 = qs[g, b, 9, r]; v10 = qs[g, b, 10, r]; v11 = qs[g, b, 11, r]
+                    v12 = qs[g, b, 12, r]; v13 = qs[g, b, 13, r]; v14 = qs[g, b, 14, r]; v15 = qs[g, b, 15, r]
+                    l0 = np.int16(np.int16(v0 & np.uint8(15)) * a0 + np.int16(v1 & np.uint8(15)) * a1
+                         + np.int16(v2 & np.uint8(15)) * a2 + np.int16(v3 & np.uint8(15)) * a3)
+                    l1 = np.int16(np.int16(v4 & np.uint8(15)) * a4 + np.int16(v5 & np.uint8(15)) * a5
+                         + np.int16(v6 & np.uint8(15)) * a6 + np.int16(v7 & np.uint8(15)) * a7)
+                    l2 = np.int16(np.int16(v8 & np.uint8(15)) * a8 + np.int16(v9 & np.uint8(15)) * a9
+                         + np.int16(v10 & np.uint8(15)) * a10 + np.int16(v11 & np.uint8(15)) * a11)
+                    l3 = np.int16(np.int16(v12 & np.uint8(15)) * a12 + np.int16(v13 & np.uint8(15)) * a13
+                         + np.int16(v14 & np.uint8(15)) * a14 + np.int16(v15 & np.uint8(15)) * a15)
+                    l4 = np.int16(np.int16(v0 >> np.uint8(4)) * a16 + np.int16(v1 >> np.uint8(4)) * a17
+                         + np.int16(v2 >> np.uint8(4)) * a18 + np.int16(v3 >> np.uint8(4)) * a19)
+                    l5 = np.int16(np.int16(v4 >> np.uint8(4)) * a20 + np.int16(v5 >> np.uint8(4)) * a21
+                         + np.int16(v6 >> np.uint8(4)) * a22 + np.int16(v7 >> np.uint8(4)) * a23)
+                    l6 = np.int16(np.int16(v8 >> np.uint8(4)) * a24 + np.int16(v9 >> np.uint8(4)) * a25
+                         + np.int16(v10 >> np.uint8(4)) * a26 + np.int16(v11 >> np.uint8(4)) * a27)
+                    l7 = np.int16(np.int16(v12 >> np.uint8(4)) * a28 + np.int16(v13 >> np.uint8(4)) * a29
+                         + np.int16(v14 >> np.uint8(4)) * a30 + np.int16(v15 >> np.uint8(4)) * a31)
+                    dd = np.float64(dab * d[g, b, r])
+                    acc[0, r] = np.float32(dd * np.float64(l0) + np.float64(acc[0, r]))
+                    acc[1, r] = np.float32(dd * np.float64(l1) + np.float64(acc[1, r]))
+                    acc[2, r] = np.float32(dd * np.float64(l2) + np.float64(acc[2, r]))
+                    acc[3, r] = np.float32(dd * np.float64(l3) + np.float64(acc[3, r]))
+                    acc[4, r] = np.float32(dd * np.float64(l4) + np.float64(acc[4, r]))
+                    acc[5, r] = np.float32(dd * np.float64(l5) + np.float64(acc[5, r]))
+                    acc[6, r] = np.float32(dd * np.float64(l6) + np.float64(acc[6, r]))
+                    acc[7, r] = np.float32(dd * np.float64(l7) + np.float64(acc[7, r]))
+                    summ[r] = np.float32(np.float64(m[g, b, r]) * s + np.float64(summ[r]))
+            for r in range(G):
+                out[t, g * G + r] = hsum8(acc[0, r], acc[1, r], acc[2, r], acc[3, r],
+                                          acc[4, r], acc[5, r], acc[6, r], acc[7, r])
+                out[t, g * G + r] += summ[r]
+    return out
+
+
+@njit(parallel=True, fastmath=CONTRACT, **NOPYTHON)
+def mv_q4_1(qs, d, m, aq, ad, as_):
+    return _mv_q4_1(qs, d, m, aq, ad, as_)
+
+
+@njit(fastmath=CONTRACT, **NOPYTHON)
+def mv_q4_1_serial(qs, d, m, aq, ad, as_):
+    return _mv_q4_1(qs, d, m, aq, ad, as_)
+
+@njit(inline="always", **NOPYTHON)
+def _mv_q5_0(qs, qh, d, aq, ad):
+    """Few activation rows (decode): the codes go from the packed bytes straight into registers (no
+    scratch block), per activation row; the same integer lanes and float steps as mul_mat_q5_0."""
+    ng, nb = qs.shape[0], qs.shape[1]
+    T = aq.shape[0]
+    out = np.empty((T, ng * G), np.float32)
+    for g in prange(ng):
+        acc = np.empty((8, G), np.float32)
+        for t in range(T):
+            acc[:] = 0
+            for b in range(nb):
+                o = b * 32
+                a0 = np.int16(aq[t, o + 0]); a1 = np.int16(aq[t, o + 1]); a2 = np.int16(aq[t, o + 2]); a3 = np.int16(aq[t, o + 3])
+                a4 = np.int16(aq[t, o + 4]); a5 = np.int16(aq[t, o + 5]); a6 = np.int16(aq[t, o + 6]); a7 = np.int16(aq[t, o + 7])
+                a8 = np.int16(aq[t, o + 8]); a9 = np.int16(aq[t, o + 9]); a10 = np.int16(aq[t, o + 10]); a11 = np.int16(aq[t, o + 11])
+                a12 = np.int16(aq[t, o + 12]); a13 = np.int16(aq[t, o + 13]); a14 = np.int16(aq[t, o + 14]); a15 = np.int16(aq[t, o + 15])
+                a16 = np.int16(aq[t, o + 16]); a17 = np.int16(aq[t, o + 17]); a18 = np.int16(aq[t, o + 18]); a19 = np.int16(aq[t, o + 19])
+                a20 = np.int16(aq[t, o + 20]); a21 = np.int16(aq[t, o + 21]); a22 = np.int16(aq[t, o + 22]); a23 = np.int16(aq[t, o + 23])
+                a24 = np.int16(aq[t, o + 24]); a25 = np.int16(aq[t, o + 25]); a26 = np.int16(aq[t, o + 26]); a27 = np.int16(aq[t, o + 27])
+                a28 = np.int16(aq[t, o + 28]); a29 = np.int16(aq[t, o + 29]); a30 = np.int16(aq[t, o + 30]); a31 = np.int16(aq[t, o + 31])
+                dab = ad[t, b]
+                for r in range(G):
+                    v0 = qs[g, b, 0, r]; v1 = qs[g, b, 1, r]; v2 = qs[g, b, 2, r]; v3 = qs[g, b, 3, r]
+                    v4 = qs[g, b, 4, r]; v5 = qs[g, b, 5, r]; v6 = qs[g, b, 6, r]; v7 = qs[g, b, 7, r]
+                    v8 = qs[g, b, 8, r]; v9 = qs[g, b, 9, r]; v10 = qs[g, b, 10, r]; v11 = qs[g, b, 11, r]
+                    v12 = qs[g, b, 12, r]; v13 = qs[g, b, 13, r]; v14 = qs[g, b, 14, r]; v15 = qs[g, b, 15, r]
+                    h0 = qh[g, b, 0, r]; h1 = qh[g, b, 1, r]; h2 = qh[g, b, 2, r]; h3 = qh[g, b, 3, r]
+                    l0 = np.int16(((np.int16(v0 & np.uint8(15)) | (np.int16((h0 >> np.uint8(0)) & np.uint8(1)) << np.int16(4))) - np.int16(16)) * a0 + ((np.int16(v1 & np.uint8(15)) | (np.int16((h0 >> np.uint8(1)) & np.uint8(1)) << np.int16(4))) - np.int16(16)) * a1
+                         + ((np.int16(v2 & np.uint8(15)) | (np.int16((h0 >> np.uint8(2)) & np.uint8(1)) << np.int16(4))) - np.int16(16)) * a2 + ((np.int16(v3 & np.uint8(15)) | (np.int16((h0 >> np.uint8(3)) & np.uint8(1)) << np.int16(4))) - np.int16(16)) * a3)
+                    l1 = np.int16(((np.int16(v4 & np.uint8(15)) | (np.int16((h0 >> np.uint8(4)) & np.uint8(1)) << np.int16(4))) - np.int16(16)) * a4 + ((np.int16(v5 & np.uint8(15)) | (np.int16((h0 >> np.uint8(5)) & np.uint8(1)) << np.int16(4))) - np.int16(16)) * a5
+                         + ((np.int16(v6 & np.uint8(15)) | (np.int16((h0 >> np.uint8(6)) & np.uint8(1)) << np.int16(4))) - np.int16(16)) * a6 + ((np.int16(v7 & np.uint8(15)) | (np.int16((h0 >> np.uint8(7)) & np.uint8(1)) << np.int16(4))) - np.int16(16)) * a7)
+                    l2 = np.int16(((np.int16(v8 & np.uint8(15)) | (np.int16((h1 >> np.uint8(0)) & np.uint8(1)) << np.int16(4))) - np.int16(16)) * a8 + ((np.int16(v9 & np.uint8(15)) | (np.int16((h1 >> np.uint8(1)) & np.uint8(1)) << np.int16(4))) - np.int16(16)) * a9
+                         + ((np.int16(v10 & np.uint8(15)) | (np.int16((h1 >> np.uint8(2)) & np.uint8(1)) << np.int16(4))) - np.int16(16)) * a10 + ((np.int16(v11 & np.uint8(15)) | (np.int16((h1 >> np.uint8(3)) & np.uint8(1)) << np.int16(4))) - np.int16(16)) * a11)
+                    l3 = np.int16(((np.int16(v12 & np.uint8(15)) | (np.int16((h1 >> np.uint8(4)) & np.uint8(1)) << np.int16(4))) - np.int16(16)) * a12 + ((np.int16(v13 & np.uint8(15)) | (np.int16((h1 >> np.uint8(5)) & np.uint8(1)) << np.int16(4))) - np.int16(16)) * a13
+                         + ((np.int16(v14 & np.uint8(15)) | (np.int16((h1 >> np.uint8(6)) & np.uint8(1)) << np.int16(4))) - np.int16(16)) * a14 + ((np.int16(v15 & np.uint8(15)) | (np.int16((h1 >> np.uint8(7)) & np.uint8(1)) << np.int16(4))) - np.int16(16)) * a15)
+                    l4 = np.int16(((np.int16(v0 >> np.uint8(4)) | (np.int16((h2 >> np.uint8(0)) & np.uint8(1)) << np.int16(4))) - np.int16(16)) * a16 + ((np.int16(v1 >> np.uint8(4)) | (np.int16((h2 >> np.uint8(1)) & np.uint8(1)) << np.int16(4))) - np.int16(16)) * a17
+                         + ((np.int16(v2 >> np.uint8(4)) | (np.int16((h2 >> np.uint8(2)) & np.uint8(1)) << np.int16(4))) - np.int16(16)) * a18 + ((np.int16(v3 >> np.uint8(4)) | (np.int16((h2 >> np.uint8(3)) & np.uint8(1)) << np.int16(4))) - np.int16(16)) * a19)
+                    l5 = np.int16(((np.int16(v4 >> np.uint8(4)) | (np.int16((h2 >> np.uint8(4)) & np.uint8(1)) << np.int16(4))) - np.int16(16)) * a20 + ((np.int16(v5 >> np.uint8(4)) | (np.int16((h2 >> np.uint8(5)) & np.uint8(1)) << np.int16(4))) - np.int16(16)) * a21
+                         + ((np.int16(v6 >> np.uint8(4)) | (np.int16((h2 >> np.uint8(6)) & np.uint8(1)) << np.int16(4))) - np.int16(16)) * a22 + ((np.int16(v7 >> np.uint8(4)) | (np.int16((h2 >> np.uint8(7)) & np.uint8(1)) << np.int16(4))) - np.int16(16)) * a23)
+                    l6 = np.int16(((np.int16(v8 >> np.uint8(4)) | (np.int16((h3 >> np.uint8(0)) & np.uint8(1)) << np.int16(4))) - np.int16(16)) * a24 + ((np.int16(v9 >> np.uint8(4)) | (np.int16((h3 >> np.uint8(1)) & np.uint8(1)) << np.int16(4))) - np.int16(16)) * a25
+                         + ((np.int16(v10 >> np.uint8(4)) | (np.int16((h3 >> np.uint8(2)) & np.uint8(1)) << np.int16(4))) - np.int16(16)) * a26 + ((np.int16(v11 >> np.uint8(4)) | (np.int16((h3 >> np.uint8(3)) & np.uint8(1)) << np.int16(4))) - np.int16(16)) * a27)
+                    l7 = np.int16(((np.int16(v12 >> np.uint8(4)) | (np.int16((h3 >> np.uint8(4)) & np.uint8(1)) << np.int16(4))) - np.int16(16)) * a28 + ((np.int16(v13 >> np.uint8(4)) | (np.int16((h3 >> np.uint8(5)) & np.uint8(1)) << np.int16(4))) - np.int16(16)) * a29
+                         + ((np.int16(v14 >> np.uint8(4)) | (np.int16((h3 >> np.uint8(6)) & np.uint8(1)) << np.int16(4))) - np.int16(16)) * a30 + ((np.int16(v15 >> np.uint8(4)) | (np.int16((h3 >> np.uint8(7)) & np.uint8(1)) << np.int16(4))) - np.int16(16)) * a31)
+                    dd = np.float64(dab * d[g, b, r])
+                    acc[0, r] = np.float32(dd * np.float64(l0) + np.float64(acc[0, r]))
+                    acc[1, r] = np.float32(dd * np.float64(l1) + np.float64(acc[1, r]))
+                    acc[2, r] = np.float32(dd * np.float64(l2) + np.float64(acc[2, r]))
+                    acc[3, r] = np.float32(dd * np.float64(l3) + np.float64(acc[3, r]))
+                    acc[4, r] = np.float32(dd * np.float64(l4) + np.float64(acc[4, r]))
+                    acc[5, r] = np.float32(dd * np.float64(l5) + np.float64(acc[5, r]))
+                    acc[6, r] = np.float32(dd * np.float64(l6) + np.float64(acc[6, r]))
+                    acc[7, r] = np.float32(dd * np.float64(l7) + np.float64(acc[7, r]))
+            for r in range(G):
+                out[t, g * G + r] = hsum8(acc[0, r], acc[1, r], acc[2, r], acc[3, r],
+                                          acc[4, r], acc[5, r], acc[6, r], acc[7, r])
+
+    return out
+
+
+@njit(parallel=True, fastmath=CONTRACT, **NOPYTHON)
+def mv_q5_0(qs, qh, d, aq, ad):
+    return _mv_q5_0(qs, qh, d, aq, ad)
+
+
+@njit(fastmath=CONTRACT, **NOPYTHON)
+def mv_q5_0_serial(qs, qh, d, aq, ad):
+    return _mv_q5_0(qs, qh, d, aq, ad)
+
+@njit(inline="always", **NOPYTHON)
+def _mv_q8_0(qs, d, aq, ad):
+    """Few activation rows (decode): the codes go from the packed bytes straight into registers (no
+    scratch block), per activation row; the same integer lanes and float steps as mul_mat_q8_0.
+    qs is the uint8 view of the int8 codes: u - ((u >> 7) << 8) keeps LLVM in int16 (a sign extension of
+    int8 made it widen every product to int64)."""
+    ng, nb = qs.shape[0], qs.shape[1]
+    T = aq.shape[0]
+    out = np.empty((T, ng * G), np.float32)
+    for g in prange(ng):
+        acc = np.empty((8, G), np.float32)
+        for t in range(T):
+            acc[:] = 0
+            for b in range(nb):
+                o = b * 32
+                a0 = np.int16(aq[t, o + 0]); a1 = np.int16(aq[t, o + 1]); a2 = np.int16(aq[t, o + 2]); a3 = np.int16(aq[t, o + 3])
+                a4 = np.int16(aq[t, o + 4]); a5 = np.int16(aq[t, o + 5]); a6 = np.int16(aq[t, o + 6]); a7 = np.int16(aq[t, o + 7])
+                a8 = np.int16(aq[t, o + 8]); a9 = np.int16(aq[t, o + 9]); a10 = np.int16(aq[t, o + 10]); a11 = np.int16(aq[t, o + 11])
+                a12 = np.int16(aq[t, o + 12]); a13 = np.int16(aq[t, o + 13]); a14 = np.int16(aq[t, o + 14]); a15 = np.int16(aq[t, o + 15])
+                a16 = np.int16(aq[t, o + 16]); a17 = np.int16(aq[t, o + 17]); a18 = np.int16(aq[t, o + 18]); a19 = np.int16(aq[t, o + 19])
+                a20 = np.int16(aq[t, o + 20]); a21 = np.int16(aq[t, o + 21]); a22 = np.int16(aq[t, o + 22]); a23 = np.int16(aq[t, o + 23])
+                a24 = np.int16(aq[t, o + 24]); a25 = np.int16(aq[t, o + 25]); a26 = np.int16(aq[t, o + 26]); a27 = np.int16(aq[t, o + 27])
+                a28 = np.int16(aq[t, o + 28]); a29 = np.int16(aq[t, o + 29]); a30 = np.int16(aq[t, o + 30]); a31 = np.int16(aq[t, o + 31])
+                dab = ad[t, b]
+                for r in range(G):
+                    l0 = np.int32(np.int16((np.int16(qs[g, b, 0, r]) - (np.int16(qs[g, b, 0, r] >> np.uint8(7)) << np.int16(8))) * a0 + (np.int16(qs[g, b, 1, r]) - (np.int16(qs[g, b, 1, r] >> np.uint8(7)) << np.int16(8))) * a1)
+                         + np.int16((np.int16(qs[g, b, 2, r]) - (np.int16(qs[g, b, 2, r] >> np.uint8(7)) << np.int16(8))) * a2 + (np.int16(qs[g, b, 3, r]) - (np.int16(qs[g, b, 3, r] >> np.uint8(7)) << np.int16(8))) * a3))
+                    l1 = np.int32(np.int16((np.int16(qs[g, b, 4, r]) - (np.int16(qs[g, b, 4, r] >> np.uint8(7)) << np.int16(8))) * a4 + (np.int16(qs[g, b, 5, r]) - (np.int16(qs[g, b, 5, r] >> np.uint8(7)) << np.int16(8))) * a5)
+                         + np.int16((np.int16(qs[g, b, 6, r]) - (np.int16(qs[g, b, 6, r] >> np.uint8(7)) << np.int16(8))) * a6 + (np.int16(qs[g, b, 7, r]) - (np.int16(qs[g, b, 7, r] >> np.uint8(7)) << np.int16(8))) * a7))
+                    l2 = np.int32(np.int16((np.int16(qs[g, b, 8, r]) - (np.int16(qs[g, b, 8, r] >> np.uint8(7)) << np.int16(8))) * a8 + (np.int16(qs[g, b, 9, r]) - (np.int16(qs[g, b, 9, r] >> np.uint8(7)) << np.int16(8))) * a9)
+                         + np.int16((np.int16(qs[g, b, 10, r]) - (np.int16(qs[g, b, 10, r] >> np.uint8(7)) << np.int16(8))) * a10 + (np.int16(qs[g, b, 11, r]) - (np.int16(qs[g, b, 11, r] >> np.uint8(7)) << np.int16(8))) * a11))
+                    l3 = np.int32(np.int16((np.int16(qs[g, b, 12, r]) - (np.int16(qs[g, b, 12, r] >> np.uint8(7)) << np.int16(8))) * a12 + (np.int16(qs[g, b, 13, r]) - (np.int16(qs[g, b, 13, r] >> np.uint8(7)) << np.int16(8))) * a13)
+                         + np.int16((np.int16(qs[g, b, 14, r]) - (np.int16(qs[g, b, 14, r] >> np.uint8(7)) << np.int16(8))) * a14 + (np.int16(qs[g, b, 15, r]) - (np.int16(qs[g, b, 15, r] >> np.uint8(7)) << np.int16(8))) * a15))
+                    l4 = np.int32(np.int16((np.int16(qs[g, b, 16, r]) - (np.int16(qs[g, b, 16, r] >> np.uint8(7)) << np.int16(8))) * a16 + (np.int16(qs[g, b, 17, r]) - (np.int16(qs[g, b, 17, r] >> np.uint8(7)) << np.int16(8))) * a17)
+                         + np.int16((np.int16(qs[g, b, 18, r]) - (np.int16(qs[g, b, 18, r] >> np.uint8(7)) << np.int16(8))) * a18 + (np.int16(qs[g, b, 19, r]) - (np.int16(qs[g, b, 19, r] >> np.uint8(7)) << np.int16(8))) * a19))
+                    l5 = np.int32(np.int16((np.int16(qs[g, b, 20, r]) - (np.int16(qs[g, b, 20, r] >> np.uint8(7)) << np.int16(8))) * a20 + (np.int16(qs[g, b, 21, r]) - (np.int16(qs[g, b, 21, r] >> np.uint8(7)) << np.int16(8))) * a21)
+                         + np.int16((np.int16(qs[g, b, 22, r]) - (np.int16(qs[g, b, 22, r] >> np.uint8(7)) << np.int16(8))) * a22 + (np.int16(qs[g, b, 23, r]) - (np.int16(qs[g, b, 23, r] >> np.uint8(7)) << np.int16(8))) * a23))
+                    l6 = np.int32(np.int16((np.int16(qs[g, b, 24, r]) - (np.int16(qs[g, b, 24, r] >> np.uint8(7)) << np.int16(8))) * a24 + (np.int16(qs[g, b, 25, r]) - (np.int16(qs[g, b, 25, r] >> np.uint8(7)) << np.int16(8))) * a25)
+                         + np.int16((np.int16(qs[g, b, 26, r]) - (np.int16(qs[g, b, 26, r] >> np.uint8(7)) << np.int16(8))) * a26 + (np.int16(qs[g, b, 27, r]) - (np.int16(qs[g, b, 27, r] >> np.uint8(7)) << np.int16(8))) * a27))
+                    l7 = np.int32(np.int16((np.int16(qs[g, b, 28, r]) - (np.int16(qs[g, b, 28, r] >> np.uint8(7)) << np.int16(8))) * a28 + (np.int16(qs[g, b, 29, r]) - (np.int16(qs[g, b, 29, r] >> np.uint8(7)) << np.int16(8))) * a29)
+                         + np.int16((np.int16(qs[g, b, 30, r]) - (np.int16(qs[g, b, 30, r] >> np.uint8(7)) << np.int16(8))) * a30 + (np.int16(qs[g, b, 31, r]) - (np.int16(qs[g, b, 31, r] >> np.uint8(7)) << np.int16(8))) * a31))
+                    dd = np.float64(dab * d[g, b, r])
+                    acc[0, r] = np.float32(dd * np.float64(l0) + np.float64(acc[0, r]))
+                    acc[1, r] = np.float32(dd * np.float64(l1) + np.float64(acc[1, r]))
+                    acc[2, r] = np.float32(dd * np.float64(l2) + np.float64(acc[2, r]))
+                    acc[3, r] = np.float32(dd * np.float64(l3) + np.float64(acc[3, r]))
+                    acc[4, r] = np.float32(dd * np.float64(l4) + np.float64(acc[4, r]))
+                    acc[5, r] = np.float32(dd * np.float64(l5) + np.float64(acc[5, r]))
+                    acc[6, r] = np.float32(dd * np.float64(l6) + np.float64(acc[6, r]))
+                    acc[7, r] = np.float32(dd * np.float64(l7) + np.float64(acc[7, r]))
+            for r in range(G):
+                out[t, g * G + r] = hsum8(acc[0, r], acc[1, r], acc[2, r], acc[3, r],
+                                          acc[4, r], acc[5, r], acc[6, r], acc[7, r])
+
+    return out
+
+
+@njit(parallel=True, fastmath=CONTRACT, **NOPYTHON)
+def mv_q8_0(qs, d, aq, ad):
+    return _mv_q8_0(qs.view(np.uint8), d, aq, ad)
+
+
+@njit(fastmath=CONTRACT, **NOPYTHON)
+def mv_q8_0_serial(qs, d, aq, ad):
+    return _mv_q8_0(qs.view(np.uint8), d, aq, ad)
 
 
 # ---- packing (once per weight, at load) ---------------------------------------------------------
