@@ -28,11 +28,11 @@ This notebook runs the two real models (SmolLM2-135M and Gemma 3 270M) on that s
 counterpart, and looks at *their* Q, K and V, not made-up ones:
 
 **What you will learn**
-1. one head of one layer, step by step, with shapes: scores, mask, softmax, weighted sum;
-2. all heads of a layer, and where **它** / **its** attends (a widget for any layer and head);
-3. multi-head: how the heads split the width and are concatenated back;
-4. MHA, GQA, MQA and MLA as KV-cache sizes, from the models' own hyperparameters and the seed's figures;
-5. the N x N matrix, and how flash attention tiles it with an online softmax and gets the same answer.
+- one head of one layer, step by step (§2), with shapes: scores, mask, softmax, weighted sum;
+- all heads of a layer (§3), and where **它** / **its** attends (a widget for any layer and head);
+- multi-head (§4): how the heads split the width and are concatenated back;
+- MHA, GQA, MQA and MLA as KV-cache sizes (§5), from the models' own hyperparameters and the seed's figures;
+- the N x N matrix (§6), and how flash attention tiles it with an online softmax and gets the same answer.
 
 Two appendices go deeper into exactness, for after the workshop: **A**, llama.cpp in the loop (the error
 between llmlab and llama.cpp along the depth of both models, and what ggml's 8-bit activation quantization
