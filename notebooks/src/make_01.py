@@ -1,16 +1,5 @@
 """Writes notebooks/01_gguf_bytes.ipynb (run it, then execute the notebook with llmlab.notebook_runner --write)."""
-from pathlib import Path
-
-import nbformat as nbf
-
-cells = []
-md = lambda s: cells.append(nbf.v4.new_markdown_cell(s.strip()))
-code = lambda s: cells.append(nbf.v4.new_code_cell(s.strip()))
-
-
-def solution(s):
-    """A code cell whose source is collapsed when the notebook opens (click to reveal)."""
-    cells.append(nbf.v4.new_code_cell(s.strip(), metadata={"jupyter": {"source_hidden": True}, "tags": ["solution"]}))
+from nbgen import code, md, solution, write
 
 md(r"""
 # 01 · GGUF bytes: from a file on disk to a model description
@@ -416,7 +405,5 @@ md(r"""
 Next, **02 · tokenizer**: the vocabulary we just saw in `tokenizer.ggml.tokens` turns text into ids.
 """)
 
-notebook = nbf.v4.new_notebook(cells=cells, metadata={"kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}})
-out = Path(__file__).resolve().parent.parent / "01_gguf_bytes.ipynb"
-nbf.write(notebook, out)
-print("wrote", out)
+
+write("01_gguf_bytes.ipynb")

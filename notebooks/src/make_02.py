@@ -1,16 +1,7 @@
 """Writes notebooks/02_tokenizer.ipynb (run it, then execute the notebook with llmlab.notebook_runner --write)."""
 from pathlib import Path
 
-import nbformat as nbf
-
-cells = []
-md = lambda s: cells.append(nbf.v4.new_markdown_cell(s.strip()))
-code = lambda s: cells.append(nbf.v4.new_code_cell(s.strip()))
-
-
-def solution(s):
-    """A code cell whose source is collapsed when the notebook opens (click to reveal)."""
-    cells.append(nbf.v4.new_code_cell(s.strip(), metadata={"jupyter": {"source_hidden": True}, "tags": ["solution"]}))
+from nbgen import code, md, solution, write
 
 md(r"""
 # 02 · Tokenizer: from text to token ids and back
@@ -432,9 +423,5 @@ md(r"""
 Next, **03 · attention and heads**: the ids become vectors, and the vectors look at each other.
 """)
 
-notebook = nbf.v4.new_notebook()
-notebook["cells"] = cells
-notebook["metadata"]["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
-out = Path(__file__).resolve().parent.parent / "02_tokenizer.ipynb"
-nbf.write(notebook, out)
-print(out)
+
+write("02_tokenizer.ipynb")

@@ -1,16 +1,5 @@
 """Writes notebooks/03_attention_and_heads.ipynb (then run it with: python -m llmlab.notebook_runner --write notebooks/03_attention_and_heads.ipynb)."""
-from pathlib import Path
-
-import nbformat as nbf
-
-cells = []
-md = lambda s: cells.append(nbf.v4.new_markdown_cell(s.strip()))      # noqa: E731
-code = lambda s: cells.append(nbf.v4.new_code_cell(s.strip()))        # noqa: E731
-
-
-def solution(s):
-    """A code cell whose source is collapsed when the notebook opens (click to reveal)."""
-    cells.append(nbf.v4.new_code_cell(s.strip(), metadata={"jupyter": {"source_hidden": True}, "tags": ["solution"]}))
+from nbgen import code, md, solution, write
 
 md(r"""
 # 03 · Attention and heads: what one layer of a real model does with a sentence
@@ -680,9 +669,5 @@ So "bit-identical to llama.cpp" is a statement about one CPU. `llmlab` picks the
 reproduces it says so once and runs the nearest.
 """)
 
-nb = nbf.v4.new_notebook()
-nb["cells"] = cells
-nb["metadata"]["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-out = Path(__file__).resolve().parent.parent / "03_attention_and_heads.ipynb"
-nbf.write(nb, out)
-print("wrote", out)
+
+write("03_attention_and_heads.ipynb")

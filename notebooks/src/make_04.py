@@ -1,16 +1,5 @@
 """Writes notebooks/04_kv_cache.ipynb (run it, then execute the notebook with llmlab.notebook_runner --write)."""
-from pathlib import Path
-
-import nbformat as nbf
-
-cells = []
-md = lambda s: cells.append(nbf.v4.new_markdown_cell(s.strip()))      # noqa: E731
-code = lambda s: cells.append(nbf.v4.new_code_cell(s.strip()))        # noqa: E731
-
-
-def solution(s):
-    """A code cell whose source is collapsed when the notebook opens (click to reveal)."""
-    cells.append(nbf.v4.new_code_cell(s.strip(), metadata={"jupyter": {"source_hidden": True}, "tags": ["solution"]}))
+from nbgen import code, md, solution, write
 
 md(r"""
 # 04 · The KV cache: what a decode step reuses, and how llama.cpp keeps it
@@ -506,9 +495,5 @@ dropped = (16 - 4) // 2             # half of what is not kept
 ex.check_context_shift(16, 4, dropped, 16 - dropped);
 """)
 
-nb = nbf.v4.new_notebook()
-nb["cells"] = cells
-nb["metadata"]["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-out = Path(__file__).resolve().parent.parent / "04_kv_cache.ipynb"
-nbf.write(nb, out)
-print(out)
+
+write("04_kv_cache.ipynb")

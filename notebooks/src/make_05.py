@@ -1,16 +1,5 @@
 """Writes notebooks/05_quant_blocks.ipynb (then run it with: python -m llmlab.notebook_runner --write notebooks/05_quant_blocks.ipynb)."""
-from pathlib import Path
-
-import nbformat as nbf
-
-cells = []
-md = lambda s: cells.append(nbf.v4.new_markdown_cell(s.strip()))
-code = lambda s: cells.append(nbf.v4.new_code_cell(s.strip()))
-
-
-def solution(s):
-    """A code cell whose source is collapsed when the notebook opens (click to reveal)."""
-    cells.append(nbf.v4.new_code_cell(s.strip(), metadata={"jupyter": {"source_hidden": True}, "tags": ["solution"]}))
+from nbgen import code, md, solution, write
 
 md(r"""
 # 05 · Quantization block formats: how ggml stores a weight in 4.5 bits
@@ -520,10 +509,5 @@ code(r"""
 smol.close(); gemma.close()
 """)
 
-nb = nbf.v4.new_notebook()
-nb["cells"] = cells
-nb["metadata"] = {"kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"},
-                  "language_info": {"name": "python"}}
-out = Path(__file__).resolve().parents[1] / "05_quant_blocks.ipynb"
-nbf.write(nb, out)
-print("wrote", out)
+
+write("05_quant_blocks.ipynb")

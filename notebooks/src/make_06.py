@@ -1,16 +1,5 @@
 """Generates notebooks/06_cgraph_and_scheduler.ipynb (run from the repo root, then execute it)."""
-from pathlib import Path
-
-import nbformat as nbf
-
-cells = []
-md = lambda s: cells.append(nbf.v4.new_markdown_cell(s.strip()))
-code = lambda s: cells.append(nbf.v4.new_code_cell(s.strip()))
-
-
-def solution(s):
-    """A code cell whose source is collapsed when the notebook opens (click to reveal)."""
-    cells.append(nbf.v4.new_code_cell(s.strip(), metadata={"jupyter": {"source_hidden": True}, "tags": ["solution"]}))
+from nbgen import code, md, solution, write
 
 md(r"""
 # 06 · The compute graph and the backend scheduler
@@ -595,9 +584,5 @@ solution(r"""
 ex.check_mul_mat_flops(g, "Qcur-0", 2 * 576 * 576 * 8);
 """)
 
-nb = nbf.v4.new_notebook()
-nb.cells = cells
-nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-out = Path(__file__).resolve().parents[1] / "06_cgraph_and_scheduler.ipynb"
-nbf.write(nb, out)
-print("wrote", out)
+
+write("06_cgraph_and_scheduler.ipynb")

@@ -1,12 +1,5 @@
 """Writes notebooks/07_dp4a_mmvq.ipynb (then run it with: python -m llmlab.notebook_runner --write notebooks/07_dp4a_mmvq.ipynb)."""
-from pathlib import Path
-
-import nbformat as nbf
-
-cells = []
-md = lambda s: cells.append(nbf.v4.new_markdown_cell(s.strip()))
-code = lambda s: cells.append(nbf.v4.new_code_cell(s.strip()))
-hidden = lambda s: cells.append(nbf.v4.new_code_cell(s.strip(), metadata={"jupyter": {"source_hidden": True}}))
+from nbgen import code, md, solution, write
 
 md(r"""
 # 07 · dp4a and MMVQ: llama.cpp's CUDA decode kernel, simulated thread by thread
@@ -446,7 +439,7 @@ my_answer = {"blocks_per_row": None, "blocks_per_iter": None, "iters": None, "th
 # fill in, then: exercises.check_launch(my_answer, "q6_K", 640, 2048)
 """)
 
-hidden(r"""
+solution(r"""
 # solution: q6_K has qk 256, qi 32, vdr 1; one column -> nwarps 4, rows_per_block 1 (8 blocks per row is not "small")
 bpr = 2048 // 256
 bpi = 1 * 4 * 32 // 32
@@ -465,7 +458,7 @@ def my_dp4a(a, b, c):
     return c          # replace with your version, then: exercises.check_dp4a(my_dp4a)
 """)
 
-hidden(r"""
+solution(r"""
 def my_dp4a(a, b, c):
     total = c
     for k in range(4):
@@ -481,7 +474,7 @@ md(r"""
 5 and 21? (Hint: `qi / vdr` lanes share a block.) Then try the same for q8_0 (`qi = 8`).
 """)
 
-hidden(r"""
+solution(r"""
 tpb = cs.cuda_type("q4_K").threads_per_block                      # 32 / 2 = 16
 lanes = [lane for lane in range(32) if lane // tpb == 1]
 assert exercises.check_lanes("q4_K", lanes, {5: 2 * (5 % tpb), 21: 2 * (21 % tpb)}) == "correct"
@@ -493,10 +486,5 @@ code(r"""
 smol.close(); gemma.close()
 """)
 
-nb = nbf.v4.new_notebook()
-nb["cells"] = cells
-nb["metadata"] = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
-                  "language_info": {"name": "python"}}
-out = Path(__file__).resolve().parents[1] / "07_dp4a_mmvq.ipynb"
-nbf.write(nb, out)
-print("wrote", out)
+
+write("07_dp4a_mmvq.ipynb")

@@ -1,19 +1,7 @@
 """Writes notebooks/08_full_generation.ipynb (run it, then execute the notebook with llmlab.notebook_runner --write)."""
 from pathlib import Path
 
-import nbformat as nbf
-
-cells = []
-md = lambda s: cells.append(nbf.v4.new_markdown_cell(s.strip()))      # noqa: E731
-code = lambda s: cells.append(nbf.v4.new_code_cell(s.strip()))        # noqa: E731
-
-
-def solution(s):
-    """A code cell whose source is collapsed until the reader opens it."""
-    c = nbf.v4.new_code_cell(s.strip())
-    c.metadata["jupyter"] = {"source_hidden": True}
-    cells.append(c)
-
+from nbgen import code, md, solution, write
 
 md(r"""
 # 08 · Full generation: from a prompt to text, token by token
@@ -462,9 +450,5 @@ def my_greedy(ctx, prompt_ids, n):
 check_greedy_loop(my_greedy, model, tok, n=3)
 """)
 
-nb = nbf.v4.new_notebook()
-nb["cells"] = cells
-nb["metadata"]["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-out = Path(__file__).resolve().parent.parent / "08_full_generation.ipynb"
-nbf.write(nb, out)
-print(out)
+
+write("08_full_generation.ipynb")
