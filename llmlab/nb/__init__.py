@@ -250,6 +250,8 @@ def setup(models=("smollm2",), threads: int | None = None, warm: bool = False, q
     """Prepare a notebook: matplotlib defaults and fonts, threads, models (fetched once), kernels
     warmed when ``warm``, and one line each of versions and CPU profile. Returns the model paths."""
     fonts = set_matplotlib_defaults()
+    from ..ggml.cpu import profiles
+    profiles.warn_if_unreproduced(stream=sys.stdout)   # the engine's one-line note, said here, in the output
     if not quiet:
         v = versions()
         print("versions: " + ", ".join(f"{k} {val}" for k, val in v.items() if val) +
