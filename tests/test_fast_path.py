@@ -169,3 +169,19 @@ def test_expf_variants_equal_the_reference_everywhere(cpu):
     out = np.empty_like(x)
     fvec.expf(x, out, fvec.params(prof).expf)
     assert same_bits(out, vec.v_expf(x, prof))
+
+
+def test_decode_after_cache_edits_equals_reference(tiny):
+    """A decode step keeps the cache rows it widened; rewriting cells (seq_rm, then other tokens at the
+    same positions) must be seen, so fast and reference agree bit for bit through the edits."""
+    outs = {}
+    for kernels in ("fast", "reference"):
+        ctx = Context(tiny["llama"], n_ctx=64, kernels=kernels)
+        seq = [ctx.decode(Batch.from_tokens([3, 1, 4, 1, 5], logits="last"))]
+        for i, t in enumerate([9, 2, 6]):
+            seq.append(ctx.decode(Batch.from_tokens([t], pos0=5 + i, logits="last")))
+        ctx.kv.seq_rm(0, 3, None)                              # forget positions 3.. and write them anew
+        for i, t in enumerate([7, 7, 8, 1]):
+            seq.append(ctx.decode(Batch.from_tokens([t], pos0=3 + i, logits="last")))
+        outs[kernels] = seq
+    assert all(same_bits(a, b) for a, b in zip(outs["fast"], outs["reference"]))

@@ -303,6 +303,15 @@ def _mul_mat(node, cpu):
             n_reg, lanes, prog = 1, v.sgemm_lanes, v.sgemm_prog
         else:                                               # ggml_vec_dot_f16
             n_reg, lanes, prog = v.arr, v.lanes, v.vec_prog
+        if T == 1:                                          # a decode step: keep the widened cache rows
+            Hk = A.shape[0]
+            seen, AT, fresh = np.zeros((Hk, R, K), np.uint16), np.empty((Hk, K, R), np.float32), [True]
+
+            def step():
+                fvec.mul_mat_f16_cached(A, X.astype(np.float16).astype(np.float32), Y, n_reg, lanes, prog,
+                                        seen, AT, fresh[0])
+                fresh[0] = False
+            return step
         if Y.size * K >= PARALLEL_MIN_WORK and _threads() > 1:
             n = _threads()
             return lambda: fvec.mul_mat_f16_mt(A, X.astype(np.float16).astype(np.float32), Y, n_reg, lanes, prog, n)

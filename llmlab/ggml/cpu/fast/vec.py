@@ -156,6 +156,32 @@ def mul_mat_f16(A, B, out, n_reg, lanes, prog):
     _mul_mat_f16_kv(A, B, out, n_reg, lanes, prog, 0, A.shape[0])
 
 
+@njit(cache=True)
+def mul_mat_f16_cached(A, B, out, n_reg, lanes, prog, seen, AT, fresh):
+    """:func:`mul_mat_f16` for a decode step, which reads the same cache rows step after step: ``AT``
+    (Hk, K, R) keeps the widened rows and ``seen`` (Hk, R, K) the bits they came from; a row is widened
+    again only where its bits differ (a new token's row, or any edit of the cache), so the result is
+    the same whatever changed the cache. ``fresh``: nothing kept yet."""
+    Hk, R, K = A.shape
+    H, T = out.shape[0], out.shape[1]
+    g = H // Hk
+    for hk in range(Hk):
+        for r in range(R):
+            diff = np.uint16(1) if fresh else np.uint16(0)
+            for k in range(K):
+                diff |= A[hk, r, k] ^ seen[hk, r, k]
+            if diff:
+                for k in range(K):
+                    seen[hk, r, k] = A[hk, r, k]
+                    AT[hk, k, r] = f16_bits_to_f32(A[hk, r, k])
+    acc = np.empty((n_reg * lanes, R), np.float32)
+    scratch = np.empty((lanes + prog.shape[0], R), np.float32)
+    for hk in range(Hk):
+        for h in range(hk * g, (hk + 1) * g):
+            for t in range(T):
+                _dot_rows(AT[hk], B[h, t], out[h, t], n_reg, lanes, prog, acc, scratch)
+
+
 @njit(cache=True, parallel=True)
 def mul_mat_f16_mt(A, B, out, n_reg, lanes, prog, n_chunks):
     """:func:`mul_mat_f16` with the kv heads (or, with one kv head, the activation rows) cut into
