@@ -303,12 +303,13 @@ def _mul_mat(node, cpu):
             n_reg, lanes, prog = 1, v.sgemm_lanes, v.sgemm_prog
         else:                                               # ggml_vec_dot_f16
             n_reg, lanes, prog = v.arr, v.lanes, v.vec_prog
-        if T == 1:                                          # a decode step: keep the widened cache rows
-            Hk = A.shape[0]
-            seen, AT, fresh = np.zeros((Hk, R, K), np.uint16), np.empty((Hk, K, R), np.float32), [True]
+        if T == 1 and K % 4 == 0 and A.strides[1] % 8 == 0 and A.strides[0] % 8 == 0:
+            Hk = A.shape[0]                                 # a decode step: keep the widened cache rows
+            A64 = A.view(np.uint64)                         # rows compared 64 bits at a time
+            seen, AT, fresh = np.zeros(A64.shape, np.uint64), np.empty((Hk, K, R), np.float32), [True]
 
             def step():
-                fvec.mul_mat_f16_cached(A, X.astype(np.float16).astype(np.float32), Y, n_reg, lanes, prog,
+                fvec.mul_mat_f16_cached(A, A64, X.astype(np.float16).astype(np.float32), Y, n_reg, lanes, prog,
                                         seen, AT, fresh[0])
                 fresh[0] = False
             return step

@@ -104,8 +104,15 @@ def _dot_rows(AT, b, out_row, n_reg, lanes, prog, acc, scratch):
     K, R = AT.shape
     step = n_reg * lanes
     np_ = K - K % step
-    acc[:, :] = 0
-    for i in range(0, np_, step):
+    if np_ == 0:
+        acc[:, :] = 0
+    for j in range(min(step, np_)):                             # the first step: fma(a, b, 0) is a*b, rounded once
+        bj32 = b[j]
+        a = AT[j]
+        row = acc[j]
+        for r in range(R):
+            row[r] = a[r] * bj32
+    for i in range(step, np_, step):
         for j in range(step):                                   # register j // lanes, lane j % lanes
             bj = np.float64(b[i + j])
             a = AT[i + j]
@@ -157,22 +164,24 @@ def mul_mat_f16(A, B, out, n_reg, lanes, prog):
 
 
 @njit(cache=True)
-def mul_mat_f16_cached(A, B, out, n_reg, lanes, prog, seen, AT, fresh):
+def mul_mat_f16_cached(A, A64, B, out, n_reg, lanes, prog, seen, AT, fresh):
     """:func:`mul_mat_f16` for a decode step, which reads the same cache rows step after step: ``AT``
-    (Hk, K, R) keeps the widened rows and ``seen`` (Hk, R, K) the bits they came from; a row is widened
-    again only where its bits differ (a new token's row, or any edit of the cache), so the result is
-    the same whatever changed the cache. ``fresh``: nothing kept yet."""
+    (Hk, K, R) keeps the widened rows and ``seen`` (Hk, R, K/4) the bits they came from, compared 64 bits
+    at a time through ``A64`` (A's rows as uint64); a row is widened again only where its bits differ (a
+    new token's row, or any edit of the cache), so the result is the same whatever changed the cache.
+    ``fresh``: nothing kept yet."""
     Hk, R, K = A.shape
     H, T = out.shape[0], out.shape[1]
     g = H // Hk
     for hk in range(Hk):
         for r in range(R):
-            diff = np.uint16(1) if fresh else np.uint16(0)
-            for k in range(K):
-                diff |= A[hk, r, k] ^ seen[hk, r, k]
+            diff = np.uint64(1) if fresh else np.uint64(0)
+            for w in range(A64.shape[2]):
+                diff |= A64[hk, r, w] ^ seen[hk, r, w]
             if diff:
+                for w in range(A64.shape[2]):
+                    seen[hk, r, w] = A64[hk, r, w]
                 for k in range(K):
-                    seen[hk, r, k] = A[hk, r, k]
                     AT[hk, k, r] = f16_bits_to_f32(A[hk, r, k])
     acc = np.empty((n_reg * lanes, R), np.float32)
     scratch = np.empty((lanes + prog.shape[0], R), np.float32)
