@@ -41,6 +41,21 @@ def _hard_interrupt(signum, frame):
     os._exit(130)
 
 
+_NO_UNWIND = ("numba", "llvmlite")
+
+
+def _interrupt(signum, frame):
+    """Ctrl-C while a command runs: unwind with KeyboardInterrupt (so what it writes is cleaned up),
+    except inside numba's compiler, whose callbacks from LLVM swallow exceptions: there nothing of
+    ours is half-written, so exit at once."""
+    f = frame
+    while f is not None:
+        if str(f.f_globals.get("__name__", "")).startswith(_NO_UNWIND):
+            _hard_interrupt(signum, frame)
+        f = f.f_back
+    raise KeyboardInterrupt
+
+
 def _owns_sigint() -> bool:
     """True when ``python -m llmlab`` installed its early Ctrl-C handler (not when a test calls main)."""
     try:
@@ -72,7 +87,7 @@ def _run(argv, cli: bool) -> int:
     if not debug:        # numpy's overflow/NaN warnings: a non-finite result is reported as one error instead
         warnings.simplefilter("ignore", RuntimeWarning)
     if cli:              # from here Ctrl-C unwinds, so what a command writes is cleaned up
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGINT, _interrupt)
     try:
         return args.func(args) or 0
     except BrokenPipeError:   # output piped into head & co.
