@@ -13,6 +13,18 @@ from numba import njit
 from ._common import NOPYTHON, f16_round
 
 
+@njit(inline="always", **NOPYTHON)
+def _amax_iscale(x, t, o):
+    """The 32-value block at x[t, o:o+32]: its largest magnitude and 127/amax (0 for an all-zero block),
+    as the x86 quantize_row_q8_0/q8_1 compute them."""
+    amax = np.float32(0.0)
+    for i in range(32):
+        v = abs(x[t, o + i])
+        if v > amax:
+            amax = v
+    return amax, (np.float32(127.0) / amax if amax != 0 else np.float32(0.0))
+
+
 @njit(**NOPYTHON)
 def quantize_q8_0(x):
     """x (T, K) float32 -> (qs (T, K) int8, d (T, K/32) float32): d = f16(amax/127), q = rint(x * 127/amax)."""
@@ -23,12 +35,7 @@ def quantize_q8_0(x):
     for t in range(T):
         for b in range(nb):
             o = b * 32
-            amax = np.float32(0.0)
-            for i in range(32):
-                v = abs(x[t, o + i])
-                if v > amax:
-                    amax = v
-            iscale = np.float32(127.0) / amax if amax != 0 else np.float32(0.0)
+            amax, iscale = _amax_iscale(x, t, o)
             d[t, b] = f16_round(amax / np.float32(127.0))
             for i in range(32):
                 qs[t, o + i] = np.int8(np.rint(x[t, o + i] * iscale))
@@ -46,13 +53,8 @@ def quantize_q8_1(x):
     for t in range(T):
         for b in range(nb):
             o = b * 32
-            amax = np.float32(0.0)
-            for i in range(32):
-                v = abs(x[t, o + i])
-                if v > amax:
-                    amax = v
+            amax, iscale = _amax_iscale(x, t, o)
             dd = amax / np.float32(127.0)
-            iscale = np.float32(127.0) / amax if amax != 0 else np.float32(0.0)
             total = 0
             for i in range(32):
                 q = np.int32(np.rint(x[t, o + i] * iscale))
