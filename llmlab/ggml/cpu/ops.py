@@ -18,6 +18,7 @@ from numpy import float32, float64
 
 from . import profiles
 from .libm import expf as libm_expf
+from .simd import fma, fma64
 from .libm import libm
 from .vec import gelu as gelu_ggml
 from .vec import gelu_f32, gelu_table  # noqa: F401  (re-exported: ggml's GELU lives in vec)
@@ -220,8 +221,8 @@ def rope_cache(pos: np.ndarray, n_dims: int, freq_base: float, freq_scale: float
 
 def rotate(x0: np.ndarray, x1: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """rotate_pairs as compiled (the first product fused): x0*cos - x1*sin, x0*sin + x1*cos."""
-    y0 = (x0.astype(float64) * cos - (x1 * sin).astype(float32)).astype(float32)
-    y1 = (x0.astype(float64) * sin + (x1 * cos).astype(float32)).astype(float32)
+    y0 = fma(x0, cos, -(x1 * sin).astype(float32))
+    y1 = fma(x0, sin, (x1 * cos).astype(float32))
     return y0, y1
 
 
@@ -380,11 +381,11 @@ def flash_attn_ext(dst: Tensor, cpu=None) -> None:
         Mx = np.where(grow, s, Mx)
         if f16_acc:
             a32 = acc.astype(np.float32) * ms[..., None]
-            a32 = (V[:, ic][:, None, :].astype(np.float64) * vs[..., None] + a32.astype(np.float16).astype(np.float64))
-            acc = np.where(live[..., None], a32.astype(np.float32).astype(np.float16), acc)
+            a32 = fma64(V[:, ic][:, None, :].astype(np.float64), vs[..., None], a32.astype(np.float16).astype(np.float32))
+            acc = np.where(live[..., None], a32.astype(np.float16), acc)
         else:
             a32 = (acc * ms[..., None]).astype(np.float32)
-            acc = np.where(live[..., None], (V[:, ic][:, None, :].astype(np.float64) * vs[..., None] + a32).astype(np.float32), acc)
-        S = np.where(live, (S.astype(np.float64) * ms + vs).astype(np.float32), S)    # S = S*ms + vs, fused
+            acc = np.where(live[..., None], fma64(V[:, ic][:, None, :].astype(np.float64), vs[..., None], a32), acc)
+        S = np.where(live, fma(S, ms, vs), S)    # S = S*ms + vs, fused
     res = acc.astype(np.float32) * (np.float32(1) / S)[..., None]
     _out(dst)[0] = res.transpose(1, 0, 2)               # -> [Dv, n_head, n_q] in ggml order

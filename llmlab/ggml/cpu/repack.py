@@ -23,6 +23,7 @@ import numpy as np
 from numpy import float32, float64
 
 from .quants import quantize_activations, weight_blocks
+from .simd import fma64
 from ..sched.backend import ExtraBufferType
 from ..tensor import Tensor
 
@@ -62,11 +63,11 @@ def mul_mat_q4_k_repacked(raw: np.ndarray, qtype, x: np.ndarray, cpu=None) -> np
             dm = (dmin[None, :, b] * ya[:, b, None]).astype(float32).astype(float64)
             g = slice(0, n_gemm)
             for sb in range(4):                                              # gemm: one fma per 64 values
-                acc[g] = (isub[g, :, sb] * d[g] + acc[g]).astype(float32)
-                accm[g] = (imsub[g, :, sb] * dm[g] + accm[g]).astype(float32)
+                acc[g] = fma64(isub[g, :, sb], d[g], acc[g])
+                accm[g] = fma64(imsub[g, :, sb], dm[g], accm[g])
             v = slice(n_gemm, T)                                             # gemv: one fma per super-block
-            acc[v] = (isub[v].sum(-1) * d[v] + acc[v]).astype(float32)
-            accm[v] = (imsub[v].sum(-1) * dm[v] + accm[v]).astype(float32)
+            acc[v] = fma64(isub[v].sum(-1), d[v], acc[v])
+            accm[v] = fma64(imsub[v].sum(-1), dm[v], accm[v])
         out[:, r0:r0 + n] = (acc.astype(float32) - accm.astype(float32)).astype(float32)
     return out
 

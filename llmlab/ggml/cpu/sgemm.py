@@ -22,7 +22,7 @@ import numpy as np
 from numpy import float32, float64
 
 from . import profiles
-from .simd import reduce_tree
+from .simd import fma64, reduce_tree
 from .vec import vec_dot_f16
 
 
@@ -44,7 +44,7 @@ def mul_mat_f16(A: np.ndarray, B: np.ndarray, cpu=None) -> np.ndarray:
     B = B.astype(float64)
     acc = np.zeros((T, R, L), float64)
     for s in range(0, K, L):
-        acc = (B[:, None, s:s + L] * A[None, :, s:s + L] + acc).astype(float32).astype(float64)
+        acc = fma64(B[:, None, s:s + L], A[None, :, s:s + L], acc).astype(float64)
     return reduce_tree(acc.astype(float32), cpu.sgemm_hsum_tree)
 
 

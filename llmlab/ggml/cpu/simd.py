@@ -3,8 +3,10 @@
 Every float kernel of ggml-cpu comes down to two things this module reproduces:
 
 - **fused multiply-add** ``fma(a, b, c) = a*b + c`` rounded once. The product of two float32
-  values is exact in float64, so ``(a * b + c)`` in float64 rounded to float32 is the hardware
-  result except for vanishingly rare double-rounding ties.
+  values is exact in float64, so ``a * b + c`` in float64 rounded to float32 is the hardware
+  result, except where the float64 sum lands exactly halfway between two float32 values without
+  being exact (double rounding). Those rare sums are moved one float64 ulp towards the exact
+  value (its error is exact by Knuth's TwoSum), which makes the second rounding the right one.
 - **horizontal sums**: the lanes of a register added into one number. Which lanes meet first is a
   *reduction tree*, and it differs between instruction sets: ``_mm512_reduce_add_ps`` on AVX-512,
   ``hsum_float_8`` or ``GGML_F32x8_REDUCE`` (two ``hadd``) on AVX2. A tree is plain data here: a
@@ -21,13 +23,35 @@ Tree = Union[int, tuple]
 
 
 def fma(a, b, c) -> np.ndarray:
-    """float32 fused multiply-add a*b + c, rounded once (via float64)."""
-    return (np.asarray(a, float32).astype(float64) * np.asarray(b, float32) + np.asarray(c, float32)).astype(float32)
+    """float32 fused multiply-add a*b + c, rounded once (as the FMA instruction does)."""
+    return fma64(np.asarray(a, float32).astype(float64), np.asarray(b, float32), np.asarray(c, float32))
+
+
+_MID = np.uint64(1 << 28)              # a float64 whose low 29 bits are 1000...0 lies halfway between floats
+_LOW = np.uint64((1 << 29) - 1)
+_TINY = np.uint64(0x3810000000000000)  # |x| < 2**-126: float32 subnormals round higher up; check them all
 
 
 def fma64(a, b, c) -> np.ndarray:
-    """As :func:`fma` for operands already held in float64 (exact float32 values or exact integers)."""
-    return (a * b + c).astype(float32)
+    """As :func:`fma` for operands already held in float64 whose product is exact (float32 values,
+    integers below 2**24); returns float32."""
+    p = np.asarray(a * b, float64)
+    s = np.asarray(p + c, float64)
+    u = s.view(np.uint64)
+    mag = u & np.uint64(0x7FFFFFFFFFFFFFFF)
+    risky = ((u & _LOW) == _MID) | ((mag < _TINY) & (mag != 0))
+    if risky.any():                     # rare: fix the double-rounding cases exactly
+        p, c = np.broadcast_to(p, s.shape)[risky], np.broadcast_to(np.asarray(c, float64), s.shape)[risky]
+        t = s[risky]
+        bb = t - p
+        err = (p - (t - bb)) + (c - bb)                 # t + err == p + c exactly (TwoSum)
+        odd = t.view(np.uint64) | np.uint64(0)
+        nudge = (err != 0) & ((odd & np.uint64(1)) == 0)    # round to odd: then one rounding to float32 is right
+        step = np.where((err > 0) == (t > 0), 1, -1).astype(np.int64)
+        odd = np.where(nudge, (odd.view(np.int64) + step).view(np.uint64), odd)
+        s = s.copy()
+        s[risky] = odd.view(float64)
+    return s.astype(float32)
 
 
 def reduce_tree(acc: np.ndarray, tree: Tree) -> np.ndarray:

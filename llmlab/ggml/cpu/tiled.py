@@ -18,6 +18,7 @@ import numpy as np
 from numpy import float32, float64
 
 from .quants import quantize_activations, weight_blocks
+from .simd import fma, fma64
 
 ROW_CHUNK = 4096
 
@@ -75,7 +76,7 @@ def mul_mat_k_tiled(raw: np.ndarray, qtype, x: np.ndarray, cpu=None) -> np.ndarr
         for b in range(nb):
             res = (dw[None, :, b] * s1[b].astype(float32)).astype(float32)
             if mins is not None:
-                res = (-dmin[None, :, b].astype(float64) * s2[b].astype(float32) + res).astype(float32)
-            acc = (res.astype(float64) * ya[:, b, None] + acc).astype(float32)
+                res = fma(-dmin[None, :, b], s2[b].astype(float32), res)
+            acc = fma(res, ya[:, b, None], acc)
         out[:, r0:r0 + n] = acc
     return out

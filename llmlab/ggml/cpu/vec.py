@@ -22,7 +22,7 @@ from numpy import float32, float64
 from . import profiles
 from .libm import expf as libm_expf
 from .libm import libm
-from .simd import fma, reduce_registers, reduce_tree
+from .simd import fma, fma64, reduce_registers, reduce_tree
 
 
 # ---- ggml_vec_dot_f16 ---------------------------------------------------------------------------
@@ -40,7 +40,7 @@ def vec_dot_f16(x: np.ndarray, y: np.ndarray, cpu=None) -> np.ndarray:
     for i in range(0, np_, step):
         xs = x[..., i:i + step].reshape(x.shape[:-1] + (arr, lanes)).astype(float64)
         ys = y[..., i:i + step].reshape(y.shape[:-1] + (arr, lanes))
-        acc = (xs * ys + acc).astype(float32).astype(float64)
+        acc = fma64(xs, ys, acc).astype(float64)
     total = reduce_tree(reduce_registers(acc.astype(float32)), cpu.vec_reduce_tree).astype(float64)
     if np_ < n:                                   # leftovers: sumf += (ggml_float)(x*y), one by one
         prod = (x[..., np_:] * y[..., np_:]).astype(float32).astype(float64)
@@ -180,7 +180,7 @@ def gelu_table() -> np.ndarray:
     if _GELU_TABLE is None:
         with np.errstate(all="ignore"):
             x = np.arange(65536, dtype=np.uint16).view(np.float16).astype(float32)
-            inner = ((GELU_COEF_A * x).astype(float64) * x.astype(float64) + 1.0).astype(float32)
+            inner = fma((GELU_COEF_A * x).astype(float32), x, float32(1.0))
             arg = (SQRT_2_OVER_PI * x * inner).astype(float32)
             lib = libm()
             t = np.tanh(arg)

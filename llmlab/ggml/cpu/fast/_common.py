@@ -8,6 +8,7 @@ import numba
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
+from numba.core import cgutils
 from numba.extending import intrinsic
 
 F32, F64 = np.float32, np.float64
@@ -15,11 +16,19 @@ G = 32          # rows side by side in the packed weight layouts (one int16 zmm 
 NOPYTHON = dict(cache=True, nogil=True, boundscheck=False)
 
 
-@njit(inline="always", **NOPYTHON)
-def fma(d, lane, acc):
-    """acc = fma(d, lane, acc) as the references emulate it: the float64 product (exact) plus acc,
-    rounded to float64, then to float32."""
-    return np.float32(np.float64(d) * np.float64(lane) + np.float64(acc))
+@intrinsic
+def fma(typingctx, a, b, c):
+    """float32 fused multiply-add a*b + c rounded once: LLVM's llvm.fma, the FMA instruction (vfmadd,
+    vectorized with the loop) where the CPU has one. The operands are converted to float32 first,
+    as ggml converts its int32 lane sums (_mm256_cvtepi32_ps) before the fma."""
+    sig = types.float32(a, b, c)
+
+    def codegen(context, builder, signature, args):
+        f32 = ir.FloatType()
+        ops = [context.cast(builder, v, t, types.float32) for v, t in zip(args, signature.args)]
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f32, [f32] * 3), "llvm.fma.f32")
+        return builder.call(fn, ops)
+    return sig, codegen
 
 
 @njit(inline="always", **NOPYTHON)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ._common import NOPYTHON, hsum8
+from ._common import NOPYTHON, fma, hsum8
 
 
 @njit(inline="always", **NOPYTHON)
@@ -108,18 +108,18 @@ def mul_mat_q4_k(qs, sc, mn, d, dmin, aq, ad, bsums):
                 p6 = np.int32(bsums[t, k + 12]) + np.int32(bsums[t, k + 13])
                 p7 = np.int32(bsums[t, k + 14]) + np.int32(bsums[t, k + 15])
                 for r in range(nr):
-                    dd = np.float64(ya * d[g, b, r])
+                    dd = ya * d[g, b, r]
                     for u in range(8):
-                        acc[t, u, r] = np.float32(dd * np.float64(L[u, r]) + np.float64(acc[t, u, r]))
-                    dm = np.float64(-ya * dmin[g, b, r])
+                        acc[t, u, r] = fma(dd, L[u, r], acc[t, u, r])
+                    dm = -ya * dmin[g, b, r]
                     m0 = np.int32(np.int32(mn[g, b, 0, r] * p0) + np.int32(mn[g, b, 1, r] * p1))
                     m1 = np.int32(np.int32(mn[g, b, 2, r] * p2) + np.int32(mn[g, b, 3, r] * p3))
                     m2 = np.int32(np.int32(mn[g, b, 4, r] * p4) + np.int32(mn[g, b, 5, r] * p5))
                     m3 = np.int32(np.int32(mn[g, b, 6, r] * p6) + np.int32(mn[g, b, 7, r] * p7))
-                    accm[t, 0, r] = np.float32(dm * np.float64(m0) + np.float64(accm[t, 0, r]))
-                    accm[t, 1, r] = np.float32(dm * np.float64(m1) + np.float64(accm[t, 1, r]))
-                    accm[t, 2, r] = np.float32(dm * np.float64(m2) + np.float64(accm[t, 2, r]))
-                    accm[t, 3, r] = np.float32(dm * np.float64(m3) + np.float64(accm[t, 3, r]))
+                    accm[t, 0, r] = fma(dm, m0, accm[t, 0, r])
+                    accm[t, 1, r] = fma(dm, m1, accm[t, 1, r])
+                    accm[t, 2, r] = fma(dm, m2, accm[t, 2, r])
+                    accm[t, 3, r] = fma(dm, m3, accm[t, 3, r])
         for t in range(T):
             for r in range(nr):
                 m = (accm[t, 0, r] + accm[t, 2, r]) + (accm[t, 1, r] + accm[t, 3, r])
@@ -162,9 +162,9 @@ def mul_mat_q6_k(W6, sc, d, aq, ad, bsums):
                     for r in range(nr):
                         L[u, r] -= np.int32(32 * np.int32(np.int32(sc[g, b, 2 * u, r]) * b0 + np.int32(sc[g, b, 2 * u + 1, r]) * b1))
                 for r in range(nr):
-                    dd = np.float64(ya * d[g, b, r])
+                    dd = ya * d[g, b, r]
                     for u in range(8):
-                        acc[t, u, r] = np.float32(dd * np.float64(L[u, r]) + np.float64(acc[t, u, r]))
+                        acc[t, u, r] = fma(dd, L[u, r], acc[t, u, r])
         for t in range(T):
             for r in range(nr):
                 out[t, g * nr + r] = hsum8(acc[t, 0, r], acc[t, 1, r], acc[t, 2, r], acc[t, 3, r],
@@ -188,7 +188,7 @@ def mul_mat_q4_k_tiled(qs, sc, mn, d, dmin, aq, ad, bsums):
             _unpack_q4_k(qs, g, b, W, nr)
             for t in range(T):
                 _chunk_dots(W, aq, t, 256 * b, D, nr)
-                ya = np.float64(ad[t, b])
+                ya = ad[t, b]
                 k = 16 * b
                 for r in range(nr):
                     s1 = np.int32(0)
@@ -197,8 +197,8 @@ def mul_mat_q4_k_tiled(qs, sc, mn, d, dmin, aq, ad, bsums):
                         s1 = np.int32(s1 + np.int32(sc[g, b, c, r] * D[c, r]))
                         s2 = np.int32(s2 + np.int32(mn[g, b, c, r] * np.int32(bsums[t, k + 2 * c] + bsums[t, k + 2 * c + 1])))
                     res = d[g, b, r] * np.float32(s1)
-                    res = np.float32(-np.float64(dmin[g, b, r]) * np.float64(np.float32(s2)) + np.float64(res))
-                    acc[t, r] = np.float32(np.float64(res) * ya + np.float64(acc[t, r]))
+                    res = fma(-dmin[g, b, r], s2, res)
+                    acc[t, r] = fma(res, ya, acc[t, r])
         for t in range(T):
             for r in range(nr):
                 out[t, g * nr + r] = acc[t, r]
@@ -221,14 +221,14 @@ def mul_mat_q6_k_tiled(W6, sc, d, aq, ad, bsums):
                     W[i, r] = W6[g, b, i, r]
             for t in range(T):
                 _half_chunk_dots(W, aq, t, 256 * b, D, nr)
-                ya = np.float64(ad[t, b])
+                ya = ad[t, b]
                 k = 16 * b
                 for r in range(nr):
                     s1 = np.int32(0)
                     for s in range(16):
                         s1 = np.int32(s1 + np.int32(sc[g, b, s, r] * np.int32(D[s, r] - 32 * bsums[t, k + s])))
                     res = d[g, b, r] * np.float32(s1)
-                    acc[t, r] = np.float32(np.float64(res) * ya + np.float64(acc[t, r]))
+                    acc[t, r] = fma(res, ya, acc[t, r])
         for t in range(T):
             for r in range(nr):
                 out[t, g * nr + r] = acc[t, r]
@@ -273,24 +273,24 @@ def mul_mat_q4_k_repacked(qs, sc, mn, d, dmin, aq, ad, bsums):
                     m1 = np.int32(np.int32(np.int32(mn[g, b, 2, r]) * p2) + np.int32(np.int32(mn[g, b, 3, r]) * p3))
                     m2 = np.int32(np.int32(np.int32(mn[g, b, 4, r]) * p4) + np.int32(np.int32(mn[g, b, 5, r]) * p5))
                     m3 = np.int32(np.int32(np.int32(mn[g, b, 6, r]) * p6) + np.int32(np.int32(mn[g, b, 7, r]) * p7))
-                    dd = np.float64(d[g, b, r] * ya)
-                    dm = np.float64(dmin[g, b, r] * ya)
-                    a = np.float64(acc[t, r])
-                    am = np.float64(accm[t, r])
+                    dd = d[g, b, r] * ya
+                    dm = dmin[g, b, r] * ya
+                    a = acc[t, r]
+                    am = accm[t, r]
                     if t < n_gemm:
-                        a = np.float64(np.float32(np.float64(i0) * dd + a))
-                        a = np.float64(np.float32(np.float64(i1) * dd + a))
-                        a = np.float64(np.float32(np.float64(i2) * dd + a))
-                        a = np.float64(np.float32(np.float64(i3) * dd + a))
-                        am = np.float64(np.float32(np.float64(m0) * dm + am))
-                        am = np.float64(np.float32(np.float64(m1) * dm + am))
-                        am = np.float64(np.float32(np.float64(m2) * dm + am))
-                        am = np.float64(np.float32(np.float64(m3) * dm + am))
+                        a = fma(i0, dd, a)
+                        a = fma(i1, dd, a)
+                        a = fma(i2, dd, a)
+                        a = fma(i3, dd, a)
+                        am = fma(m0, dm, am)
+                        am = fma(m1, dm, am)
+                        am = fma(m2, dm, am)
+                        am = fma(m3, dm, am)
                     else:
-                        a = np.float64(np.float32(np.float64(np.int32(np.int32(i0 + i1) + np.int32(i2 + i3))) * dd + a))
-                        am = np.float64(np.float32(np.float64(np.int32(np.int32(m0 + m1) + np.int32(m2 + m3))) * dm + am))
-                    acc[t, r] = np.float32(a)
-                    accm[t, r] = np.float32(am)
+                        a = fma(np.int32(np.int32(i0 + i1) + np.int32(i2 + i3)), dd, a)
+                        am = fma(np.int32(np.int32(m0 + m1) + np.int32(m2 + m3)), dm, am)
+                    acc[t, r] = a
+                    accm[t, r] = am
         for t in range(T):
             for r in range(nr):
                 out[t, g * nr + r] = acc[t, r] - accm[t, r]

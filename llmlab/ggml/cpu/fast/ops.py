@@ -4,6 +4,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from ._common import fma
+
 
 @njit(cache=True)
 def rms_norm(x, eps, out):
@@ -33,7 +35,7 @@ def rope(x, cos, sin, n_dims, neox, out):
             i0, i1 = (i, i + half) if neox else (2 * i, 2 * i + 1)
             x0, x1 = x[t, h, i0], x[t, h, i1]
             c, s = cos[t, i], sin[t, i]
-            out[t, h, i0] = np.float32(np.float64(x0) * np.float64(c) - np.float64(np.float32(x1 * s)))
-            out[t, h, i1] = np.float32(np.float64(x0) * np.float64(s) + np.float64(np.float32(x1 * c)))
+            out[t, h, i0] = fma(x0, c, -(x1 * s))
+            out[t, h, i1] = fma(x0, s, x1 * c)
         for i in range(n_dims, D):
             out[t, h, i] = x[t, h, i]

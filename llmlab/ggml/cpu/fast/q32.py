@@ -10,7 +10,7 @@ Packed layout (``pack_q32``), for row group g (rows gG .. gG+G-1, the last group
 
 Per block the kernel unpacks the codes of G rows once into W (32, G) int16, then for every activation row
 forms the 8 lane sums (lane j: the 4 products 4j..4j+3, exact integers) and takes the float step of the
-reference: ``acc_j = fma(d_x * d_w, lane_j, acc_j)`` (float64 product and sum, rounded to float32), block
+reference: ``acc_j = fma(d_x * d_w, lane_j, acc_j)`` (the FMA instruction, as ggml), block
 after block; at the end hsum_float_8 over the lanes (q4_1: + the scalar fma sum of m_w * s_x).
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ._common import G, NOPYTHON, hsum8
+from ._common import G, NOPYTHON, fma, hsum8
 
 
 @njit(inline="always", **NOPYTHON)
@@ -42,15 +42,15 @@ def _block16(W, a, t, o, dab, dwb, acc):
         l5 = np.int16(W[20, r] * a20 + W[21, r] * a21 + W[22, r] * a22 + W[23, r] * a23)
         l6 = np.int16(W[24, r] * a24 + W[25, r] * a25 + W[26, r] * a26 + W[27, r] * a27)
         l7 = np.int16(W[28, r] * a28 + W[29, r] * a29 + W[30, r] * a30 + W[31, r] * a31)
-        d = np.float64(dab * dwb[r])
-        acc[t, 0, r] = np.float32(d * np.float64(l0) + np.float64(acc[t, 0, r]))
-        acc[t, 1, r] = np.float32(d * np.float64(l1) + np.float64(acc[t, 1, r]))
-        acc[t, 2, r] = np.float32(d * np.float64(l2) + np.float64(acc[t, 2, r]))
-        acc[t, 3, r] = np.float32(d * np.float64(l3) + np.float64(acc[t, 3, r]))
-        acc[t, 4, r] = np.float32(d * np.float64(l4) + np.float64(acc[t, 4, r]))
-        acc[t, 5, r] = np.float32(d * np.float64(l5) + np.float64(acc[t, 5, r]))
-        acc[t, 6, r] = np.float32(d * np.float64(l6) + np.float64(acc[t, 6, r]))
-        acc[t, 7, r] = np.float32(d * np.float64(l7) + np.float64(acc[t, 7, r]))
+        d = dab * dwb[r]
+        acc[t, 0, r] = fma(d, l0, acc[t, 0, r])
+        acc[t, 1, r] = fma(d, l1, acc[t, 1, r])
+        acc[t, 2, r] = fma(d, l2, acc[t, 2, r])
+        acc[t, 3, r] = fma(d, l3, acc[t, 3, r])
+        acc[t, 4, r] = fma(d, l4, acc[t, 4, r])
+        acc[t, 5, r] = fma(d, l5, acc[t, 5, r])
+        acc[t, 6, r] = fma(d, l6, acc[t, 6, r])
+        acc[t, 7, r] = fma(d, l7, acc[t, 7, r])
 
 
 @njit(inline="always", **NOPYTHON)
@@ -82,15 +82,15 @@ def _block32(W, a, t, o, dab, dwb, acc):
                       + np.int16(np.int16(W[26, r]) * a26 + np.int16(W[27, r]) * a27))
         l7 = np.int32(np.int16(np.int16(W[28, r]) * a28 + np.int16(W[29, r]) * a29)
                       + np.int16(np.int16(W[30, r]) * a30 + np.int16(W[31, r]) * a31))
-        d = np.float64(dab * dwb[r])
-        acc[t, 0, r] = np.float32(d * np.float64(l0) + np.float64(acc[t, 0, r]))
-        acc[t, 1, r] = np.float32(d * np.float64(l1) + np.float64(acc[t, 1, r]))
-        acc[t, 2, r] = np.float32(d * np.float64(l2) + np.float64(acc[t, 2, r]))
-        acc[t, 3, r] = np.float32(d * np.float64(l3) + np.float64(acc[t, 3, r]))
-        acc[t, 4, r] = np.float32(d * np.float64(l4) + np.float64(acc[t, 4, r]))
-        acc[t, 5, r] = np.float32(d * np.float64(l5) + np.float64(acc[t, 5, r]))
-        acc[t, 6, r] = np.float32(d * np.float64(l6) + np.float64(acc[t, 6, r]))
-        acc[t, 7, r] = np.float32(d * np.float64(l7) + np.float64(acc[t, 7, r]))
+        d = dab * dwb[r]
+        acc[t, 0, r] = fma(d, l0, acc[t, 0, r])
+        acc[t, 1, r] = fma(d, l1, acc[t, 1, r])
+        acc[t, 2, r] = fma(d, l2, acc[t, 2, r])
+        acc[t, 3, r] = fma(d, l3, acc[t, 3, r])
+        acc[t, 4, r] = fma(d, l4, acc[t, 4, r])
+        acc[t, 5, r] = fma(d, l5, acc[t, 5, r])
+        acc[t, 6, r] = fma(d, l6, acc[t, 6, r])
+        acc[t, 7, r] = fma(d, l7, acc[t, 7, r])
 
 
 @njit(inline="always", **NOPYTHON)
@@ -140,9 +140,9 @@ def _mul_mat_q4_1(qs, d, m, aq, ad, as_):
                     W[i + 16, r] = np.int16(v >> np.uint8(4))
             for t in range(T):
                 _block16(W, aq, t, b * 32, ad[t, b], d[g, b], acc)
-                s = np.float64(as_[t, b])
+                s = as_[t, b]
                 for r in range(G):
-                    summ[t, r] = np.float32(np.float64(m[g, b, r]) * s + np.float64(summ[t, r]))
+                    summ[t, r] = fma(m[g, b, r], s, summ[t, r])
         for t in range(T):
             _finish(acc, out, t, g * G)
             for r in range(G):
@@ -235,10 +235,6 @@ def mul_mat_q8_0_serial(qs, d, aq, ad):
 
 
 # ---- decode kernels (few activation rows) -------------------------------------------------------
-# fastmath "contract" only lets LLVM fuse each float64 d * lane + acc into one fma: the product of a
-# float32 scale (24 bits) and an integer lane (at most 17 bits) is exact in float64, so the fused and the
-# separate operations round the same; nothing else in these kernels multiplies and then adds.
-CONTRACT = {"contract"}
 
 @njit(inline="always", **NOPYTHON)
 def _mv_q4_0(qs, d, aq, ad):
@@ -283,15 +279,15 @@ def _mv_q4_0(qs, d, aq, ad):
                          + (np.int16(v10 >> np.uint8(4)) - np.int16(8)) * a26 + (np.int16(v11 >> np.uint8(4)) - np.int16(8)) * a27)
                     l7 = np.int16((np.int16(v12 >> np.uint8(4)) - np.int16(8)) * a28 + (np.int16(v13 >> np.uint8(4)) - np.int16(8)) * a29
                          + (np.int16(v14 >> np.uint8(4)) - np.int16(8)) * a30 + (np.int16(v15 >> np.uint8(4)) - np.int16(8)) * a31)
-                    dd = np.float64(dab * d[g, b, r])
-                    acc[0, r] = np.float32(dd * np.float64(l0) + np.float64(acc[0, r]))
-                    acc[1, r] = np.float32(dd * np.float64(l1) + np.float64(acc[1, r]))
-                    acc[2, r] = np.float32(dd * np.float64(l2) + np.float64(acc[2, r]))
-                    acc[3, r] = np.float32(dd * np.float64(l3) + np.float64(acc[3, r]))
-                    acc[4, r] = np.float32(dd * np.float64(l4) + np.float64(acc[4, r]))
-                    acc[5, r] = np.float32(dd * np.float64(l5) + np.float64(acc[5, r]))
-                    acc[6, r] = np.float32(dd * np.float64(l6) + np.float64(acc[6, r]))
-                    acc[7, r] = np.float32(dd * np.float64(l7) + np.float64(acc[7, r]))
+                    dd = dab * d[g, b, r]
+                    acc[0, r] = fma(dd, l0, acc[0, r])
+                    acc[1, r] = fma(dd, l1, acc[1, r])
+                    acc[2, r] = fma(dd, l2, acc[2, r])
+                    acc[3, r] = fma(dd, l3, acc[3, r])
+                    acc[4, r] = fma(dd, l4, acc[4, r])
+                    acc[5, r] = fma(dd, l5, acc[5, r])
+                    acc[6, r] = fma(dd, l6, acc[6, r])
+                    acc[7, r] = fma(dd, l7, acc[7, r])
             for r in range(G):
                 out[t, g * G + r] = hsum8(acc[0, r], acc[1, r], acc[2, r], acc[3, r],
                                           acc[4, r], acc[5, r], acc[6, r], acc[7, r])
@@ -299,12 +295,12 @@ def _mv_q4_0(qs, d, aq, ad):
     return out
 
 
-@njit(parallel=True, fastmath=CONTRACT, **NOPYTHON)
+@njit(parallel=True, **NOPYTHON)
 def mv_q4_0(qs, d, aq, ad):
     return _mv_q4_0(qs, d, aq, ad)
 
 
-@njit(fastmath=CONTRACT, **NOPYTHON)
+@njit(**NOPYTHON)
 def mv_q4_0_serial(qs, d, aq, ad):
     return _mv_q4_0(qs, d, aq, ad)
 
@@ -332,7 +328,7 @@ def _mv_q4_1(qs, d, m, aq, ad, as_):
                 a24 = np.int16(aq[t, o + 24]); a25 = np.int16(aq[t, o + 25]); a26 = np.int16(aq[t, o + 26]); a27 = np.int16(aq[t, o + 27])
                 a28 = np.int16(aq[t, o + 28]); a29 = np.int16(aq[t, o + 29]); a30 = np.int16(aq[t, o + 30]); a31 = np.int16(aq[t, o + 31])
                 dab = ad[t, b]
-                s = np.float64(as_[t, b])
+                s = as_[t, b]
                 for r in range(G):
                     v0 = qs[g, b, 0, r]; v1 = qs[g, b, 1, r]; v2 = qs[g, b, 2, r]; v3 = qs[g, b, 3, r]
                     v4 = qs[g, b, 4, r]; v5 = qs[g, b, 5, r]; v6 = qs[g, b, 6, r]; v7 = qs[g, b, 7, r]
@@ -354,16 +350,16 @@ def _mv_q4_1(qs, d, m, aq, ad, as_):
                          + np.int16(v10 >> np.uint8(4)) * a26 + np.int16(v11 >> np.uint8(4)) * a27)
                     l7 = np.int16(np.int16(v12 >> np.uint8(4)) * a28 + np.int16(v13 >> np.uint8(4)) * a29
                          + np.int16(v14 >> np.uint8(4)) * a30 + np.int16(v15 >> np.uint8(4)) * a31)
-                    dd = np.float64(dab * d[g, b, r])
-                    acc[0, r] = np.float32(dd * np.float64(l0) + np.float64(acc[0, r]))
-                    acc[1, r] = np.float32(dd * np.float64(l1) + np.float64(acc[1, r]))
-                    acc[2, r] = np.float32(dd * np.float64(l2) + np.float64(acc[2, r]))
-                    acc[3, r] = np.float32(dd * np.float64(l3) + np.float64(acc[3, r]))
-                    acc[4, r] = np.float32(dd * np.float64(l4) + np.float64(acc[4, r]))
-                    acc[5, r] = np.float32(dd * np.float64(l5) + np.float64(acc[5, r]))
-                    acc[6, r] = np.float32(dd * np.float64(l6) + np.float64(acc[6, r]))
-                    acc[7, r] = np.float32(dd * np.float64(l7) + np.float64(acc[7, r]))
-                    summ[r] = np.float32(np.float64(m[g, b, r]) * s + np.float64(summ[r]))
+                    dd = dab * d[g, b, r]
+                    acc[0, r] = fma(dd, l0, acc[0, r])
+                    acc[1, r] = fma(dd, l1, acc[1, r])
+                    acc[2, r] = fma(dd, l2, acc[2, r])
+                    acc[3, r] = fma(dd, l3, acc[3, r])
+                    acc[4, r] = fma(dd, l4, acc[4, r])
+                    acc[5, r] = fma(dd, l5, acc[5, r])
+                    acc[6, r] = fma(dd, l6, acc[6, r])
+                    acc[7, r] = fma(dd, l7, acc[7, r])
+                    summ[r] = fma(m[g, b, r], s, summ[r])
             for r in range(G):
                 out[t, g * G + r] = hsum8(acc[0, r], acc[1, r], acc[2, r], acc[3, r],
                                           acc[4, r], acc[5, r], acc[6, r], acc[7, r])
@@ -371,12 +367,12 @@ def _mv_q4_1(qs, d, m, aq, ad, as_):
     return out
 
 
-@njit(parallel=True, fastmath=CONTRACT, **NOPYTHON)
+@njit(parallel=True, **NOPYTHON)
 def mv_q4_1(qs, d, m, aq, ad, as_):
     return _mv_q4_1(qs, d, m, aq, ad, as_)
 
 
-@njit(fastmath=CONTRACT, **NOPYTHON)
+@njit(**NOPYTHON)
 def mv_q4_1_serial(qs, d, m, aq, ad, as_):
     return _mv_q4_1(qs, d, m, aq, ad, as_)
 
@@ -424,15 +420,15 @@ def _mv_q5_0(qs, qh, d, aq, ad):
                          + ((np.int16(v10 >> np.uint8(4)) | (np.int16((h3 >> np.uint8(2)) & np.uint8(1)) << np.int16(4))) - np.int16(16)) * a26 + ((np.int16(v11 >> np.uint8(4)) | (np.int16((h3 >> np.uint8(3)) & np.uint8(1)) << np.int16(4))) - np.int16(16)) * a27)
                     l7 = np.int16(((np.int16(v12 >> np.uint8(4)) | (np.int16((h3 >> np.uint8(4)) & np.uint8(1)) << np.int16(4))) - np.int16(16)) * a28 + ((np.int16(v13 >> np.uint8(4)) | (np.int16((h3 >> np.uint8(5)) & np.uint8(1)) << np.int16(4))) - np.int16(16)) * a29
                          + ((np.int16(v14 >> np.uint8(4)) | (np.int16((h3 >> np.uint8(6)) & np.uint8(1)) << np.int16(4))) - np.int16(16)) * a30 + ((np.int16(v15 >> np.uint8(4)) | (np.int16((h3 >> np.uint8(7)) & np.uint8(1)) << np.int16(4))) - np.int16(16)) * a31)
-                    dd = np.float64(dab * d[g, b, r])
-                    acc[0, r] = np.float32(dd * np.float64(l0) + np.float64(acc[0, r]))
-                    acc[1, r] = np.float32(dd * np.float64(l1) + np.float64(acc[1, r]))
-                    acc[2, r] = np.float32(dd * np.float64(l2) + np.float64(acc[2, r]))
-                    acc[3, r] = np.float32(dd * np.float64(l3) + np.float64(acc[3, r]))
-                    acc[4, r] = np.float32(dd * np.float64(l4) + np.float64(acc[4, r]))
-                    acc[5, r] = np.float32(dd * np.float64(l5) + np.float64(acc[5, r]))
-                    acc[6, r] = np.float32(dd * np.float64(l6) + np.float64(acc[6, r]))
-                    acc[7, r] = np.float32(dd * np.float64(l7) + np.float64(acc[7, r]))
+                    dd = dab * d[g, b, r]
+                    acc[0, r] = fma(dd, l0, acc[0, r])
+                    acc[1, r] = fma(dd, l1, acc[1, r])
+                    acc[2, r] = fma(dd, l2, acc[2, r])
+                    acc[3, r] = fma(dd, l3, acc[3, r])
+                    acc[4, r] = fma(dd, l4, acc[4, r])
+                    acc[5, r] = fma(dd, l5, acc[5, r])
+                    acc[6, r] = fma(dd, l6, acc[6, r])
+                    acc[7, r] = fma(dd, l7, acc[7, r])
             for r in range(G):
                 out[t, g * G + r] = hsum8(acc[0, r], acc[1, r], acc[2, r], acc[3, r],
                                           acc[4, r], acc[5, r], acc[6, r], acc[7, r])
@@ -440,12 +436,12 @@ def _mv_q5_0(qs, qh, d, aq, ad):
     return out
 
 
-@njit(parallel=True, fastmath=CONTRACT, **NOPYTHON)
+@njit(parallel=True, **NOPYTHON)
 def mv_q5_0(qs, qh, d, aq, ad):
     return _mv_q5_0(qs, qh, d, aq, ad)
 
 
-@njit(fastmath=CONTRACT, **NOPYTHON)
+@njit(**NOPYTHON)
 def mv_q5_0_serial(qs, qh, d, aq, ad):
     return _mv_q5_0(qs, qh, d, aq, ad)
 
@@ -490,15 +486,15 @@ def _mv_q8_0(qs, d, aq, ad):
                          + np.int16((np.int16(qs[g, b, 26, r]) - (np.int16(qs[g, b, 26, r] >> np.uint8(7)) << np.int16(8))) * a26 + (np.int16(qs[g, b, 27, r]) - (np.int16(qs[g, b, 27, r] >> np.uint8(7)) << np.int16(8))) * a27))
                     l7 = np.int32(np.int16((np.int16(qs[g, b, 28, r]) - (np.int16(qs[g, b, 28, r] >> np.uint8(7)) << np.int16(8))) * a28 + (np.int16(qs[g, b, 29, r]) - (np.int16(qs[g, b, 29, r] >> np.uint8(7)) << np.int16(8))) * a29)
                          + np.int16((np.int16(qs[g, b, 30, r]) - (np.int16(qs[g, b, 30, r] >> np.uint8(7)) << np.int16(8))) * a30 + (np.int16(qs[g, b, 31, r]) - (np.int16(qs[g, b, 31, r] >> np.uint8(7)) << np.int16(8))) * a31))
-                    dd = np.float64(dab * d[g, b, r])
-                    acc[0, r] = np.float32(dd * np.float64(l0) + np.float64(acc[0, r]))
-                    acc[1, r] = np.float32(dd * np.float64(l1) + np.float64(acc[1, r]))
-                    acc[2, r] = np.float32(dd * np.float64(l2) + np.float64(acc[2, r]))
-                    acc[3, r] = np.float32(dd * np.float64(l3) + np.float64(acc[3, r]))
-                    acc[4, r] = np.float32(dd * np.float64(l4) + np.float64(acc[4, r]))
-                    acc[5, r] = np.float32(dd * np.float64(l5) + np.float64(acc[5, r]))
-                    acc[6, r] = np.float32(dd * np.float64(l6) + np.float64(acc[6, r]))
-                    acc[7, r] = np.float32(dd * np.float64(l7) + np.float64(acc[7, r]))
+                    dd = dab * d[g, b, r]
+                    acc[0, r] = fma(dd, l0, acc[0, r])
+                    acc[1, r] = fma(dd, l1, acc[1, r])
+                    acc[2, r] = fma(dd, l2, acc[2, r])
+                    acc[3, r] = fma(dd, l3, acc[3, r])
+                    acc[4, r] = fma(dd, l4, acc[4, r])
+                    acc[5, r] = fma(dd, l5, acc[5, r])
+                    acc[6, r] = fma(dd, l6, acc[6, r])
+                    acc[7, r] = fma(dd, l7, acc[7, r])
             for r in range(G):
                 out[t, g * G + r] = hsum8(acc[0, r], acc[1, r], acc[2, r], acc[3, r],
                                           acc[4, r], acc[5, r], acc[6, r], acc[7, r])
@@ -506,12 +502,12 @@ def _mv_q8_0(qs, d, aq, ad):
     return out
 
 
-@njit(parallel=True, fastmath=CONTRACT, **NOPYTHON)
+@njit(parallel=True, **NOPYTHON)
 def mv_q8_0(qs, d, aq, ad):
     return _mv_q8_0(qs.view(np.uint8), d, aq, ad)
 
 
-@njit(fastmath=CONTRACT, **NOPYTHON)
+@njit(**NOPYTHON)
 def mv_q8_0_serial(qs, d, aq, ad):
     return _mv_q8_0(qs.view(np.uint8), d, aq, ad)
 

@@ -1,8 +1,7 @@
 """numba twins of ggml-cpu's float vector code (vec.h / vec.cpp / llamafile's tinyBLAS), bit for bit.
 
 Each kernel does the arithmetic of its NumPy reference in ``llmlab.ggml.cpu.vec`` in the same
-order: a fused multiply-add is a float64 product and sum rounded once to float32 (exact for
-float32 inputs, as the references do it), SIMD lanes are explicit loops, and every horizontal sum
+order: a fused multiply-add is the FMA instruction (``_common.fma``), SIMD lanes are explicit loops, and every horizontal sum
 adds lanes in the tree of its intrinsic. The CPU profile reaches the kernels as plain numbers
 (:class:`VecParams`): lane counts, the expf variant, and each reduction tree compiled to a small
 program of pairwise additions, so one compiled kernel serves every profile.
@@ -19,7 +18,7 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
-from ._common import f16_bits_to_f32
+from ._common import f16_bits_to_f32, fma
 
 EXPF_CODES = {"scalef": 0, "bits": 1}
 
@@ -61,12 +60,6 @@ def params(cpu) -> VecParams:
             tree_program(cpu.hsum_tree, cpu.f32_lanes), EXPF_CODES[cpu.expf], cpu.sgemm_lanes,
             tree_program(cpu.sgemm_hsum_tree, cpu.sgemm_lanes))
     return p
-
-
-@njit(inline="always")
-def fma32(a, b, c):
-    """float32 fma as the references emulate it: exact product, one rounding of the sum."""
-    return np.float32(np.float64(a) * np.float64(b) + np.float64(c))
 
 
 @njit(inline="always")
@@ -114,11 +107,11 @@ def _dot_rows(AT, b, out_row, n_reg, lanes, prog, acc, scratch):
             row[r] = a[r] * bj32
     for i in range(step, np_, step):
         for j in range(step):                                   # register j // lanes, lane j % lanes
-            bj = np.float64(b[i + j])
+            bj = b[i + j]
             a = AT[i + j]
             row = acc[j]
             for r in range(R):
-                row[r] = np.float32(np.float64(a[r]) * bj + np.float64(row[r]))
+                row[r] = fma(a[r], bj, row[r])
     h = step
     while h > lanes:                                            # GGML_F32_VEC_REDUCE: registers pairwise
         h //= 2
@@ -239,27 +232,27 @@ def v_expf(x, variant):
     """ggml_v_expf. variant 0 (AVX-512): j = 1 + poly(b), result j * 2^n (scalef). variant 1 (AVX2):
     k = 2^n built in the exponent bits, j = poly(b) without the 1, result fma(k, j, k); past |n| = 126
     the scale is split in two factors, past 192 it saturates."""
-    z = fma32(x, LOG2E, SHIFT)
+    z = fma(x, LOG2E, SHIFT)
     n = z - SHIFT
-    b = fma32(-n, LN2_LO, fma32(-n, LN2_HI, x))
+    b = fma(-n, LN2_LO, fma(-n, LN2_HI, x))
     u = b * b
-    p = fma32(fma32(C0, b, C1), u, fma32(C2, b, C3))
+    p = fma(fma(C0, b, C1), u, fma(C2, b, C3))
     if np.isnan(n):
         return np.float32(np.nan)
     if variant == 0:
-        j = fma32(p, u, fma32(C4, b, ONE))
+        j = fma(p, u, fma(C4, b, ONE))
         if abs(n) > 192:
             return np.float32(np.inf) if n > 0 else np.float32(0.0)
         return np.float32(np.float64(j) * pow2(int(n)))          # scalef: j * 2^n, rounded once
-    j = fma32(p, u, C4 * b)
+    j = fma(p, u, C4 * b)
     if abs(n) <= 126:
         k = np.float32(pow2(int(n)))
-        return fma32(k, j, k)
+        return fma(k, j, k)
     s1 = np.float32(2.0 ** 127) if n > 0 else np.float32(2.0 ** -125)
     if abs(n) > 192:
         return s1 * s1
     s2 = np.float32(pow2(int(n) - 127)) if n > 0 else np.float32(pow2(int(n) + 125))
-    return fma32(s2, j, s2) * s1
+    return fma(s2, j, s2) * s1
 
 
 @njit(cache=True)
