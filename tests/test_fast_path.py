@@ -85,6 +85,43 @@ def test_f16_mul_mat_vec_dot_and_tinyblas(n_q, cpu):
     assert same_bits(*both_ways(ggml.mul_mat(ctx, kp, q), cpu))
 
 
+@pytest.mark.parametrize("n_kv", [256, 320])
+def test_attention_kqv_fused_with_the_transposed_v_copy(n_kv, cpu):
+    """kqv = MUL_MAT(CONT(V^T), probabilities) for one token: without hooks the fast plan reads V's rows
+    in place (the CONT absorbed); with a capture hook every node runs, kqv along K. Both equal the
+    reference, for the register layouts of both profiles (and a K that is not a whole number of steps)."""
+    ctx = GGMLContext()
+    v = leaf(ctx, "f16", 64 * 3, n_kv, values=rng.standard_normal(64 * 3 * n_kv).astype(np.float16))
+    vt = ggml.cont(ctx, ggml.permute(ctx, ggml.reshape(ctx, v, 64, 3, n_kv), 1, 2, 0, 3))   # (n_kv, 64, 3)
+    p = leaf(ctx, "f32", n_kv, 1, 9, values=rng.random(n_kv * 9).astype(np.float32))
+    out = ggml.mul_mat(ctx, vt, p)
+    g = build_forward(out)
+    graph_compute(g, cpu=cpu)
+    ref = out.numpy()
+    plan = graph_plan(g.nodes, cpu=cpu)
+    assert plan.n_fused == 1
+    out.array()[...] = 0
+    plan.compute()
+    assert same_bits(out.numpy(), ref)
+    out.array()[...] = 0
+    got = plan.compute(capture=lambda n: True)
+    assert same_bits(got[out.name] if out.name in got else out.numpy(), ref)
+
+
+def test_row_journal_marks_exactly_the_written_rows():
+    from llmlab.ggml.cpu.journal import reader, rows_written
+    cache = np.zeros((16, 8), np.float16)
+    flags = reader(cache[:10])
+    assert flags is not None and flags.tolist() == [1] * 16
+    flags[:] = 0
+    rows_written(cache[:10], np.array([3, 7]))
+    assert np.flatnonzero(flags).tolist() == [3, 7]
+    flags[:] = 0
+    rows_written(cache[:, :4].T)                             # a view whose rows are not the cache's: all
+    assert flags.all()
+    assert reader(cache[2:]) is None                         # rows shifted against the owner: no journal
+
+
 def test_quantized_mul_mat_and_cont(cpu):
     from llmlab.ggml.quant import quantize
     ctx = GGMLContext()
@@ -119,12 +156,14 @@ def test_fast_plan_binds_every_compute_node_of_a_real_decode_step(smollm2_path):
     """A SmolLM2 decode step: all its compute nodes but GET_ROWS run on compiled kernels."""
     ctx = Context(Model(smollm2_path), n_ctx=256)
     ctx.decode(Batch.from_tokens([1, 2, 3], logits="last"))
+    ctx.decode(Batch.from_tokens([4], pos0=3, logits="last"))
     plan = ctx._plan_for(ctx.last_graph)
     slow = {n.op for n, s in zip(plan.nodes, plan.steps) if s is not None} - {
         n.op for n in plan.nodes if n.op in ("RMS_NORM", "MUL", "ADD", "MUL_MAT", "ROPE", "SET_ROWS",
                                              "CONT", "SOFT_MAX", "SWIGLU")}
     assert slow == {"GET_ROWS"}
-    assert plan.n_fast == len(plan._run) - 3
+    assert plan.n_fast == len(plan._run) + plan.n_fused - 3
+    assert plan.n_fused == 30                               # every layer's CONT of V^T, read in place by kqv
 
 
 def test_unknown_kernel_set_is_refused(tiny):

@@ -53,6 +53,7 @@ import numpy as np
 
 from .. import LLMLabError
 from .batch import LLAMA_MAX_SEQ, UBatch
+from ..ggml.cpu.journal import rows_written
 from ..ggml.cpu.quants import quantize_activations
 from ..ggml.quant import dequantize
 from ..ggml.types import GGMLType, ggml_type
@@ -261,6 +262,8 @@ class KVCache:
         n = len(slot)
         self._k[il][slot.idxs] = _from_float(self.type_k, np.asarray(k_cur, np.float32).reshape(n, self.n_embd_k_gqa))
         self._v[il][slot.idxs] = _from_float(self.type_v, np.asarray(v_cur, np.float32).reshape(n, self.n_embd_v_gqa))
+        rows_written(self._k[il], slot.idxs)
+        rows_written(self._v[il], slot.idxs)
 
     # -- accounting ---------------------------------------------------------------------------------------------
     def size_k_bytes(self) -> int:
@@ -419,6 +422,7 @@ class KVCache:
             for il in self.layers:
                 k = _to_float(self.type_k, self._k[il][cells], self.n_embd_k_gqa)
                 self._k[il][cells] = _from_float(self.type_k, np.asarray(rope(il, k, self.shift[cells]), np.float32))
+                rows_written(self._k[il], cells)
         self.shift[:] = 0
         self.has_shift = False
 

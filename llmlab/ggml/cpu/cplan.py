@@ -27,6 +27,7 @@ from ..ops import VIEW_OPS
 from ..tensor import F16, F32, Tensor
 from . import sgemm
 from .fast import dispatch as fq
+from .journal import reader, rows_written
 from .fast import ops as fops
 from .fast import vec as fvec
 from .ops import COMPUTE, rope_cache
@@ -53,11 +54,17 @@ def _reference(node: Tensor, cpu: CPUProfile) -> Step:
 
 
 class CPlan:
-    """The steps of one graph; ``compute()`` runs them. Built by :func:`graph_plan`."""
+    """The steps of one graph; ``compute()`` runs them. Built by :func:`graph_plan`. ``fused`` maps a
+    node's index to a step that also does the work of earlier nodes (listed in ``absorbed``): used
+    only when no hook asks to see the nodes one by one."""
 
-    def __init__(self, nodes: list[Tensor], steps: list[Step | None], n_fast: int):
+    def __init__(self, nodes: list[Tensor], steps: list[Step | None], n_fast: int,
+                 fused: dict[int, Step] | None = None, absorbed: set[int] = frozenset()):
         self.nodes, self.steps, self.n_fast = nodes, steps, n_fast
-        self._run = [s for s in steps if s is not None]
+        self.fused, self.absorbed = fused or {}, absorbed
+        self.n_fused = len(absorbed)
+        self._order = [i for i, s in enumerate(steps) if s is not None and i not in absorbed]
+        self._run = [self.fused.get(i, steps[i]) for i in self._order]
 
     def compute(self, capture=None, replace=None, callback=None) -> dict[str, np.ndarray]:
         hooks = Hooks(capture, replace, callback)
@@ -72,7 +79,7 @@ class CPlan:
         return hooks.got
 
     def __repr__(self) -> str:
-        return f"CPlan({len(self._run)} steps, {self.n_fast} on fast kernels)"
+        return f"CPlan({len(self._run)} steps, {self.n_fast} on fast kernels, {self.n_fused} nodes fused away)"
 
 
 def graph_plan(nodes: list[Tensor], cpu=None, fast: bool = True) -> CPlan:
@@ -89,7 +96,22 @@ def graph_plan(nodes: list[Tensor], cpu=None, fast: bool = True) -> CPlan:
         step = BINDERS[node.op](node, cpu) if fast and node.op in BINDERS else None
         n_fast += step is not None
         steps.append(step or _reference(node, cpu))
-    return CPlan(nodes, steps, n_fast)
+    fused: dict[int, Step] = {}
+    absorbed: set[int] = set()
+    if fast:
+        index = {id(n): i for i, n in enumerate(nodes)}
+        readers: dict[int, int] = {}
+        for n in nodes:
+            for src in n.src:
+                readers[id(src)] = readers.get(id(src), 0) + 1
+        for i, node in enumerate(nodes):
+            for fuse in FUSIONS:
+                got = fuse(node, cpu, readers)
+                if got is not None and all(id(n) in index for n in got[1]):
+                    fused[i] = got[0]
+                    absorbed.update(index[id(n)] for n in got[1])
+                    break
+    return CPlan(nodes, steps, n_fast, fused, absorbed)
 
 
 ALIGN = 64
@@ -202,6 +224,10 @@ def _cont(node, cpu):
         return None
     S = src.array()
     O = node.array().reshape(S.shape)      # the destination is contiguous: element order is ggml's
+    if S.ndim == 4 and S.shape[0] == 1 and S.itemsize in (2, 4):
+        bits = np.uint16 if S.itemsize == 2 else np.uint32
+        S3, O3 = S[0].view(bits), O[0].view(bits)
+        return lambda: fops.copy_3d(S3, O3)
     return lambda: np.copyto(O, S)
 
 
@@ -220,6 +246,7 @@ def _set_rows(node, cpu):
         if rows.size and (rows.min() < 0 or rows.max() >= n_rows):
             raise IndexError(f"set_rows: row index out of range 0..{n_rows - 1}")
         D[rows] = V.astype(dt)
+        rows_written(D, rows)
     return step
 
 
@@ -298,26 +325,55 @@ def _mul_mat(node, cpu):
         A = a.array()[0].view(np.uint16)                    # (Hk, R, K) f16 bits, strides of the cache view
         X, Y = B[0], O[0]
         T, R, K = b.ne[1], a.ne[1], a.ne[0]
-        v = fvec.params(cpu)
-        if sgemm.takes(cpu, R, T, K):                       # llamafile_sgemm: one register per output
-            n_reg, lanes, prog = 1, v.sgemm_lanes, v.sgemm_prog
-        else:                                               # ggml_vec_dot_f16
-            n_reg, lanes, prog = v.arr, v.lanes, v.vec_prog
-        if T == 1 and K % 4 == 0 and A.strides[1] % 8 == 0 and A.strides[0] % 8 == 0:
-            Hk = A.shape[0]                                 # a decode step: keep the widened cache rows
-            A64 = A.view(np.uint64)                         # rows compared 64 bits at a time
-            seen, AT, fresh = np.zeros(A64.shape, np.uint64), np.empty((Hk, K, R), np.float32), [True]
-
-            def step():
-                fvec.mul_mat_f16_cached(A, A64, X.astype(np.float16).astype(np.float32), Y, n_reg, lanes, prog,
-                                        seen, AT, fresh[0])
-                fresh[0] = False
-            return step
+        n_reg, lanes, prog = _f16_order(cpu, R, T, K)
+        w = n_reg * lanes                                   # elements per step of the registers
+        if T == 1 and K >= 4 * w and K % w == 0 and A.strides[2] == 2 and A.strides[1] == 2 * K:
+            A4 = A.reshape(A.shape[0], R, K // w, w)      # a long dot per row (V^T . probabilities):
+            return lambda: fvec.mul_mat_f16_long(A4, X, Y, lanes, prog)   # along K, the rows read in place
+        flags = reader(A.transpose(1, 0, 2)) if T == 1 else None
+        if flags is not None and flags.shape[0] >= R:       # a decode step: keep the cache rows transposed,
+            AT = np.zeros((A.shape[0], K, -(-R // fvec.RB), fvec.RB), np.uint16)   # redo those written since
+            return lambda: fvec.mul_mat_f16_cached(A, X, Y, n_reg, lanes, prog, flags, AT)
         if Y.size * K >= PARALLEL_MIN_WORK and _threads() > 1:
             n = _threads()
             return lambda: fvec.mul_mat_f16_mt(A, X.astype(np.float16).astype(np.float32), Y, n_reg, lanes, prog, n)
         return lambda: fvec.mul_mat_f16(A, X.astype(np.float16).astype(np.float32), Y, n_reg, lanes, prog)
     return None
+
+
+# ---- fusions: one step for several nodes, when nobody watches the nodes in between -----------------
+
+FUSIONS: list[Callable] = []     # fn(node, cpu, readers) -> (step, [nodes it absorbs]) or None
+
+
+def _f16_order(cpu, R: int, T: int, K: int) -> tuple:
+    """The registers of an f16 MUL_MAT: tinyBLAS (one register per output) where llamafile_sgemm takes
+    the shape, else ggml_vec_dot_f16's GGML_F32_ARR registers; (n_reg, lanes, reduction program)."""
+    v = fvec.params(cpu)
+    if sgemm.takes(cpu, R, T, K):
+        return 1, v.sgemm_lanes, v.sgemm_prog
+    return v.arr, v.lanes, v.vec_prog
+
+
+@FUSIONS.append
+def _fuse_v_transpose(node, cpu, readers):
+    """kqv = MUL_MAT(CONT(V^T), probabilities) for one token: the CONT only transposes the cache's V rows
+    so that each output is a contiguous dot product; the fused step reads the rows in place
+    (``mul_mat_f16_vt``, same arithmetic) and the copy is skipped."""
+    if node.op != "MUL_MAT" or node.type is not F32:
+        return None
+    c, b = node.src
+    if c.op != "CONT" or readers.get(id(c), 0) != 1 or c.type is not F16 or b.type is not F32:
+        return None
+    v = c.src[0]
+    if v.type is not F16 or c.ne[3] != 1 or b.ne[3] != 1 or b.ne[1] != 1 or b.ne[2] % c.ne[2]:
+        return None
+    Vt = v.array()[0].transpose(2, 0, 1)                   # (KV, Hk, D): the cache rows
+    if not Vt.flags.c_contiguous:
+        return None
+    V, X, Y = Vt.view(np.uint16), b.array()[0], node.array()[0]
+    n_reg, lanes, prog = _f16_order(cpu, c.ne[1], 1, c.ne[0])
+    return (lambda: fvec.mul_mat_f16_vt(V, X, Y, n_reg, lanes, prog)), [c]
 
 
 def _threads() -> int:

@@ -19,6 +19,7 @@ from numpy import float32, float64
 from . import profiles
 from .libm import expf as libm_expf
 from .simd import fma, fma64
+from .journal import rows_written
 from .libm import libm
 from .vec import gelu as gelu_ggml
 from .vec import gelu_f32, gelu_table  # noqa: F401  (re-exported: ggml's GELU lives in vec)
@@ -332,6 +333,7 @@ def set_rows(dst: Tensor, cpu=None) -> None:
         out[rows] = quantize(vals.reshape(-1), dst.type).reshape(len(rows), -1)
     else:
         out[rows] = _convert(vals, dst.type)
+    rows_written(out, rows)
 
 
 def _noop(dst: Tensor, cpu=None) -> None:

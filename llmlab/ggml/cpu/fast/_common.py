@@ -41,57 +41,29 @@ def hsum8(a0, a1, a2, a3, a4, a5, a6, a7):
     return (r0 + r2) + (r1 + r3)
 
 
-@njit(inline="always", **NOPYTHON)
-def f32_to_f16_bits(x):
-    """GGML_FP32_TO_FP16 (round to nearest even, overflow to inf, subnormals), as numpy's astype(float16)."""
-    u = _f32_bits(x)
-    sign = u & np.uint32(0x80000000)
-    u ^= sign
-    if u >= np.uint32(0x47800000):                    # >= 65536 (or inf/nan)
-        o = np.uint32(0x7E00) if u > np.uint32(0x7F800000) else np.uint32(0x7C00)
-    elif u < np.uint32(0x38800000):                   # result subnormal or zero: let the FPU round
-        f = _bits_f32(u) + np.float32(0.5)
-        o = _f32_bits(f) - np.uint32(0x3F000000)
-    else:
-        mant_odd = (u >> np.uint32(13)) & np.uint32(1)
-        u += np.uint32(0xC8000FFF)                     # ((15 - 127) << 23) + 0xfff, modulo 2**32
-        u += mant_odd
-        o = u >> np.uint32(13)
-    return np.uint16(o | (sign >> np.uint32(16)))
+@intrinsic
+def f32_to_f16_bits(typingctx, x):
+    """GGML_CPU_FP32_TO_FP16: float32 -> float16 bits, round to nearest even (vcvtps2ph with F16C;
+    numpy's astype(float16) rounds the same)."""
+    def codegen(context, builder, signature, args):
+        v = context.cast(builder, args[0], signature.args[0], types.float32)
+        return builder.bitcast(builder.fptrunc(v, ir.HalfType()), ir.IntType(16))
+    return types.uint16(x), codegen
 
 
-@njit(inline="always", **NOPYTHON)
-def f16_bits_to_f32(h):
-    h = np.uint32(h)
-    sign = (h & np.uint32(0x8000)) << np.uint32(16)
-    em = h & np.uint32(0x7FFF)
-    if em >= np.uint32(0x7C00):
-        return _bits_f32(sign | np.uint32(0x7F800000) | ((em & np.uint32(0x3FF)) << np.uint32(13)))
-    if em >= np.uint32(0x400):
-        return _bits_f32(sign | ((em << np.uint32(13)) + np.uint32(0x38000000)))
-    v = np.float32(em) * np.float32(5.9604644775390625e-08)      # 2**-24, exact
-    return -v if sign else v
+@intrinsic
+def f16_bits_to_f32(typingctx, h):
+    """GGML_CPU_FP16_TO_FP32: float16 bits -> float32, exact (vcvtph2ps; vectorized with the loop)."""
+    def codegen(context, builder, signature, args):
+        v = context.cast(builder, args[0], signature.args[0], types.uint16)
+        return builder.fpext(builder.bitcast(v, ir.HalfType()), ir.FloatType())
+    return types.float32(h), codegen
 
 
 @njit(inline="always", **NOPYTHON)
 def f16_round(x):
     """float32 -> nearest float16 value, returned as float32."""
     return f16_bits_to_f32(f32_to_f16_bits(x))
-
-
-@intrinsic
-def _f32_bits(typingctx, x):
-    """The bits of a float32 as uint32 (a bitcast)."""
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.IntType(32))
-    return types.uint32(types.float32), codegen
-
-
-@intrinsic
-def _bits_f32(typingctx, u):
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.FloatType())
-    return types.float32(types.uint32), codegen
 
 
 def thread_count() -> int:

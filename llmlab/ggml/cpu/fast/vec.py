@@ -16,9 +16,9 @@ from typing import NamedTuple
 import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
-from ._common import f16_bits_to_f32, fma
+from ._common import f16_bits_to_f32, f16_round, fma
 
 EXPF_CODES = {"scalef": 0, "bits": 1}
 
@@ -81,56 +81,179 @@ def run_tree(v, prog, scratch):
 # The kernels run that for a whole column of cache rows at once: every register lane becomes a row
 # of a (lanes, R) block, so the inner loops run across rows, contiguous and vectorized.
 
+RB = 128     # cache rows per block in _dot_rows: the block's registers (step x RB floats) stay in L1
+
+
 @njit(inline="always")
 def _widen_transposed(A, hk, AT):
-    """AT[k, r] = float32(A[hk, r, k]): one pass over the cache rows (read along K), so every later
-    loop runs along R on contiguous floats."""
+    """AT[k, r // RB, r % RB] = float32(A[hk, r, k]): one pass over the cache rows (read along K), so
+    every later loop runs along rows on contiguous floats, RB rows at a time (zero-padded)."""
     R, K = A.shape[1], A.shape[2]
     for r in range(R):
         for k in range(K):
-            AT[k, r] = f16_bits_to_f32(A[hk, r, k])
+            AT[k, r // RB, r % RB] = f16_bits_to_f32(A[hk, r, k])
 
 
 @njit(inline="always")
-def _dot_rows(AT, b, out_row, n_reg, lanes, prog, acc, scratch):
-    """out_row[r] = AT[:, r] . b for every cache row r, in the order of n_reg registers of ``lanes``."""
-    K, R = AT.shape
-    step = n_reg * lanes
-    np_ = K - K % step
-    if np_ == 0:
-        acc[:, :] = 0
-    for j in range(min(step, np_)):                             # the first step: fma(a, b, 0) is a*b, rounded once
-        bj32 = b[j]
-        a = AT[j]
-        row = acc[j]
-        for r in range(R):
-            row[r] = a[r] * bj32
-    for i in range(step, np_, step):
-        for j in range(step):                                   # register j // lanes, lane j % lanes
-            bj = b[i + j]
-            a = AT[i + j]
-            row = acc[j]
-            for r in range(R):
-                row[r] = fma(a[r], bj, row[r])
-    h = step
-    while h > lanes:                                            # GGML_F32_VEC_REDUCE: registers pairwise
+def _add_rows(x, y, out):
+    for r in range(out.shape[0]):
+        out[r] = x[r] + y[r]
+
+
+@njit(inline="always")
+def _copy_row(x, out):
+    for r in range(out.shape[0]):
+        out[r] = x[r]
+
+
+@njit(inline="always")
+def _fold(regs, lanes):
+    """GGML_F32_VEC_REDUCE's first part on ``regs`` (registers' lanes x columns, or registers x lanes):
+    the upper half of the registers added onto the lower half until one register is left."""
+    h = regs.shape[0]
+    while h > lanes:
         h //= 2
         for j in range(h):
-            for r in range(R):
-                acc[j, r] = acc[j, r] + acc[j + h, r]
-    for l in range(lanes):                                      # the last register's lanes, by the tree
-        for r in range(R):
-            scratch[l, r] = acc[l, r]
+            _add_rows(regs[j], regs[j + h], regs[j])
+
+
+@njit(inline="always")
+def _tree(scratch, lanes, prog):
+    """The lanes in ``scratch[:lanes]`` (one column per output) added by the tree, vectorized across
+    the columns; returns the row holding the sums."""
     for k in range(prog.shape[0]):
-        a_, b_ = prog[k, 0], prog[k, 1]
-        for r in range(R):
-            scratch[lanes + k, r] = scratch[a_, r] + scratch[b_, r]
-    last = scratch[lanes + prog.shape[0] - 1]
-    for r in range(R):
-        total = np.float64(last[r])
-        for k in range(np_, K):                                 # vec_dot_f16's tail, one by one in double
-            total += np.float64(AT[k, r] * b[k])
-        out_row[r] = np.float32(total)
+        _add_rows(scratch[prog[k, 0]], scratch[prog[k, 1]], scratch[lanes + k])
+    return scratch[lanes + prog.shape[0] - 1]
+
+
+def _as_f32(x):
+    """A float32 as is; f16 bits (uint16) widened."""
+
+
+@overload(_as_f32, inline="always")
+def _as_f32_impl(x):
+    if isinstance(x, types.Integer):
+        return lambda x: f16_bits_to_f32(x)
+    return lambda x: x
+
+
+@njit(inline="always")
+def _dot_rows(AT, blk0, blk1, b, out_row, n_reg, lanes, prog, acc, scratch):
+    """out_row[(blk - blk0) W + w] = AT[:, blk, w] . b for the blocks blk0..blk1 of AT (K, NB, W), float32
+    or f16 bits, in the order of n_reg registers of ``lanes``: vectorized across the W rows of a block
+    (short K, many rows: the attention scores; or V's rows read in place against the probabilities).
+    The loops index with plain range variables and whole rows: an index like ``r0 + r`` in the inner
+    loop made LLVM keep every lane scalar."""
+    K, W = AT.shape[0], AT.shape[2]
+    R = out_row.shape[0]
+    step = n_reg * lanes
+    np_ = K - K % step
+    for blk in range(blk0, blk1):
+        if K == step and n_reg == 4:                            # one step of four registers (head_dim == step):
+            for l in range(lanes):                              # products and register fold in one pass per lane
+                a0, a1, a2, a3 = AT[l, blk], AT[lanes + l, blk], AT[2 * lanes + l, blk], AT[3 * lanes + l, blk]
+                b0, b1, b2, b3 = b[l], b[lanes + l], b[2 * lanes + l], b[3 * lanes + l]
+                sl = scratch[l]
+                for r in range(W):
+                    sl[r] = ((_as_f32(a0[r]) * b0 + _as_f32(a2[r]) * b2)
+                             + (_as_f32(a1[r]) * b1 + _as_f32(a3[r]) * b3))
+            last = _tree(scratch, lanes, prog)
+            r0 = (blk - blk0) * W
+            o = out_row[r0:]
+            for r in range(min(W, R - r0)):
+                o[r] = last[r]
+            continue
+        if np_ == 0:
+            acc[:, :] = 0
+        for j in range(min(step, np_)):                         # the first step: fma(a, b, 0) is a*b, rounded once
+            bj = b[j]
+            a = AT[j, blk]
+            row = acc[j]
+            for r in range(W):
+                row[r] = _as_f32(a[r]) * bj
+        for i in range(step, np_, step):
+            for j in range(step):                               # register j // lanes, lane j % lanes
+                bj = b[i + j]
+                a = AT[i + j, blk]
+                row = acc[j]
+                for r in range(W):
+                    row[r] = fma(_as_f32(a[r]), bj, row[r])
+        _fold(acc, lanes)
+        for l in range(lanes):
+            _copy_row(acc[l], scratch[l])
+        last = _tree(scratch, lanes, prog)
+        r0 = (blk - blk0) * W
+        o = out_row[r0:]
+        if np_ == K:
+            for r in range(min(W, R - r0)):
+                o[r] = last[r]
+        else:
+            for r in range(min(W, R - r0)):
+                total = np.float64(last[r])
+                for k in range(np_, K):                         # vec_dot_f16's tail, one by one in double
+                    total += np.float64(_as_f32(AT[k, blk, r]) * b[k])
+                o[r] = np.float32(total)
+
+
+@njit(inline="always")
+def _row_lanes(a, b2, acc, regs):
+    """One f16 row ``a`` (S, step) against ``b2`` (S, step) along K, as vec_dot_f16 runs it: the step's
+    registers fma'd step after step, then folded; the last register's lanes are left in ``regs[0]``.
+    Indexed by plain range variables (an index like ``i + j`` made LLVM keep every lane scalar)."""
+    S, step = a.shape
+    for j in range(step):
+        acc[j] = f16_bits_to_f32(a[0, j]) * b2[0, j]
+    for i in range(1, S):
+        for j in range(step):
+            acc[j] = fma(f16_bits_to_f32(a[i, j]), b2[i, j], acc[j])
+    _fold(regs, 1)
+
+
+@njit(cache=True)
+def mul_mat_f16_long(A4, X, out, lanes, prog):
+    """out[h, t, r] = A[h // (H / Hk), r] . f16(X[h, t]) for A4 (Hk, R, K/step, step) f16 bits, contiguous
+    rows of a long K in whole steps of vec_dot_f16 (attention's V^T against the probabilities), along K."""
+    Hk, R, S, step = A4.shape
+    H, T = out.shape[0], out.shape[1]
+    g = H // Hk
+    acc = np.empty(step, np.float32)
+    regs = acc.reshape((step // lanes, lanes))
+    scratch = np.empty((lanes + prog.shape[0], R), np.float32)
+    b2 = np.empty((S, step), np.float32)
+    for h in range(H):
+        for t in range(T):
+            _round_f16(X[h, t], b2.reshape(-1))
+            for r in range(R):
+                _row_lanes(A4[h // g, r], b2, acc, regs)
+                for l in range(lanes):
+                    scratch[l, r] = regs[0, l]
+            last = _tree(scratch, lanes, prog)
+            for r in range(R):
+                out[h, t, r] = last[r]
+
+
+@njit(inline="always")
+def _round_f16(x, out):
+    """ggml converts the activations to f16 (vec_dot_type) before an f16 product."""
+    for k in range(x.shape[0]):
+        out[k] = f16_round(x[k])
+
+
+@njit(cache=True)
+def mul_mat_f16_vt(V, X, out, n_reg, lanes, prog):
+    """Attention's kqv for one token fused with the CONT of V^T before it: out[h, t, d] = V[:, h // g, d]
+    . f16(X[h, t]), V (KV, Hk, D) the cache rows as f16 bits, read in place (no transposed copy). The
+    arithmetic of vec_dot_f16 on the row d of V^T, vectorized across d."""
+    KV, Hk, D = V.shape
+    H, T = out.shape[0], out.shape[1]
+    g = H // Hk
+    acc = np.empty((n_reg * lanes, D), np.float32)
+    scratch = np.empty((lanes + prog.shape[0], D), np.float32)
+    b = np.empty(KV, np.float32)
+    for h in range(H):
+        for t in range(T):
+            _round_f16(X[h, t], b)
+            _dot_rows(V, h // g, h // g + 1, b, out[h, t], n_reg, lanes, prog, acc, scratch)
 
 
 @njit(inline="always")
@@ -138,14 +261,14 @@ def _mul_mat_f16_kv(A, B, out, n_reg, lanes, prog, k0, k1):
     """Output heads of the kv heads k0..k1 (grouped-query heads share one widened copy)."""
     H, T, R = out.shape
     g = H // A.shape[0]
-    AT = np.empty((A.shape[2], R), np.float32)
-    acc = np.empty((n_reg * lanes, R), np.float32)
-    scratch = np.empty((lanes + prog.shape[0], R), np.float32)
+    AT = np.zeros((A.shape[2], -(-R // RB), RB), np.float32)
+    acc = np.empty((n_reg * lanes, RB), np.float32)
+    scratch = np.empty((lanes + prog.shape[0], RB), np.float32)
     for hk in range(k0, k1):
         _widen_transposed(A, hk, AT)
         for h in range(hk * g, (hk + 1) * g):
             for t in range(T):
-                _dot_rows(AT, B[h, t], out[h, t], n_reg, lanes, prog, acc, scratch)
+                _dot_rows(AT, 0, AT.shape[1], B[h, t], out[h, t], n_reg, lanes, prog, acc, scratch)
 
 
 @njit(cache=True)
@@ -157,31 +280,28 @@ def mul_mat_f16(A, B, out, n_reg, lanes, prog):
 
 
 @njit(cache=True)
-def mul_mat_f16_cached(A, A64, B, out, n_reg, lanes, prog, seen, AT, fresh):
+def mul_mat_f16_cached(A, X, out, n_reg, lanes, prog, written, AT):
     """:func:`mul_mat_f16` for a decode step, which reads the same cache rows step after step: ``AT``
-    (Hk, K, R) keeps the widened rows and ``seen`` (Hk, R, K/4) the bits they came from, compared 64 bits
-    at a time through ``A64`` (A's rows as uint64); a row is widened again only where its bits differ (a
-    new token's row, or any edit of the cache), so the result is the same whatever changed the cache.
-    ``fresh``: nothing kept yet."""
+    (Hk, K, R/RB, RB) keeps the rows transposed (f16 bits, zero-padded); a row is transposed again only
+    where ``written`` (one flag per cache row, set by every writer: ``llmlab.ggml.cpu.journal``) says it
+    changed. ``X``: the activations before their rounding to f16."""
     Hk, R, K = A.shape
     H, T = out.shape[0], out.shape[1]
     g = H // Hk
-    for hk in range(Hk):
-        for r in range(R):
-            diff = np.uint64(1) if fresh else np.uint64(0)
-            for w in range(A64.shape[2]):
-                diff |= A64[hk, r, w] ^ seen[hk, r, w]
-            if diff:
-                for w in range(A64.shape[2]):
-                    seen[hk, r, w] = A64[hk, r, w]
+    for r in range(R):
+        if written[r]:
+            written[r] = 0
+            for hk in range(Hk):
                 for k in range(K):
-                    AT[hk, k, r] = f16_bits_to_f32(A[hk, r, k])
-    acc = np.empty((n_reg * lanes, R), np.float32)
-    scratch = np.empty((lanes + prog.shape[0], R), np.float32)
+                    AT[hk, k, r // RB, r % RB] = A[hk, r, k]
+    acc = np.empty((n_reg * lanes, RB), np.float32)
+    scratch = np.empty((lanes + prog.shape[0], RB), np.float32)
+    b = np.empty(K, np.float32)
     for hk in range(Hk):
         for h in range(hk * g, (hk + 1) * g):
             for t in range(T):
-                _dot_rows(AT[hk], B[h, t], out[h, t], n_reg, lanes, prog, acc, scratch)
+                _round_f16(X[h, t], b)
+                _dot_rows(AT[hk], 0, AT.shape[2], b, out[h, t], n_reg, lanes, prog, acc, scratch)
 
 
 @njit(cache=True, parallel=True)

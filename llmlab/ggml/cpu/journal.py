@@ -1,0 +1,56 @@
+"""Which rows of a buffer changed since a reader last looked.
+
+A decode step's attention reads the same cache rows step after step. The fast KQ kernel keeps them
+transposed between steps and must redo exactly the rows that changed. So every writer of cache rows
+notes them here (SET_ROWS in the reference ops and in the compiled plan, the KV cache's own store
+and K-shift), and each reader holds one flag per row of the buffer, which those notes set. A buffer
+is known by the array that owns its memory; rows are rows of that array's first axis.
+"""
+from __future__ import annotations
+
+import weakref
+
+import numpy as np
+
+_READERS: dict[int, list[weakref.ref]] = {}      # id(owner) -> its readers' flag arrays
+
+
+def owner(a: np.ndarray) -> np.ndarray:
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a
+
+
+def _same_rows(a: np.ndarray, root: np.ndarray) -> bool:
+    """Does ``a``'s row i lie on the owner's row i (same start, same row stride)?"""
+    return (a.ndim >= 1 and root.ndim >= 1 and a.strides[0] == root.strides[0]
+            and a.__array_interface__["data"][0] == root.__array_interface__["data"][0])
+
+
+def reader(a: np.ndarray) -> np.ndarray | None:
+    """Flags (uint8, one per row of ``a``'s owner, all set at first) that writers of those rows set;
+    None when ``a``'s rows are not the owner's rows."""
+    root = owner(a)
+    if not _same_rows(a, root):
+        return None
+    flags = np.ones(root.shape[0], np.uint8)
+    refs = _READERS.setdefault(id(root), [])
+    refs[:] = [r for r in refs if r() is not None]
+    refs.append(weakref.ref(flags))
+    return flags
+
+
+def rows_written(a: np.ndarray, rows=None) -> None:
+    """Note that rows ``rows`` of ``a`` (all of them when None) were written."""
+    root = owner(a)
+    refs = _READERS.get(id(root))
+    if not refs:
+        return
+    exact = rows is not None and _same_rows(a, root)
+    for ref in refs:
+        flags = ref()
+        if flags is not None and flags.shape[0] == root.shape[0]:
+            if exact:
+                flags[rows] = 1
+            else:
+                flags[:] = 1
