@@ -64,10 +64,9 @@ def run_llmlab(path, ids: list[int], n_gen: int, threads: int, cpu=None, kernels
     model = Model(path, cpu=cpu)
     load = time.perf_counter() - t0
     ctx = Context(model, n_ctx=len(ids) + n_gen + 1, n_batch=len(ids), n_ubatch=512, kernels=kernels, cpu=cpu)
-    warm = Context(model, n_ctx=len(ids) + 2, n_batch=len(ids), n_ubatch=512, kernels=kernels, cpu=cpu)
-    warm.decode(Batch.from_tokens(ids, logits="last"))             # warm-up with the same shapes, as
-    warm.decode(Batch.from_tokens(ids[:1], pos0=len(ids), logits="last"))   # llama-bench does: every
-    del warm                                                        # kernel compiled (or loaded) once
+    ctx.decode(Batch.from_tokens(ids, logits="last"))               # warm-up with the same shapes, as
+    ctx.decode(Batch.from_tokens(ids[:1], pos0=len(ids), logits="last"))    # llama-bench does: every
+    ctx.clear()                                                     # kernel compiled (or loaded) once
     t0 = time.perf_counter()
     logits = ctx.decode(Batch.from_tokens(ids, logits="last"))[-1]
     t_pp = time.perf_counter() - t0
