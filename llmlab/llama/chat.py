@@ -244,8 +244,20 @@ def render_jinja(source: str, messages: list[dict], add_generation_prompt: bool 
         where = f" (line {e.lineno})" if getattr(e, "lineno", None) else ""
         raise ChatTemplateError(f"chat template error{where}: {e.message or type(e).__name__}") from None
     except Exception as e:   # an operation inside the template failed (TypeError, OverflowError, ...)
+        if _caused_by(e, RecursionError):  # jinja's own error handling can fail that close to the limit
+            raise ChatTemplateError("chat template recursed too deeply") from None
         raise ChatTemplateError(f"chat template failed: {type(e).__name__}: {e}") from None
     return "".join(parts)
+
+
+def _caused_by(e: BaseException, kind: type) -> bool:
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, kind):
+            return True
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return False
 
 
 # ---- a model's template -----------------------------------------------------------------------------------
