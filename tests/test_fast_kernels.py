@@ -271,3 +271,30 @@ def test_bound_call_across_row_counts_and_threads():
             fast.clear_cache()
     finally:
         numba.set_num_threads(n0)
+
+
+def test_fma_is_the_instruction_in_both_paths_double_rounding_cases_included():
+    """(1 + 2^-12)^2 + c lands on a float32 midpoint in float64 for tiny c: a float64 sum rounded to
+    float32 rounds twice there. Both the reference's fma and the kernels' equal the C library's fmaf."""
+    import ctypes
+    import ctypes.util
+    from numba import njit
+    from llmlab.ggml.cpu.fast._common import fma as fast_fma
+    from llmlab.ggml.cpu.simd import fma as ref_fma
+    libm = ctypes.CDLL(ctypes.util.find_library("m"))
+    libm.fmaf.restype, libm.fmaf.argtypes = ctypes.c_float, [ctypes.c_float] * 3
+    a = np.float32(1 + 2 ** -12)
+    cases = [(s * a, a, np.float32(c)) for s in (1, -1) for c in (2.0 ** -80, -2.0 ** -80, 2.0 ** -60, 0.0, 3.0)]
+    A, B, C = (np.array(x, np.float32) for x in zip(*cases))
+    want = np.array([libm.fmaf(*c) for c in cases], np.float32)
+
+    @njit
+    def run(A, B, C):
+        out = np.empty_like(A)
+        for i in range(A.size):
+            out[i] = fast_fma(A[i], B[i], C[i])
+        return out
+    assert same_bits(ref_fma(A, B, C), want)
+    assert same_bits(run(A, B, C), want)
+    naive = (A.astype(np.float64) * B + C).astype(np.float32)
+    assert not same_bits(naive, want)                        # the cases do catch double rounding
