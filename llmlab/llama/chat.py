@@ -244,10 +244,19 @@ def render_jinja(source: str, messages: list[dict], add_generation_prompt: bool 
         where = f" (line {e.lineno})" if getattr(e, "lineno", None) else ""
         raise ChatTemplateError(f"chat template error{where}: {e.message or type(e).__name__}") from None
     except Exception as e:   # an operation inside the template failed (TypeError, OverflowError, ...)
-        if _caused_by(e, RecursionError):  # jinja's own error handling can fail that close to the limit
+        if _caused_by(e, RecursionError) or _depth(e) > 200 or "'traceback' object" in str(e):  # jinja's own
+            # error handling (its traceback rewriting) can fail that close to the recursion limit
             raise ChatTemplateError("chat template recursed too deeply") from None
         raise ChatTemplateError(f"chat template failed: {type(e).__name__}: {e}") from None
     return "".join(parts)
+
+
+def _depth(e: BaseException) -> int:
+    """How many frames deep the exception was raised (a failure hundreds of frames down is a recursion)."""
+    n, tb = 0, e.__traceback__
+    while tb is not None:
+        n, tb = n + 1, tb.tb_next
+    return n
 
 
 def _caused_by(e: BaseException, kind: type) -> bool:
