@@ -224,10 +224,6 @@ def _cont(node, cpu):
         return None
     S = src.array()
     O = node.array().reshape(S.shape)      # the destination is contiguous: element order is ggml's
-    if S.ndim == 4 and S.shape[0] == 1 and S.itemsize in (2, 4):
-        bits = np.uint16 if S.itemsize == 2 else np.uint32
-        S3, O3 = S[0].view(bits), O[0].view(bits)
-        return lambda: fops.copy_3d(S3, O3)
     return lambda: np.copyto(O, S)
 
 

@@ -40,17 +40,3 @@ def rope(x, cos, sin, n_dims, neox, out):
         for i in range(n_dims, D):
             out[t, h, i] = x[t, h, i]
 
-
-@njit(cache=True)
-def copy_3d(src, out):
-    """CONT of a 3-D view (2- or 4-byte elements as unsigned ints, any strides) into a contiguous
-    ``out``: bit copies, so any type. Done in tiles of 32 along the last axis, so a transposed source
-    (attention's V^T from the cache rows) is read one cache line at a time, each line used up in L1."""
-    A, B, C = out.shape
-    for a in range(A):
-        for c0 in range(0, C, 32):
-            c1 = min(c0 + 32, C)
-            for b in range(B):
-                s, o = src[a, b], out[a, b]
-                for c in range(c0, c1):
-                    o[c] = s[c]

@@ -157,42 +157,33 @@ def _dot_rows(AT, blk0, blk1, b, out_row, n_reg, lanes, prog, acc, scratch):
                 for r in range(W):
                     sl[r] = ((_as_f32(a0[r]) * b0 + _as_f32(a2[r]) * b2)
                              + (_as_f32(a1[r]) * b1 + _as_f32(a3[r]) * b3))
-            last = _tree(scratch, lanes, prog)
-            r0 = (blk - blk0) * W
-            o = out_row[r0:]
-            for r in range(min(W, R - r0)):
-                o[r] = last[r]
-            continue
-        if np_ == 0:
-            acc[:, :] = 0
-        for j in range(min(step, np_)):                         # the first step: fma(a, b, 0) is a*b, rounded once
-            bj = b[j]
-            a = AT[j, blk]
-            row = acc[j]
-            for r in range(W):
-                row[r] = _as_f32(a[r]) * bj
-        for i in range(step, np_, step):
-            for j in range(step):                               # register j // lanes, lane j % lanes
-                bj = b[i + j]
-                a = AT[i + j, blk]
+        else:
+            if np_ == 0:
+                acc[:, :] = 0
+            for j in range(min(step, np_)):                     # the first step: fma(a, b, 0) is a*b, rounded once
+                bj = b[j]
+                a = AT[j, blk]
                 row = acc[j]
                 for r in range(W):
-                    row[r] = fma(_as_f32(a[r]), bj, row[r])
-        _fold(acc, lanes)
-        for l in range(lanes):
-            _copy_row(acc[l], scratch[l])
+                    row[r] = _as_f32(a[r]) * bj
+            for i in range(step, np_, step):
+                for j in range(step):                           # register j // lanes, lane j % lanes
+                    bj = b[i + j]
+                    a = AT[i + j, blk]
+                    row = acc[j]
+                    for r in range(W):
+                        row[r] = fma(_as_f32(a[r]), bj, row[r])
+            _fold(acc, lanes)
+            for l in range(lanes):
+                _copy_row(acc[l], scratch[l])
         last = _tree(scratch, lanes, prog)
         r0 = (blk - blk0) * W
         o = out_row[r0:]
-        if np_ == K:
-            for r in range(min(W, R - r0)):
-                o[r] = last[r]
-        else:
-            for r in range(min(W, R - r0)):
-                total = np.float64(last[r])
-                for k in range(np_, K):                         # vec_dot_f16's tail, one by one in double
-                    total += np.float64(_as_f32(AT[k, blk, r]) * b[k])
-                o[r] = np.float32(total)
+        for r in range(min(W, R - r0)):
+            total = np.float64(last[r])
+            for k in range(np_, K):                             # vec_dot_f16's tail, one by one in double
+                total += np.float64(_as_f32(AT[k, blk, r]) * b[k])
+            o[r] = np.float32(total)
 
 
 @njit(inline="always")
