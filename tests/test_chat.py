@@ -311,3 +311,13 @@ def test_chat_ctrl_c_stops_a_reply_or_ends_the_chat(tmp_path, where):
     finally:
         p.kill()
     assert p.returncode == (0 if where == "reply" else 130) and "Traceback" not in err
+
+
+def test_recursion_stops_at_the_call_depth_bound_and_the_next_render_is_unharmed():
+    """A self-calling macro ends at MAX_CALL_DEPTH nested calls, long before Python's recursion limit (where
+    jinja's own error handling, or the C stack under the address-space cap, can fail); the count unwinds."""
+    from llmlab.llama.chat import MAX_CALL_DEPTH, render_jinja
+    with pytest.raises(ChatTemplateError, match=f"nested {MAX_CALL_DEPTH} deep"):
+        render_jinja("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", [])
+    nested = "{% macro f(n) %}{% if n %}{{ f(n - 1) }}{% else %}ok{% endif %}{% endmacro %}{{ f(20) }}"
+    assert render_jinja(nested, []) == "ok"

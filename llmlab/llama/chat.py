@@ -27,6 +27,7 @@ import json
 import math
 import os
 import sys
+import threading
 import time
 from dataclasses import dataclass
 
@@ -35,6 +36,9 @@ from .. import LLMLabError
 MAX_SECONDS = 2.0          # per render
 MAX_OUTPUT = 1 << 20       # characters
 MAX_EXTRA_MEMORY = 256 << 20   # bytes a render may add to the address space (Linux)
+MAX_CALL_DEPTH = 100       # nested calls (a macro calling itself): far past real templates, far short of
+                           # Python's recursion limit, where jinja's error handling itself can fail or the
+                           # C stack can outgrow the address-space cap (a crash, seen in CI)
 
 
 class ChatTemplateError(LLMLabError):
@@ -146,10 +150,16 @@ def _sandbox():
             return super().call_binop(context, operator, left, right)
 
         def call(__self, __context, __obj, *args, **kwargs):   # noqa: N805 (jinja2's signature)
+            depth = getattr(_CALLS, "depth", 0)
+            if depth >= MAX_CALL_DEPTH:
+                raise ChatTemplateError(f"chat template recursed too deeply (calls nested {MAX_CALL_DEPTH} deep)")
+            _CALLS.depth = depth + 1
             try:
                 return super().call(__context, __obj, *args, **kwargs)
             except SecurityError as e:
                 raise ChatTemplateError(f"chat template refused: {e}") from None
+            finally:
+                _CALLS.depth = depth
 
     # the environment Hugging Face's apply_chat_template uses, which chat templates are written for
     env = Sandbox(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
@@ -157,6 +167,9 @@ def _sandbox():
         x, ensure_ascii=False, indent=indent, separators=separators, sort_keys=sort_keys)
     env.globals.update(raise_exception=_raise_exception, strftime_now=lambda fmt: time.strftime(fmt))
     return env
+
+
+_CALLS = threading.local()      # how deep the calls of the render on this thread are nested
 
 
 def _raise_exception(message):
@@ -244,29 +257,8 @@ def render_jinja(source: str, messages: list[dict], add_generation_prompt: bool 
         where = f" (line {e.lineno})" if getattr(e, "lineno", None) else ""
         raise ChatTemplateError(f"chat template error{where}: {e.message or type(e).__name__}") from None
     except Exception as e:   # an operation inside the template failed (TypeError, OverflowError, ...)
-        if _caused_by(e, RecursionError) or _depth(e) > 200 or "'traceback' object" in str(e):  # jinja's own
-            # error handling (its traceback rewriting) can fail that close to the recursion limit
-            raise ChatTemplateError("chat template recursed too deeply") from None
         raise ChatTemplateError(f"chat template failed: {type(e).__name__}: {e}") from None
     return "".join(parts)
-
-
-def _depth(e: BaseException) -> int:
-    """How many frames deep the exception was raised (a failure hundreds of frames down is a recursion)."""
-    n, tb = 0, e.__traceback__
-    while tb is not None:
-        n, tb = n + 1, tb.tb_next
-    return n
-
-
-def _caused_by(e: BaseException, kind: type) -> bool:
-    seen = set()
-    while e is not None and id(e) not in seen:
-        if isinstance(e, kind):
-            return True
-        seen.add(id(e))
-        e = e.__cause__ or e.__context__
-    return False
 
 
 # ---- a model's template -----------------------------------------------------------------------------------
