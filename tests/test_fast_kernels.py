@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from llmlab.ggml.cpu import fast
-from llmlab.ggml.cpu.fast import kquants, q32
+from llmlab.ggml.cpu.fast import kquants, q32, vnni
 from llmlab.ggml.cpu.fast._common import round_to_f16
 from llmlab.ggml.cpu.fast.quantize import quantize_q8_0, quantize_q8_1, quantize_q8_k
 from llmlab.ggml.quant.core import random_blocks
@@ -112,8 +112,36 @@ def test_k_kernels(tname, path, ref, R, K):
 
 # ---- the dispatch takes the reference's path ------------------------------------------------------
 
+@pytest.mark.skipif(not vnni.AVAILABLE, reason="this host has no AVX512-VNNI")
+@pytest.mark.parametrize("tname", vnni.TYPES)
+@pytest.mark.parametrize("R,K", [(40, 576), (70, 640)])
+def test_vnni_kernels(tname, R, K):
+    """vnni.mul_mat (lane sums by vpdpbusd) and its serial twin equal the reference, for R not a
+    multiple of 16 and T from 1 to a prefill block, at 1 and 2 threads."""
+    import numba
+    raw = raw_rows(tname, R, K, seed=R + K + 2)
+    t = ggml_type(tname)
+    p = vnni.pack(raw, tname, K)
+    n0 = numba.get_num_threads()
+    try:
+        for T in TS + (64,):
+            x = acts(T, K, seed=T + 200)
+            ref = vec_dot_mul_mat(raw, t, x)
+            for n in (1, 2):
+                numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+                for fn in (vnni.mul_mat, vnni.mul_mat_serial):
+                    assert same_bits(fn(*p, x)[:, :R], ref), (tname, R, K, T, n, fn)
+    finally:
+        numba.set_num_threads(n0)
+
+
+@pytest.mark.parametrize("with_vnni", [True, False], ids=["vnni-if-host", "generic"])
 @pytest.mark.parametrize("tname,K", [("q4_0", 256), ("q4_1", 256), ("q5_0", 256), ("q8_0", 256), ("q4_k", 512), ("q6_k", 512)])
-def test_dispatch_matches_reference(tname, K):
+def test_dispatch_matches_reference(tname, K, with_vnni, monkeypatch):
+    """Both kernel families for q4_0 / q4_1 / q8_0: VNNI where the host has it, and the generic
+    kernels that every other x86 host runs."""
+    if not with_vnni:
+        monkeypatch.setattr(vnni, "AVAILABLE", False)
     t = ggml_type(tname)
     raw = raw_rows(tname, 48, K)
     for T in (1, 7, 8, 9):
@@ -183,7 +211,7 @@ def test_thread_count_independence():
             fast.clear_cache()
             assert same_bits(outs[0], outs[1]), (tname, T)
     finally:
-        numba.set_num_threads(n0)
+        fast.set_threads(n0)
 
 
 # ---- decode kernels, serial twins, the parallel threshold, dropped file pages ---------------------

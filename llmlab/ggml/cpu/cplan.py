@@ -258,10 +258,18 @@ def _rope(node, cpu):
     n_dims, neox = p["n_dims"], bool(p["mode"] & 2)
     args = (p["freq_base"], p["freq_scale"], p["attn_factor"])
 
+    key = (n_dims, *args)
+
     def step():
-        cos, sin = rope_cache(P, n_dims, *args)
-        fops.rope(X, cos, sin, n_dims, neox, O)
+        pb = P.tobytes()
+        hit = _ROPE_LAST.get(key)
+        if hit is None or hit[0] != pb:      # the first ROPE of a step; the other 2 n_layer - 1 reuse it
+            hit = _ROPE_LAST[key] = (pb, *rope_cache(P, n_dims, *args))
+        fops.rope(X, hit[1], hit[2], n_dims, neox, O)
     return step
+
+
+_ROPE_LAST: dict[tuple, tuple] = {}          # per (n_dims, freq_base, ...): the last positions' cos and sin
 
 
 @binder("SOFT_MAX")

@@ -9,7 +9,7 @@ import numpy as np
 from llvmlite import ir
 from numba import njit, types
 from numba.core import cgutils
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
 F32, F64 = np.float32, np.float64
 G = 32          # rows side by side in the packed weight layouts (one int16 zmm register across rows)
@@ -60,6 +60,18 @@ def f16_bits_to_f32(typingctx, h):
     return types.float32(h), codegen
 
 
+def as_f32(x):
+    """A float32 as is; float16 bits (uint16) widened. Kernels that take either (f16 scales of packed
+    weights, the f16 KV cache, f16-rounded activations) compile once per dtype from one body."""
+
+
+@overload(as_f32, inline="always")
+def _as_f32_impl(x):
+    if isinstance(x, types.Integer):
+        return lambda x: f16_bits_to_f32(x)
+    return lambda x: x
+
+
 @njit(inline="always", **NOPYTHON)
 def f16_round(x):
     """float32 -> nearest float16 value, returned as float32."""
@@ -73,11 +85,22 @@ def thread_count() -> int:
     return max(1, min(n, numba.config.NUMBA_NUM_THREADS))
 
 
+_THREADS = [1]
+
+
 def set_threads(n: int | None = None) -> int:
     """Set numba's thread count (from LLMLAB_THREADS when n is None); returns it."""
     n = thread_count() if n is None else max(1, min(int(n), numba.config.NUMBA_NUM_THREADS))
     numba.set_num_threads(n)
+    _THREADS[0] = n
     return n
+
+
+def threads() -> int:
+    """The count set_threads last set, without numba.get_num_threads' lock (2-3 us, paid per kernel
+    call it was). Only the choice between a threaded and a serial call reads it; results do not
+    depend on the count."""
+    return _THREADS[0]
 
 
 @njit(**NOPYTHON)

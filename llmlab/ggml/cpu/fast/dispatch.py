@@ -5,7 +5,8 @@
 
 * q4_0, q4_1, q5_0, q8_0: ggml's AVX2 vec_dot order (``q32.mul_mat_<type>``, below MV_MAX_ROWS rows the decode
   kernels ``q32.mv_<type>``), for every T
-  (q4_0 in the REPACK buffer computes the same sums here, as in the reference);
+  (q4_0 in the REPACK buffer computes the same sums here, as in the reference); where the host has
+  AVX512-VNNI, q4_0, q4_1 and q8_0 take ``vnni.mul_mat`` instead (the same bits, its own packed layout);
 * q4_K in the REPACK buffer (``repacked`` and rows % 8 == 0, decided by the caller as ops.mul_mat does):
   gemv / gemm (``kquants.mul_mat_q4_k_repacked``);
 * q4_K / q6_K otherwise: vec_dot below 8 activation rows, the tiled kernels from 8 rows on;
@@ -32,8 +33,8 @@ import os
 import numba
 import numpy as np
 
-from . import kquants, q32
-from ._common import G, set_threads
+from . import kquants, q32, vnni
+from ._common import G, set_threads, threads
 from .quantize import quantize_q8_0, quantize_q8_1, quantize_q8_k
 
 Q32_TYPES = ("q4_0", "q4_1", "q5_0", "q8_0")
@@ -66,16 +67,23 @@ def path_of(qtype, n_rows: int, repacked: bool = False) -> str:
     return "reference"
 
 
+def uses_vnni(qtype) -> bool:
+    return vnni.AVAILABLE and qtype.name in vnni.TYPES
+
+
 def packed(raw: np.ndarray, qtype, K: int) -> tuple:
     """The kernel layout of a weight, made once and cached."""
     arr = np.asarray(raw)
-    key = (arr.__array_interface__["data"][0], arr.shape, arr.strides, arr.dtype.str, qtype.name, K)
+    v = uses_vnni(qtype)
+    key = (arr.__array_interface__["data"][0], arr.shape, arr.strides, arr.dtype.str, qtype.name, K, v)
     hit = _PACKED.get(key)
     if hit is None:
         rows = np.ascontiguousarray(arr).view(np.uint8).reshape(-1, K // qtype.block_size * qtype.type_size)
         name = qtype.name
-        if name in Q32_TYPES:
-            p = _pack_chunked(rows, name, K)
+        if v:
+            p = _pack_chunked(rows, name, K, vnni.pack, vnni.R16)
+        elif name in Q32_TYPES:
+            p = _pack_chunked(rows, name, K, q32.pack_q32, G)
         else:
             p = kquants.pack_q4_k(rows, K) if name == "q4_k" else kquants.pack_q6_k(rows, K)
             drop_file_pages(rows)
@@ -84,17 +92,17 @@ def packed(raw: np.ndarray, qtype, K: int) -> tuple:
     return hit[1], hit[2]
 
 
-def _pack_chunked(rows: np.ndarray, name: str, K: int) -> tuple:
-    """q32.pack_q32 over PACK_CHUNK_ROWS rows at a time into preallocated arrays, dropping each chunk's
-    file pages once packed."""
+def _pack_chunked(rows: np.ndarray, name: str, K: int, pack, group: int) -> tuple:
+    """pack (rows -> arrays whose first axis is groups of ``group`` rows) over PACK_CHUNK_ROWS rows at
+    a time into preallocated arrays, dropping each chunk's file pages once packed."""
     R = rows.shape[0]
-    ng = -(-R // G)
+    ng = -(-R // group)
     out = None
     for r0 in range(0, R, PACK_CHUNK_ROWS):
-        part = q32.pack_q32(rows[r0:r0 + PACK_CHUNK_ROWS], name, K)
+        part = pack(rows[r0:r0 + PACK_CHUNK_ROWS], name, K)
         if out is None:
-            out = tuple(_alloc((ng,) + a.shape[1:], a.dtype) for a in part)
-        g0 = r0 // G
+            out = tuple(_alloc((ng if len(a) else 0,) + a.shape[1:], a.dtype) for a in part)
+        g0 = r0 // group
         for o, a in zip(out, part):
             o[g0:g0 + len(a)] = a
         del part
@@ -168,7 +176,10 @@ def bind(raw: np.ndarray, qtype, repacked: bool = False):
         if "p" not in state:
             state["R"], state["p"] = packed(raw, qtype, K)
         R = state["R"]
-        if name in Q32_TYPES:
+        if uses_vnni(qtype):
+            quant = None                                    # the kernel quantizes (one call, not two)
+            threaded, single = vnni.mul_mat, vnni.mul_mat_serial
+        elif name in Q32_TYPES:
             quant = quantize_q8_1 if name == "q4_1" else quantize_q8_0
             pre = "mv_" if T < MV_MAX_ROWS else "mul_mat_"
             threaded, single = getattr(q32, pre + name), getattr(q32, pre + name + "_serial")
@@ -191,12 +202,15 @@ def bind(raw: np.ndarray, qtype, repacked: bool = False):
             c = choose(T, x.shape[1])
         quant, threaded, single, work, R = c
         p = state["p"]
-        n = numba.get_num_threads()
-        if n == 1 or work >= PARALLEL_MIN_WORK:
+        n = threads()
+        if quant is None:
+            out = (threaded if n > 1 and work >= PARALLEL_MIN_WORK else single)(*p, x)
+        elif n == 1 or work >= PARALLEL_MIN_WORK:
             out = threaded(*p, *quant(x))
         elif single is not None:
             out = single(*p, *quant(x))
         else:
+            n = numba.get_num_threads()
             a = quant(x)
             numba.set_num_threads(1)
             try:

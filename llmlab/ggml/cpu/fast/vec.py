@@ -16,9 +16,9 @@ from typing import NamedTuple
 import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
-from numba.extending import intrinsic, overload
+from numba.extending import intrinsic
 
-from ._common import f16_bits_to_f32, f16_round, fma
+from ._common import as_f32, f16_bits_to_f32, f16_round, fma
 
 EXPF_CODES = {"scalef": 0, "bits": 1}
 
@@ -126,17 +126,6 @@ def _tree(scratch, lanes, prog):
     return scratch[lanes + prog.shape[0] - 1]
 
 
-def _as_f32(x):
-    """A float32 as is; f16 bits (uint16) widened."""
-
-
-@overload(_as_f32, inline="always")
-def _as_f32_impl(x):
-    if isinstance(x, types.Integer):
-        return lambda x: f16_bits_to_f32(x)
-    return lambda x: x
-
-
 @njit(inline="always")
 def _dot_rows(AT, blk0, blk1, b, out_row, n_reg, lanes, prog, acc, scratch):
     """out_row[(blk - blk0) W + w] = AT[:, blk, w] . b for the blocks blk0..blk1 of AT (K, NB, W), float32
@@ -155,8 +144,8 @@ def _dot_rows(AT, blk0, blk1, b, out_row, n_reg, lanes, prog, acc, scratch):
                 b0, b1, b2, b3 = b[l], b[lanes + l], b[2 * lanes + l], b[3 * lanes + l]
                 sl = scratch[l]
                 for r in range(W):
-                    sl[r] = ((_as_f32(a0[r]) * b0 + _as_f32(a2[r]) * b2)
-                             + (_as_f32(a1[r]) * b1 + _as_f32(a3[r]) * b3))
+                    sl[r] = ((as_f32(a0[r]) * b0 + as_f32(a2[r]) * b2)
+                             + (as_f32(a1[r]) * b1 + as_f32(a3[r]) * b3))
         else:
             if np_ == 0:
                 acc[:, :] = 0
@@ -165,14 +154,14 @@ def _dot_rows(AT, blk0, blk1, b, out_row, n_reg, lanes, prog, acc, scratch):
                 a = AT[j, blk]
                 row = acc[j]
                 for r in range(W):
-                    row[r] = _as_f32(a[r]) * bj
+                    row[r] = as_f32(a[r]) * bj
             for i in range(step, np_, step):
                 for j in range(step):                           # register j // lanes, lane j % lanes
                     bj = b[i + j]
                     a = AT[i + j, blk]
                     row = acc[j]
                     for r in range(W):
-                        row[r] = fma(_as_f32(a[r]), bj, row[r])
+                        row[r] = fma(as_f32(a[r]), bj, row[r])
             _fold(acc, lanes)
             for l in range(lanes):
                 _copy_row(acc[l], scratch[l])
@@ -182,7 +171,7 @@ def _dot_rows(AT, blk0, blk1, b, out_row, n_reg, lanes, prog, acc, scratch):
         for r in range(min(W, R - r0)):
             total = np.float64(last[r])
             for k in range(np_, K):                             # vec_dot_f16's tail, one by one in double
-                total += np.float64(_as_f32(AT[k, blk, r]) * b[k])
+                total += np.float64(as_f32(AT[k, blk, r]) * b[k])
             o[r] = np.float32(total)
 
 
@@ -342,28 +331,26 @@ def pow2(n):
 def v_expf(x, variant):
     """ggml_v_expf. variant 0 (AVX-512): j = 1 + poly(b), result j * 2^n (scalef). variant 1 (AVX2):
     k = 2^n built in the exponent bits, j = poly(b) without the 1, result fma(k, j, k); past |n| = 126
-    the scale is split in two factors, past 192 it saturates."""
+    the scale is split in two factors s2 * s1 (s1 = 1 below, which is exact), past 192 it saturates.
+    Written without branches (each case a select), so that loops over it vectorize."""
     z = fma(x, LOG2E, SHIFT)
     n = z - SHIFT
     b = fma(-n, LN2_LO, fma(-n, LN2_HI, x))
     u = b * b
     p = fma(fma(C0, b, C1), u, fma(C2, b, C3))
-    if np.isnan(n):
-        return np.float32(np.nan)
+    an = abs(n)
+    ok = an <= 192                                           # false for NaN
+    ni = np.int64(n) if ok else np.int64(0)
     if variant == 0:
         j = fma(p, u, fma(C4, b, ONE))
-        if abs(n) > 192:
-            return np.float32(np.inf) if n > 0 else np.float32(0.0)
-        return np.float32(np.float64(j) * pow2(int(n)))          # scalef: j * 2^n, rounded once
-    j = fma(p, u, C4 * b)
-    if abs(n) <= 126:
-        k = np.float32(pow2(int(n)))
-        return fma(k, j, k)
-    s1 = np.float32(2.0 ** 127) if n > 0 else np.float32(2.0 ** -125)
-    if abs(n) > 192:
-        return s1 * s1
-    s2 = np.float32(pow2(int(n) - 127)) if n > 0 else np.float32(pow2(int(n) + 125))
-    return fma(s2, j, s2) * s1
+        r = np.float32(np.float64(j) * pow2(ni))             # scalef: j * 2^n, rounded once
+    else:
+        j = fma(p, u, C4 * b)
+        e1 = np.int64(0) if an <= 126 else (np.int64(127) if n > 0 else np.int64(-125))
+        s2 = np.float32(pow2(ni - e1))
+        r = fma(s2, j, s2) * np.float32(pow2(e1))
+    r = r if ok else (np.float32(np.inf) if n > 0 else np.float32(0.0))
+    return r if n == n else np.float32(np.nan)
 
 
 @njit(cache=True)
@@ -372,21 +359,25 @@ def expf(x, out, variant):
         out.flat[i] = v_expf(x.flat[i], variant)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")      # IEEE division (no ZeroDivisionError branch): it vectorizes
 def swiglu(g, u, out, variant):
     """ggml_vec_swiglu_f32 over rows: silu(g) * u, silu(x) = x / (1 + exp(-x)) (whole vector blocks)."""
+    e = np.empty(out.shape[1], np.float32)
     for r in range(out.shape[0]):
-        for i in range(out.shape[1]):
-            x = g[r, i]
-            out[r, i] = (x / (ONE + v_expf(-x, variant))) * u[r, i]
+        gr, ur, orow = g[r], u[r], out[r]
+        for i in range(e.shape[0]):                 # exp in its own loop over a local row: vectorized
+            e[i] = v_expf(-gr[i], variant)
+        for i in range(e.shape[0]):
+            e[i] = (gr[i] / (ONE + e[i])) * ur[i]
+        orow[:] = e
 
 
 @njit(inline="always")
 def _soft_max_rows(x, mask, scale, out, lanes, prog, variant, j0, j1):
     n_head, n_q, n = x.shape
+    nb = n // lanes
     w = np.empty(n, np.float32)
-    blk = np.empty(lanes, np.float32)
-    scratch = np.empty(lanes + prog.shape[0], np.float32)
+    blk = np.empty((lanes + prog.shape[0], nb), np.float32)     # lane l of every block in row l
     for hq in range(j0, j1):
         h, q = hq // n_q, hq % n_q
         mx = np.float32(-np.inf)
@@ -397,19 +388,22 @@ def _soft_max_rows(x, mask, scale, out, lanes, prog, variant, j0, j1):
             w[i] = v
             if v > mx:
                 mx = v
+        for i in range(n):                                       # exp(w - max), vectorized
+            w[i] = v_expf(np.float32(w[i] - mx), variant)
+        for l in range(lanes):
+            row = blk[l]
+            for k in range(nb):
+                row[k] = w[k * lanes + l]
+        sums = _tree(blk, lanes, prog)                           # each block's horizontal sum
         s = np.float64(0.0)
-        for i0 in range(0, n, lanes):
-            for l in range(lanes):
-                e = v_expf(np.float32(w[i0 + l] - mx), variant)
-                w[i0 + l] = e
-                blk[l] = e
-            s += np.float64(run_tree(blk, prog, scratch))
+        for k in range(nb):                                      # added in double, block by block
+            s += np.float64(sums[k])
         inv = np.float32(1.0 / s)
         for i in range(n):
             out[h, q, i] = w[i] * inv
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def soft_max(x, mask, scale, out, lanes, prog, variant):
     """ggml_compute_forward_soft_max_f32 per row of x (heads, rows, n), n a multiple of ``lanes``:
     w = x*scale + mask, exp(w - max) in blocks whose horizontal sums (``prog``) add up in double,
@@ -417,7 +411,7 @@ def soft_max(x, mask, scale, out, lanes, prog, variant):
     _soft_max_rows(x, mask, scale, out, lanes, prog, variant, 0, x.shape[0] * x.shape[1])
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, error_model="numpy")
 def soft_max_mt(x, mask, scale, out, lanes, prog, variant, n_chunks):
     n = x.shape[0] * x.shape[1]
     for c in prange(n_chunks):

@@ -1,0 +1,74 @@
+"""What the hot loops compile to, read from the machine code (numba's inspect_asm): packed integer
+multiply-adds and packed float fmas, not their scalar forms. A kernel edit that silently falls back to
+scalar code (an index like ``i + j`` in an inner loop, a constant trip count) fails here, not only in
+a benchmark.
+
+Each kernel is compiled afresh (its Python function under a non-caching njit: a kernel loaded from
+numba's cache has no assembly to show)."""
+from __future__ import annotations
+
+import platform
+import re
+from collections import Counter
+
+import numpy as np
+import pytest
+from numba import njit
+
+from llmlab.ggml.cpu.fast import q32, vec as fvec, vnni
+from llmlab.ggml.cpu.fast._common import NOPYTHON
+
+pytestmark = pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"),
+                                reason="the instruction names are x86's")
+OPTS = {k: v for k, v in NOPYTHON.items() if k != "cache"}
+
+
+def instructions(fn, *args) -> Counter:
+    """Mnemonic -> count over the whole function, each with its widest register class."""
+    jit = njit(**OPTS, error_model=fn.targetoptions.get("error_model", "python"))(fn.py_func)
+    jit(*args)
+    c: Counter = Counter()
+    for line in jit.inspect_asm(jit.signatures[0]).splitlines():
+        m = re.match(r"\s+([a-z][a-z0-9]+)\s+(.*)", line)
+        if m and not line.lstrip().startswith("."):
+            reg = "zmm" if "zmm" in line else "ymm" if "ymm" in line else "xmm" if "xmm" in line else ""
+            c[(m.group(1), reg)] += 1
+    return c
+
+
+def vector_count(c: Counter, pattern: str) -> int:
+    return sum(n for (op, reg), n in c.items() if re.fullmatch(pattern, op) and reg in ("ymm", "zmm"))
+
+
+@pytest.mark.skipif(not vnni.AVAILABLE, reason="this host has no AVX512-VNNI")
+def test_vnni_kernel_uses_vpdpbusd():
+    rng = np.random.default_rng(0)
+    raw = rng.integers(0, 256, (32, 2 * 20), dtype=np.uint8)
+    p = vnni.pack(raw, "q4_1", 64)
+    c = instructions(vnni.mul_mat_serial, *p, rng.standard_normal((1, 64)).astype(np.float32))
+    assert vector_count(c, r"vpdpbusd") >= 8           # the 8 lanes of a block, one instruction each
+    assert vector_count(c, r"vfmadd\d+ps") >= 8         # and their float steps, 16 rows at a time
+
+
+def test_generic_decode_kernel_multiplies_packed_int16():
+    from llmlab.ggml.cpu.fast.quantize import quantize_q8_1
+    rng = np.random.default_rng(0)
+    raw = rng.integers(0, 256, (32, 2 * 20), dtype=np.uint8)
+    raw.view(np.uint16)[:, ::10] = 0x3C00
+    p = q32.pack_q32(raw, "q4_1", 64)
+    c = instructions(q32.mv_q4_1_serial, *p, *quantize_q8_1(rng.standard_normal((1, 64)).astype(np.float32)))
+    assert vector_count(c, r"vpmullw") >= 32            # 32 codes per block, each across many rows
+    assert vector_count(c, r"vpmovzxbw") >= 16          # bytes widened to int16, never to int64
+    assert vector_count(c, r"vpmullq|vpmuludq") == 0
+
+
+def test_softmax_and_swiglu_vectorize_exp():
+    from llmlab.ggml.cpu import profiles
+    v = fvec.params(profiles.get("avx512"))
+    x = np.ones((2, 1, 64), np.float32)
+    c = instructions(fvec.soft_max, x, np.zeros((0, 64), np.float32), np.float32(1), x.copy(), v.lanes, v.hsum_prog, v.expf)
+    assert vector_count(c, r"vfmadd\d+ps") >= 4         # ggml_v_expf's polynomial, across the row
+    g = np.ones((1, 64), np.float32)
+    c = instructions(fvec.swiglu, g, g, g.copy(), v.expf)
+    assert vector_count(c, r"vfmadd\d+ps") >= 4
+    assert vector_count(c, r"vdivps") >= 1
