@@ -65,6 +65,14 @@ def test_swiglu(cpu):
     assert same_bits(*both_ways(ggml.swiglu_split(ctx, g, u), cpu))
 
 
+def test_geglu_through_the_f16_table(cpu):
+    ctx = GGMLContext()
+    v = (rng.standard_normal(2048 * 3) * 6).astype(np.float32)
+    v[:8] = [-10.0, 10.0, -10.001, 9.999, -np.inf, np.inf, 65504.0, 70000.0]     # the cut-offs, and past f16
+    g, u = leaf(ctx, "f32", 2048, 3, values=v), leaf(ctx, "f32", 2048, 3)
+    assert same_bits(*both_ways(ggml.geglu_split(ctx, g, u), cpu))
+
+
 @pytest.mark.parametrize("mode", [0, 2])
 def test_rope_norm_and_neox(mode, cpu):
     ctx = GGMLContext()

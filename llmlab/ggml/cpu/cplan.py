@@ -31,6 +31,7 @@ from .journal import reader, rows_written
 from .fast import ops as fops
 from .fast import vec as fvec
 from .ops import COMPUTE, rope_cache
+from .vec import gelu_table
 from .profiles import CPUProfile, resolve
 
 Step = Callable[[], None]
@@ -304,6 +305,18 @@ def _swiglu(node, cpu):
     if g is None or u is None or out is None or node.ne[0] % v.lanes:
         return None
     return lambda: fvec.swiglu(g, u, out, v.expf)
+
+
+@binder("GEGLU")
+def _geglu(node, cpu):
+    if len(node.src) != 2 or node.op_params.get("swapped"):
+        return None
+    g, u = (_rows(s) for s in node.src)
+    out = _rows(node)
+    if g is None or u is None or out is None:
+        return None
+    table = gelu_table().view(np.uint16)
+    return lambda: fvec.geglu(g, u, out, table)
 
 
 @binder("MUL_MAT")

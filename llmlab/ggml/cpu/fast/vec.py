@@ -18,7 +18,7 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
-from ._common import as_f32, f16_bits_to_f32, f16_round, fma
+from ._common import as_f32, f16_bits_to_f32, f16_round, f32_to_f16_bits, fma
 
 EXPF_CODES = {"scalef": 0, "bits": 1}
 
@@ -370,6 +370,19 @@ def swiglu(g, u, out, variant):
         for i in range(e.shape[0]):
             e[i] = (gr[i] / (ONE + e[i])) * ur[i]
         orow[:] = e
+
+
+@njit(cache=True, error_model="numpy")
+def geglu(g, u, out, table):
+    """ggml_vec_geglu_f32 with GGML_GELU_FP16: GELU(g) from the f16 table (``table``: its uint16 bits,
+    indexed by the f16 bits of g), 0 at or below -10, g itself at or above 10; times u."""
+    for r in range(out.shape[0]):
+        gr, ur, orow = g[r], u[r], out[r]
+        for i in range(orow.shape[0]):
+            x = gr[i]
+            t = f16_bits_to_f32(table[f32_to_f16_bits(x)])
+            v = np.float32(0.0) if x <= -10.0 else (x if x >= 10.0 else t)
+            orow[i] = v * ur[i]
 
 
 @njit(inline="always")

@@ -32,8 +32,8 @@ from ._common import NOPYTHON, hsum8
 from .quantize import quantize_q8_0 as _q8_0, quantize_q8_1 as _q8_1
 
 R16 = 16                      # rows per group: one 512-bit register of int32 lanes
-TYPES = ("q4_0", "q4_1", "q8_0")
-OFFSET = {"q4_0": 8, "q4_1": 0, "q8_0": 128}
+TYPES = ("q4_0", "q4_1", "q5_0", "q8_0")
+OFFSET = {"q4_0": 8, "q4_1": 0, "q5_0": 16, "q8_0": 128}
 
 
 def _host_has_vnni() -> bool:
@@ -83,9 +83,19 @@ def _f16x16(builder, ptr):
     return builder.fpext(builder.bitcast(h, ir.VectorType(ir.HalfType(), 16)), _F32x16)
 
 
-def _step_codegen(tname: str):
-    nibbles, offset = tname != "q8_0", OFFSET[tname]
+def _c32(v: int):
+    return ir.Constant(_I32x16, [v] * 16)
 
+
+def _high_bits(builder, qh, shift: int):
+    """q5_0's fifth bits: from each row's 32-bit qh, bits shift .. shift+3 spread to bit 4 of the lane's
+    4 bytes (t * 0x00204081 puts bit k of a 4-bit t at bit 8k, with no carries)."""
+    t = builder.and_(builder.lshr(qh, _c32(shift)), _c32(15))
+    spread = builder.and_(builder.mul(t, _c32(0x00204081)), _c32(0x01010101))
+    return builder.bitcast(builder.shl(spread, _c32(4)), _I8x64)
+
+
+def _step_codegen(nibbles: bool, offset: int, with_m: bool):
     def codegen(context, builder, signature, args):
         blk, a, qsum, w0, dw, dab, acc = args[:7]
         t = signature.args
@@ -113,7 +123,7 @@ def _step_codegen(tname: str):
                 lane = builder.sub(lane, _splat(builder, c, _I32x16))
             idx = ir.Constant(_I32, 16 * j)
             _vstore(builder, accp, idx, builder.call(fma, [dd, builder.sitofp(lane, _F32x16), _vload(builder, accp, idx, _F32x16)]))
-        if tname == "q4_1":                                  # summ = fma(m_w, s_x, summ)
+        if with_m:                                           # q4_1: summ = fma(m_w, s_x, summ)
             mw, s, summ = args[7:]
             m = _f16x16(builder, _data(context, builder, t[7], mw, _I16))
             sv = _splat(builder, context.cast(builder, s, t[8], types.float32), _F32x16)
@@ -123,24 +133,45 @@ def _step_codegen(tname: str):
     return codegen
 
 
-def _step(tname: str):
-    if tname == "q4_1":
+def _step(name: str, nibbles: bool, offset: int, with_m: bool = False):
+    if with_m:
         def typer(typingctx, blk, a, qsum, w0, dw, dab, acc, mw, s, summ):
-            return types.none(blk, a, qsum, w0, dw, dab, acc, mw, s, summ), _step_codegen(tname)
+            return types.none(blk, a, qsum, w0, dw, dab, acc, mw, s, summ), _step_codegen(nibbles, offset, with_m)
     else:
         def typer(typingctx, blk, a, qsum, w0, dw, dab, acc):
-            return types.none(blk, a, qsum, w0, dw, dab, acc), _step_codegen(tname)
-    typer.__name__ = f"step_{tname}"
+            return types.none(blk, a, qsum, w0, dw, dab, acc), _step_codegen(nibbles, offset, with_m)
+    typer.__name__ = name
     return intrinsic(typer)
 
 
-# One block of 16 rows against one activation row: the 8 lane sums by vpdpbusd (blk: the block's
-# 256 or 512 bytes; a[w0:w0+8]: the activation quads as int32 words; for q4_0 / q8_0 minus offset x
-# qsum[w0:w0+8]), then acc[j] = fma(dab * d_w, lane_j, acc[j]) across the rows (dw: their f16 scales,
-# acc: (8, 16)); q4_1 also summ = fma(m_w, s, summ).
-step_q4_0 = _step("q4_0")        # (blk, a, qsum, w0, dw, dab, acc)
-step_q8_0 = _step("q8_0")        # (blk, a, qsum, w0, dw, dab, acc)
-step_q4_1 = _step("q4_1")        # (blk, a, qsum, w0, dw, dab, acc, mw, s, summ)
+# One block of 16 rows against one activation row: the 8 lane sums by vpdpbusd (blk: the block's 256
+# bytes of nibbles or 512 bytes of codes; a[w0:w0+8]: the activation quads as int32 words; minus
+# offset x their sums qsum[w0:w0+8]), then acc[j] = fma(dab * d_w, lane_j, acc[j]) across the rows
+# (dw: their f16 scales, acc: (8, 16)); q4_1 also summ = fma(m_w, s, summ).
+step_q4_0 = _step("step_q4_0", True, 8)                   # (blk, a, qsum, w0, dw, dab, acc)
+step_q4_1 = _step("step_q4_1", True, 0, True)             # (blk, a, qsum, w0, dw, dab, acc, mw, s, summ)
+step_q5_0 = _step("step_q5_0", False, 16)                 # blk: the codes of expand_q5_0
+step_q8_0 = _step("step_q8_0", False, 128)
+
+
+@intrinsic
+def expand_q5_0(typingctx, blk, qh, out):
+    """q5_0's 5-bit codes of a block of 16 rows as bytes, once per block (not per activation row): the
+    nibbles of blk (256 bytes) or'ed with the fifth bits of qh (16 words) -> out (512 bytes, lane j in
+    bytes 64j .. 64j+63)."""
+    def codegen(context, builder, signature, args):
+        t = signature.args
+        bp = _data(context, builder, t[0], args[0], _I8)
+        h = _vload(builder, _data(context, builder, t[1], args[1], _I32), ir.Constant(_I32, 0), _I32x16)
+        op = _data(context, builder, t[2], args[2], _I8)
+        for j in range(4):
+            v = _vload(builder, bp, ir.Constant(_I32, 64 * j), _I8x64)
+            lo = builder.or_(builder.and_(v, ir.Constant(_I8x64, [15] * 64)), _high_bits(builder, h, 4 * j))
+            hi = builder.or_(builder.lshr(v, ir.Constant(_I8x64, [4] * 64)), _high_bits(builder, h, 16 + 4 * j))
+            _vstore(builder, op, ir.Constant(_I32, 64 * j), lo)
+            _vstore(builder, op, ir.Constant(_I32, 64 * (j + 4)), hi)
+        return context.get_dummy_value()
+    return types.none(blk, qh, out), codegen
 
 
 @njit(inline="always", **NOPYTHON)
@@ -162,23 +193,28 @@ def _quantize(x, q41):
 
 
 @njit(inline="always", **NOPYTHON)
-def _mul_mat(qs, d, m, x):
-    """qs (ng, nb, 256 or 512) uint8, d / m (ng, nb, 16) f16 bits (m: q4_1's, else empty);
-    x (T, K) float32, quantized here -> (T, ng*16) f32."""
+def _mul_mat(qs, qh, d, m, x):
+    """qs (ng, nb, 256 or 512) uint8; qh (ng, nb, 16) uint32 (q5_0's fifth bits, else empty); d / m
+    (ng, nb, 16) f16 bits (m: q4_1's, else empty); x (T, K) float32, quantized here -> (T, ng*16) f32."""
     ng, nb, nbytes = qs.shape
-    q41 = m.shape[0] != 0
+    q41, q50 = m.shape[0] != 0, qh.shape[0] != 0
     aq4, qsum, ad, as_ = _quantize(x, q41)
     T = aq4.shape[0]
     out = np.empty((T, ng * R16), np.float32)
     for g in prange(ng):
         acc = np.zeros((T, 8, R16), np.float32)
         summ = np.zeros((T, R16), np.float32)
+        codes = np.empty(512, np.uint8)
         for b in range(nb):
             blk = qs[g, b]
             dw = d[g, b]
+            if q50:
+                expand_q5_0(blk, qh[g, b], codes)
             for t in range(T):
                 if q41:
                     step_q4_1(blk, aq4[t], qsum[t], 8 * b, dw, ad[t, b], acc[t], m[g, b], as_[t, b], summ[t])
+                elif q50:
+                    step_q5_0(codes, aq4[t], qsum[t], 8 * b, dw, ad[t, b], acc[t])
                 elif nbytes == 256:
                     step_q4_0(blk, aq4[t], qsum[t], 8 * b, dw, ad[t, b], acc[t])
                 else:
@@ -194,15 +230,15 @@ def _mul_mat(qs, d, m, x):
 
 
 @njit(parallel=True, **NOPYTHON)
-def mul_mat(qs, d, m, x):
+def mul_mat(qs, qh, d, m, x):
     """x (T, K) float32 times the packed weight (T, ng*16): activations quantized to the weight's
     partner type (q8_1 for q4_1, q8_0 otherwise), then the lane sums and float steps, rows in parallel."""
-    return _mul_mat(qs, d, m, x)
+    return _mul_mat(qs, qh, d, m, x)
 
 
 @njit(**NOPYTHON)
-def mul_mat_serial(qs, d, m, x):
-    return _mul_mat(qs, d, m, x)
+def mul_mat_serial(qs, qh, d, m, x):
+    return _mul_mat(qs, qh, d, m, x)
 
 
 # ---- packing (once per weight, at load) ---------------------------------------------------------
@@ -217,9 +253,9 @@ def _groups16(a: np.ndarray, R: int) -> np.ndarray:
 
 
 def pack(raw: np.ndarray, tname: str, K: int) -> tuple:
-    """Raw rows (R, row_bytes) uint8 of q4_0 / q4_1 / q8_0 -> (qs, d, m) in this module's layout."""
+    """Raw rows (R, row_bytes) uint8 of q4_0 / q4_1 / q5_0 / q8_0 -> (qs, qh, d, m) in this module's layout."""
     from ...quant import legacy as L
-    layout = {"q4_0": L.BLOCK_Q4_0, "q4_1": L.BLOCK_Q4_1, "q8_0": L.BLOCK_Q8_0}[tname]
+    layout = {"q4_0": L.BLOCK_Q4_0, "q4_1": L.BLOCK_Q4_1, "q5_0": L.BLOCK_Q5_0, "q8_0": L.BLOCK_Q8_0}[tname]
     nb = K // 32
     w = np.ascontiguousarray(raw).reshape(-1).view(layout).reshape(-1, nb)
     R = w.shape[0]
@@ -235,4 +271,6 @@ def pack(raw: np.ndarray, tname: str, K: int) -> tuple:
     d = _groups16(np.ascontiguousarray(w["d"]).view(np.uint16), R)
     m = (_groups16(np.ascontiguousarray(w["m"]).view(np.uint16), R) if tname == "q4_1"
          else np.zeros((0, nb, R16), np.uint16))
-    return qs, d, m
+    qh = (_groups16(np.ascontiguousarray(w["qh"]).view("<u4").reshape(R, nb), R) if tname == "q5_0"
+          else np.zeros((0, nb, R16), np.uint32))
+    return qs, qh, d, m
