@@ -117,7 +117,7 @@ def test_attention_kqv_fused_with_the_transposed_v_copy(n_kv, cpu):
 
 
 def test_row_journal_marks_exactly_the_written_rows():
-    from llmlab.ggml.cpu.journal import reader, rows_written
+    from llmlab.ggml.cpu.journal import reader, rows_written, writer
     cache = np.zeros((16, 8), np.float16)
     flags = reader(cache[:10])
     assert flags is not None and flags.tolist() == [1] * 16
@@ -128,6 +128,34 @@ def test_row_journal_marks_exactly_the_written_rows():
     rows_written(cache[:, :4].T)                             # a view whose rows are not the cache's: all
     assert flags.all()
     assert reader(cache[2:]) is None                         # rows shifted against the owner: no journal
+    note = writer(cache[:10])                                # a writer bound once sees later readers too
+    later = reader(cache)
+    flags[:] = 0
+    later[:] = 0
+    note(np.array([1, 9]))
+    assert np.flatnonzero(flags).tolist() == [1, 9] and np.flatnonzero(later).tolist() == [1, 9]
+
+
+@pytest.mark.parametrize("type_", ["f16", "f32"])
+def test_set_rows_converts_like_the_reference(type_):
+    ctx = GGMLContext()
+    dst = leaf(ctx, type_, 64, 12, values=np.zeros(64 * 12, np.float32))
+    v = rng.standard_normal(64 * 3).astype(np.float32) * 1e3
+    v[:4] = [65520.0, -1e-8, 3.0e-5, np.inf]                       # rounds to inf, to zero, a subnormal
+    src = leaf(ctx, "f32", 64, 3, values=v)
+    idx = leaf(ctx, "i32", 3, values=np.array([5, 0, 11], np.int32))
+    out = ggml.set_rows(ctx, dst, src, idx)
+    g = build_forward(out)
+    graph_compute(g)
+    ref = dst.array().copy()
+    dst.set_data(np.zeros_like(dst.array()))
+    plan = graph_plan(g.nodes)
+    assert plan.n_fast == 1
+    plan.compute()
+    assert np.array_equal(dst.array().view(np.uint8), ref.view(np.uint8))
+    idx.set_data(np.array([5, 12, 0], np.int32))
+    with pytest.raises(IndexError):
+        plan.compute()
 
 
 def test_quantized_mul_mat_and_cont(cpu):

@@ -45,7 +45,7 @@ def test_vnni_kernel_uses_vpdpbusd():
     rng = np.random.default_rng(0)
     raw = rng.integers(0, 256, (32, 2 * 20), dtype=np.uint8)
     p = vnni.pack(raw, "q4_1", 64)
-    c = instructions(vnni.mul_mat_serial, *p, rng.standard_normal((1, 64)).astype(np.float32))
+    c = instructions(vnni.mul_mat_serial, *p, rng.standard_normal((1, 64)).astype(np.float32), np.empty((1, 32), np.float32))
     assert vector_count(c, r"vpdpbusd") >= 8           # the 8 lanes of a block, one instruction each
     assert vector_count(c, r"vfmadd\d+ps") >= 8         # and their float steps, 16 rows at a time
 

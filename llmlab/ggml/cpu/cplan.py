@@ -27,7 +27,7 @@ from ..ops import VIEW_OPS
 from ..tensor import F16, F32, Tensor
 from . import sgemm
 from .fast import dispatch as fq
-from .journal import reader, rows_written
+from .journal import reader, writer
 from .fast import ops as fops
 from .fast import vec as fvec
 from .ops import COMPUTE, rope_cache
@@ -236,14 +236,15 @@ def _set_rows(node, cpu):
     V = src.array().reshape(-1, src.ne[0])
     I = idx.array().reshape(-1)
     D = node.array()[0, 0]
-    n_rows, dt = D.shape[0], D.dtype
+    if D.ndim != 2 or D.shape[1] != V.shape[1]:
+        return None
+    cells = D.view(np.uint16) if node.type is F16 else D
+    note = writer(D)
 
     def step():
-        rows = I.astype(np.int64)
-        if rows.size and (rows.min() < 0 or rows.max() >= n_rows):
-            raise IndexError(f"set_rows: row index out of range 0..{n_rows - 1}")
-        D[rows] = V.astype(dt)
-        rows_written(D, rows)
+        if not fops.set_rows(cells, V, I):
+            raise IndexError(f"set_rows: row index out of range 0..{D.shape[0] - 1}")
+        note(I)
     return step
 
 
@@ -334,10 +335,9 @@ def _mul_mat(node, cpu):
         if not fq.supports(t):
             return None
         run = fq.bind(A, t, repacked)                       # prepared once; packed at the first call
-
-        def step():
-            Y[...] = run(X)
-        return step
+        if not (Y.flags.c_contiguous and Y.dtype == np.float32):
+            return None
+        return lambda: run(X, Y)
     if a.type is F16 and a.ne[3] == 1 and b.ne[3] == 1 and b.ne[2] % a.ne[2] == 0:
         A = a.array()[0].view(np.uint16)                    # (Hk, R, K) f16 bits, strides of the cache view
         X, Y = B[0], O[0]

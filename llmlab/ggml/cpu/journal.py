@@ -40,6 +40,25 @@ def reader(a: np.ndarray) -> np.ndarray | None:
     return flags
 
 
+def writer(a: np.ndarray):
+    """``note(rows)``: rows_written(a, rows), with the owner looked up once (for a writer bound to one
+    buffer, called every step). Readers registered later are seen too (it holds the live list)."""
+    root = owner(a)
+    exact = _same_rows(a, root)
+    refs = _READERS.setdefault(id(root), [])
+    n = root.shape[0]
+
+    def note(rows) -> None:
+        for ref in refs:
+            flags = ref()
+            if flags is not None and flags.shape[0] == n:
+                if exact:
+                    flags[rows] = 1
+                else:
+                    flags[:] = 1
+    return note
+
+
 def rows_written(a: np.ndarray, rows=None) -> None:
     """Note that rows ``rows`` of ``a`` (all of them when None) were written."""
     root = owner(a)

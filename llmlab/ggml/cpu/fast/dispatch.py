@@ -163,12 +163,19 @@ def mul_mat_quantized(raw: np.ndarray, qtype, x: np.ndarray, repacked: bool = Fa
 
 
 def bind(raw: np.ndarray, qtype, repacked: bool = False):
-    """``fn(x) -> mul_mat_quantized(raw, qtype, x, repacked)``, prepared once for a weight (the packed
+    """``fn(x, out=None) -> mul_mat_quantized(raw, qtype, x, repacked)`` (into ``out`` (T, R) float32
+    when given), prepared once for a weight (the packed
     arrays, and per activation row count the quantizer and kernels): a graph plan binds it per node, so
     a decode step's matvec pays no lookups."""
     if not supports(qtype):
         from ..ops import mul_mat_quantized as reference
-        return lambda x: reference(raw, qtype, x, repacked)
+        def run_reference(x, out=None):
+            res = reference(raw, qtype, x, repacked)
+            if out is None:
+                return res
+            out[...] = res
+            return out
+        return run_reference
     name = qtype.name
     state: dict = {}
 
@@ -192,8 +199,9 @@ def bind(raw: np.ndarray, qtype, repacked: bool = False):
         c = state[T] = (quant, threaded, single, R * K * T, R)       # kernels better than a serial twin's
         return c
 
-    def run(x: np.ndarray) -> np.ndarray:
-        x = np.ascontiguousarray(x, dtype=np.float32)
+    def run(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        if x.dtype != np.float32 or not x.flags.c_contiguous:
+            x = np.ascontiguousarray(x, dtype=np.float32)
         if x.ndim != 2:
             x = x.reshape(-1, x.shape[-1])
         T = x.shape[0]
@@ -203,21 +211,27 @@ def bind(raw: np.ndarray, qtype, repacked: bool = False):
         quant, threaded, single, work, R = c
         p = state["p"]
         n = threads()
-        if quant is None:
-            out = (threaded if n > 1 and work >= PARALLEL_MIN_WORK else single)(*p, x)
-        elif n == 1 or work >= PARALLEL_MIN_WORK:
-            out = threaded(*p, *quant(x))
+        if quant is None:                                   # writes into out: no result to copy
+            if out is None:
+                out = np.empty((T, R), np.float32)
+            (threaded if n > 1 and work >= PARALLEL_MIN_WORK else single)(*p, x, out)
+            return out
+        if n == 1 or work >= PARALLEL_MIN_WORK:
+            res = threaded(*p, *quant(x))
         elif single is not None:
-            out = single(*p, *quant(x))
+            res = single(*p, *quant(x))
         else:
             n = numba.get_num_threads()
             a = quant(x)
             numba.set_num_threads(1)
             try:
-                out = threaded(*p, *a)
+                res = threaded(*p, *a)
             finally:
                 numba.set_num_threads(n)
-        return out if out.shape[1] == R else np.ascontiguousarray(out[:, :R])
+        if out is None:
+            return res if res.shape[1] == R else np.ascontiguousarray(res[:, :R])
+        out[...] = res[:, :R]
+        return out
 
     return run
 

@@ -1,10 +1,14 @@
-"""numba twins of ggml-cpu's row ops whose float order matters: RMS norm and the RoPE rotation."""
+"""numba twins of ggml-cpu's row ops: RMS norm and the RoPE rotation (their float order matters), and
+SET_ROWS into the KV cache (f32 -> f16 by F16C, as ggml's conversion rounds)."""
 from __future__ import annotations
 
 import numpy as np
 from numba import njit
 
-from ._common import fma
+from numba import types
+from numba.extending import overload
+
+from ._common import f32_to_f16_bits, fma
 
 
 @njit(cache=True)
@@ -40,3 +44,29 @@ def rope(x, cos, sin, n_dims, neox, out):
         for i in range(n_dims, D):
             out[t, h, i] = x[t, h, i]
 
+
+
+def _cell(x, like):
+    """x as a cell of ``like``'s array: float16 bits for a uint16 (f16) array, else as is."""
+
+
+@overload(_cell, inline="always")
+def _cell_impl(x, like):
+    if isinstance(like, types.Integer):
+        return lambda x, like: f32_to_f16_bits(x)
+    return lambda x, like: x
+
+
+@njit(cache=True)
+def set_rows(D, V, I):
+    """D[I[i]] = V[i] (D: f16 bits or float32 rows; V float32). False, writing nothing, when an index
+    is out of range."""
+    n = D.shape[0]
+    for i in range(I.shape[0]):
+        if I[i] < 0 or I[i] >= n:
+            return False
+    for i in range(I.shape[0]):
+        row, src = D[I[i]], V[i]
+        for c in range(src.shape[0]):
+            row[c] = _cell(src[c], row[0])
+    return True

@@ -193,14 +193,15 @@ def _quantize(x, q41):
 
 
 @njit(inline="always", **NOPYTHON)
-def _mul_mat(qs, qh, d, m, x):
+def _mul_mat(qs, qh, d, m, x, out):
     """qs (ng, nb, 256 or 512) uint8; qh (ng, nb, 16) uint32 (q5_0's fifth bits, else empty); d / m
-    (ng, nb, 16) f16 bits (m: q4_1's, else empty); x (T, K) float32, quantized here -> (T, ng*16) f32."""
+    (ng, nb, 16) f16 bits (m: q4_1's, else empty); x (T, K) float32, quantized here; out (T, R) f32,
+    R <= ng*16 (the rows past R are zero padding)."""
     ng, nb, nbytes = qs.shape
+    R = out.shape[1]
     q41, q50 = m.shape[0] != 0, qh.shape[0] != 0
     aq4, qsum, ad, as_ = _quantize(x, q41)
     T = aq4.shape[0]
-    out = np.empty((T, ng * R16), np.float32)
     for g in prange(ng):
         acc = np.zeros((T, 8, R16), np.float32)
         summ = np.zeros((T, R16), np.float32)
@@ -219,26 +220,24 @@ def _mul_mat(qs, qh, d, m, x):
                     step_q4_0(blk, aq4[t], qsum[t], 8 * b, dw, ad[t, b], acc[t])
                 else:
                     step_q8_0(blk, aq4[t], qsum[t], 8 * b, dw, ad[t, b], acc[t])
+        n = min(R16, R - g * R16)
         for t in range(T):
-            for r in range(R16):
-                out[t, g * R16 + r] = hsum8(acc[t, 0, r], acc[t, 1, r], acc[t, 2, r], acc[t, 3, r],
-                                            acc[t, 4, r], acc[t, 5, r], acc[t, 6, r], acc[t, 7, r])
-            if q41:
-                for r in range(R16):
-                    out[t, g * R16 + r] += summ[t, r]
-    return out
+            for r in range(n):
+                v = hsum8(acc[t, 0, r], acc[t, 1, r], acc[t, 2, r], acc[t, 3, r],
+                          acc[t, 4, r], acc[t, 5, r], acc[t, 6, r], acc[t, 7, r])
+                out[t, g * R16 + r] = v + summ[t, r] if q41 else v
 
 
 @njit(parallel=True, **NOPYTHON)
-def mul_mat(qs, qh, d, m, x):
-    """x (T, K) float32 times the packed weight (T, ng*16): activations quantized to the weight's
+def mul_mat(qs, qh, d, m, x, out):
+    """out (T, R) = x (T, K) float32 times the packed weight: activations quantized to the weight's
     partner type (q8_1 for q4_1, q8_0 otherwise), then the lane sums and float steps, rows in parallel."""
-    return _mul_mat(qs, qh, d, m, x)
+    _mul_mat(qs, qh, d, m, x, out)
 
 
 @njit(**NOPYTHON)
-def mul_mat_serial(qs, qh, d, m, x):
-    return _mul_mat(qs, qh, d, m, x)
+def mul_mat_serial(qs, qh, d, m, x, out):
+    _mul_mat(qs, qh, d, m, x, out)
 
 
 # ---- packing (once per weight, at load) ---------------------------------------------------------
