@@ -82,13 +82,15 @@ def test_rope_norm_and_neox(mode, cpu):
     assert same_bits(*both_ways(out, cpu))
 
 
+@pytest.mark.parametrize("n_kv", [256, 260])
 @pytest.mark.parametrize("n_q", [1, 2, 9])
-def test_f16_mul_mat_vec_dot_and_tinyblas(n_q, cpu):
-    """One activation row takes ggml_vec_dot_f16, two or more llamafile's tinyBLAS; K over a permuted
-    cache view as attention reads it, with grouped heads (GQA)."""
+def test_f16_mul_mat_vec_dot_and_tinyblas(n_q, n_kv, cpu):
+    """One activation row takes ggml_vec_dot_f16, two or more llamafile's tinyBLAS (16-row register
+    tiles; 260 rows end in a partial one); K over a permuted cache view as attention reads it, with
+    grouped heads (GQA)."""
     ctx = GGMLContext()
-    k = leaf(ctx, "f16", 64, 3, 256, values=rng.standard_normal(64 * 3 * 256).astype(np.float16))
-    kp = ggml.permute(ctx, k, 0, 2, 1, 3)                       # (64, 256, 3): the cache as attention sees it
+    k = leaf(ctx, "f16", 64, 3, n_kv, values=rng.standard_normal(64 * 3 * n_kv).astype(np.float16))
+    kp = ggml.permute(ctx, k, 0, 2, 1, 3)                       # (64, n_kv, 3): the cache as attention sees it
     q = ggml.permute(ctx, leaf(ctx, "f32", 64, 9, n_q), 0, 2, 1, 3)
     assert same_bits(*both_ways(ggml.mul_mat(ctx, kp, q), cpu))
 

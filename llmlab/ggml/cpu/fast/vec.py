@@ -16,6 +16,7 @@ from typing import NamedTuple
 import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
+from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ._common import as_f32, f16_bits_to_f32, f16_round, f32_to_f16_bits, fma
@@ -212,6 +213,15 @@ def mul_mat_f16_long(A4, X, out, lanes, prog):
                 out[h, t, r] = last[r]
 
 
+@njit(cache=True)
+def round_f16(x, out):
+    """out = x rounded to float16 values (F16C, vectorized; numpy's astype round trip took 5 ms for a
+    prompt's attention probabilities). x, out: (H, T, K)."""
+    for h in range(x.shape[0]):
+        for t in range(x.shape[1]):
+            _round_f16(x[h, t], out[h, t])
+
+
 @njit(inline="always")
 def _round_f16(x, out):
     """ggml converts the activations to f16 (vec_dot_type) before an f16 product."""
@@ -236,6 +246,89 @@ def mul_mat_f16_vt(V, X, out, n_reg, lanes, prog):
             _dot_rows(V, h // g, h // g + 1, b, out[h, t], n_reg, lanes, prog, acc, scratch)
 
 
+_F32x16 = ir.VectorType(ir.FloatType(), 16)
+
+
+def _lane_tile(lanes: int):
+    """One output per row of a 16-row tile, in tinyBLAS's order, held in registers: acc_l (l < lanes,
+    each across the 16 rows) = fma(tile[k], b[k], acc_l) for k = l, l + lanes, l + 2 lanes, ... (lane l
+    of tinyBLAS's register for each output, zero at first); then the lanes added by the tree ``prog``
+    (rows (i, j): value lanes + k = value i + value j), the last value stored into res. tile (K, 16)
+    float32: 16 weight rows, transposed; b (K,) float32; prog (n, 2) int64; res (16,) float32."""
+    def typer(typingctx, tile, b, prog, res):
+        def codegen(context, builder, signature, args):
+            t = signature.args
+            f32p = ir.FloatType().as_pointer()
+            tl = context.make_array(t[0])(context, builder, args[0])
+            K = cgutils.unpack_tuple(builder, tl.shape, 2)[0]
+            ap = builder.bitcast(tl.data, f32p)
+            bp = builder.bitcast(context.make_array(t[1])(context, builder, args[1]).data, f32p)
+            pr = context.make_array(t[2])(context, builder, args[2])
+            n_prog = cgutils.unpack_tuple(builder, pr.shape, 2)[0]
+            pp = builder.bitcast(pr.data, ir.IntType(64).as_pointer())
+            rp = builder.bitcast(context.make_array(t[3])(context, builder, args[3]).data, _F32x16.as_pointer())
+            fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_F32x16, [_F32x16] * 3), "llvm.fma.v16f32")
+            splat = ir.Constant(ir.VectorType(ir.IntType(32), 16), [0] * 16)
+            accs = [cgutils.alloca_once_value(builder, ir.Constant(_F32x16, [0.0] * 16)) for _ in range(lanes)]
+            with cgutils.for_range(builder, builder.udiv(K, ir.Constant(K.type, lanes))) as loop:
+                k0 = builder.mul(loop.index, ir.Constant(K.type, lanes))
+                for lane in range(lanes):
+                    k = builder.add(k0, ir.Constant(K.type, lane))
+                    pa = builder.gep(ap, [builder.mul(k, ir.Constant(K.type, 16))])
+                    a = builder.load(builder.bitcast(pa, _F32x16.as_pointer()), align=4)
+                    bv = builder.insert_element(ir.Constant(_F32x16, None), builder.load(builder.gep(bp, [k])),
+                                                ir.Constant(ir.IntType(32), 0))
+                    bv = builder.shuffle_vector(bv, ir.Constant(_F32x16, None), splat)
+                    builder.store(builder.call(fma, [a, bv, builder.load(accs[lane])]), accs[lane])
+            vals = cgutils.alloca_once(builder, _F32x16, size=ir.Constant(ir.IntType(64), 2 * lanes))
+            for lane in range(lanes):
+                builder.store(builder.load(accs[lane]), builder.gep(vals, [ir.Constant(ir.IntType(64), lane)]))
+            with cgutils.for_range(builder, n_prog) as loop:
+                i2 = builder.mul(loop.index, ir.Constant(n_prog.type, 2))
+                x = builder.load(builder.gep(vals, [builder.load(builder.gep(pp, [i2]))]))
+                y = builder.load(builder.gep(vals, [builder.load(builder.gep(pp, [builder.add(i2, ir.Constant(i2.type, 1))]))]))
+                builder.store(builder.fadd(x, y), builder.gep(vals, [builder.add(loop.index, ir.Constant(n_prog.type, lanes))]))
+            last = builder.add(n_prog, ir.Constant(n_prog.type, lanes - 1))
+            builder.store(builder.load(builder.gep(vals, [last])), rp, align=4)
+            return context.get_dummy_value()
+        return types.none(tile, b, prog, res), codegen
+    typer.__name__ = f"_lane_tile_{lanes}"
+    return intrinsic(typer)
+
+
+_lane_tile_16 = _lane_tile(16)       # tinyBLAS on AVX-512 (KN = 16)
+_lane_tile_8 = _lane_tile(8)         # on AVX2 (KN = 8)
+
+
+@njit(inline="always")
+def _sgemm_f16_kv(A, B, out, lanes, prog, k0, k1, t0, t1):
+    """tinyBLAS (n_reg = 1, ``lanes`` lanes) for the kv heads k0..k1 and activation rows t0..t1: the
+    weight rows widened once into 16-row tiles (K, 16) that stay in L1 while every query of every
+    grouped head passes over them; per tile and query the lanes by _lane_tile, then the lane tree."""
+    Hk, R, K = A.shape
+    H = out.shape[0]
+    g = H // Hk
+    NT = -(-R // 16)
+    AT = np.zeros((NT, K, 16), np.float32)
+    res = np.empty(16, np.float32)
+    for hk in range(k0, k1):
+        for r in range(R):
+            for k in range(K):
+                AT[r // 16, k, r % 16] = f16_bits_to_f32(A[hk, r, k])
+        for s in range(NT):
+            tile = AT[s]
+            n = min(16, R - 16 * s)
+            for h in range(hk * g, (hk + 1) * g):
+                for t in range(t0, t1):
+                    if lanes == 16:
+                        _lane_tile_16(tile, B[h, t], prog, res)
+                    else:
+                        _lane_tile_8(tile, B[h, t], prog, res)
+                    o = out[h, t]
+                    for r in range(n):
+                        o[16 * s + r] = res[r]
+
+
 @njit(inline="always")
 def _mul_mat_f16_kv(A, B, out, n_reg, lanes, prog, k0, k1):
     """Output heads of the kv heads k0..k1 (grouped-query heads share one widened copy)."""
@@ -251,12 +344,22 @@ def _mul_mat_f16_kv(A, B, out, n_reg, lanes, prog, k0, k1):
                 _dot_rows(AT, 0, AT.shape[1], B[h, t], out[h, t], n_reg, lanes, prog, acc, scratch)
 
 
+@njit(inline="always")
+def _tiles(A, n_reg, lanes, prog):
+    """tinyBLAS's order (one register per output) with a lane count _lane_tile has, K in whole
+    registers, a tree of at most lanes - 1 additions (its value slots)."""
+    return n_reg == 1 and (lanes == 16 or lanes == 8) and A.shape[2] % lanes == 0 and prog.shape[0] < lanes
+
+
 @njit(cache=True)
 def mul_mat_f16(A, B, out, n_reg, lanes, prog):
     """out[h, t, r] = A[h // (H / Hk), r] . B[h, t]: A (Hk, R, K) f16 bits (uint16, any strides, as the
     KV cache view lies), B (H, T, K) float32 holding f16 values. vec_dot_f16: n_reg = GGML_F32_ARR;
     tinyBLAS: n_reg = 1 with its own lanes; ``prog`` is the lane reduction."""
-    _mul_mat_f16_kv(A, B, out, n_reg, lanes, prog, 0, A.shape[0])
+    if _tiles(A, n_reg, lanes, prog):
+        _sgemm_f16_kv(A, B, out, lanes, prog, 0, A.shape[0], 0, out.shape[1])
+    else:
+        _mul_mat_f16_kv(A, B, out, n_reg, lanes, prog, 0, A.shape[0])
 
 
 @njit(cache=True)
@@ -289,13 +392,21 @@ def mul_mat_f16_mt(A, B, out, n_reg, lanes, prog, n_chunks):
     """:func:`mul_mat_f16` with the kv heads (or, with one kv head, the activation rows) cut into
     ``n_chunks`` for the threads."""
     Hk, T = A.shape[0], out.shape[1]
+    tiles = _tiles(A, n_reg, lanes, prog)
     if Hk >= n_chunks or T == 1:
         for c in prange(n_chunks):
-            _mul_mat_f16_kv(A, B, out, n_reg, lanes, prog, c * Hk // n_chunks, (c + 1) * Hk // n_chunks)
+            k0, k1 = c * Hk // n_chunks, (c + 1) * Hk // n_chunks
+            if tiles:
+                _sgemm_f16_kv(A, B, out, lanes, prog, k0, k1, 0, T)
+            else:
+                _mul_mat_f16_kv(A, B, out, n_reg, lanes, prog, k0, k1)
     else:
         for c in prange(n_chunks):
             t0, t1 = c * T // n_chunks, (c + 1) * T // n_chunks
-            _mul_mat_f16_kv(A, B[:, t0:t1], out[:, t0:t1], n_reg, lanes, prog, 0, Hk)
+            if tiles:
+                _sgemm_f16_kv(A, B, out, lanes, prog, 0, Hk, t0, t1)
+            else:
+                _mul_mat_f16_kv(A, B[:, t0:t1], out[:, t0:t1], n_reg, lanes, prog, 0, Hk)
 
 
 # ---- exp, SiLU, softmax: ggml_v_expf in its two variants ------------------------------------------
