@@ -351,19 +351,10 @@ def _mul_mat(node, cpu):
         if flags is not None and flags.shape[0] >= R:       # a decode step: keep the cache rows transposed,
             AT = np.zeros((A.shape[0], K, -(-R // fvec.RB), fvec.RB), np.uint16)   # redo those written since
             return lambda: fvec.mul_mat_f16_cached(A, X, Y, n_reg, lanes, prog, flags, AT)
-        Xh = np.empty(X.shape, np.float32)                 # the activations as f16 values (vec_dot_type)
         if Y.size * K >= PARALLEL_MIN_WORK and _threads() > 1:
             n = _threads()
-
-            def step():
-                fvec.round_f16(X, Xh)
-                fvec.mul_mat_f16_mt(A, Xh, Y, n_reg, lanes, prog, n)
-            return step
-
-        def step():
-            fvec.round_f16(X, Xh)
-            fvec.mul_mat_f16(A, Xh, Y, n_reg, lanes, prog)
-        return step
+            return lambda: fvec.mul_mat_f16_mt(A, X, Y, n_reg, lanes, prog, n)
+        return lambda: fvec.mul_mat_f16(A, X, Y, n_reg, lanes, prog)
     return None
 
 

@@ -213,15 +213,6 @@ def mul_mat_f16_long(A4, X, out, lanes, prog):
                 out[h, t, r] = last[r]
 
 
-@njit(cache=True)
-def round_f16(x, out):
-    """out = x rounded to float16 values (F16C, vectorized; numpy's astype round trip took 5 ms for a
-    prompt's attention probabilities). x, out: (H, T, K)."""
-    for h in range(x.shape[0]):
-        for t in range(x.shape[1]):
-            _round_f16(x[h, t], out[h, t])
-
-
 @njit(inline="always")
 def _round_f16(x, out):
     """ggml converts the activations to f16 (vec_dot_type) before an f16 product."""
@@ -311,6 +302,7 @@ def _sgemm_f16_kv(A, B, out, lanes, prog, k0, k1, t0, t1):
     NT = -(-R // 16)
     AT = np.zeros((NT, K, 16), np.float32)
     res = np.empty(16, np.float32)
+    bq = np.empty(K, np.float32)
     for hk in range(k0, k1):
         for r in range(R):
             for k in range(K):
@@ -320,10 +312,11 @@ def _sgemm_f16_kv(A, B, out, lanes, prog, k0, k1, t0, t1):
             n = min(16, R - 16 * s)
             for h in range(hk * g, (hk + 1) * g):
                 for t in range(t0, t1):
+                    _round_f16(B[h, t], bq)
                     if lanes == 16:
-                        _lane_tile_16(tile, B[h, t], prog, res)
+                        _lane_tile_16(tile, bq, prog, res)
                     else:
-                        _lane_tile_8(tile, B[h, t], prog, res)
+                        _lane_tile_8(tile, bq, prog, res)
                     o = out[h, t]
                     for r in range(n):
                         o[16 * s + r] = res[r]
@@ -337,11 +330,13 @@ def _mul_mat_f16_kv(A, B, out, n_reg, lanes, prog, k0, k1):
     AT = np.zeros((A.shape[2], -(-R // RB), RB), np.float32)
     acc = np.empty((n_reg * lanes, RB), np.float32)
     scratch = np.empty((lanes + prog.shape[0], RB), np.float32)
+    bq = np.empty(A.shape[2], np.float32)
     for hk in range(k0, k1):
         _widen_transposed(A, hk, AT)
         for h in range(hk * g, (hk + 1) * g):
             for t in range(T):
-                _dot_rows(AT, 0, AT.shape[1], B[h, t], out[h, t], n_reg, lanes, prog, acc, scratch)
+                _round_f16(B[h, t], bq)
+                _dot_rows(AT, 0, AT.shape[1], bq, out[h, t], n_reg, lanes, prog, acc, scratch)
 
 
 @njit(inline="always")
@@ -354,7 +349,8 @@ def _tiles(A, n_reg, lanes, prog):
 @njit(cache=True)
 def mul_mat_f16(A, B, out, n_reg, lanes, prog):
     """out[h, t, r] = A[h // (H / Hk), r] . B[h, t]: A (Hk, R, K) f16 bits (uint16, any strides, as the
-    KV cache view lies), B (H, T, K) float32 holding f16 values. vec_dot_f16: n_reg = GGML_F32_ARR;
+    KV cache view lies), B (H, T, K) float32, rounded to f16 values here (ggml converts the activations
+    to vec_dot_type f16; values already f16 stay as they are). vec_dot_f16: n_reg = GGML_F32_ARR;
     tinyBLAS: n_reg = 1 with its own lanes; ``prog`` is the lane reduction."""
     if _tiles(A, n_reg, lanes, prog):
         _sgemm_f16_kv(A, B, out, lanes, prog, 0, A.shape[0], 0, out.shape[1])
