@@ -137,6 +137,30 @@ def test_vnni_kernels(tname, R, K):
         numba.set_num_threads(n0)
 
 
+@pytest.mark.skipif(not vnni.AVAILABLE, reason="this host has no AVX512-VNNI")
+@pytest.mark.parametrize("R,K", [(40, 512), (33, 1024)])
+def test_vnni_q4_k_repacked(R, K):
+    """vnni.mul_mat_q4_k (sub-block dots by vpdpbusd) equals the REPACK gemv/gemm reference, its
+    gemm rows (groups of 4) and gemv rows (the rest) alike."""
+    import numba
+    raw = raw_rows("q4_k", R, K, seed=R + K + 3)
+    t = ggml_type("q4_k")
+    p = vnni.pack_q4_k(raw, "q4_k", K)
+    n0 = numba.get_num_threads()
+    try:
+        for T in TS + (64,):
+            x = acts(T, K, seed=T + 300)
+            ref = mul_mat_q4_k_repacked(raw, t, x)
+            for n in (1, 2):
+                numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+                for fn in (vnni.mul_mat_q4_k, vnni.mul_mat_q4_k_serial):
+                    out = np.full((T, R), np.nan, np.float32)
+                    fn(*p, x, out)
+                    assert same_bits(out, ref), (R, K, T, n, fn)
+    finally:
+        numba.set_num_threads(n0)
+
+
 @pytest.mark.parametrize("with_vnni", [True, False], ids=["vnni-if-host", "generic"])
 @pytest.mark.parametrize("tname,K", [("q4_0", 256), ("q4_1", 256), ("q5_0", 256), ("q8_0", 256), ("q4_k", 512), ("q6_k", 512)])
 def test_dispatch_matches_reference(tname, K, with_vnni, monkeypatch):

@@ -6,9 +6,9 @@
 * q4_0, q4_1, q5_0, q8_0: ggml's AVX2 vec_dot order (``q32.mul_mat_<type>``, below MV_MAX_ROWS rows the decode
   kernels ``q32.mv_<type>``), for every T
   (q4_0 in the REPACK buffer computes the same sums here, as in the reference); where the host has
-  AVX512-VNNI, q4_0, q4_1 and q8_0 take ``vnni.mul_mat`` instead (the same bits, its own packed layout);
+  AVX512-VNNI, q4_0, q4_1, q5_0 and q8_0 take ``vnni.mul_mat`` instead (the same bits, its own packed layout);
 * q4_K in the REPACK buffer (``repacked`` and rows % 8 == 0, decided by the caller as ops.mul_mat does):
-  gemv / gemm (``kquants.mul_mat_q4_k_repacked``);
+  gemv / gemm (``kquants.mul_mat_q4_k_repacked``; with AVX512-VNNI ``vnni.mul_mat_q4_k``);
 * q4_K / q6_K otherwise: vec_dot below 8 activation rows, the tiled kernels from 8 rows on;
 * anything else: the NumPy reference.
 
@@ -67,21 +67,23 @@ def path_of(qtype, n_rows: int, repacked: bool = False) -> str:
     return "reference"
 
 
-def uses_vnni(qtype) -> bool:
-    return vnni.AVAILABLE and qtype.name in vnni.TYPES
+def uses_vnni(qtype, repacked: bool = False) -> bool:
+    """The VNNI kernels take this weight: q4_0 / q4_1 / q5_0 / q8_0, and q4_K in the REPACK buffer."""
+    return vnni.AVAILABLE and (qtype.name in vnni.TYPES or (repacked and qtype.name == "q4_k"))
 
 
-def packed(raw: np.ndarray, qtype, K: int) -> tuple:
+def packed(raw: np.ndarray, qtype, K: int, repacked: bool = False) -> tuple:
     """The kernel layout of a weight, made once and cached."""
     arr = np.asarray(raw)
-    v = uses_vnni(qtype)
+    v = uses_vnni(qtype, repacked)
     key = (arr.__array_interface__["data"][0], arr.shape, arr.strides, arr.dtype.str, qtype.name, K, v)
     hit = _PACKED.get(key)
     if hit is None:
         rows = np.ascontiguousarray(arr).view(np.uint8).reshape(-1, K // qtype.block_size * qtype.type_size)
         name = qtype.name
         if v:
-            p = _pack_chunked(rows, name, K, vnni.pack, vnni.R16)
+            pack = vnni.pack_q4_k if name == "q4_k" else vnni.pack
+            p = _pack_chunked(rows, name, K, pack, vnni.R16)
         elif name in Q32_TYPES:
             p = _pack_chunked(rows, name, K, q32.pack_q32, G)
         else:
@@ -181,11 +183,12 @@ def bind(raw: np.ndarray, qtype, repacked: bool = False):
 
     def choose(T: int, K: int):
         if "p" not in state:
-            state["R"], state["p"] = packed(raw, qtype, K)
+            state["R"], state["p"] = packed(raw, qtype, K, repacked)
         R = state["R"]
-        if uses_vnni(qtype):
+        if uses_vnni(qtype, repacked):
             quant = None                                    # the kernel quantizes (one call, not two)
-            threaded, single = vnni.mul_mat, vnni.mul_mat_serial
+            threaded, single = ((vnni.mul_mat_q4_k, vnni.mul_mat_q4_k_serial) if name == "q4_k"
+                                else (vnni.mul_mat, vnni.mul_mat_serial))
         elif name in Q32_TYPES:
             quant = quantize_q8_1 if name == "q4_1" else quantize_q8_0
             pre = "mv_" if T < MV_MAX_ROWS else "mul_mat_"

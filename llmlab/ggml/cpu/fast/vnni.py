@@ -28,8 +28,8 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ._common import NOPYTHON, hsum8
-from .quantize import quantize_q8_0 as _q8_0, quantize_q8_1 as _q8_1
+from ._common import NOPYTHON, as_f32, fma, hsum8
+from .quantize import quantize_q8_0 as _q8_0, quantize_q8_1 as _q8_1, quantize_q8_k as _q8_k
 
 R16 = 16                      # rows per group: one 512-bit register of int32 lanes
 TYPES = ("q4_0", "q4_1", "q5_0", "q8_0")
@@ -240,6 +240,120 @@ def mul_mat_serial(qs, qh, d, m, x, out):
     _mul_mat(qs, qh, d, m, x, out)
 
 
+# ---- q4_K in the REPACK buffer: ggml_gemv / ggml_gemm_q4_K_8x8_q8_K --------------------------------
+
+@intrinsic
+def q4_k_dots(typingctx, blk, a, w0, D):
+    """D[c] = the 16 rows' integer dots of sub-block c (32 values) of one q4_K super-block with the
+    activations: blk (2048 bytes: chunk 8j + q holds, per row, the 4 bytes 32j+4q .. 32j+4q+3, whose
+    low nibbles are values 64j+4q.. of sub-block 2j and high nibbles those of sub-block 2j+1);
+    a[w0:w0+64] the 256 int8 activations as words. 8 vpdpbusd per sub-block, accumulating."""
+    def codegen(context, builder, signature, args):
+        t = signature.args
+        bp = _data(context, builder, t[0], args[0], _I8)
+        ap = _data(context, builder, t[1], args[1], _I32)
+        w0 = context.cast(builder, args[2], t[2], types.intp)
+        dp = _data(context, builder, t[3], args[3], _I32)
+        dpbusd = _intrinsic_fn(builder, "llvm.x86.avx512.vpdpbusd.512", _I32x16, [_I32x16] * 3)
+        word = lambda j: _splat(builder, builder.load(builder.gep(ap, [builder.add(w0, ir.Constant(w0.type, j))])), _I32x16)
+        for j in range(4):
+            lo_acc = hi_acc = ir.Constant(_I32x16, [0] * 16)
+            for q in range(8):
+                v = _vload(builder, bp, ir.Constant(_I32, 64 * (8 * j + q)), _I8x64)
+                lo = builder.bitcast(builder.and_(v, ir.Constant(_I8x64, [15] * 64)), _I32x16)
+                hi = builder.bitcast(builder.lshr(v, ir.Constant(_I8x64, [4] * 64)), _I32x16)
+                lo_acc = builder.call(dpbusd, [lo_acc, lo, word(16 * j + q)])
+                hi_acc = builder.call(dpbusd, [hi_acc, hi, word(16 * j + 8 + q)])
+            _vstore(builder, dp, ir.Constant(_I32, 16 * (2 * j)), lo_acc)
+            _vstore(builder, dp, ir.Constant(_I32, 16 * (2 * j + 1)), hi_acc)
+        return context.get_dummy_value()
+    return types.none(blk, a, w0, D), codegen
+
+
+@njit(inline="always", **NOPYTHON)
+def _mad2(a, x, b, y):
+    """a*x + b*y in int32."""
+    return np.int32(np.int32(np.int32(a) * np.int32(x)) + np.int32(np.int32(b) * np.int32(y)))
+
+
+@njit(inline="always", **NOPYTHON)
+def _mul_mat_q4_k(qs, sc, mn, d, dmin, x, out):
+    """ggml's REPACK q4_K kernels as ``kquants.mul_mat_q4_k_repacked`` computes them (rows in groups of
+    4: gemm, one fma per 64 values; the rest: gemv, one per super-block; result acc - acc_m), the
+    sub-block dots by q4_k_dots. qs (ng, nb, 2048) uint8; sc, mn (ng, nb, 8, 16) uint8; d, dmin
+    (ng, nb, 16) f16 bits; x (T, K) float32, quantized here to q8_K; out (T, R) float32."""
+    ng, nb = qs.shape[0], qs.shape[1]
+    nr = d.shape[2]
+    R = out.shape[1]
+    aq, ad, bsums = _q8_k(x)
+    aq4 = aq.view(np.int32)
+    T = aq.shape[0]
+    n_gemm = T - T % 4
+    for g in prange(ng):
+        D = np.empty((8, nr), np.int32)
+        acc = np.zeros((T, nr), np.float32)
+        accm = np.zeros((T, nr), np.float32)
+        for b in range(nb):
+            blk = qs[g, b]
+            s_, m_, dw, dmw = sc[g, b], mn[g, b], d[g, b], dmin[g, b]
+            for t in range(T):
+                q4_k_dots(blk, aq4[t], 64 * b, D)
+                ya = ad[t, b]
+                k = 16 * b
+                p0 = np.int32(bsums[t, k + 0]) + np.int32(bsums[t, k + 1])
+                p1 = np.int32(bsums[t, k + 2]) + np.int32(bsums[t, k + 3])
+                p2 = np.int32(bsums[t, k + 4]) + np.int32(bsums[t, k + 5])
+                p3 = np.int32(bsums[t, k + 6]) + np.int32(bsums[t, k + 7])
+                p4 = np.int32(bsums[t, k + 8]) + np.int32(bsums[t, k + 9])
+                p5 = np.int32(bsums[t, k + 10]) + np.int32(bsums[t, k + 11])
+                p6 = np.int32(bsums[t, k + 12]) + np.int32(bsums[t, k + 13])
+                p7 = np.int32(bsums[t, k + 14]) + np.int32(bsums[t, k + 15])
+                gemm = t < n_gemm
+                at, amt = acc[t], accm[t]
+                for r in range(nr):
+                    i0 = _mad2(s_[0, r], D[0, r], s_[1, r], D[1, r])      # int32 throughout (numba
+                    i1 = _mad2(s_[2, r], D[2, r], s_[3, r], D[3, r])      # widens int32 products to
+                    i2 = _mad2(s_[4, r], D[4, r], s_[5, r], D[5, r])      # int64 unless told)
+                    i3 = _mad2(s_[6, r], D[6, r], s_[7, r], D[7, r])
+                    m0 = _mad2(m_[0, r], p0, m_[1, r], p1)
+                    m1 = _mad2(m_[2, r], p2, m_[3, r], p3)
+                    m2 = _mad2(m_[4, r], p4, m_[5, r], p5)
+                    m3 = _mad2(m_[6, r], p6, m_[7, r], p7)
+                    dd = as_f32(dw[r]) * ya
+                    dm = as_f32(dmw[r]) * ya
+                    a = at[r]
+                    am = amt[r]
+                    if gemm:
+                        a = fma(i0, dd, a)
+                        a = fma(i1, dd, a)
+                        a = fma(i2, dd, a)
+                        a = fma(i3, dd, a)
+                        am = fma(m0, dm, am)
+                        am = fma(m1, dm, am)
+                        am = fma(m2, dm, am)
+                        am = fma(m3, dm, am)
+                    else:
+                        a = fma(np.int32(np.int32(i0 + i1) + np.int32(i2 + i3)), dd, a)
+                        am = fma(np.int32(np.int32(m0 + m1) + np.int32(m2 + m3)), dm, am)
+                    at[r] = a
+                    amt[r] = am
+        n = min(nr, R - g * nr)
+        for t in range(T):
+            for r in range(n):
+                out[t, g * nr + r] = acc[t, r] - accm[t, r]
+
+
+@njit(parallel=True, **NOPYTHON)
+def mul_mat_q4_k(qs, sc, mn, d, dmin, x, out):
+    """out (T, R) = x (T, K) times a packed q4_K weight in the REPACK buffer, rows in parallel."""
+    _mul_mat_q4_k(qs, sc, mn, d, dmin, x, out)
+
+
+@njit(**NOPYTHON)
+def mul_mat_q4_k_serial(qs, sc, mn, d, dmin, x, out):
+    _mul_mat_q4_k(qs, sc, mn, d, dmin, x, out)
+
+
 # ---- packing (once per weight, at load) ---------------------------------------------------------
 
 def _groups16(a: np.ndarray, R: int) -> np.ndarray:
@@ -273,3 +387,20 @@ def pack(raw: np.ndarray, tname: str, K: int) -> tuple:
     qh = (_groups16(np.ascontiguousarray(w["qh"]).view("<u4").reshape(R, nb), R) if tname == "q5_0"
           else np.zeros((0, nb, R16), np.uint32))
     return qs, qh, d, m
+
+
+def pack_q4_k(raw: np.ndarray, tname: str, K: int) -> tuple:
+    """Raw rows (R, row_bytes) of q4_K -> (qs, sc, mn, d, dmin) in the layout of mul_mat_q4_k."""
+    from ...quant import k_quants as KQ
+    nb = K // 256
+    w = np.ascontiguousarray(raw).reshape(-1).view(KQ.BLOCK_Q4_K).reshape(-1, nb)
+    R = w.shape[0]
+    ng = -(-R // R16)
+    q = np.ascontiguousarray(w["qs"]).reshape(R, nb, 4, 8, 4)                # (row, block, j, q, k)
+    if ng * R16 != R:
+        q = np.concatenate([q, np.zeros((ng * R16 - R, nb, 4, 8, 4), np.uint8)])
+    qs = np.ascontiguousarray(q.reshape(ng, R16, nb, 4, 8, 4).transpose(0, 2, 3, 4, 1, 5)).reshape(ng, nb, 2048)
+    sc, mn = KQ.scale_min_k4(w.reshape(-1)["scales"])
+    return (qs, _groups16(sc.astype(np.uint8).reshape(R, nb, 8), R), _groups16(mn.astype(np.uint8).reshape(R, nb, 8), R),
+            _groups16(np.ascontiguousarray(w["d"]).view(np.uint16), R),
+            _groups16(np.ascontiguousarray(w["dmin"]).view(np.uint16), R))
