@@ -164,6 +164,27 @@ def mul_mat_quantized(raw: np.ndarray, qtype, x: np.ndarray, repacked: bool = Fa
     return bind(raw, qtype, repacked)(x)
 
 
+def bind_step(raw: np.ndarray, qtype, X: np.ndarray, Y: np.ndarray, repacked: bool = False):
+    """A step computing Y[...] = mul_mat_quantized(raw, qtype, X, repacked) for the fixed buffers of a
+    graph node (X (T, K) float32, Y (T, R) float32, both contiguous). On the VNNI kernels the step is
+    the kernel call itself (packed and chosen here, once): no Python between the plan and the kernel."""
+    if uses_vnni(qtype, repacked) and X.dtype == np.float32 and X.flags.c_contiguous and Y.flags.c_contiguous:
+        T, K = X.shape
+        _, p = packed(raw, qtype, K, repacked)
+        q4k = qtype.name == "q4_k"
+        if threads() > 1 and Y.shape[1] * K * T >= PARALLEL_MIN_WORK:
+            kern = vnni.mul_mat_q4_k if q4k else vnni.mul_mat
+        else:
+            kern = vnni.mul_mat_q4_k_serial if q4k else vnni.mul_mat_serial
+        if len(p) == 5:
+            a0, a1, a2, a3, a4 = p
+            return lambda: kern(a0, a1, a2, a3, a4, X, Y)
+        a0, a1, a2, a3 = p
+        return lambda: kern(a0, a1, a2, a3, X, Y)
+    run = bind(raw, qtype, repacked)
+    return lambda: run(X, Y)
+
+
 def bind(raw: np.ndarray, qtype, repacked: bool = False):
     """``fn(x, out=None) -> mul_mat_quantized(raw, qtype, x, repacked)`` (into ``out`` (T, R) float32
     when given), prepared once for a weight (the packed

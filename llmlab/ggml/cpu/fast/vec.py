@@ -220,18 +220,18 @@ def _round_f16(x, out):
         out[k] = f16_round(x[k])
 
 
-@njit(cache=True)
+@njit(cache=True, parallel=True)
 def mul_mat_f16_vt(V, X, out, n_reg, lanes, prog):
     """Attention's kqv for one token fused with the CONT of V^T before it: out[h, t, d] = V[:, h // g, d]
     . f16(X[h, t]), V (KV, Hk, D) the cache rows as f16 bits, read in place (no transposed copy). The
-    arithmetic of vec_dot_f16 on the row d of V^T, vectorized across d."""
+    arithmetic of vec_dot_f16 on the row d of V^T, vectorized across d; the heads in parallel."""
     KV, Hk, D = V.shape
     H, T = out.shape[0], out.shape[1]
     g = H // Hk
-    acc = np.empty((n_reg * lanes, D), np.float32)
-    scratch = np.empty((lanes + prog.shape[0], D), np.float32)
-    b = np.empty(KV, np.float32)
-    for h in range(H):
+    for h in prange(H):
+        acc = np.empty((n_reg * lanes, D), np.float32)
+        scratch = np.empty((lanes + prog.shape[0], D), np.float32)
+        b = np.empty(KV, np.float32)
         for t in range(T):
             _round_f16(X[h, t], b)
             _dot_rows(V, h // g, h // g + 1, b, out[h, t], n_reg, lanes, prog, acc, scratch)
@@ -358,7 +358,7 @@ def mul_mat_f16(A, B, out, n_reg, lanes, prog):
         _mul_mat_f16_kv(A, B, out, n_reg, lanes, prog, 0, A.shape[0])
 
 
-@njit(cache=True)
+@njit(cache=True, parallel=True)
 def mul_mat_f16_cached(A, X, out, n_reg, lanes, prog, written, AT):
     """:func:`mul_mat_f16` for a decode step, which reads the same cache rows step after step: ``AT``
     (Hk, K, R/RB, RB) keeps the rows transposed (f16 bits, zero-padded); a row is transposed again only
@@ -367,20 +367,21 @@ def mul_mat_f16_cached(A, X, out, n_reg, lanes, prog, written, AT):
     Hk, R, K = A.shape
     H, T = out.shape[0], out.shape[1]
     g = H // Hk
+    NB = AT.shape[2]
     for r in range(R):
         if written[r]:
             written[r] = 0
             for hk in range(Hk):
                 for k in range(K):
                     AT[hk, k, r // RB, r % RB] = A[hk, r, k]
-    acc = np.empty((n_reg * lanes, RB), np.float32)
-    scratch = np.empty((lanes + prog.shape[0], RB), np.float32)
-    b = np.empty(K, np.float32)
-    for hk in range(Hk):
-        for h in range(hk * g, (hk + 1) * g):
-            for t in range(T):
-                _round_f16(X[h, t], b)
-                _dot_rows(AT[hk], 0, AT.shape[2], b, out[h, t], n_reg, lanes, prog, acc, scratch)
+    for w in prange(H * NB):                            # (head, block of RB rows): in parallel
+        h, blk = w // NB, w % NB
+        acc = np.empty((n_reg * lanes, RB), np.float32)
+        scratch = np.empty((lanes + prog.shape[0], RB), np.float32)
+        b = np.empty(K, np.float32)
+        for t in range(T):
+            _round_f16(X[h, t], b)
+            _dot_rows(AT[h // g], blk, blk + 1, b, out[h, t][blk * RB:], n_reg, lanes, prog, acc, scratch)
 
 
 @njit(cache=True, parallel=True)
