@@ -16,7 +16,7 @@ as llama.cpp, bit for bit. Each notebook opens one stage and looks inside it.
 * how to set up a machine (also offline, for a workshop room) and how to reset a notebook.
 
 **Prerequisites:** Python and NumPy; no machine-learning background is needed.
-**Run time:** about 1 minute (the live generation at the end takes about 30 seconds).
+**Run time:** about 1 minute (most of it loading; the live generation at the end takes a second or two).
 """)
 
 md(r"""
@@ -127,8 +127,8 @@ print(run.timings.summary())
 md(r"""
 The prefill processes all prompt tokens at once; every decode step then costs about the same,
 because it reads all 98 MB of weights again (the 30 steps of notebook 04 show the cache growing
-while the cost per step stays flat). Python is far slower than llama.cpp's C kernels, but the
-*shape* of the costs is the same.
+while the cost per step stays flat). The numbers are llmlab's compiled kernels (notebook 08 compares
+them with llama.cpp's on this machine); the *shape* of the costs is llama.cpp's too.
 
 ## 4. Setting up a machine, also for a room without internet
 

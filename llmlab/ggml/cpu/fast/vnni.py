@@ -1,22 +1,29 @@
-"""q4_0, q4_1 and q8_0 matmuls on AVX512-VNNI: the lane sums by ``vpdpbusd``, then ggml's float steps.
+"""Quantized matmuls on AVX512-VNNI (q4_0, q4_1, q5_0, q8_0, and q4_K in the REPACK buffer): the
+integer sums by ``vpdpbusd``, then ggml's float steps.
 
 ggml's 8 float lanes of a 32-value block are sums of 4 consecutive products (lane j: values 4j..4j+3),
 exact integers. ``vpdpbusd`` computes exactly such sums: in each 32-bit lane, 4 unsigned bytes times 4
 signed bytes, added. So with the weights laid out 16 rows side by side, 4 codes per row and lane
 (``pack``), one instruction gives one float lane of a block for 16 rows, where the generic kernels
-(``q32``) spend a multiply and an add per code. Unsigned codes: q4_1's are (0..15); q4_0's codes c - 8
-and q8_0's w are stored as c and w + 128, and the kernel subtracts 8 (128) times the lane's activation
-sum, which is exact in int32. The float steps that follow (``acc_j = fma(d_x * d_w, lane_j, acc_j)``,
-hsum_float_8, q4_1's m * s) are those of ``q32``: the same bits.
+(``q32``) spend a multiply and an add per code. The codes must be unsigned: q4_1's are (0..15); q4_0's
+c - 8, q5_0's c - 16 and q8_0's w are used as c and w + 128, and the kernel subtracts 8 (16, 128) times
+the lane's activation sum, which is exact in int32. The float steps that follow
+(``acc_j = fma(d_x * d_w, lane_j, acc_j)``, hsum_float_8, q4_1's m * s) are those of ``q32``: the same
+bits. q4_K's sub-block dots (32 values) are 8 accumulating ``vpdpbusd``; its float steps are those of
+``kquants.mul_mat_q4_k_repacked``.
+
+The inner steps are LLVM IR (``@intrinsic``: vector loads, ``llvm.x86.avx512.vpdpbusd.512``, ``llvm.fma``),
+because numba has no vector types; the loops around them are numba.
 
 Packed layout: ``qs[g, b, c]`` bytes of row group g (rows 16g .. 16g+15, the last group zero-padded),
 block b, chunk c of 64 bytes: q4 types 4 chunks, chunk j holding for each row r the 4 bytes 4j..4j+3 of
 its block (low nibbles: values 4j+k, lane j; high nibbles: values 16+4j+k, lane j+4), i.e. the file's
-bytes regrouped; q8_0 8 chunks, chunk j the 4 codes of lane j plus 128. ``d[g, b, r]`` (q4_1's ``m``): the
-float16 scales as their bits.
+bytes regrouped; q5_0 the same plus ``qh[g, b, r]`` (its 32 fifth bits); q8_0 8 chunks, chunk j the 4
+codes of lane j plus 128. ``d[g, b, r]`` (q4_1's ``m``): the float16 scales as their bits. q4_K: see
+``pack_q4_k``.
 
-Only where the host has AVX512-VNNI (:data:`AVAILABLE`; ``LLMLAB_VNNI=0`` turns it off); elsewhere the
-generic kernels run, with the same results.
+Only where the host has AVX512-VNNI and numba compiles for the host (:data:`AVAILABLE`;
+``LLMLAB_VNNI=0`` turns it off); elsewhere the generic kernels run, with the same results.
 """
 from __future__ import annotations
 
@@ -45,7 +52,12 @@ def _host_has_vnni() -> bool:
     return bool(feats.get("avx512vnni")) and bool(feats.get("avx512bw"))
 
 
-AVAILABLE = os.environ.get("LLMLAB_VNNI", "1") != "0" and _host_has_vnni()
+def _compiles_for_host() -> bool:
+    import numba
+    return (numba.config.CPU_NAME or "host") == "host" and not numba.config.CPU_FEATURES
+
+
+AVAILABLE = os.environ.get("LLMLAB_VNNI", "1") != "0" and _compiles_for_host() and _host_has_vnni()
 
 _I8, _I16, _I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
 _I8x64 = ir.VectorType(_I8, 64)
