@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from llmlab.ggml.cpu import fast
-from llmlab.ggml.cpu.fast import kquants, q32, vnni
+from llmlab.ggml.cpu.fast import dot4, kquants, q32
 from llmlab.ggml.cpu.fast._common import round_to_f16
 from llmlab.ggml.cpu.fast.quantize import quantize_q8_0, quantize_q8_1, quantize_q8_k
 from llmlab.ggml.quant.core import random_blocks
@@ -112,16 +112,21 @@ def test_k_kernels(tname, path, ref, R, K):
 
 # ---- the dispatch takes the reference's path ------------------------------------------------------
 
-@pytest.mark.skipif(not vnni.AVAILABLE, reason="this host has no AVX512-VNNI")
-@pytest.mark.parametrize("tname", vnni.TYPES)
+ISAS = dot4.host_isas()
+
+
+@pytest.mark.skipif(not ISAS, reason="this host has neither AVX512-VNNI nor AVX2")
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("tname", dot4.TYPES)
 @pytest.mark.parametrize("R,K", [(40, 576), (70, 640)])
-def test_vnni_kernels(tname, R, K):
-    """vnni.mul_mat (lane sums by vpdpbusd) and its serial twin equal the reference, for R not a
-    multiple of 16 and T from 1 to a prefill block, at 1 and 2 threads."""
+def test_dot4_kernels(tname, R, K, isa):
+    """dot4's kernels (lane sums by vpdpbusd, or pmaddubsw + pmaddwd) and their serial twins equal the
+    reference, for R not a multiple of 16 and T from 1 to a prefill block, at 1 and 2 threads, on every
+    instruction set this host runs (a VNNI host checks the AVX2 kernels too)."""
     import numba
     raw = raw_rows(tname, R, K, seed=R + K + 2)
     t = ggml_type(tname)
-    p = vnni.pack(raw, tname, K)
+    p = dot4.pack(raw, tname, K)
     n0 = numba.get_num_threads()
     try:
         for T in TS + (64,):
@@ -129,7 +134,7 @@ def test_vnni_kernels(tname, R, K):
             ref = vec_dot_mul_mat(raw, t, x)
             for n in (1, 2):
                 numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
-                for fn in (vnni.mul_mat, vnni.mul_mat_serial):
+                for fn in dot4.kernels(tname, isa):
                     out = np.full((T, R), np.nan, np.float32)
                     fn(*p, x, out)
                     assert same_bits(out, ref), (tname, R, K, T, n, fn)
@@ -137,15 +142,16 @@ def test_vnni_kernels(tname, R, K):
         numba.set_num_threads(n0)
 
 
-@pytest.mark.skipif(not vnni.AVAILABLE, reason="this host has no AVX512-VNNI")
+@pytest.mark.skipif(not ISAS, reason="this host has neither AVX512-VNNI nor AVX2")
+@pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("R,K", [(40, 512), (33, 1024)])
-def test_vnni_q4_k_repacked(R, K):
-    """vnni.mul_mat_q4_k (sub-block dots by vpdpbusd) equals the REPACK gemv/gemm reference, its
-    gemm rows (groups of 4) and gemv rows (the rest) alike."""
+def test_dot4_q4_k_repacked(R, K, isa):
+    """dot4's q4_K kernels (sub-block dots by byte dot products) equal the REPACK gemv/gemm reference,
+    its gemm rows (groups of 4) and gemv rows (the rest) alike."""
     import numba
     raw = raw_rows("q4_k", R, K, seed=R + K + 3)
     t = ggml_type("q4_k")
-    p = vnni.pack_q4_k(raw, "q4_k", K)
+    p = dot4.pack_q4_k(raw, "q4_k", K)
     n0 = numba.get_num_threads()
     try:
         for T in TS + (64,):
@@ -153,7 +159,7 @@ def test_vnni_q4_k_repacked(R, K):
             ref = mul_mat_q4_k_repacked(raw, t, x)
             for n in (1, 2):
                 numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
-                for fn in (vnni.mul_mat_q4_k, vnni.mul_mat_q4_k_serial):
+                for fn in dot4.kernels("q4_k", isa):
                     out = np.full((T, R), np.nan, np.float32)
                     fn(*p, x, out)
                     assert same_bits(out, ref), (R, K, T, n, fn)
@@ -161,13 +167,13 @@ def test_vnni_q4_k_repacked(R, K):
         numba.set_num_threads(n0)
 
 
-@pytest.mark.parametrize("with_vnni", [True, False], ids=["vnni-if-host", "generic"])
+@pytest.mark.parametrize("with_dot4", [True, False], ids=["dot4-if-host", "generic"])
 @pytest.mark.parametrize("tname,K", [("q4_0", 256), ("q4_1", 256), ("q5_0", 256), ("q8_0", 256), ("q4_k", 512), ("q6_k", 512)])
-def test_dispatch_matches_reference(tname, K, with_vnni, monkeypatch):
-    """Both kernel families for q4_0 / q4_1 / q8_0: VNNI where the host has it, and the generic
-    kernels that every other x86 host runs."""
-    if not with_vnni:
-        monkeypatch.setattr(vnni, "AVAILABLE", False)
+def test_dispatch_matches_reference(tname, K, with_dot4, monkeypatch):
+    """Both kernel families for q4_0 / q4_1 / q5_0 / q8_0: byte dot products where the host has them,
+    and the generic kernels (every other host, or LLMLAB_DOT4=0)."""
+    if not with_dot4:
+        monkeypatch.setattr(dot4, "AVAILABLE", False)
     t = ggml_type(tname)
     raw = raw_rows(tname, 48, K)
     for T in (1, 7, 8, 9):

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from numba import njit
 
-from llmlab.ggml.cpu.fast import q32, vec as fvec, vnni
+from llmlab.ggml.cpu.fast import dot4, q32, vec as fvec
 from llmlab.ggml.cpu.fast._common import NOPYTHON
 
 pytestmark = pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"),
@@ -40,13 +40,16 @@ def vector_count(c: Counter, pattern: str) -> int:
     return sum(n for (op, reg), n in c.items() if re.fullmatch(pattern, op) and reg in ("ymm", "zmm"))
 
 
-@pytest.mark.skipif(not vnni.AVAILABLE, reason="this host has no AVX512-VNNI")
-def test_vnni_kernel_uses_vpdpbusd():
+@pytest.mark.parametrize("isa,op", [("vnni", r"vpdpbusd"), ("avx2", r"vpmaddubsw")])
+def test_dot4_kernels_use_byte_dot_products(isa, op):
+    if isa not in dot4.host_isas():
+        pytest.skip(f"this host does not run {isa}")
     rng = np.random.default_rng(0)
     raw = rng.integers(0, 256, (32, 2 * 20), dtype=np.uint8)
-    p = vnni.pack(raw, "q4_1", 64)
-    c = instructions(vnni.mul_mat_serial, *p, rng.standard_normal((1, 64)).astype(np.float32), np.empty((1, 32), np.float32))
-    assert vector_count(c, r"vpdpbusd") >= 8           # the 8 lanes of a block, one instruction each
+    p = dot4.pack(raw, "q4_1", 64)
+    c = instructions(dot4.kernels("q4_1", isa)[1], *p, rng.standard_normal((1, 64)).astype(np.float32),
+                     np.empty((1, 32), np.float32))
+    assert vector_count(c, op) >= 8                     # the 8 lanes of a block, one instruction (pair) each
     assert vector_count(c, r"vfmadd\d+ps") >= 8         # and their float steps, 16 rows at a time
 
 

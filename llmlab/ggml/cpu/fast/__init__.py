@@ -7,6 +7,7 @@ numba's cache instead of compiling. Threads: ``LLMLAB_THREADS`` (default all cor
 fixed order), as ggml's do not.
 
 Modules: ``quantize`` (q8_0, q8_1, q8_K activation quantizers), ``q32`` (q4_0, q4_1, q5_0, q8_0),
+``dot4`` (the same types and REPACK q4_K by byte dot products: AVX512-VNNI or AVX2, where the host has them),
 ``kquants`` (q4_K, q6_K: vec_dot, tiled, REPACK gemv/gemm), ``dispatch`` (path choice, packed-weight
 cache; entry point :func:`mul_mat_quantized`), ``vec`` (f16 dot products and tinyBLAS, expf, SwiGLU,
 softmax), ``ops`` (RMS norm, RoPE). ``llmlab.ggml.cpu.cplan`` binds them to a graph's nodes.

@@ -6,9 +6,10 @@
 * q4_0, q4_1, q5_0, q8_0: ggml's AVX2 vec_dot order (``q32.mul_mat_<type>``, below MV_MAX_ROWS rows the decode
   kernels ``q32.mv_<type>``), for every T
   (q4_0 in the REPACK buffer computes the same sums here, as in the reference); where the host has
-  AVX512-VNNI, q4_0, q4_1, q5_0 and q8_0 take ``vnni.mul_mat`` instead (the same bits, its own packed layout);
+  AVX512-VNNI or AVX2, q4_0, q4_1, q5_0 and q8_0 take ``dot4``'s kernels instead (byte dot products:
+  the same bits, their own packed layout);
 * q4_K in the REPACK buffer (``repacked`` and rows % 8 == 0, decided by the caller as ops.mul_mat does):
-  gemv / gemm (``kquants.mul_mat_q4_k_repacked``; with AVX512-VNNI ``vnni.mul_mat_q4_k``);
+  gemv / gemm (``kquants.mul_mat_q4_k_repacked``; with byte dot products ``dot4``'s);
 * q4_K / q6_K otherwise: vec_dot below 8 activation rows, the tiled kernels from 8 rows on;
 * anything else: the NumPy reference.
 
@@ -33,7 +34,7 @@ import os
 import numba
 import numpy as np
 
-from . import kquants, q32, vnni
+from . import dot4, kquants, q32
 from ._common import G, set_threads, threads
 from .quantize import quantize_q8_0, quantize_q8_1, quantize_q8_k
 
@@ -67,23 +68,23 @@ def path_of(qtype, n_rows: int, repacked: bool = False) -> str:
     return "reference"
 
 
-def uses_vnni(qtype, repacked: bool = False) -> bool:
-    """The VNNI kernels take this weight: q4_0 / q4_1 / q5_0 / q8_0, and q4_K in the REPACK buffer."""
-    return vnni.AVAILABLE and (qtype.name in vnni.TYPES or (repacked and qtype.name == "q4_k"))
+def uses_dot4(qtype, repacked: bool = False) -> bool:
+    """dot4's kernels take this weight: q4_0 / q4_1 / q5_0 / q8_0, and q4_K in the REPACK buffer."""
+    return dot4.AVAILABLE and (qtype.name in dot4.TYPES or (repacked and qtype.name == "q4_k"))
 
 
 def packed(raw: np.ndarray, qtype, K: int, repacked: bool = False) -> tuple:
     """The kernel layout of a weight, made once and cached."""
     arr = np.asarray(raw)
-    v = uses_vnni(qtype, repacked)
+    v = uses_dot4(qtype, repacked)
     key = (arr.__array_interface__["data"][0], arr.shape, arr.strides, arr.dtype.str, qtype.name, K, v)
     hit = _PACKED.get(key)
     if hit is None:
         rows = np.ascontiguousarray(arr).view(np.uint8).reshape(-1, K // qtype.block_size * qtype.type_size)
         name = qtype.name
         if v:
-            pack = vnni.pack_q4_k if name == "q4_k" else vnni.pack
-            p = _pack_chunked(rows, name, K, pack, vnni.R16)
+            pack = dot4.pack_q4_k if name == "q4_k" else dot4.pack
+            p = _pack_chunked(rows, name, K, pack, dot4.R16)
         elif name in Q32_TYPES:
             p = _pack_chunked(rows, name, K, q32.pack_q32, G)
         else:
@@ -168,14 +169,11 @@ def bind_step(raw: np.ndarray, qtype, X: np.ndarray, Y: np.ndarray, repacked: bo
     """A step computing Y[...] = mul_mat_quantized(raw, qtype, X, repacked) for the fixed buffers of a
     graph node (X (T, K) float32, Y (T, R) float32, both contiguous). On the VNNI kernels the step is
     the kernel call itself (packed and chosen here, once): no Python between the plan and the kernel."""
-    if uses_vnni(qtype, repacked) and X.dtype == np.float32 and X.flags.c_contiguous and Y.flags.c_contiguous:
+    if uses_dot4(qtype, repacked) and X.dtype == np.float32 and X.flags.c_contiguous and Y.flags.c_contiguous:
         T, K = X.shape
         _, p = packed(raw, qtype, K, repacked)
-        q4k = qtype.name == "q4_k"
-        if threads() > 1 and Y.shape[1] * K * T >= PARALLEL_MIN_WORK:
-            kern = vnni.mul_mat_q4_k if q4k else vnni.mul_mat
-        else:
-            kern = vnni.mul_mat_q4_k_serial if q4k else vnni.mul_mat_serial
+        threaded, serial = dot4.kernels(qtype.name)
+        kern = threaded if threads() > 1 and Y.shape[1] * K * T >= PARALLEL_MIN_WORK else serial
         if len(p) == 5:
             a0, a1, a2, a3, a4 = p
             return lambda: kern(a0, a1, a2, a3, a4, X, Y)
@@ -206,10 +204,9 @@ def bind(raw: np.ndarray, qtype, repacked: bool = False):
         if "p" not in state:
             state["R"], state["p"] = packed(raw, qtype, K, repacked)
         R = state["R"]
-        if uses_vnni(qtype, repacked):
+        if uses_dot4(qtype, repacked):
             quant = None                                    # the kernel quantizes (one call, not two)
-            threaded, single = ((vnni.mul_mat_q4_k, vnni.mul_mat_q4_k_serial) if name == "q4_k"
-                                else (vnni.mul_mat, vnni.mul_mat_serial))
+            threaded, single = dot4.kernels(name)
         elif name in Q32_TYPES:
             quant = quantize_q8_1 if name == "q4_1" else quantize_q8_0
             pre = "mv_" if T < MV_MAX_ROWS else "mul_mat_"

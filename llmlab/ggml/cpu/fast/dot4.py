@@ -1,19 +1,22 @@
-"""Quantized matmuls on AVX512-VNNI (q4_0, q4_1, q5_0, q8_0, and q4_K in the REPACK buffer): the
-integer sums by ``vpdpbusd``, then ggml's float steps.
+"""Quantized matmuls by byte dot products (q4_0, q4_1, q5_0, q8_0, and q4_K in the REPACK buffer): the
+integer sums four byte products at a time, then ggml's float steps.
 
 ggml's 8 float lanes of a 32-value block are sums of 4 consecutive products (lane j: values 4j..4j+3),
-exact integers. ``vpdpbusd`` computes exactly such sums: in each 32-bit lane, 4 unsigned bytes times 4
-signed bytes, added. So with the weights laid out 16 rows side by side, 4 codes per row and lane
-(``pack``), one instruction gives one float lane of a block for 16 rows, where the generic kernels
-(``q32``) spend a multiply and an add per code. The codes must be unsigned: q4_1's are (0..15); q4_0's
-c - 8, q5_0's c - 16 and q8_0's w are used as c and w + 128, and the kernel subtracts 8 (16, 128) times
-the lane's activation sum, which is exact in int32. The float steps that follow
-(``acc_j = fma(d_x * d_w, lane_j, acc_j)``, hsum_float_8, q4_1's m * s) are those of ``q32``: the same
-bits. q4_K's sub-block dots (32 values) are 8 accumulating ``vpdpbusd``; its float steps are those of
-``kquants.mul_mat_q4_k_repacked``.
+exact integers. AVX512-VNNI's ``vpdpbusd`` computes exactly such sums: in each 32-bit lane, 4 unsigned
+bytes times 4 signed bytes, added; on AVX2, ``pmaddubsw`` (pairs into int16) then ``pmaddwd`` by ones
+(pairs of pairs into int32) give the same sums. So with the weights laid out 16 rows side by side, 4
+codes per row and lane (``pack``), one instruction (or two) gives one float lane of a block for 16 rows,
+where the generic kernels (``q32``) spend a multiply and an add per code. The codes must be unsigned:
+q4_1's are (0..15); q4_0's c - 8, q5_0's c - 16 and q8_0's w are used as c and w + 128, and the kernel
+subtracts 8 (16, 128) times the lane's activation sum, which is exact in int32 (on AVX2, where w + 128
+would saturate pmaddubsw's int16 pairs, q8_0 takes ggml's |w| x sign(a, w) instead). The float steps
+that follow (``acc_j = fma(d_x * d_w, lane_j, acc_j)``, hsum_float_8, q4_1's m * s) are those of
+``q32``: the same bits. q4_K's sub-block dots (32 values) are 8 accumulating byte dots; its float steps
+are those of ``kquants.mul_mat_q4_k_repacked``.
 
-The inner steps are LLVM IR (``@intrinsic``: vector loads, ``llvm.x86.avx512.vpdpbusd.512``, ``llvm.fma``),
-because numba has no vector types; the loops around them are numba.
+The inner steps are LLVM IR (``@intrinsic``: vector loads, ``llvm.x86.avx512.vpdpbusd.512`` or
+``llvm.x86.avx2.pmadd.ub.sw`` / ``pmadd.wd``, ``llvm.fma``), because numba has no vector types; the
+loops around them are numba, one body compiled once per instruction set (``KERNELS``).
 
 Packed layout: ``qs[g, b, c]`` bytes of row group g (rows 16g .. 16g+15, the last group zero-padded),
 block b, chunk c of 64 bytes: q4 types 4 chunks, chunk j holding for each row r the 4 bytes 4j..4j+3 of
@@ -22,8 +25,8 @@ bytes regrouped; q5_0 the same plus ``qh[g, b, r]`` (its 32 fifth bits); q8_0 8 
 codes of lane j plus 128. ``d[g, b, r]`` (q4_1's ``m``): the float16 scales as their bits. q4_K: see
 ``pack_q4_k``.
 
-Only where the host has AVX512-VNNI and numba compiles for the host (:data:`AVAILABLE`;
-``LLMLAB_VNNI=0`` turns it off); elsewhere the generic kernels run, with the same results.
+:data:`ISA` is the best set the host runs ("vnni", "avx2"), when numba compiles for the host;
+``LLMLAB_DOT4=0`` turns these kernels off (the generic ones run, with the same results).
 """
 from __future__ import annotations
 
@@ -43,13 +46,19 @@ TYPES = ("q4_0", "q4_1", "q5_0", "q8_0")
 OFFSET = {"q4_0": 8, "q4_1": 0, "q5_0": 16, "q8_0": 128}
 
 
-def _host_has_vnni() -> bool:
+def host_isas() -> tuple[str, ...]:
+    """The byte-dot instruction sets this host runs: "vnni" (AVX512-VNNI with AVX512BW), "avx2"."""
     try:
         import llvmlite.binding as ll
         feats = ll.get_host_cpu_features()
     except Exception:           # noqa: BLE001 - no feature list: take the generic kernels
-        return False
-    return bool(feats.get("avx512vnni")) and bool(feats.get("avx512bw"))
+        return ()
+    out = []
+    if feats.get("avx512vnni") and feats.get("avx512bw"):
+        out.append("vnni")
+    if feats.get("avx2") and feats.get("fma") and feats.get("f16c"):
+        out.append("avx2")
+    return tuple(out)
 
 
 def _compiles_for_host() -> bool:
@@ -57,7 +66,16 @@ def _compiles_for_host() -> bool:
     return (numba.config.CPU_NAME or "host") == "host" and not numba.config.CPU_FEATURES
 
 
-AVAILABLE = os.environ.get("LLMLAB_VNNI", "1") != "0" and _compiles_for_host() and _host_has_vnni()
+def _choose() -> str | None:
+    if os.environ.get("LLMLAB_DOT4", "1") == "0" or not _compiles_for_host():
+        return None
+    isas = host_isas()
+    return isas[0] if isas else None
+
+
+ISA: str | None = _choose()     # the kernels dispatch takes: the best the host has (None: the generic ones)
+AVAILABLE = ISA is not None
+
 
 _I8, _I16, _I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
 _I8x64 = ir.VectorType(_I8, 64)
@@ -95,6 +113,39 @@ def _f16x16(builder, ptr):
     return builder.fpext(builder.bitcast(h, ir.VectorType(ir.HalfType(), 16)), _F32x16)
 
 
+def _dot4(builder, isa: str, acc, u8, word, signed: bool = False):
+    """acc + the 16 lanes' sums of 4 byte products: u8 (<64 x i8>, unsigned codes; with ``signed`` the
+    bytes are signed codes) times the 4 signed bytes of the int32 ``word`` (broadcast). VNNI: one
+    vpdpbusd. AVX2: pmaddubsw (pairs, int16) then pmaddwd by ones (quads, int32), per 8 rows; exact
+    while a pair cannot saturate int16: unsigned codes up to 31 (2 * 31 * 128), or, for signed codes
+    (q8_0), ggml's |w| x sign(a, w) with activations in -127..127, as ggml's quantizers make them."""
+    w = _splat(builder, word, _I32x16)
+    if isa == "vnni":
+        if signed:
+            raise ValueError("vpdpbusd takes unsigned codes")
+        fn = _intrinsic_fn(builder, "llvm.x86.avx512.vpdpbusd.512", _I32x16, [_I32x16] * 3)
+        return builder.call(fn, [acc, builder.bitcast(u8, _I32x16), w])
+    sb = builder.bitcast(w, _I8x64)
+    if signed:
+        zero = ir.Constant(_I8x64, [0] * 64)
+        neg = builder.icmp_signed("<", u8, zero)
+        ax = builder.select(neg, builder.sub(zero, u8), u8)                     # |w| (-128 -> 128 unsigned)
+        sb = builder.select(neg, builder.sub(zero, sb), builder.select(builder.icmp_signed("==", u8, zero), zero, sb))
+        u8 = ax
+    I8x32, I16x16, I32x8 = ir.VectorType(_I8, 32), ir.VectorType(_I16, 16), ir.VectorType(_I32, 8)
+    maddubs = _intrinsic_fn(builder, "llvm.x86.avx2.pmadd.ub.sw", I16x16, [I8x32, I8x32])
+    maddwd = _intrinsic_fn(builder, "llvm.x86.avx2.pmadd.wd", I32x8, [I16x16, I16x16])
+    ones = ir.Constant(I16x16, [1] * 16)
+    halves = []
+    for h in range(2):
+        idx = ir.Constant(ir.VectorType(_I32, 32), list(range(32 * h, 32 * h + 32)))
+        uh = builder.shuffle_vector(u8, ir.Constant(_I8x64, None), idx)
+        sh = builder.shuffle_vector(sb, ir.Constant(_I8x64, None), idx)
+        halves.append(builder.call(maddwd, [builder.call(maddubs, [uh, sh]), ones]))
+    both = builder.shuffle_vector(halves[0], halves[1], ir.Constant(_I32x16, list(range(16))))
+    return builder.add(acc, both)
+
+
 def _c32(v: int):
     return ir.Constant(_I32x16, [v] * 16)
 
@@ -107,7 +158,11 @@ def _high_bits(builder, qh, shift: int):
     return builder.bitcast(builder.shl(spread, _c32(4)), _I8x64)
 
 
-def _step_codegen(nibbles: bool, offset: int, with_m: bool):
+def _step_codegen(nibbles: bool, offset: int, with_m: bool, isa: str):
+    signed = isa == "avx2" and offset == 128           # q8_0 on AVX2: the signed codes, no offset
+    if signed:
+        offset = 0
+
     def codegen(context, builder, signature, args):
         blk, a, qsum, w0, dw, dab, acc = args[:7]
         t = signature.args
@@ -115,7 +170,6 @@ def _step_codegen(nibbles: bool, offset: int, with_m: bool):
         ap = _data(context, builder, t[1], a, _I32)
         sp = _data(context, builder, t[2], qsum, _I32)
         w0 = context.cast(builder, w0, t[3], types.intp)
-        dpbusd = _intrinsic_fn(builder, "llvm.x86.avx512.vpdpbusd.512", _I32x16, [_I32x16] * 3)
         fma = _intrinsic_fn(builder, "llvm.fma.v16f32", _F32x16, [_F32x16] * 3)
         zero = ir.Constant(_I32x16, [0] * 16)
         word = lambda p, j: builder.load(builder.gep(p, [builder.add(w0, ir.Constant(w0.type, j))]))
@@ -125,11 +179,13 @@ def _step_codegen(nibbles: bool, offset: int, with_m: bool):
                      + [builder.lshr(v, ir.Constant(_I8x64, [4] * 64)) for v in raw])
         else:
             codes = [_vload(builder, bp, ir.Constant(_I32, 64 * j), _I8x64) for j in range(8)]
+            if signed:                                       # stored as w + 128: back to w
+                codes = [builder.xor(c, ir.Constant(_I8x64, [0x80] * 64)) for c in codes]
         dd = builder.fmul(_splat(builder, context.cast(builder, dab, t[5], types.float32), _F32x16),
                           _f16x16(builder, _data(context, builder, t[4], dw, _I16)))
         accp = _data(context, builder, t[6], acc, ir.FloatType())
         for j in range(8):
-            lane = builder.call(dpbusd, [zero, builder.bitcast(codes[j], _I32x16), _splat(builder, word(ap, j), _I32x16)])
+            lane = _dot4(builder, isa, zero, codes[j], word(ap, j), signed)
             if offset:
                 c = builder.mul(word(sp, j), ir.Constant(_I32, offset))
                 lane = builder.sub(lane, _splat(builder, c, _I32x16))
@@ -145,25 +201,54 @@ def _step_codegen(nibbles: bool, offset: int, with_m: bool):
     return codegen
 
 
-def _step(name: str, nibbles: bool, offset: int, with_m: bool = False):
+def _step(name: str, nibbles: bool, offset: int, with_m: bool, isa: str):
     if with_m:
         def typer(typingctx, blk, a, qsum, w0, dw, dab, acc, mw, s, summ):
-            return types.none(blk, a, qsum, w0, dw, dab, acc, mw, s, summ), _step_codegen(nibbles, offset, with_m)
+            return types.none(blk, a, qsum, w0, dw, dab, acc, mw, s, summ), _step_codegen(nibbles, offset, with_m, isa)
     else:
         def typer(typingctx, blk, a, qsum, w0, dw, dab, acc):
-            return types.none(blk, a, qsum, w0, dw, dab, acc), _step_codegen(nibbles, offset, with_m)
-    typer.__name__ = name
+            return types.none(blk, a, qsum, w0, dw, dab, acc), _step_codegen(nibbles, offset, with_m, isa)
+    typer.__name__ = f"{name}_{isa}"
     return intrinsic(typer)
 
 
-# One block of 16 rows against one activation row: the 8 lane sums by vpdpbusd (blk: the block's 256
-# bytes of nibbles or 512 bytes of codes; a[w0:w0+8]: the activation quads as int32 words; minus
-# offset x their sums qsum[w0:w0+8]), then acc[j] = fma(dab * d_w, lane_j, acc[j]) across the rows
-# (dw: their f16 scales, acc: (8, 16)); q4_1 also summ = fma(m_w, s, summ).
-step_q4_0 = _step("step_q4_0", True, 8)                   # (blk, a, qsum, w0, dw, dab, acc)
-step_q4_1 = _step("step_q4_1", True, 0, True)             # (blk, a, qsum, w0, dw, dab, acc, mw, s, summ)
-step_q5_0 = _step("step_q5_0", False, 16)                 # blk: the codes of expand_q5_0
-step_q8_0 = _step("step_q8_0", False, 128)
+# One block of 16 rows against one activation row: the 8 lane sums (blk: the block's 256 bytes of
+# nibbles or 512 bytes of codes; a[w0:w0+8]: the activation quads as int32 words; minus offset x their
+# sums qsum[w0:w0+8]), then acc[j] = fma(dab * d_w, lane_j, acc[j]) across the rows (dw: their f16
+# scales, acc: (8, 16)); q4_1 also summ = fma(m_w, s, summ). One set per instruction set.
+step_q4_0_vnni = _step("step_q4_0", True, 8, False, "vnni")       # (blk, a, qsum, w0, dw, dab, acc)
+step_q4_1_vnni = _step("step_q4_1", True, 0, True, "vnni")        # (..., acc, mw, s, summ)
+step_q5_0_vnni = _step("step_q5_0", False, 16, False, "vnni")     # blk: the codes of expand_q5_0
+step_q8_0_vnni = _step("step_q8_0", False, 128, False, "vnni")
+step_q4_0_avx2 = _step("step_q4_0", True, 8, False, "avx2")
+step_q4_1_avx2 = _step("step_q4_1", True, 0, True, "avx2")
+step_q5_0_avx2 = _step("step_q5_0", False, 16, False, "avx2")
+step_q8_0_avx2 = _step("step_q8_0", False, 128, False, "avx2")
+
+
+@njit(inline="always", **NOPYTHON)
+def _step_vnni(kind, blk, codes, a, qsum, w0, dw, dab, acc, mw, s, summ):
+    """The block step of weight kind 0 q4_0, 1 q4_1, 2 q5_0 (``codes``: the block expanded), 3 q8_0."""
+    if kind == 1:
+        step_q4_1_vnni(blk, a, qsum, w0, dw, dab, acc, mw, s, summ)
+    elif kind == 2:
+        step_q5_0_vnni(codes, a, qsum, w0, dw, dab, acc)
+    elif kind == 0:
+        step_q4_0_vnni(blk, a, qsum, w0, dw, dab, acc)
+    else:
+        step_q8_0_vnni(blk, a, qsum, w0, dw, dab, acc)
+
+
+@njit(inline="always", **NOPYTHON)
+def _step_avx2(kind, blk, codes, a, qsum, w0, dw, dab, acc, mw, s, summ):
+    if kind == 1:
+        step_q4_1_avx2(blk, a, qsum, w0, dw, dab, acc, mw, s, summ)
+    elif kind == 2:
+        step_q5_0_avx2(codes, a, qsum, w0, dw, dab, acc)
+    elif kind == 0:
+        step_q4_0_avx2(blk, a, qsum, w0, dw, dab, acc)
+    else:
+        step_q8_0_avx2(blk, a, qsum, w0, dw, dab, acc)
 
 
 @intrinsic
@@ -205,13 +290,15 @@ def _quantize(x, q41):
 
 
 @njit(inline="always", **NOPYTHON)
-def _mul_mat(qs, qh, d, m, x, out):
+def _mul_mat(qs, qh, d, m, x, out, step):
     """qs (ng, nb, 256 or 512) uint8; qh (ng, nb, 16) uint32 (q5_0's fifth bits, else empty); d / m
     (ng, nb, 16) f16 bits (m: q4_1's, else empty); x (T, K) float32, quantized here; out (T, R) f32,
-    R <= ng*16 (the rows past R are zero padding)."""
+    R <= ng*16 (the rows past R are zero padding). ``step``: _step_vnni or _step_avx2 (a compile-time
+    choice: each entry point below is compiled with one of them)."""
     ng, nb, nbytes = qs.shape
     R = out.shape[1]
     q41, q50 = m.shape[0] != 0, qh.shape[0] != 0
+    kind = 1 if q41 else (2 if q50 else (0 if nbytes == 256 else 3))
     aq4, qsum, ad, as_ = _quantize(x, q41)
     T = aq4.shape[0]
     for g in prange(ng):
@@ -221,17 +308,12 @@ def _mul_mat(qs, qh, d, m, x, out):
         for b in range(nb):
             blk = qs[g, b]
             dw = d[g, b]
+            mw = m[g, b] if q41 else dw
             if q50:
                 expand_q5_0(blk, qh[g, b], codes)
             for t in range(T):
-                if q41:
-                    step_q4_1(blk, aq4[t], qsum[t], 8 * b, dw, ad[t, b], acc[t], m[g, b], as_[t, b], summ[t])
-                elif q50:
-                    step_q5_0(codes, aq4[t], qsum[t], 8 * b, dw, ad[t, b], acc[t])
-                elif nbytes == 256:
-                    step_q4_0(blk, aq4[t], qsum[t], 8 * b, dw, ad[t, b], acc[t])
-                else:
-                    step_q8_0(blk, aq4[t], qsum[t], 8 * b, dw, ad[t, b], acc[t])
+                s = as_[t, b] if q41 else np.float32(0)
+                step(kind, blk, codes, aq4[t], qsum[t], 8 * b, dw, ad[t, b], acc[t], mw, s, summ[t])
         n = min(R16, R - g * R16)
         for t in range(T):
             for r in range(n):
@@ -240,46 +322,62 @@ def _mul_mat(qs, qh, d, m, x, out):
                 out[t, g * R16 + r] = v + summ[t, r] if q41 else v
 
 
+# out (T, R) = x (T, K) float32 times the packed weight: activations quantized to the weight's partner
+# type (q8_1 for q4_1, q8_0 otherwise), then the lane sums and float steps; rows in parallel or serial.
+
 @njit(parallel=True, **NOPYTHON)
-def mul_mat(qs, qh, d, m, x, out):
-    """out (T, R) = x (T, K) float32 times the packed weight: activations quantized to the weight's
-    partner type (q8_1 for q4_1, q8_0 otherwise), then the lane sums and float steps, rows in parallel."""
-    _mul_mat(qs, qh, d, m, x, out)
+def mul_mat_vnni(qs, qh, d, m, x, out):
+    _mul_mat(qs, qh, d, m, x, out, _step_vnni)
 
 
 @njit(**NOPYTHON)
-def mul_mat_serial(qs, qh, d, m, x, out):
-    _mul_mat(qs, qh, d, m, x, out)
+def mul_mat_vnni_serial(qs, qh, d, m, x, out):
+    _mul_mat(qs, qh, d, m, x, out, _step_vnni)
+
+
+@njit(parallel=True, **NOPYTHON)
+def mul_mat_avx2(qs, qh, d, m, x, out):
+    _mul_mat(qs, qh, d, m, x, out, _step_avx2)
+
+
+@njit(**NOPYTHON)
+def mul_mat_avx2_serial(qs, qh, d, m, x, out):
+    _mul_mat(qs, qh, d, m, x, out, _step_avx2)
 
 
 # ---- q4_K in the REPACK buffer: ggml_gemv / ggml_gemm_q4_K_8x8_q8_K --------------------------------
 
-@intrinsic
-def q4_k_dots(typingctx, blk, a, w0, D):
+def _q4_k_dots(isa: str):
     """D[c] = the 16 rows' integer dots of sub-block c (32 values) of one q4_K super-block with the
     activations: blk (2048 bytes: chunk 8j + q holds, per row, the 4 bytes 32j+4q .. 32j+4q+3, whose
     low nibbles are values 64j+4q.. of sub-block 2j and high nibbles those of sub-block 2j+1);
-    a[w0:w0+64] the 256 int8 activations as words. 8 vpdpbusd per sub-block, accumulating."""
-    def codegen(context, builder, signature, args):
-        t = signature.args
-        bp = _data(context, builder, t[0], args[0], _I8)
-        ap = _data(context, builder, t[1], args[1], _I32)
-        w0 = context.cast(builder, args[2], t[2], types.intp)
-        dp = _data(context, builder, t[3], args[3], _I32)
-        dpbusd = _intrinsic_fn(builder, "llvm.x86.avx512.vpdpbusd.512", _I32x16, [_I32x16] * 3)
-        word = lambda j: _splat(builder, builder.load(builder.gep(ap, [builder.add(w0, ir.Constant(w0.type, j))])), _I32x16)
-        for j in range(4):
-            lo_acc = hi_acc = ir.Constant(_I32x16, [0] * 16)
-            for q in range(8):
-                v = _vload(builder, bp, ir.Constant(_I32, 64 * (8 * j + q)), _I8x64)
-                lo = builder.bitcast(builder.and_(v, ir.Constant(_I8x64, [15] * 64)), _I32x16)
-                hi = builder.bitcast(builder.lshr(v, ir.Constant(_I8x64, [4] * 64)), _I32x16)
-                lo_acc = builder.call(dpbusd, [lo_acc, lo, word(16 * j + q)])
-                hi_acc = builder.call(dpbusd, [hi_acc, hi, word(16 * j + 8 + q)])
-            _vstore(builder, dp, ir.Constant(_I32, 16 * (2 * j)), lo_acc)
-            _vstore(builder, dp, ir.Constant(_I32, 16 * (2 * j + 1)), hi_acc)
-        return context.get_dummy_value()
-    return types.none(blk, a, w0, D), codegen
+    a[w0:w0+64] the 256 int8 activations as words. 8 accumulating byte dots per sub-block."""
+    def typer(typingctx, blk, a, w0, D):
+        def codegen(context, builder, signature, args):
+            t = signature.args
+            bp = _data(context, builder, t[0], args[0], _I8)
+            ap = _data(context, builder, t[1], args[1], _I32)
+            w0 = context.cast(builder, args[2], t[2], types.intp)
+            dp = _data(context, builder, t[3], args[3], _I32)
+            word = lambda j: builder.load(builder.gep(ap, [builder.add(w0, ir.Constant(w0.type, j))]))
+            for j in range(4):
+                lo_acc = hi_acc = ir.Constant(_I32x16, [0] * 16)
+                for q in range(8):
+                    v = _vload(builder, bp, ir.Constant(_I32, 64 * (8 * j + q)), _I8x64)
+                    lo = builder.and_(v, ir.Constant(_I8x64, [15] * 64))
+                    hi = builder.lshr(v, ir.Constant(_I8x64, [4] * 64))
+                    lo_acc = _dot4(builder, isa, lo_acc, lo, word(16 * j + q))
+                    hi_acc = _dot4(builder, isa, hi_acc, hi, word(16 * j + 8 + q))
+                _vstore(builder, dp, ir.Constant(_I32, 16 * (2 * j)), lo_acc)
+                _vstore(builder, dp, ir.Constant(_I32, 16 * (2 * j + 1)), hi_acc)
+            return context.get_dummy_value()
+        return types.none(blk, a, w0, D), codegen
+    typer.__name__ = f"q4_k_dots_{isa}"
+    return intrinsic(typer)
+
+
+q4_k_dots_vnni = _q4_k_dots("vnni")
+q4_k_dots_avx2 = _q4_k_dots("avx2")
 
 
 @njit(inline="always", **NOPYTHON)
@@ -289,10 +387,10 @@ def _mad2(a, x, b, y):
 
 
 @njit(inline="always", **NOPYTHON)
-def _mul_mat_q4_k(qs, sc, mn, d, dmin, x, out):
+def _mul_mat_q4_k(qs, sc, mn, d, dmin, x, out, dots):
     """ggml's REPACK q4_K kernels as ``kquants.mul_mat_q4_k_repacked`` computes them (rows in groups of
     4: gemm, one fma per 64 values; the rest: gemv, one per super-block; result acc - acc_m), the
-    sub-block dots by q4_k_dots. qs (ng, nb, 2048) uint8; sc, mn (ng, nb, 8, 16) uint8; d, dmin
+    sub-block dots by ``dots`` (q4_k_dots_vnni or _avx2, fixed per entry point). qs (ng, nb, 2048) uint8; sc, mn (ng, nb, 8, 16) uint8; d, dmin
     (ng, nb, 16) f16 bits; x (T, K) float32, quantized here to q8_K; out (T, R) float32."""
     ng, nb = qs.shape[0], qs.shape[1]
     nr = d.shape[2]
@@ -309,7 +407,7 @@ def _mul_mat_q4_k(qs, sc, mn, d, dmin, x, out):
             blk = qs[g, b]
             s_, m_, dw, dmw = sc[g, b], mn[g, b], d[g, b], dmin[g, b]
             for t in range(T):
-                q4_k_dots(blk, aq4[t], 64 * b, D)
+                dots(blk, aq4[t], 64 * b, D)
                 ya = ad[t, b]
                 k = 16 * b
                 p0 = np.int32(bsums[t, k + 0]) + np.int32(bsums[t, k + 1])
@@ -355,15 +453,36 @@ def _mul_mat_q4_k(qs, sc, mn, d, dmin, x, out):
                 out[t, g * nr + r] = acc[t, r] - accm[t, r]
 
 
+# out (T, R) = x (T, K) times a packed q4_K weight in the REPACK buffer; rows in parallel or serial.
+
 @njit(parallel=True, **NOPYTHON)
-def mul_mat_q4_k(qs, sc, mn, d, dmin, x, out):
-    """out (T, R) = x (T, K) times a packed q4_K weight in the REPACK buffer, rows in parallel."""
-    _mul_mat_q4_k(qs, sc, mn, d, dmin, x, out)
+def mul_mat_q4_k_vnni(qs, sc, mn, d, dmin, x, out):
+    _mul_mat_q4_k(qs, sc, mn, d, dmin, x, out, q4_k_dots_vnni)
 
 
 @njit(**NOPYTHON)
-def mul_mat_q4_k_serial(qs, sc, mn, d, dmin, x, out):
-    _mul_mat_q4_k(qs, sc, mn, d, dmin, x, out)
+def mul_mat_q4_k_vnni_serial(qs, sc, mn, d, dmin, x, out):
+    _mul_mat_q4_k(qs, sc, mn, d, dmin, x, out, q4_k_dots_vnni)
+
+
+@njit(parallel=True, **NOPYTHON)
+def mul_mat_q4_k_avx2(qs, sc, mn, d, dmin, x, out):
+    _mul_mat_q4_k(qs, sc, mn, d, dmin, x, out, q4_k_dots_avx2)
+
+
+@njit(**NOPYTHON)
+def mul_mat_q4_k_avx2_serial(qs, sc, mn, d, dmin, x, out):
+    _mul_mat_q4_k(qs, sc, mn, d, dmin, x, out, q4_k_dots_avx2)
+
+
+# the entry points per instruction set: (threaded, serial) for the q32 types and for q4_K
+KERNELS = {"vnni": {"q32": (mul_mat_vnni, mul_mat_vnni_serial), "q4_k": (mul_mat_q4_k_vnni, mul_mat_q4_k_vnni_serial)},
+           "avx2": {"q32": (mul_mat_avx2, mul_mat_avx2_serial), "q4_k": (mul_mat_q4_k_avx2, mul_mat_q4_k_avx2_serial)}}
+
+
+def kernels(qtype_name: str, isa: str | None = None) -> tuple:
+    """(threaded, serial) for a weight type on an instruction set (default: the host's)."""
+    return KERNELS[isa or ISA]["q4_k" if qtype_name == "q4_k" else "q32"]
 
 
 # ---- packing (once per weight, at load) ---------------------------------------------------------
