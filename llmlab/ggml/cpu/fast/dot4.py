@@ -26,7 +26,8 @@ codes of lane j plus 128. ``d[g, b, r]`` (q4_1's ``m``): the float16 scales as t
 ``pack_q4_k``.
 
 :data:`ISA` is the best set the host runs ("vnni", "avx2"), when numba compiles for the host;
-``LLMLAB_DOT4=0`` turns these kernels off (the generic ones run, with the same results).
+``LLMLAB_DOT4=avx2`` picks a lesser one, ``LLMLAB_DOT4=0`` turns these kernels off (the generic ones
+run). Every choice gives the same bits.
 """
 from __future__ import annotations
 
@@ -67,9 +68,13 @@ def _compiles_for_host() -> bool:
 
 
 def _choose() -> str | None:
-    if os.environ.get("LLMLAB_DOT4", "1") == "0" or not _compiles_for_host():
+    """LLMLAB_DOT4: unset (the best the host runs), 0 (none: the generic kernels), or one of host_isas()."""
+    want = os.environ.get("LLMLAB_DOT4", "").strip().lower()
+    if want == "0" or not _compiles_for_host():
         return None
     isas = host_isas()
+    if want and want in isas:
+        return want
     return isas[0] if isas else None
 
 
