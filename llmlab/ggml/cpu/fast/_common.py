@@ -85,6 +85,13 @@ def thread_count() -> int:
     return max(1, min(n, numba.config.NUMBA_NUM_THREADS))
 
 
+# R * K * T multiply-adds of a quantized product below which a call runs on one thread (the one home of
+# the threshold; cplan scales it for other ops). On a quiet 2-core machine threading pays from about
+# 262144 (matvecs per token: SmolLM2 12.2 -> 8.1 ms, Gemma 20.8 -> 15.5 ms; only the K/V projections stay
+# serial). Where the other core is busy (a shared machine), a threaded call can cost milliseconds waiting
+# for the second thread: LLMLAB_PARALLEL_MIN_WORK=2097152 keeps every layer serial.
+PARALLEL_MIN_WORK = int(os.environ.get("LLMLAB_PARALLEL_MIN_WORK", 1 << 18))
+
 _THREADS = [1]
 
 

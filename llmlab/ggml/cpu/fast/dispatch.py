@@ -29,23 +29,17 @@ loaded one, more than a small matvec saves.
 from __future__ import annotations
 
 import mmap
-import os
 
 import numba
 import numpy as np
 
 from . import dot4, kquants, q32
-from ._common import G, set_threads, threads
+from ._common import G, PARALLEL_MIN_WORK, set_threads, threads
 from .quantize import quantize_q8_0, quantize_q8_1, quantize_q8_k
 
 Q32_TYPES = ("q4_0", "q4_1", "q5_0", "q8_0")
 K_TYPES = ("q4_k", "q6_k")
 TILED_MIN_ROWS = 8              # ggml_tiled_min_batch (the same in every x86 profile's tiled_min_batch)
-# R * K * T multiply-adds below which a call runs on one thread. On a quiet 2-core machine threading pays
-# from about 262144 (matvecs per token: SmolLM2 12.2 -> 8.1 ms, Gemma 20.8 -> 15.5 ms; only the K/V
-# projections stay serial). Where the other core is busy (a shared machine), a threaded call can cost
-# milliseconds waiting for the second thread: LLMLAB_PARALLEL_MIN_WORK=2097152 keeps every layer serial.
-PARALLEL_MIN_WORK = int(os.environ.get("LLMLAB_PARALLEL_MIN_WORK", 1 << 18))
 PACK_CHUNK_ROWS = 8192          # rows packed at a time (a multiple of G)
 MV_MAX_ROWS = 4                 # q32 types: below this many activation rows the decode kernels (q32.mv_*)
 

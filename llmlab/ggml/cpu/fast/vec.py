@@ -63,17 +63,6 @@ def params(cpu) -> VecParams:
     return p
 
 
-@njit(inline="always")
-def run_tree(v, prog, scratch):
-    """Add the lanes of ``v`` as the program says (float32 additions); ``scratch`` holds lanes + steps."""
-    n = v.shape[0]
-    for i in range(n):
-        scratch[i] = v[i]
-    for k in range(prog.shape[0]):
-        scratch[n + k] = scratch[prog[k, 0]] + scratch[prog[k, 1]]
-    return scratch[n + prog.shape[0] - 1]
-
-
 # ---- f16 dot products: ggml_vec_dot_f16 (one activation row) and tinyBLAS (two or more) -------------
 #
 # Both keep ``n_reg`` registers of ``lanes`` floats per output, fma'd step after step along K
