@@ -167,6 +167,31 @@ def test_dot4_q4_k_repacked(R, K, isa):
         numba.set_num_threads(n0)
 
 
+@pytest.mark.skipif(not ISAS, reason="this host has neither AVX512-VNNI nor AVX2")
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("R,K", [(40, 512), (33, 1024)])
+def test_dot4_q6_k(R, K, isa):
+    """dot4's q6_K kernels equal the references: vec_dot below 8 activation rows, tiled from 8 on."""
+    import numba
+    raw = raw_rows("q6_k", R, K, seed=R + K + 4)
+    t = ggml_type("q6_k")
+    p = dot4.pack_q6_k(raw, "q6_k", K)
+    n0 = numba.get_num_threads()
+    try:
+        for T in TS + (64,):
+            x = acts(T, K, seed=T + 400)
+            tiled = T >= 8
+            ref = (mul_mat_k_tiled if tiled else vec_dot_mul_mat)(raw, t, x)
+            for n in (1, 2):
+                numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+                for fn in dot4.kernels("q6_k", isa):
+                    out = np.full((T, R), np.nan, np.float32)
+                    fn(*p, x, out, *dot4.extra_args("q6_k", T))
+                    assert same_bits(out, ref), (R, K, T, n, fn)
+    finally:
+        numba.set_num_threads(n0)
+
+
 @pytest.mark.parametrize("with_dot4", [True, False], ids=["dot4-if-host", "generic"])
 @pytest.mark.parametrize("tname,K", [("q4_0", 256), ("q4_1", 256), ("q5_0", 256), ("q8_0", 256), ("q4_k", 512), ("q6_k", 512)])
 def test_dispatch_matches_reference(tname, K, with_dot4, monkeypatch):

@@ -10,7 +10,8 @@
   the same bits, their own packed layout);
 * q4_K in the REPACK buffer (``repacked`` and rows % 8 == 0, decided by the caller as ops.mul_mat does):
   gemv / gemm (``kquants.mul_mat_q4_k_repacked``; with byte dot products ``dot4``'s);
-* q4_K / q6_K otherwise: vec_dot below 8 activation rows, the tiled kernels from 8 rows on;
+* q4_K / q6_K otherwise: vec_dot below 8 activation rows, the tiled kernels from 8 rows on (q6_K by
+  ``dot4``'s kernels where the host has byte dot products);
 * anything else: the NumPy reference.
 
 Weights are repacked once (the packed arrays are cached, keyed by the weight buffer's address, shape
@@ -34,12 +35,11 @@ import numba
 import numpy as np
 
 from . import dot4, kquants, q32
-from ._common import G, PARALLEL_MIN_WORK, set_threads, threads
+from ._common import G, PARALLEL_MIN_WORK, TILED_MIN_ROWS, set_threads, threads
 from .quantize import quantize_q8_0, quantize_q8_1, quantize_q8_k
 
 Q32_TYPES = ("q4_0", "q4_1", "q5_0", "q8_0")
 K_TYPES = ("q4_k", "q6_k")
-TILED_MIN_ROWS = 8              # ggml_tiled_min_batch (the same in every x86 profile's tiled_min_batch)
 PACK_CHUNK_ROWS = 8192          # rows packed at a time (a multiple of G)
 MV_MAX_ROWS = 4                 # q32 types: below this many activation rows the decode kernels (q32.mv_*)
 
@@ -63,8 +63,8 @@ def path_of(qtype, n_rows: int, repacked: bool = False) -> str:
 
 
 def uses_dot4(qtype, repacked: bool = False) -> bool:
-    """dot4's kernels take this weight: q4_0 / q4_1 / q5_0 / q8_0, and q4_K in the REPACK buffer."""
-    return dot4.AVAILABLE and (qtype.name in dot4.TYPES or (repacked and qtype.name == "q4_k"))
+    """dot4's kernels take this weight: q4_0 / q4_1 / q5_0 / q8_0 / q6_K, and q4_K in the REPACK buffer."""
+    return dot4.AVAILABLE and (qtype.name in dot4.TYPES or qtype.name == "q6_k" or (repacked and qtype.name == "q4_k"))
 
 
 def packed(raw: np.ndarray, qtype, K: int, repacked: bool = False) -> tuple:
@@ -77,8 +77,7 @@ def packed(raw: np.ndarray, qtype, K: int, repacked: bool = False) -> tuple:
         rows = np.ascontiguousarray(arr).view(np.uint8).reshape(-1, K // qtype.block_size * qtype.type_size)
         name = qtype.name
         if v:
-            pack = dot4.pack_q4_k if name == "q4_k" else dot4.pack
-            p = _pack_chunked(rows, name, K, pack, dot4.R16)
+            p = _pack_chunked(rows, name, K, dot4.packer(name), dot4.R16)
         elif name in Q32_TYPES:
             p = _pack_chunked(rows, name, K, q32.pack_q32, G)
         else:
@@ -161,18 +160,15 @@ def mul_mat_quantized(raw: np.ndarray, qtype, x: np.ndarray, repacked: bool = Fa
 
 def bind_step(raw: np.ndarray, qtype, X: np.ndarray, Y: np.ndarray, repacked: bool = False):
     """A step computing Y[...] = mul_mat_quantized(raw, qtype, X, repacked) for the fixed buffers of a
-    graph node (X (T, K) float32, Y (T, R) float32, both contiguous). On the VNNI kernels the step is
+    graph node (X (T, K) float32, Y (T, R) float32, both contiguous). On dot4's kernels the step is
     the kernel call itself (packed and chosen here, once): no Python between the plan and the kernel."""
     if uses_dot4(qtype, repacked) and X.dtype == np.float32 and X.flags.c_contiguous and Y.flags.c_contiguous:
         T, K = X.shape
         _, p = packed(raw, qtype, K, repacked)
         threaded, serial = dot4.kernels(qtype.name)
         kern = threaded if threads() > 1 and Y.shape[1] * K * T >= PARALLEL_MIN_WORK else serial
-        if len(p) == 5:
-            a0, a1, a2, a3, a4 = p
-            return lambda: kern(a0, a1, a2, a3, a4, X, Y)
-        a0, a1, a2, a3 = p
-        return lambda: kern(a0, a1, a2, a3, X, Y)
+        args = (*p, X, Y, *dot4.extra_args(qtype.name, T))
+        return lambda: kern(*args)
     run = bind(raw, qtype, repacked)
     return lambda: run(X, Y)
 
@@ -199,7 +195,7 @@ def bind(raw: np.ndarray, qtype, repacked: bool = False):
             state["R"], state["p"] = packed(raw, qtype, K, repacked)
         R = state["R"]
         if uses_dot4(qtype, repacked):
-            quant = None                                    # the kernel quantizes (one call, not two)
+            quant = dot4.extra_args(name, T)                # the kernel quantizes (one call, not two)
             threaded, single = dot4.kernels(name)
         elif name in Q32_TYPES:
             quant = quantize_q8_1 if name == "q4_1" else quantize_q8_0
@@ -226,10 +222,10 @@ def bind(raw: np.ndarray, qtype, repacked: bool = False):
         quant, threaded, single, work, R = c
         p = state["p"]
         n = threads()
-        if quant is None:                                   # writes into out: no result to copy
+        if isinstance(quant, tuple):                        # dot4: writes into out, no result to copy
             if out is None:
                 out = np.empty((T, R), np.float32)
-            (threaded if n > 1 and work >= PARALLEL_MIN_WORK else single)(*p, x, out)
+            (threaded if n > 1 and work >= PARALLEL_MIN_WORK else single)(*p, x, out, *quant)
             return out
         if n == 1 or work >= PARALLEL_MIN_WORK:
             res = threaded(*p, *quant(x))

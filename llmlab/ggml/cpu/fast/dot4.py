@@ -1,4 +1,4 @@
-"""Quantized matmuls by byte dot products (q4_0, q4_1, q5_0, q8_0, and q4_K in the REPACK buffer): the
+"""Quantized matmuls by byte dot products (q4_0, q4_1, q5_0, q8_0, q6_K, and q4_K in the REPACK buffer): the
 integer sums four byte products at a time, then ggml's float steps.
 
 ggml's 8 float lanes of a 32-value block are sums of 4 consecutive products (lane j: values 4j..4j+3),
@@ -39,7 +39,7 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ._common import NOPYTHON, as_f32, fma, hsum8
+from ._common import NOPYTHON, TILED_MIN_ROWS, as_f32, fma, hsum8
 from .quantize import quantize_q8_0 as _q8_0, quantize_q8_1 as _q8_1, quantize_q8_k as _q8_k
 
 R16 = 16                      # rows per group: one 512-bit register of int32 lanes
@@ -480,14 +480,140 @@ def mul_mat_q4_k_avx2_serial(qs, sc, mn, d, dmin, x, out):
     _mul_mat_q4_k(qs, sc, mn, d, dmin, x, out, q4_k_dots_avx2)
 
 
+# ---- q6_K: ggml_vec_dot_q6_K_q8_K (below 8 activation rows) and the tiled kernel (from 8 on) ----------
+
+def _q6_k_dots(isa: str, per: int):
+    """The 16 rows' dots of a q6_K super-block with the activations, ``per`` quads added into each
+    output: per = 1 gives Q[8c + u], quad u (values 32c+4u .. 32c+4u+3) of chunk c (vec_dot's lanes);
+    per = 4 gives D[s], the 16-value sub-block s (the tiled kernel's). blk (4096 bytes, chunk 8c + u: the
+    unsigned 6-bit codes, 4 per row); a[w0:w0+64] the 256 int8 activations as words; out (64 / per, 16)
+    int32."""
+    def typer(typingctx, blk, a, w0, out):
+        def codegen(context, builder, signature, args):
+            t = signature.args
+            bp = _data(context, builder, t[0], args[0], _I8)
+            ap = _data(context, builder, t[1], args[1], _I32)
+            w0 = context.cast(builder, args[2], t[2], types.intp)
+            op = _data(context, builder, t[3], args[3], _I32)
+            for o in range(64 // per):
+                acc = ir.Constant(_I32x16, [0] * 16)
+                for j in range(per * o, per * o + per):
+                    v = _vload(builder, bp, ir.Constant(_I32, 64 * j), _I8x64)
+                    wd = builder.load(builder.gep(ap, [builder.add(w0, ir.Constant(w0.type, j))]))
+                    acc = _dot4(builder, isa, acc, v, wd)
+                _vstore(builder, op, ir.Constant(_I32, 16 * o), acc)
+            return context.get_dummy_value()
+        return types.none(blk, a, w0, out), codegen
+    typer.__name__ = f"q6_k_dots_{per}_{isa}"
+    return intrinsic(typer)
+
+
+q6_k_quads_vnni, q6_k_subs_vnni = _q6_k_dots("vnni", 1), _q6_k_dots("vnni", 4)
+q6_k_quads_avx2, q6_k_subs_avx2 = _q6_k_dots("avx2", 1), _q6_k_dots("avx2", 4)
+
+
+@njit(inline="always", **NOPYTHON)
+def _mul_mat_q6_k(qs, sc, d, x, out, quads, subs, tiled):
+    """ggml's q6_K products as ``kquants.mul_mat_q6_k`` (vec_dot: 8 int32 lanes, lane u the scaled quads
+    u of every 32-value chunk minus 32 x scales . block sums, acc_u = fma(d_x d_w, lane, acc_u), hsum)
+    and ``kquants.mul_mat_q6_k_tiled`` (one float step per super-block) compute them, the quads by
+    ``quads`` (or, tiled, the sub-block dots by ``subs``). qs (ng, nb, 4096) uint8; sc (ng, nb, 16, 16) int8;
+    d (ng, nb, 16) f16 bits."""
+    ng, nb = qs.shape[0], qs.shape[1]
+    nr = d.shape[2]
+    R = out.shape[1]
+    aq, ad, bsums = _q8_k(x)
+    aq4 = aq.view(np.int32)
+    T = aq.shape[0]
+    for g in prange(ng):
+        Q = np.empty((64, nr), np.int32)
+        L = np.empty((8, nr), np.int32)
+        acc = np.zeros((T, 8, nr), np.float32)
+        for b in range(nb):
+            s_, dw = sc[g, b], d[g, b]
+            for t in range(T):
+                ya = ad[t, b]
+                k = 16 * b
+                if tiled:
+                    subs(qs[g, b], aq4[t], 64 * b, Q)   # Q[:16]: the 16 sub-block dots
+                    s1 = L[0]                           # per row: sum over the 16 sub-blocks of
+                    s1[:] = 0                           # scale x (dot - 32 x block sum), in int32
+                    for sb in range(16):
+                        qsb, ssb = Q[sb], s_[sb]
+                        bs = np.int32(32 * np.int32(bsums[t, k + sb]))
+                        for r in range(nr):
+                            s1[r] = np.int32(s1[r] + np.int32(np.int32(ssb[r]) * np.int32(qsb[r] - bs)))
+                    at = acc[t, 0]
+                    for r in range(nr):
+                        at[r] = fma(as_f32(dw[r]) * np.float32(s1[r]), ya, at[r])
+                else:
+                    quads(qs[g, b], aq4[t], 64 * b, Q)
+                    for u in range(8):                  # chunk c: lanes 0-3 take scale 2c, lanes 4-7 scale 2c+1
+                        h = u >> 2
+                        Lu, q0, s0 = L[u], Q[u], s_[h]
+                        for r in range(nr):
+                            Lu[r] = np.int32(np.int32(s0[r]) * q0[r])
+                        for c in range(1, 8):
+                            qc, sc_ = Q[8 * c + u], s_[2 * c + h]
+                            for r in range(nr):
+                                Lu[r] = np.int32(Lu[r] + np.int32(np.int32(sc_[r]) * qc[r]))
+                        b0, b1 = np.int32(bsums[t, k + 2 * u]), np.int32(bsums[t, k + 2 * u + 1])
+                        sa, sb_ = s_[2 * u], s_[2 * u + 1]
+                        for r in range(nr):
+                            Lu[r] = np.int32(Lu[r] - np.int32(32 * np.int32(np.int32(np.int32(sa[r]) * b0) + np.int32(np.int32(sb_[r]) * b1))))
+                    for u in range(8):
+                        au, Lu = acc[t, u], L[u]
+                        for r in range(nr):
+                            au[r] = fma(ya * as_f32(dw[r]), Lu[r], au[r])
+        n = min(nr, R - g * nr)
+        for t in range(T):
+            for r in range(n):
+                out[t, g * nr + r] = acc[t, 0, r] if tiled else hsum8(
+                    acc[t, 0, r], acc[t, 1, r], acc[t, 2, r], acc[t, 3, r], acc[t, 4, r], acc[t, 5, r], acc[t, 6, r], acc[t, 7, r])
+
+
+@njit(parallel=True, **NOPYTHON)
+def mul_mat_q6_k_vnni(qs, sc, d, x, out, tiled):
+    _mul_mat_q6_k(qs, sc, d, x, out, q6_k_quads_vnni, q6_k_subs_vnni, tiled)
+
+
+@njit(**NOPYTHON)
+def mul_mat_q6_k_vnni_serial(qs, sc, d, x, out, tiled):
+    _mul_mat_q6_k(qs, sc, d, x, out, q6_k_quads_vnni, q6_k_subs_vnni, tiled)
+
+
+@njit(parallel=True, **NOPYTHON)
+def mul_mat_q6_k_avx2(qs, sc, d, x, out, tiled):
+    _mul_mat_q6_k(qs, sc, d, x, out, q6_k_quads_avx2, q6_k_subs_avx2, tiled)
+
+
+@njit(**NOPYTHON)
+def mul_mat_q6_k_avx2_serial(qs, sc, d, x, out, tiled):
+    _mul_mat_q6_k(qs, sc, d, x, out, q6_k_quads_avx2, q6_k_subs_avx2, tiled)
+
+
 # the entry points per instruction set: (threaded, serial) for the q32 types and for q4_K
-KERNELS = {"vnni": {"q32": (mul_mat_vnni, mul_mat_vnni_serial), "q4_k": (mul_mat_q4_k_vnni, mul_mat_q4_k_vnni_serial)},
-           "avx2": {"q32": (mul_mat_avx2, mul_mat_avx2_serial), "q4_k": (mul_mat_q4_k_avx2, mul_mat_q4_k_avx2_serial)}}
+KERNELS = {"vnni": {"q32": (mul_mat_vnni, mul_mat_vnni_serial), "q4_k": (mul_mat_q4_k_vnni, mul_mat_q4_k_vnni_serial),
+                    "q6_k": (mul_mat_q6_k_vnni, mul_mat_q6_k_vnni_serial)},
+           "avx2": {"q32": (mul_mat_avx2, mul_mat_avx2_serial), "q4_k": (mul_mat_q4_k_avx2, mul_mat_q4_k_avx2_serial),
+                    "q6_k": (mul_mat_q6_k_avx2, mul_mat_q6_k_avx2_serial)}}
+PACK = {"q4_k": "pack_q4_k", "q6_k": "pack_q6_k"}     # the other types: pack
 
 
 def kernels(qtype_name: str, isa: str | None = None) -> tuple:
-    """(threaded, serial) for a weight type on an instruction set (default: the host's)."""
-    return KERNELS[isa or ISA]["q4_k" if qtype_name == "q4_k" else "q32"]
+    """(threaded, serial) for a weight type on an instruction set (default: the host's). q6_K's take one
+    more argument after out: tiled (8 activation rows or more, as the reference's path_of)."""
+    return KERNELS[isa or ISA][qtype_name if qtype_name in ("q4_k", "q6_k") else "q32"]
+
+
+def extra_args(qtype_name: str, T: int) -> tuple:
+    """The arguments a kernel takes after out: q6_K's path (tiled from TILED_MIN_ROWS activation rows, as
+    the reference); none for the others."""
+    return (T >= TILED_MIN_ROWS,) if qtype_name == "q6_k" else ()
+
+
+def packer(qtype_name: str):
+    return globals()[PACK.get(qtype_name, "pack")]
 
 
 # ---- packing (once per weight, at load) ---------------------------------------------------------
@@ -540,3 +666,19 @@ def pack_q4_k(raw: np.ndarray, tname: str, K: int) -> tuple:
     return (qs, _groups16(sc.astype(np.uint8).reshape(R, nb, 8), R), _groups16(mn.astype(np.uint8).reshape(R, nb, 8), R),
             _groups16(np.ascontiguousarray(w["d"]).view(np.uint16), R),
             _groups16(np.ascontiguousarray(w["dmin"]).view(np.uint16), R))
+
+
+def pack_q6_k(raw: np.ndarray, tname: str, K: int) -> tuple:
+    """Raw rows (R, row_bytes) of q6_K -> (qs, sc, d) in the layout of mul_mat_q6_k: the unsigned 6-bit
+    codes as bytes, chunk 8c + u holding quad u of 32-value chunk c for 16 rows; scales int8; d f16 bits."""
+    from ...quant import k_quants as KQ
+    nb = K // 256
+    w = np.ascontiguousarray(raw).reshape(-1).view(KQ.BLOCK_Q6_K).reshape(-1, nb)
+    R = w.shape[0]
+    ng = -(-R // R16)
+    codes = (KQ.q6k_codes(w.reshape(-1)).astype(np.int16) + 32).astype(np.uint8).reshape(R, nb, 8, 8, 4)
+    if ng * R16 != R:
+        codes = np.concatenate([codes, np.zeros((ng * R16 - R, nb, 8, 8, 4), np.uint8)])
+    qs = np.ascontiguousarray(codes.reshape(ng, R16, nb, 8, 8, 4).transpose(0, 2, 3, 4, 1, 5)).reshape(ng, nb, 4096)
+    return (qs, _groups16(np.ascontiguousarray(w["scales"]).view(np.int8).reshape(R, nb, 16), R),
+            _groups16(np.ascontiguousarray(w["d"]).view(np.uint16), R))
