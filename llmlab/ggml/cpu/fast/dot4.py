@@ -44,7 +44,7 @@ from .quantize import quantize_q8_0 as _q8_0, quantize_q8_1 as _q8_1, quantize_q
 
 R16 = 16                      # rows per group: one 512-bit register of int32 lanes
 TYPES = ("q4_0", "q4_1", "q5_0", "q8_0")
-OFFSET = {"q4_0": 8, "q4_1": 0, "q5_0": 16, "q8_0": 128}
+OFFSET = {"q4_0": 8, "q4_1": 0, "q5_0": 16, "q8_0": 128}   # the codes are used as c + OFFSET (unsigned)
 
 
 def host_isas() -> tuple[str, ...]:
@@ -122,8 +122,8 @@ def _dot4(builder, isa: str, acc, u8, word, signed: bool = False):
     """acc + the 16 lanes' sums of 4 byte products: u8 (<64 x i8>, unsigned codes; with ``signed`` the
     bytes are signed codes) times the 4 signed bytes of the int32 ``word`` (broadcast). VNNI: one
     vpdpbusd. AVX2: pmaddubsw (pairs, int16) then pmaddwd by ones (quads, int32), per 8 rows; exact
-    while a pair cannot saturate int16: unsigned codes up to 31 (2 * 31 * 128), or, for signed codes
-    (q8_0), ggml's |w| x sign(a, w) with activations in -127..127, as ggml's quantizers make them."""
+    while a pair cannot saturate int16: unsigned codes up to 63 (2 * 63 * 128 < 2^15), or, for signed
+    codes (q8_0), ggml's |w| x sign(a, w) with activations in -127..127, as ggml's quantizers make them."""
     w = _splat(builder, word, _I32x16)
     if isa == "vnni":
         if signed:
@@ -221,14 +221,14 @@ def _step(name: str, nibbles: bool, offset: int, with_m: bool, isa: str):
 # nibbles or 512 bytes of codes; a[w0:w0+8]: the activation quads as int32 words; minus offset x their
 # sums qsum[w0:w0+8]), then acc[j] = fma(dab * d_w, lane_j, acc[j]) across the rows (dw: their f16
 # scales, acc: (8, 16)); q4_1 also summ = fma(m_w, s, summ). One set per instruction set.
-step_q4_0_vnni = _step("step_q4_0", True, 8, False, "vnni")       # (blk, a, qsum, w0, dw, dab, acc)
-step_q4_1_vnni = _step("step_q4_1", True, 0, True, "vnni")        # (..., acc, mw, s, summ)
-step_q5_0_vnni = _step("step_q5_0", False, 16, False, "vnni")     # blk: the codes of expand_q5_0
-step_q8_0_vnni = _step("step_q8_0", False, 128, False, "vnni")
-step_q4_0_avx2 = _step("step_q4_0", True, 8, False, "avx2")
-step_q4_1_avx2 = _step("step_q4_1", True, 0, True, "avx2")
-step_q5_0_avx2 = _step("step_q5_0", False, 16, False, "avx2")
-step_q8_0_avx2 = _step("step_q8_0", False, 128, False, "avx2")
+step_q4_0_vnni = _step("step_q4_0", True, OFFSET["q4_0"], False, "vnni")     # (blk, a, qsum, w0, dw, dab, acc)
+step_q4_1_vnni = _step("step_q4_1", True, OFFSET["q4_1"], True, "vnni")      # (..., acc, mw, s, summ)
+step_q5_0_vnni = _step("step_q5_0", False, OFFSET["q5_0"], False, "vnni")   # blk: the codes of expand_q5_0
+step_q8_0_vnni = _step("step_q8_0", False, OFFSET["q8_0"], False, "vnni")
+step_q4_0_avx2 = _step("step_q4_0", True, OFFSET["q4_0"], False, "avx2")
+step_q4_1_avx2 = _step("step_q4_1", True, OFFSET["q4_1"], True, "avx2")
+step_q5_0_avx2 = _step("step_q5_0", False, OFFSET["q5_0"], False, "avx2")
+step_q8_0_avx2 = _step("step_q8_0", False, OFFSET["q8_0"], False, "avx2")
 
 
 @njit(inline="always", **NOPYTHON)
