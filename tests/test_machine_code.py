@@ -75,3 +75,49 @@ def test_softmax_and_swiglu_vectorize_exp():
     c = instructions(fvec.swiglu, g, g, g.copy(), v.expf)
     assert vector_count(c, r"vfmadd\d+ps") >= 4
     assert vector_count(c, r"vdivps") >= 1
+
+
+HASWELL = ("+64bit,+avx,+avx2,+bmi,+bmi2,+cmov,+cx16,+f16c,+fma,+fxsr,+lzcnt,+mmx,+movbe,+popcnt,+sse,+sse2,"
+           "+sse3,+sse4.1,+sse4.2,+ssse3,+xsave,-avx512f,-avx512bw,-avx512vl,-avx512dq,-avx512cd,-avx512vnni,"
+           "-avx512bf16,-avx512vbmi")
+
+_AVX2_ONLY = r"""
+import numpy as np, sys
+sys.path.insert(0, sys.argv[1])
+from llmlab.ggml.cpu.fast import dot4
+from test_fast_kernels import raw_rows, acts, same_bits, vec_dot_mul_mat, mul_mat_k_tiled, mul_mat_q4_k_repacked
+from llmlab.ggml.types import ggml_type
+assert dot4.ISA is None            # compiling for another CPU: dispatch takes the generic kernels
+ok = True
+for tname in ("q4_1", "q8_0"):
+    raw = raw_rows(tname, 40, 576); p = dot4.pack(raw, tname, 576)
+    for T in (1, 9):
+        x = acts(T, 576, seed=T); out = np.empty((T, 40), np.float32)
+        dot4.mul_mat_avx2_serial(*p, x, out)
+        ok &= same_bits(out, vec_dot_mul_mat(raw, ggml_type(tname), x))
+raw = raw_rows("q6_k", 40, 512); p = dot4.pack_q6_k(raw, "q6_k", 512)
+for T in (1, 9):
+    x = acts(T, 512, seed=T); out = np.empty((T, 40), np.float32)
+    dot4.mul_mat_q6_k_avx2_serial(*p, x, out, T >= 8)
+    ok &= same_bits(out, (mul_mat_k_tiled if T >= 8 else vec_dot_mul_mat)(raw, ggml_type("q6_k"), x))
+asm = dot4.mul_mat_avx2_serial.inspect_asm(dot4.mul_mat_avx2_serial.signatures[0])
+print("equal", ok, "zmm", "zmm" in asm, "pmaddubsw", asm.count("vpmaddubsw"))
+"""
+
+
+def test_dot4_avx2_kernels_compile_for_an_avx2_only_cpu(tmp_path):
+    """Most laptops have AVX2 and no AVX-512: the AVX2 byte-dot kernels, compiled for such a CPU
+    (haswell, AVX-512 off), must select no 512-bit instruction and still give the reference's bits.
+    Checked in a child process with its own numba cache, on any x86 host that runs AVX2."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    if "avx2" not in dot4.host_isas():
+        pytest.skip("this host does not run AVX2")
+    env = dict(os.environ, NUMBA_CPU_NAME="haswell", NUMBA_CPU_FEATURES=HASWELL, NUMBA_CACHE_DIR=str(tmp_path))
+    tests = str(Path(__file__).resolve().parent)
+    res = subprocess.run([sys.executable, "-c", _AVX2_ONLY, tests], capture_output=True, text=True, env=env, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "equal True zmm False" in res.stdout, res.stdout
+    assert "pmaddubsw 0" not in res.stdout
