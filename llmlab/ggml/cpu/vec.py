@@ -193,5 +193,6 @@ def gelu_table() -> np.ndarray:
 
 def gelu(x: np.ndarray) -> np.ndarray:
     """ggml-cpu's GELU (GGML_GELU_FP16): through the f16 table, 0 below -10, identity above 10."""
-    t = gelu_table()[x.astype(np.float16).view(np.uint16)].astype(float32)
+    with np.errstate(over="ignore"):                    # past f16's range: inf, as the C conversion gives
+        t = gelu_table()[x.astype(np.float16).view(np.uint16)].astype(float32)
     return np.where(x <= -10.0, float32(0), np.where(x >= 10.0, x, t)).astype(float32)
