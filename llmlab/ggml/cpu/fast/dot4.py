@@ -40,6 +40,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ._common import NOPYTHON, TILED_MIN_ROWS, as_f32, fma, hsum8
+from .q32 import _groups
 from .quantize import quantize_q8_0 as _q8_0, quantize_q8_1 as _q8_1, quantize_q8_k as _q8_k
 
 R16 = 16                      # rows per group: one 512-bit register of int32 lanes
@@ -619,12 +620,15 @@ def packer(qtype_name: str):
 # ---- packing (once per weight, at load) ---------------------------------------------------------
 
 def _groups16(a: np.ndarray, R: int) -> np.ndarray:
-    """(R, nb, ...) -> (ng, nb, ..., 16): rows zero-padded to a multiple of 16, then moved last."""
-    ng = -(-R // R16)
-    if ng * R16 != R:
-        a = np.concatenate([a, np.zeros((ng * R16 - R,) + a.shape[1:], a.dtype)])
-    a = a.reshape((ng, R16) + a.shape[1:])
-    return np.ascontiguousarray(np.moveaxis(a, 1, -1))
+    """(R, nb, ...) -> (ng, nb, ..., 16): per-row values (scales) of 16-row groups, the rows last."""
+    return _groups(a, R, R16)
+
+
+def _chunks(q: np.ndarray, R: int) -> np.ndarray:
+    """Codes (R, nb, ..., 4) -> (ng, nb, n * 64) bytes: for each block the chunks of 64 bytes, each the
+    4 codes of 16 rows side by side (the rows moved before the last axis)."""
+    g = _groups(q, R, R16, axis=-2)
+    return g.reshape(g.shape[0], g.shape[1], -1)
 
 
 def pack(raw: np.ndarray, tname: str, K: int) -> tuple:
@@ -637,12 +641,7 @@ def pack(raw: np.ndarray, tname: str, K: int) -> tuple:
     codes = np.ascontiguousarray(w["qs"]).view(np.uint8)                # (R, nb, 16 or 32)
     if tname == "q8_0":
         codes = codes ^ np.uint8(0x80)                                  # w + 128 as an unsigned byte
-    nq = codes.shape[-1] // 4
-    q = codes.reshape(R, nb, nq, 4)                                     # (row, block, lane, k)
-    ng = -(-R // R16)
-    if ng * R16 != R:
-        q = np.concatenate([q, np.zeros((ng * R16 - R, nb, nq, 4), np.uint8)])
-    qs = np.ascontiguousarray(q.reshape(ng, R16, nb, nq, 4).transpose(0, 2, 3, 1, 4)).reshape(ng, nb, nq * R16 * 4)
+    qs = _chunks(codes.reshape(R, nb, -1, 4), R)                        # (row, block, lane, k)
     d = _groups16(np.ascontiguousarray(w["d"]).view(np.uint16), R)
     m = (_groups16(np.ascontiguousarray(w["m"]).view(np.uint16), R) if tname == "q4_1"
          else np.zeros((0, nb, R16), np.uint16))
@@ -657,11 +656,7 @@ def pack_q4_k(raw: np.ndarray, tname: str, K: int) -> tuple:
     nb = K // 256
     w = np.ascontiguousarray(raw).reshape(-1).view(KQ.BLOCK_Q4_K).reshape(-1, nb)
     R = w.shape[0]
-    ng = -(-R // R16)
-    q = np.ascontiguousarray(w["qs"]).reshape(R, nb, 4, 8, 4)                # (row, block, j, q, k)
-    if ng * R16 != R:
-        q = np.concatenate([q, np.zeros((ng * R16 - R, nb, 4, 8, 4), np.uint8)])
-    qs = np.ascontiguousarray(q.reshape(ng, R16, nb, 4, 8, 4).transpose(0, 2, 3, 4, 1, 5)).reshape(ng, nb, 2048)
+    qs = _chunks(np.ascontiguousarray(w["qs"]).reshape(R, nb, 4, 8, 4), R)  # (row, block, j, q, k)
     sc, mn = KQ.scale_min_k4(w.reshape(-1)["scales"])
     return (qs, _groups16(sc.astype(np.uint8).reshape(R, nb, 8), R), _groups16(mn.astype(np.uint8).reshape(R, nb, 8), R),
             _groups16(np.ascontiguousarray(w["d"]).view(np.uint16), R),
@@ -675,10 +670,7 @@ def pack_q6_k(raw: np.ndarray, tname: str, K: int) -> tuple:
     nb = K // 256
     w = np.ascontiguousarray(raw).reshape(-1).view(KQ.BLOCK_Q6_K).reshape(-1, nb)
     R = w.shape[0]
-    ng = -(-R // R16)
-    codes = (KQ.q6k_codes(w.reshape(-1)).astype(np.int16) + 32).astype(np.uint8).reshape(R, nb, 8, 8, 4)
-    if ng * R16 != R:
-        codes = np.concatenate([codes, np.zeros((ng * R16 - R, nb, 8, 8, 4), np.uint8)])
-    qs = np.ascontiguousarray(codes.reshape(ng, R16, nb, 8, 8, 4).transpose(0, 2, 3, 4, 1, 5)).reshape(ng, nb, 4096)
+    codes = (KQ.q6k_codes(w.reshape(-1)).astype(np.int16) + 32).astype(np.uint8)
+    qs = _chunks(codes.reshape(R, nb, 8, 8, 4), R)                          # (row, block, c, u, k)
     return (qs, _groups16(np.ascontiguousarray(w["scales"]).view(np.int8).reshape(R, nb, 16), R),
             _groups16(np.ascontiguousarray(w["d"]).view(np.uint16), R))

@@ -515,13 +515,15 @@ def mv_q8_0_serial(qs, d, aq, ad):
 
 # ---- packing (once per weight, at load) ---------------------------------------------------------
 
-def _groups(a: np.ndarray, R: int) -> np.ndarray:
-    """(R, nb, ...) -> (ng, nb, ..., G): rows padded with zeros to a multiple of G, then moved last."""
-    ng = -(-R // G)
-    if ng * G != R:
-        a = np.concatenate([a, np.zeros((ng * G - R,) + a.shape[1:], a.dtype)])
-    a = a.reshape((ng, G) + a.shape[1:])
-    return np.ascontiguousarray(np.moveaxis(a, 1, -1))
+def _groups(a: np.ndarray, R: int, size: int = G, axis: int = -1) -> np.ndarray:
+    """(R, nb, ...) -> (ng, nb, ..., size) with the rows of a group at ``axis`` (last by default): rows
+    padded with zeros to a multiple of ``size``, then moved there. The packed layouts of q32, kquants
+    and dot4 are all made by it."""
+    ng = -(-R // size)
+    if ng * size != R:
+        a = np.concatenate([a, np.zeros((ng * size - R,) + a.shape[1:], a.dtype)])
+    a = a.reshape((ng, size) + a.shape[1:])
+    return np.ascontiguousarray(np.moveaxis(a, 1, axis))
 
 
 def pack_q32(raw: np.ndarray, tname: str, K: int) -> tuple:
