@@ -40,6 +40,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ._common import NOPYTHON, TILED_MIN_ROWS, as_f32, fma, hsum8
+from .kquants import pair_sums, repack_step
 from .q32 import _groups
 from .quantize import quantize_q8_0 as _q8_0, quantize_q8_1 as _q8_1, quantize_q8_k as _q8_k
 
@@ -387,12 +388,6 @@ q4_k_dots_avx2 = _q4_k_dots("avx2")
 
 
 @njit(inline="always", **NOPYTHON)
-def _mad2(a, x, b, y):
-    """a*x + b*y in int32."""
-    return np.int32(np.int32(np.int32(a) * np.int32(x)) + np.int32(np.int32(b) * np.int32(y)))
-
-
-@njit(inline="always", **NOPYTHON)
 def _mul_mat_q4_k(qs, sc, mn, d, dmin, x, out, dots):
     """ggml's REPACK q4_K kernels as ``kquants.mul_mat_q4_k_repacked`` computes them (rows in groups of
     4: gemm, one fma per 64 values; the rest: gemv, one per super-block; result acc - acc_m), the
@@ -415,44 +410,12 @@ def _mul_mat_q4_k(qs, sc, mn, d, dmin, x, out, dots):
             for t in range(T):
                 dots(blk, aq4[t], 64 * b, D)
                 ya = ad[t, b]
-                k = 16 * b
-                p0 = np.int32(bsums[t, k + 0]) + np.int32(bsums[t, k + 1])
-                p1 = np.int32(bsums[t, k + 2]) + np.int32(bsums[t, k + 3])
-                p2 = np.int32(bsums[t, k + 4]) + np.int32(bsums[t, k + 5])
-                p3 = np.int32(bsums[t, k + 6]) + np.int32(bsums[t, k + 7])
-                p4 = np.int32(bsums[t, k + 8]) + np.int32(bsums[t, k + 9])
-                p5 = np.int32(bsums[t, k + 10]) + np.int32(bsums[t, k + 11])
-                p6 = np.int32(bsums[t, k + 12]) + np.int32(bsums[t, k + 13])
-                p7 = np.int32(bsums[t, k + 14]) + np.int32(bsums[t, k + 15])
+                p = pair_sums(bsums, t, 16 * b)
                 gemm = t < n_gemm
                 at, amt = acc[t], accm[t]
                 for r in range(nr):
-                    i0 = _mad2(s_[0, r], D[0, r], s_[1, r], D[1, r])      # int32 throughout (numba
-                    i1 = _mad2(s_[2, r], D[2, r], s_[3, r], D[3, r])      # widens int32 products to
-                    i2 = _mad2(s_[4, r], D[4, r], s_[5, r], D[5, r])      # int64 unless told)
-                    i3 = _mad2(s_[6, r], D[6, r], s_[7, r], D[7, r])
-                    m0 = _mad2(m_[0, r], p0, m_[1, r], p1)
-                    m1 = _mad2(m_[2, r], p2, m_[3, r], p3)
-                    m2 = _mad2(m_[4, r], p4, m_[5, r], p5)
-                    m3 = _mad2(m_[6, r], p6, m_[7, r], p7)
-                    dd = as_f32(dw[r]) * ya
-                    dm = as_f32(dmw[r]) * ya
-                    a = at[r]
-                    am = amt[r]
-                    if gemm:
-                        a = fma(i0, dd, a)
-                        a = fma(i1, dd, a)
-                        a = fma(i2, dd, a)
-                        a = fma(i3, dd, a)
-                        am = fma(m0, dm, am)
-                        am = fma(m1, dm, am)
-                        am = fma(m2, dm, am)
-                        am = fma(m3, dm, am)
-                    else:
-                        a = fma(np.int32(np.int32(i0 + i1) + np.int32(i2 + i3)), dd, a)
-                        am = fma(np.int32(np.int32(m0 + m1) + np.int32(m2 + m3)), dm, am)
-                    at[r] = a
-                    amt[r] = am
+                    at[r], amt[r] = repack_step(at[r], amt[r], s_, m_, D, p, r, as_f32(dw[r]) * ya,
+                                                as_f32(dmw[r]) * ya, gemm)
         n = min(nr, R - g * nr)
         for t in range(T):
             for r in range(n):

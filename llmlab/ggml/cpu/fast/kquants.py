@@ -37,6 +37,42 @@ def _quads(W, i, r, a, t, o):
 
 
 @njit(inline="always", **NOPYTHON)
+def pair_sums(bsums, t, k):
+    """q8_K's block sums bsums[t, k:k+16] (16 values each) added in pairs: the sums over the 8 sub-blocks
+    of 32 values that the q4_K mins multiply."""
+    return (np.int32(bsums[t, k + 0]) + np.int32(bsums[t, k + 1]), np.int32(bsums[t, k + 2]) + np.int32(bsums[t, k + 3]),
+            np.int32(bsums[t, k + 4]) + np.int32(bsums[t, k + 5]), np.int32(bsums[t, k + 6]) + np.int32(bsums[t, k + 7]),
+            np.int32(bsums[t, k + 8]) + np.int32(bsums[t, k + 9]), np.int32(bsums[t, k + 10]) + np.int32(bsums[t, k + 11]),
+            np.int32(bsums[t, k + 12]) + np.int32(bsums[t, k + 13]), np.int32(bsums[t, k + 14]) + np.int32(bsums[t, k + 15]))
+
+
+@njit(inline="always", **NOPYTHON)
+def _mad2(a, x, b, y):
+    """a*x + b*y in int32 (numba widens int32 products to int64 unless told)."""
+    return np.int32(np.int32(np.int32(a) * np.int32(x)) + np.int32(np.int32(b) * np.int32(y)))
+
+
+@njit(inline="always", **NOPYTHON)
+def repack_step(a, am, s, m, D, p, r, dd, dm, gemm):
+    """One q4_K super-block of output row r in the REPACK kernels: the sub-block dots D[:, r] times the
+    scales s[:, r] and the pair sums p (pair_sums) times the mins m[:, r], in pairs (64 values, int32);
+    the gemm kernel (groups of 4 activation rows) adds them with one fma each, acc = fma(isum, d_w d_x,
+    acc) and acc_m = fma(imins, dmin_w d_x, acc_m); the gemv kernel adds the whole super-block at once.
+    Returns the new (acc, acc_m)."""
+    i0, i1 = _mad2(s[0, r], D[0, r], s[1, r], D[1, r]), _mad2(s[2, r], D[2, r], s[3, r], D[3, r])
+    i2, i3 = _mad2(s[4, r], D[4, r], s[5, r], D[5, r]), _mad2(s[6, r], D[6, r], s[7, r], D[7, r])
+    m0, m1 = _mad2(m[0, r], p[0], m[1, r], p[1]), _mad2(m[2, r], p[2], m[3, r], p[3])
+    m2, m3 = _mad2(m[4, r], p[4], m[5, r], p[5]), _mad2(m[6, r], p[6], m[7, r], p[7])
+    if gemm:
+        a = fma(i3, dd, fma(i2, dd, fma(i1, dd, fma(i0, dd, a))))
+        am = fma(m3, dm, fma(m2, dm, fma(m1, dm, fma(m0, dm, am))))
+    else:
+        a = fma(np.int32(np.int32(i0 + i1) + np.int32(i2 + i3)), dd, a)
+        am = fma(np.int32(np.int32(m0 + m1) + np.int32(m2 + m3)), dm, am)
+    return a, am
+
+
+@njit(inline="always", **NOPYTHON)
 def _unpack_q4_k(qs, g, b, W, nr):
     for l in range(128):
         base = 64 * (l >> 5) + (l & 31)
@@ -99,14 +135,7 @@ def mul_mat_q4_k(qs, sc, mn, d, dmin, aq, ad, bsums):
                             L[u, r] += np.int32(sc[g, b, c, r] * _quad(W, i, r, aq, t, o + i))
                 ya = ad[t, b]
                 k = 16 * b
-                p0 = np.int32(bsums[t, k + 0]) + np.int32(bsums[t, k + 1])
-                p1 = np.int32(bsums[t, k + 2]) + np.int32(bsums[t, k + 3])
-                p2 = np.int32(bsums[t, k + 4]) + np.int32(bsums[t, k + 5])
-                p3 = np.int32(bsums[t, k + 6]) + np.int32(bsums[t, k + 7])
-                p4 = np.int32(bsums[t, k + 8]) + np.int32(bsums[t, k + 9])
-                p5 = np.int32(bsums[t, k + 10]) + np.int32(bsums[t, k + 11])
-                p6 = np.int32(bsums[t, k + 12]) + np.int32(bsums[t, k + 13])
-                p7 = np.int32(bsums[t, k + 14]) + np.int32(bsums[t, k + 15])
+                p0, p1, p2, p3, p4, p5, p6, p7 = pair_sums(bsums, t, k)
                 for r in range(nr):
                     dd = ya * d[g, b, r]
                     for u in range(8):
@@ -256,41 +285,12 @@ def mul_mat_q4_k_repacked(qs, sc, mn, d, dmin, aq, ad, bsums):
                 _chunk_dots(W, aq, t, 256 * b, D, nr)
                 ya = ad[t, b]
                 k = 16 * b
-                p0 = np.int32(bsums[t, k + 0]) + np.int32(bsums[t, k + 1])
-                p1 = np.int32(bsums[t, k + 2]) + np.int32(bsums[t, k + 3])
-                p2 = np.int32(bsums[t, k + 4]) + np.int32(bsums[t, k + 5])
-                p3 = np.int32(bsums[t, k + 6]) + np.int32(bsums[t, k + 7])
-                p4 = np.int32(bsums[t, k + 8]) + np.int32(bsums[t, k + 9])
-                p5 = np.int32(bsums[t, k + 10]) + np.int32(bsums[t, k + 11])
-                p6 = np.int32(bsums[t, k + 12]) + np.int32(bsums[t, k + 13])
-                p7 = np.int32(bsums[t, k + 14]) + np.int32(bsums[t, k + 15])
+                p = pair_sums(bsums, t, k)
+                gemm = t < n_gemm
+                s_, m_ = sc[g, b], mn[g, b]
                 for r in range(nr):
-                    i0 = np.int32(np.int32(np.int32(sc[g, b, 0, r]) * D[0, r]) + np.int32(np.int32(sc[g, b, 1, r]) * D[1, r]))
-                    i1 = np.int32(np.int32(np.int32(sc[g, b, 2, r]) * D[2, r]) + np.int32(np.int32(sc[g, b, 3, r]) * D[3, r]))
-                    i2 = np.int32(np.int32(np.int32(sc[g, b, 4, r]) * D[4, r]) + np.int32(np.int32(sc[g, b, 5, r]) * D[5, r]))
-                    i3 = np.int32(np.int32(np.int32(sc[g, b, 6, r]) * D[6, r]) + np.int32(np.int32(sc[g, b, 7, r]) * D[7, r]))
-                    m0 = np.int32(np.int32(np.int32(mn[g, b, 0, r]) * p0) + np.int32(np.int32(mn[g, b, 1, r]) * p1))
-                    m1 = np.int32(np.int32(np.int32(mn[g, b, 2, r]) * p2) + np.int32(np.int32(mn[g, b, 3, r]) * p3))
-                    m2 = np.int32(np.int32(np.int32(mn[g, b, 4, r]) * p4) + np.int32(np.int32(mn[g, b, 5, r]) * p5))
-                    m3 = np.int32(np.int32(np.int32(mn[g, b, 6, r]) * p6) + np.int32(np.int32(mn[g, b, 7, r]) * p7))
-                    dd = d[g, b, r] * ya
-                    dm = dmin[g, b, r] * ya
-                    a = acc[t, r]
-                    am = accm[t, r]
-                    if t < n_gemm:
-                        a = fma(i0, dd, a)
-                        a = fma(i1, dd, a)
-                        a = fma(i2, dd, a)
-                        a = fma(i3, dd, a)
-                        am = fma(m0, dm, am)
-                        am = fma(m1, dm, am)
-                        am = fma(m2, dm, am)
-                        am = fma(m3, dm, am)
-                    else:
-                        a = fma(np.int32(np.int32(i0 + i1) + np.int32(i2 + i3)), dd, a)
-                        am = fma(np.int32(np.int32(m0 + m1) + np.int32(m2 + m3)), dm, am)
-                    acc[t, r] = a
-                    accm[t, r] = am
+                    acc[t, r], accm[t, r] = repack_step(acc[t, r], accm[t, r], s_, m_, D, p, r,
+                                                        d[g, b, r] * ya, dmin[g, b, r] * ya, gemm)
         for t in range(T):
             for r in range(nr):
                 out[t, g * nr + r] = acc[t, r] - accm[t, r]
