@@ -300,28 +300,29 @@ def _soft_max(node, cpu):
     return lambda: fvec.soft_max(X, M, scale, O, v.lanes, v.hsum_prog, v.expf)
 
 
-@binder("SWIGLU")
-def _swiglu(node, cpu):
+def _glu_rows(node):
+    """(gate, up, out) as 2-D float32 rows for a split GLU (two sources, not swapped), or None."""
     if len(node.src) != 2 or node.op_params.get("swapped"):
         return None
-    g, u = (_rows(s) for s in node.src)
-    out = _rows(node)
-    v = fvec.params(cpu)
-    if g is None or u is None or out is None or node.ne[0] % v.lanes:
+    rows = (_rows(node.src[0]), _rows(node.src[1]), _rows(node))
+    return None if any(r is None for r in rows) else rows
+
+
+@binder("SWIGLU")
+def _swiglu(node, cpu):
+    rows, v = _glu_rows(node), fvec.params(cpu)
+    if rows is None or node.ne[0] % v.lanes:
         return None
-    return lambda: fvec.swiglu(g, u, out, v.expf)
+    return lambda: fvec.swiglu(*rows, v.expf)
 
 
 @binder("GEGLU")
 def _geglu(node, cpu):
-    if len(node.src) != 2 or node.op_params.get("swapped"):
-        return None
-    g, u = (_rows(s) for s in node.src)
-    out = _rows(node)
-    if g is None or u is None or out is None:
+    rows = _glu_rows(node)
+    if rows is None:
         return None
     table = gelu_table().view(np.uint16)
-    return lambda: fvec.geglu(g, u, out, table)
+    return lambda: fvec.geglu(*rows, table)
 
 
 @binder("MUL_MAT")
