@@ -115,79 +115,44 @@ def test_k_kernels(tname, path, ref, R, K):
 ISAS = dot4.host_isas()
 
 
+def dot4_reference(tname, raw, x):
+    """The reference path each dot4 kernel reproduces: vec_dot; q4_K in the REPACK buffer: its gemv/gemm;
+    q6_K: vec_dot below 8 activation rows, tiled from 8 on."""
+    t = ggml_type(tname)
+    if tname == "q4_k":
+        return mul_mat_q4_k_repacked(raw, t, x)
+    if tname == "q6_k" and len(x) >= 8:
+        return mul_mat_k_tiled(raw, t, x)
+    return vec_dot_mul_mat(raw, t, x)
+
+
+# (type, R, K, seed offset): R not a multiple of 16 (a partial row group) in every pair
+DOT4_CASES = ([(t, R, K, 2) for t in dot4.TYPES for R, K in [(40, 576), (70, 640)]]
+              + [(t, R, K, o) for t, o in [("q4_k", 3), ("q6_k", 4)] for R, K in [(40, 512), (33, 1024)]])
+
+
 @pytest.mark.skipif(not ISAS, reason="this host has neither AVX512-VNNI nor AVX2")
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("tname", dot4.TYPES)
-@pytest.mark.parametrize("R,K", [(40, 576), (70, 640)])
-def test_dot4_kernels(tname, R, K, isa):
+@pytest.mark.parametrize("tname,R,K,seed", DOT4_CASES, ids=[f"{t}-{R}x{K}" for t, R, K, _ in DOT4_CASES])
+def test_dot4_kernels(tname, R, K, seed, isa):
     """dot4's kernels (lane sums by vpdpbusd, or pmaddubsw + pmaddwd) and their serial twins equal the
-    reference, for R not a multiple of 16 and T from 1 to a prefill block, at 1 and 2 threads, on every
-    instruction set this host runs (a VNNI host checks the AVX2 kernels too)."""
+    reference path they reproduce (q4_K's gemm rows in groups of 4 and gemv rows alike, q6_K's vec_dot
+    and tiled), for T from 1 to a prefill block, at 1 and 2 threads, on every instruction set this host
+    runs (a VNNI host checks the AVX2 kernels too)."""
     import numba
-    raw = raw_rows(tname, R, K, seed=R + K + 2)
-    t = ggml_type(tname)
-    p = dot4.pack(raw, tname, K)
+    raw = raw_rows(tname, R, K, seed=R + K + seed)
+    p = dot4.packer(tname)(raw, tname, K)
     n0 = numba.get_num_threads()
     try:
         for T in TS + (64,):
-            x = acts(T, K, seed=T + 200)
-            ref = vec_dot_mul_mat(raw, t, x)
+            x = acts(T, K, seed=T + 100 * seed)
+            ref = dot4_reference(tname, raw, x)
             for n in (1, 2):
                 numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
                 for fn in dot4.kernels(tname, isa):
                     out = np.full((T, R), np.nan, np.float32)
-                    fn(*p, x, out)
+                    fn(*p, x, out, *dot4.extra_args(tname, T))
                     assert same_bits(out, ref), (tname, R, K, T, n, fn)
-    finally:
-        numba.set_num_threads(n0)
-
-
-@pytest.mark.skipif(not ISAS, reason="this host has neither AVX512-VNNI nor AVX2")
-@pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("R,K", [(40, 512), (33, 1024)])
-def test_dot4_q4_k_repacked(R, K, isa):
-    """dot4's q4_K kernels (sub-block dots by byte dot products) equal the REPACK gemv/gemm reference,
-    its gemm rows (groups of 4) and gemv rows (the rest) alike."""
-    import numba
-    raw = raw_rows("q4_k", R, K, seed=R + K + 3)
-    t = ggml_type("q4_k")
-    p = dot4.pack_q4_k(raw, "q4_k", K)
-    n0 = numba.get_num_threads()
-    try:
-        for T in TS + (64,):
-            x = acts(T, K, seed=T + 300)
-            ref = mul_mat_q4_k_repacked(raw, t, x)
-            for n in (1, 2):
-                numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
-                for fn in dot4.kernels("q4_k", isa):
-                    out = np.full((T, R), np.nan, np.float32)
-                    fn(*p, x, out)
-                    assert same_bits(out, ref), (R, K, T, n, fn)
-    finally:
-        numba.set_num_threads(n0)
-
-
-@pytest.mark.skipif(not ISAS, reason="this host has neither AVX512-VNNI nor AVX2")
-@pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("R,K", [(40, 512), (33, 1024)])
-def test_dot4_q6_k(R, K, isa):
-    """dot4's q6_K kernels equal the references: vec_dot below 8 activation rows, tiled from 8 on."""
-    import numba
-    raw = raw_rows("q6_k", R, K, seed=R + K + 4)
-    t = ggml_type("q6_k")
-    p = dot4.pack_q6_k(raw, "q6_k", K)
-    n0 = numba.get_num_threads()
-    try:
-        for T in TS + (64,):
-            x = acts(T, K, seed=T + 400)
-            tiled = T >= 8
-            ref = (mul_mat_k_tiled if tiled else vec_dot_mul_mat)(raw, t, x)
-            for n in (1, 2):
-                numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
-                for fn in dot4.kernels("q6_k", isa):
-                    out = np.full((T, R), np.nan, np.float32)
-                    fn(*p, x, out, *dot4.extra_args("q6_k", T))
-                    assert same_bits(out, ref), (R, K, T, n, fn)
     finally:
         numba.set_num_threads(n0)
 
