@@ -223,39 +223,29 @@ def _step(name: str, nibbles: bool, offset: int, with_m: bool, isa: str):
 # nibbles or 512 bytes of codes; a[w0:w0+8]: the activation quads as int32 words; minus offset x their
 # sums qsum[w0:w0+8]), then acc[j] = fma(dab * d_w, lane_j, acc[j]) across the rows (dw: their f16
 # scales, acc: (8, 16)); q4_1 also summ = fma(m_w, s, summ). One set per instruction set.
-step_q4_0_vnni = _step("step_q4_0", True, OFFSET["q4_0"], False, "vnni")     # (blk, a, qsum, w0, dw, dab, acc)
-step_q4_1_vnni = _step("step_q4_1", True, OFFSET["q4_1"], True, "vnni")      # (..., acc, mw, s, summ)
-step_q5_0_vnni = _step("step_q5_0", False, OFFSET["q5_0"], False, "vnni")   # blk: the codes of expand_q5_0
-step_q8_0_vnni = _step("step_q8_0", False, OFFSET["q8_0"], False, "vnni")
-step_q4_0_avx2 = _step("step_q4_0", True, OFFSET["q4_0"], False, "avx2")
-step_q4_1_avx2 = _step("step_q4_1", True, OFFSET["q4_1"], True, "avx2")
-step_q5_0_avx2 = _step("step_q5_0", False, OFFSET["q5_0"], False, "avx2")
-step_q8_0_avx2 = _step("step_q8_0", False, OFFSET["q8_0"], False, "avx2")
+def _block_step(isa: str):
+    """The block step of weight kind 0 q4_0, 1 q4_1, 2 q5_0 (``codes``: the block expanded), 3 q8_0, on
+    one instruction set (a compile-time choice: each entry point below inlines one of them)."""
+    q40 = _step("step_q4_0", True, OFFSET["q4_0"], False, isa)     # (blk, a, qsum, w0, dw, dab, acc)
+    q41 = _step("step_q4_1", True, OFFSET["q4_1"], True, isa)      # (..., acc, mw, s, summ)
+    q50 = _step("step_q5_0", False, OFFSET["q5_0"], False, isa)    # blk: the codes of expand_q5_0
+    q80 = _step("step_q8_0", False, OFFSET["q8_0"], False, isa)
+
+    @njit(inline="always", **NOPYTHON)
+    def step(kind, blk, codes, a, qsum, w0, dw, dab, acc, mw, s, summ):
+        if kind == 1:
+            q41(blk, a, qsum, w0, dw, dab, acc, mw, s, summ)
+        elif kind == 2:
+            q50(codes, a, qsum, w0, dw, dab, acc)
+        elif kind == 0:
+            q40(blk, a, qsum, w0, dw, dab, acc)
+        else:
+            q80(blk, a, qsum, w0, dw, dab, acc)
+    return step
 
 
-@njit(inline="always", **NOPYTHON)
-def _step_vnni(kind, blk, codes, a, qsum, w0, dw, dab, acc, mw, s, summ):
-    """The block step of weight kind 0 q4_0, 1 q4_1, 2 q5_0 (``codes``: the block expanded), 3 q8_0."""
-    if kind == 1:
-        step_q4_1_vnni(blk, a, qsum, w0, dw, dab, acc, mw, s, summ)
-    elif kind == 2:
-        step_q5_0_vnni(codes, a, qsum, w0, dw, dab, acc)
-    elif kind == 0:
-        step_q4_0_vnni(blk, a, qsum, w0, dw, dab, acc)
-    else:
-        step_q8_0_vnni(blk, a, qsum, w0, dw, dab, acc)
-
-
-@njit(inline="always", **NOPYTHON)
-def _step_avx2(kind, blk, codes, a, qsum, w0, dw, dab, acc, mw, s, summ):
-    if kind == 1:
-        step_q4_1_avx2(blk, a, qsum, w0, dw, dab, acc, mw, s, summ)
-    elif kind == 2:
-        step_q5_0_avx2(codes, a, qsum, w0, dw, dab, acc)
-    elif kind == 0:
-        step_q4_0_avx2(blk, a, qsum, w0, dw, dab, acc)
-    else:
-        step_q8_0_avx2(blk, a, qsum, w0, dw, dab, acc)
+_step_vnni = _block_step("vnni")
+_step_avx2 = _block_step("avx2")
 
 
 @intrinsic
