@@ -164,13 +164,20 @@ def bind_step(raw: np.ndarray, qtype, X: np.ndarray, Y: np.ndarray, repacked: bo
     the kernel call itself (packed and chosen here, once): no Python between the plan and the kernel."""
     if uses_dot4(qtype, repacked) and X.dtype == np.float32 and X.flags.c_contiguous and Y.flags.c_contiguous:
         T, K = X.shape
-        _, p = packed(raw, qtype, K, repacked)
-        threaded, serial = dot4.kernels(qtype.name)
-        kern = threaded if threads() > 1 and Y.shape[1] * K * T >= PARALLEL_MIN_WORK else serial
-        args = (*p, X, Y, *dot4.extra_args(qtype.name, T))
+        R, p = packed(raw, qtype, K, repacked)
+        kern, extra = _dot4_kernel(qtype, R, K, T)
+        args = (*p, X, Y, *extra)
         return lambda: kern(*args)
     run = bind(raw, qtype, repacked)
     return lambda: run(X, Y)
+
+
+def _dot4_kernel(qtype, R: int, K: int, T: int) -> tuple:
+    """dot4's kernel for a product (threaded from PARALLEL_MIN_WORK multiply-adds when there are threads
+    to wake, else its serial twin) and the arguments it takes after out."""
+    threaded, serial = dot4.kernels(qtype.name)
+    kern = threaded if threads() > 1 and R * K * T >= PARALLEL_MIN_WORK else serial
+    return kern, dot4.extra_args(qtype.name, T)
 
 
 def bind(raw: np.ndarray, qtype, repacked: bool = False):
@@ -189,15 +196,23 @@ def bind(raw: np.ndarray, qtype, repacked: bool = False):
         return run_reference
     name = qtype.name
     state: dict = {}
+    if uses_dot4(qtype, repacked):                          # the kernel quantizes and writes into out
+        def run_dot4(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+            x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, x.shape[-1])
+            T, K = x.shape
+            R, p = packed(raw, qtype, K, repacked)
+            kern, extra = _dot4_kernel(qtype, R, K, T)
+            if out is None:
+                out = np.empty((T, R), np.float32)
+            kern(*p, x, out, *extra)
+            return out
+        return run_dot4
 
     def choose(T: int, K: int):
         if "p" not in state:
             state["R"], state["p"] = packed(raw, qtype, K, repacked)
         R = state["R"]
-        if uses_dot4(qtype, repacked):
-            quant = dot4.extra_args(name, T)                # the kernel quantizes (one call, not two)
-            threaded, single = dot4.kernels(name)
-        elif name in Q32_TYPES:
+        if name in Q32_TYPES:
             quant = quantize_q8_1 if name == "q4_1" else quantize_q8_0
             pre = "mv_" if T < MV_MAX_ROWS else "mul_mat_"
             threaded, single = getattr(q32, pre + name), getattr(q32, pre + name + "_serial")
@@ -222,11 +237,6 @@ def bind(raw: np.ndarray, qtype, repacked: bool = False):
         quant, threaded, single, work, R = c
         p = state["p"]
         n = threads()
-        if isinstance(quant, tuple):                        # dot4: writes into out, no result to copy
-            if out is None:
-                out = np.empty((T, R), np.float32)
-            (threaded if n > 1 and work >= PARALLEL_MIN_WORK else single)(*p, x, out, *quant)
-            return out
         if n == 1 or work >= PARALLEL_MIN_WORK:
             res = threaded(*p, *quant(x))
         elif single is not None:
