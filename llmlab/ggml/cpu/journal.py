@@ -40,6 +40,17 @@ def reader(a: np.ndarray) -> np.ndarray | None:
     return flags
 
 
+def _mark(refs: list, n: int, rows) -> None:
+    """Set the flags of ``rows`` (all of them when None) in every live reader of an n-row owner."""
+    for ref in refs:
+        flags = ref()
+        if flags is not None and flags.shape[0] == n:
+            if rows is None:
+                flags[:] = 1
+            else:
+                flags[rows] = 1
+
+
 def writer(a: np.ndarray):
     """``note(rows)``: rows_written(a, rows), with the owner looked up once (for a writer bound to one
     buffer, called every step). Readers registered later are seen too (it holds the live list)."""
@@ -47,29 +58,12 @@ def writer(a: np.ndarray):
     exact = _same_rows(a, root)
     refs = _READERS.setdefault(id(root), [])
     n = root.shape[0]
-
-    def note(rows) -> None:
-        for ref in refs:
-            flags = ref()
-            if flags is not None and flags.shape[0] == n:
-                if exact:
-                    flags[rows] = 1
-                else:
-                    flags[:] = 1
-    return note
+    return lambda rows: _mark(refs, n, rows if exact else None)
 
 
 def rows_written(a: np.ndarray, rows=None) -> None:
     """Note that rows ``rows`` of ``a`` (all of them when None) were written."""
     root = owner(a)
     refs = _READERS.get(id(root))
-    if not refs:
-        return
-    exact = rows is not None and _same_rows(a, root)
-    for ref in refs:
-        flags = ref()
-        if flags is not None and flags.shape[0] == root.shape[0]:
-            if exact:
-                flags[rows] = 1
-            else:
-                flags[:] = 1
+    if refs:
+        _mark(refs, root.shape[0], rows if rows is not None and _same_rows(a, root) else None)
