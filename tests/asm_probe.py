@@ -1,0 +1,63 @@
+"""Compile the hot loops for one CPU and print their instruction counts as JSON (run by
+test_machine_code.py in a child process, one per CPU model).
+
+The CPU is numba's target: ``NUMBA_CPU_NAME`` (with ``NUMBA_CPU_FEATURES=+64bit``, so that LLVM takes
+that model's own features and tuning, not the host's), or the host when unset. Each kernel is compiled
+afresh under a non-caching njit (a cached kernel has no assembly to show) and never run: the machine
+code of a CPU this host is not may hold instructions this host lacks.
+
+Usage: python asm_probe.py ISA[,ISA...]   (the byte-dot instruction sets this CPU model has: vnni, avx2)
+"""
+from __future__ import annotations
+
+import json
+import re
+import sys
+from collections import Counter
+
+import numba
+import numpy as np
+from numba import njit
+
+from llmlab.ggml.cpu import profiles
+from llmlab.ggml.cpu.fast import dot4, q32, vec as fvec
+from llmlab.ggml.cpu.fast._common import NOPYTHON
+from llmlab.ggml.cpu.fast.quantize import quantize_q8_1
+
+OPTS = {k: v for k, v in NOPYTHON.items() if k != "cache"}
+
+
+def instructions(fn, *args) -> dict[str, int]:
+    """'mnemonic register-class' -> count over the whole function (class: zmm, ymm, xmm or scalar)."""
+    jit = njit(**OPTS, error_model=fn.targetoptions.get("error_model", "python"))(fn.py_func)
+    jit.compile(tuple(numba.typeof(a) for a in args))
+    c: Counter = Counter()
+    for line in jit.inspect_asm(jit.signatures[0]).splitlines():
+        m = re.match(r"\s+([a-z][a-z0-9]+)\s+(.*)", line)
+        if m and not line.lstrip().startswith("."):
+            reg = next((r for r in ("zmm", "ymm", "xmm") if r in line), "scalar")
+            c[f"{m.group(1)} {reg}"] += 1
+    return dict(c)
+
+
+def main(isas: list[str]) -> dict:
+    rng = np.random.default_rng(0)
+    raw = rng.integers(0, 256, (32, 2 * 20), dtype=np.uint8)
+    raw.view(np.uint16)[:, ::10] = 0x3C00
+    x = rng.standard_normal((1, 64)).astype(np.float32)
+    out: dict[str, dict[str, int]] = {}
+    out["generic_decode_q4_1"] = instructions(q32.mv_q4_1_serial, *q32.pack_q32(raw, "q4_1", 64), *quantize_q8_1(x))
+    v = fvec.params(profiles.get("avx512"))
+    s = np.ones((2, 1, 64), np.float32)
+    out["soft_max"] = instructions(fvec.soft_max, s, np.zeros((0, 64), np.float32), np.float32(1), s.copy(),
+                                   v.lanes, v.hsum_prog, v.expf)
+    g = np.ones((1, 64), np.float32)
+    out["swiglu"] = instructions(fvec.swiglu, g, g, g.copy(), v.expf)
+    for isa in isas:
+        out[f"dot4_{isa}_q4_1"] = instructions(dot4.kernels("q4_1", isa)[1], *dot4.pack(raw, "q4_1", 64), x,
+                                               np.empty((1, 32), np.float32))
+    return {"cpu": numba.config.CPU_NAME or "host", "kernels": out}
+
+
+if __name__ == "__main__":
+    print(json.dumps(main([i for i in sys.argv[1].split(",") if i] if len(sys.argv) > 1 else [])))
