@@ -21,7 +21,7 @@ from llmlab.llama.vocab import Tokenizer, Vocab
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 TEXTS = {"English (Python docs)": DATA / "english_python_docs.txt",
-         "Chinese (seed article)": DATA / "llama-cpp-inference-walkthrough.txt"}
+         "Chinese (course notes)": DATA / "zh_inference_notes.txt"}
 
 
 def best_of(fn, repeat: int) -> float:
