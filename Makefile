@@ -18,7 +18,7 @@ NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]_*.ipynb))
 HTML_DIR ?= build/html
 IS_ROOT := $(shell [ "$$(id -u)" = 0 ] && echo 1)
 
-.PHONY: setup setup-dev system-deps browser-deps demo test test-slow test-browser test-all bench lab notebooks html clean oracle-avx2 test-avx2
+.PHONY: setup setup-dev system-deps browser-deps demo test test-slow test-browser test-all bench lab notebooks html clean oracle-avx2 test-avx2 arm64-deps oracle-arm64
 
 setup: system-deps $(STAMP_LAB)
 setup-dev: system-deps $(STAMP_DEV)
@@ -113,6 +113,30 @@ test-avx2: oracle-avx2
 	$(PY) -m llmlab fetch smollm2 --quiet
 	$(PY) -m llmlab fetch gemma3 --quiet
 	LLMLAB_CPU=avx2 PYTHONPATH=$(AVX2_ORACLE) $(PY) -m pytest -q --slow $(AVX2_TESTS) $(PYTEST_ARGS)
+
+# llama.cpp cross-built for aarch64, once per ARM feature level llama.cpp's build distinguishes, with
+# llmlab-oracle (tools/arm64/llmlab_oracle.cpp: logits at every position, greedy tokens, node values)
+# linked in; qemu-user runs it as the oracle of an ARM CPU. Built once (~15 min per level on 2 cores)
+# from the sdist on PyPI with Debian's cross compilers, kept in $(ARM64_ORACLE)/<level>/.
+ARM64_ORACLE ?= $(HOME)/.cache/llmlab/oracle-arm64
+ARM64_ARCHS  ?= armv8.2-a+dotprod+fp16 armv8.6-a+dotprod+i8mm+fp16
+
+arm64-deps:
+	@missing=""; for t in qemu-aarch64-static:qemu-user-static aarch64-linux-gnu-g++:g++-aarch64-linux-gnu ninja:ninja-build cmake:cmake; do \
+	  command -v $${t%%:*} >/dev/null 2>&1 || missing="$$missing $${t#*:}"; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing$$missing with apt-get"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing gcc-aarch64-linux-gnu >/dev/null; \
+	  else echo "error: missing system packages:$$missing (apt-get install$$missing)"; exit 1; fi; fi
+
+oracle-arm64: setup-dev arm64-deps
+	PYTHON=$(PY) tools/arm64/build_oracle.sh $(ARM64_ORACLE) \
+	  "$$($(PY) -c 'import importlib.metadata as m; print(m.version("llama-cpp-python"))')" $(ARM64_ARCHS)
+	@for a in $(ARM64_ARCHS); do d=$$(mktemp -d); \
+	  qemu-aarch64-static -cpu max $(ARM64_ORACLE)/$$a/llmlab-oracle "$$($(PY) -m llmlab fetch smollm2 --quiet)" $$d/o --ids 1,2,3 -n 2 && \
+	  $(PY) -c "import json, sys; print(sys.argv[1] + ':', json.load(open(sys.argv[2]))['system_info'])" $$a $$d/o.json; \
+	  rc=$$?; rm -rf $$d; [ $$rc -eq 0 ] || exit $$rc; done
 
 bench: setup-dev
 	$(PY) -m llmlab bench -m smollm2 --vs-llama-cpp
