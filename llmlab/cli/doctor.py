@@ -1,0 +1,11 @@
+"""``doctor``: is this machine ready for llmlab and its notebooks (see :mod:`llmlab.doctor`)."""
+from __future__ import annotations
+
+from .. import doctor
+
+
+def register(sub) -> None:
+    p = sub.add_parser("doctor", help="check Python, packages, Graphviz, fonts, CPU profile and numba's cache; "
+                                      f"exit {doctor.EXIT_MISSING} with an install hint when a required piece is missing")
+    doctor.add_arguments(p)
+    p.set_defaults(func=doctor.run)
