@@ -58,6 +58,10 @@ _HINTS = {
     "fonts-emoji": {"linux": "sudo apt-get install fonts-noto-color-emoji",
                     "macos": "macOS ships Apple Color Emoji: update macOS",
                     "windows": "Windows ships Segoe UI Emoji: update Windows"},
+    "fonts-emoji-figures": {"linux": "sudo apt-get install fonts-symbola",
+                            "macos": "install the Symbola font (outline emoji, which matplotlib can draw; "
+                                     "Apple Color Emoji it cannot)",
+                            "windows": "Segoe UI Emoji ships with Windows: update Windows"},
     "llama_cpp": {"any": "python -m pip install llama-cpp-python==0.3.36 (builds llama.cpp from source: "
                          "needs a C++ compiler and CMake; `make test` does it on Linux)"},
     "numba_cache": {"any": "set NUMBA_CACHE_DIR to a folder you can write (numba then caches its compiled "
@@ -77,7 +81,7 @@ def in_conda() -> bool:
 
 
 def hint(piece: str, os_name: str | None = None, conda: bool | None = None) -> str:
-    """The one install hint for ``piece`` ("dot", "python", "fonts-cjk", "fonts-emoji", "llama_cpp",
+    """The one install hint for ``piece`` ("dot", "python", "fonts-cjk", "fonts-emoji", "fonts-emoji-figures", "llama_cpp",
     "numba_cache" or a package's distribution name) on this system (or ``os_name``)."""
     os_name = os_name or system()
     conda = in_conda() if conda is None else conda
@@ -167,7 +171,7 @@ def check_fonts() -> list[Check]:
                 "\\u escapes (no boxes)", hint("fonts-cjk"), {"families": []}))
     fig, browser = found["emoji_figures"], found["emoji_browser"]
     where = (f"figures: {', '.join(fig)}" if fig else "figures write emoji as \\U escapes (matplotlib cannot draw "
-             "colour emoji)")
+             f"colour emoji; for outline emoji: {hint('fonts-emoji-figures')})")
     c2 = (Check("fonts_emoji", "ok", False, f"browser: {', '.join(browser)}; {where}",
                 data={"browser": browser, "figures": fig})
           if browser or fig else

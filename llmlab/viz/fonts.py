@@ -66,6 +66,7 @@ def report() -> dict:
 _COVERAGE: dict[tuple, frozenset] = {}
 _NOTED: list[str] = []
 _GUARD: list = []
+_EXTRA: list[str] = []       # the fallback families (nb.setup's), tried for text whose own fonts lack a glyph
 
 
 def _font_paths(prop) -> tuple:
@@ -120,15 +121,18 @@ def note_missing(chars: str, stream=None) -> None:
     if any(unicodedata.name(c, "").startswith("CJK") for c in chars):
         kinds.append(f"CJK: {hint('fonts-cjk')}")
     if any(ord(c) >= 0x1F000 for c in chars):
-        kinds.append(f"emoji: {hint('fonts-emoji')}")
+        kinds.append(f"emoji: {hint('fonts-emoji-figures')}")
     print(f"fonts: no installed font has {chars[:8]!r}, so figures write such characters as \\u escapes "
           f"({'; '.join(kinds) or 'install a font that has them'}; `python -m llmlab doctor` checks the fonts)",
           file=stream or sys.stdout)
 
 
-def guard_missing_glyphs() -> None:
-    """From now on, matplotlib text draws a character no font here has as its escape instead of a
-    box, and the first time says so in one line (no "Glyph ... missing" warning per character)."""
+def guard_missing_glyphs(fallbacks=()) -> None:
+    """From now on, matplotlib text that has a character its own fonts lack is drawn with the
+    ``fallbacks`` families appended to its fonts (a monospace label with Chinese in it), and a
+    character no font here has is drawn as its escape instead of a box, said once in one line
+    (no "Glyph ... missing" warning per character)."""
+    _EXTRA[:] = [f for f in fallbacks if f not in _EXTRA] + [f for f in _EXTRA if f not in fallbacks]
     if _GUARD:
         return
     from matplotlib import cbook
@@ -139,15 +143,24 @@ def guard_missing_glyphs() -> None:
         s = self._text
         if not isinstance(s, str) or s.isascii() or self.get_usetex() or cbook.is_math_text(s):
             return original(self, renderer)
-        shown, missing = drawable(s, self.get_fontproperties())
+        prop = self.get_fontproperties()
+        shown, missing = drawable(s, prop)
         if not missing and shown == s:
             return original(self, renderer)
+        wider = None
+        if missing and _EXTRA:                   # the fallback fonts may have what this text's fonts lack
+            wider = prop.copy()
+            wider.set_family(list(prop.get_family()) + [f for f in _EXTRA if f not in prop.get_family()])
+            shown, missing = drawable(s, wider)
         note_missing(missing)
         self._text = shown
+        if wider is not None:
+            self._fontproperties = wider
         try:
             return original(self, renderer)
         finally:
             self._text = s
+            self._fontproperties = prop
 
     draw.__wrapped__ = original
     Text.draw = draw
