@@ -132,7 +132,7 @@ def guard_missing_glyphs(fallbacks=()) -> None:
     ``fallbacks`` families appended to its fonts (a monospace label with Chinese in it), and a
     character no font here has is drawn as its escape instead of a box, said once in one line
     (no "Glyph ... missing" warning per character)."""
-    _EXTRA[:] = [f for f in fallbacks if f not in _EXTRA] + [f for f in _EXTRA if f not in fallbacks]
+    _EXTRA[:] = list(fallbacks)
     if _GUARD:
         return
     from matplotlib import cbook
