@@ -161,3 +161,24 @@ def test_figures_without_cjk_fonts_have_no_boxes():
     assert p.stdout.count("fonts: no installed font has") == 1 and "`python -m llmlab doctor`" in p.stdout
     assert "drawn ('\\\\u82f9\\\\u679c\\\\U0001f642', '苹果🙂')" in p.stdout
     assert "Glyph" not in p.stderr
+
+
+def test_missing_required_package_exits_1_with_its_hint(monkeypatch):
+    real = doctor._version
+    monkeypatch.setattr(doctor, "_version", lambda dist: None if dist == "numba" else real(dist))
+    rep = doctor.report()
+    assert "numba" in rep["missing"] and rep["exit_code"] == 1 and not rep["ok"]
+    assert rep["checks"]["numba"]["hint"] == doctor.hint("numba") and "numba>=0.60" in rep["checks"]["numba"]["hint"]
+
+
+def test_module_doctor_runs_where_numpy_and_numba_do_not_import():
+    """``python -m llmlab.doctor`` still reports (and says what fails) when the heavy packages are broken."""
+    script = ("import sys\n"
+              "for m in ('numpy', 'numba', 'matplotlib', 'llama_cpp'): sys.modules[m] = None\n"
+              "from llmlab import doctor\n"
+              "sys.exit(doctor.main(['--json', '--cli']))\n")
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=_env(), timeout=120)
+    rep = json.loads(p.stdout)
+    assert p.returncode == rep["exit_code"], p.stderr
+    assert rep["checks"]["cpu"]["status"] == "warn" and rep["checks"]["numba_cache"]["status"] == "warn"
+    assert rep["checks"]["python"]["status"] == "ok"

@@ -122,9 +122,13 @@ def note_missing(chars: str, stream=None) -> None:
         kinds.append(f"CJK: {hint('fonts-cjk')}")
     if any(ord(c) >= 0x1F000 for c in chars):
         kinds.append(f"emoji: {hint('fonts-emoji-figures')}")
-    print(f"fonts: no installed font has {chars[:8]!r}, so figures write such characters as \\u escapes "
-          f"({'; '.join(kinds) or 'install a font that has them'}; `python -m llmlab doctor` checks the fonts)",
-          file=stream or sys.stdout)
+    line = (f"fonts: no installed font has {chars[:8]!r}, so figures write such characters as \\u escapes "
+            f"({'; '.join(kinds) or 'install a font that has them'}; `python -m llmlab doctor` checks the fonts)")
+    stream = stream or sys.stdout
+    try:
+        print(line, file=stream)
+    except UnicodeEncodeError:         # a console that cannot show the characters themselves (Windows cp1252)
+        print(line.encode("ascii", "backslashreplace").decode("ascii"), file=stream)
 
 
 def guard_missing_glyphs(fallbacks=()) -> None:
