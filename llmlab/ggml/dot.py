@@ -118,10 +118,11 @@ def has_dot() -> bool:
 
 def render(dot_text: str, fmt: str = "svg"):
     """A ``graphviz.Source`` (shown inline by Jupyter) when Graphviz's ``dot`` program exists;
-    otherwise a plain message saying so (the DOT text is still valid for any viewer)."""
+    otherwise a one-line message saying so, with the install hint (a ``str``), which Jupyter shows
+    with a simplified static drawing under it (:mod:`llmlab.ggml.dot_fallback`)."""
     if not has_dot():
-        return ("Graphviz's `dot` program is not installed, so the graph cannot be drawn here "
-                f"(install graphviz; the DOT text has {dot_text.count('->')} edges).")
+        from .dot_fallback import StaticGraph
+        return StaticGraph(dot_text)
     import graphviz
     src = graphviz.Source(dot_text, format=fmt)
     return src

@@ -21,13 +21,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from ..viz import fonts as _fonts
 from .live import figure_png, live  # noqa: F401  (re-exported)
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 
-# fonts tried after matplotlib's default, so Chinese text and emoji do not print as boxes
-FALLBACK_FONTS = ["Noto Sans CJK SC", "Noto Sans CJK JP", "Noto Sans SC", "WenQuanYi Zen Hei", "Droid Sans Fallback",
-                  "Noto Emoji", "Symbola"]
+# fonts tried after matplotlib's default, so Chinese text and emoji do not print as boxes (Linux, macOS, Windows)
+FALLBACK_FONTS = list(_fonts.FALLBACK_FONTS)
 FIGURE_DPI = 80
 
 ORACLES = {"llama_cpp": "llama-cpp-python", "gguf": "gguf (gguf-py)"}
@@ -36,19 +36,15 @@ ORACLES = {"llama_cpp": "llama-cpp-python", "gguf": "gguf (gguf-py)"}
 # ---------------------------------------------------------------- figures and fonts
 
 def set_matplotlib_defaults(dpi: int = FIGURE_DPI) -> list[str]:
-    """A modest dpi (notebooks stay small) and a fallback list of installed CJK/emoji fonts.
+    """A modest dpi (notebooks stay small) and a fallback list of installed CJK/emoji fonts (only
+    fonts that exist); a character none of them has is drawn as its escape, not a box, and said once.
     Returns the fallback fonts found on this machine."""
     import matplotlib
     import matplotlib.pyplot as plt  # noqa: F401  (activates the inline backend first, then our rc wins)
-    from matplotlib import font_manager
 
-    installed = {f.name for f in font_manager.fontManager.ttflist}
+    installed = _fonts.matplotlib_families()     # rebuilt once when fonts came after matplotlib's cache
     found = [name for name in FALLBACK_FONTS if name in installed]
-    if not found and any("CJK" in Path(f).name for f in font_manager.findSystemFonts()):
-        # fonts installed after matplotlib built its cache (make system-deps): rebuild it once
-        font_manager.fontManager = font_manager._load_fontmanager(try_read_cache=False)
-        installed = {f.name for f in font_manager.fontManager.ttflist}
-        found = [name for name in FALLBACK_FONTS if name in installed]
+    _fonts.guard_missing_glyphs(found)
     base = matplotlib.rcParamsDefault["font.sans-serif"]
     matplotlib.rcParams["font.sans-serif"] = [base[0]] + found + [f for f in base[1:] if f not in found]
     # a list of families is a per-glyph fallback chain (a generic "sans-serif" would resolve to one font)
@@ -220,15 +216,15 @@ def graph(dot, name: str, folder: str = "graphs", max_height: int = 640):
     """A Graphviz graph (DOT text or a ``graphviz.Source``) sized to the notebook's width, in a box
     that scrolls when the graph is tall, with a link to the full-size SVG, which is written to
     ``build_dir(folder)/<name>.svg``. Returns an HTML object (or a message when Graphviz's ``dot``
-    program is missing)."""
+    program is missing: the one-line message and a simplified static drawing)."""
     import re
 
     from IPython.display import HTML
     from ..ggml.dot import has_dot
     text = dot if isinstance(dot, str) else getattr(dot, "source", str(dot))
     if not has_dot():
-        return HTML(f"<p>Graphviz's <code>dot</code> program is not installed, so the graph cannot be drawn "
-                    f"here (install graphviz; the DOT text has {text.count('->')} edges).</p>")
+        from ..ggml import dot_fallback
+        return HTML(dot_fallback.html(text, max_height))
     import graphviz
     svg = graphviz.Source(text).pipe(format="svg").decode("utf-8")
     svg = svg[svg.index("<svg"):]                       # drop the XML prolog and doctype
@@ -262,7 +258,7 @@ def setup(models=("smollm2",), threads: int | None = None, warm: bool = False, q
         print(f"cpu: {p['model']}, {p['cores']} cores, {p['machine']}; SIMD: {' '.join(p['simd']) or 'none found'}")
         print(f"CPU profile: {p['profile']} (from {p['source']}); bit-identical to this machine's llama.cpp: "
               f"{'yes' if p['reproduced'] else 'no'}")
-        print(f"figures: {FIGURE_DPI} dpi; fallback fonts: {', '.join(fonts) or 'none installed (make system-deps)'}")
+        print(f"figures: {FIGURE_DPI} dpi; fallback fonts: {', '.join(fonts) or 'none installed (python -m llmlab doctor)'}")
     set_threads(threads)
     paths = fetch_models(models, quiet=quiet)
     if warm:

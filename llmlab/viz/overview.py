@@ -40,12 +40,13 @@ def pipeline_dot() -> str:
 
 
 def pipeline_graph() -> HTML:
-    """The pipeline as inline SVG scaled to the notebook's width (or its Graphviz source when
-    Graphviz's ``dot`` is missing)."""
+    """The pipeline as inline SVG scaled to the notebook's width (without Graphviz's ``dot``: a
+    one-line message, a simplified static drawing and the Graphviz source)."""
     src = pipeline_dot()
     if shutil.which("dot") is None:
-        return HTML("<p>(Graphviz's <code>dot</code> is not installed: <code>make system-deps</code>)</p><pre>"
-                    + _html.escape(src) + "</pre>")
+        from ..ggml import dot_fallback
+        return HTML(dot_fallback.html(src) + "<details><summary>Graphviz source</summary><pre>"
+                    + _html.escape(src) + "</pre></details>")
     import graphviz
     svg = graphviz.Source(src).pipe(format="svg").decode()
     svg = svg[svg.index("<svg"):]
