@@ -9,7 +9,8 @@ its executor, backends and scheduler, and the CPU backend's numerics (``ggml.cpu
 from __future__ import annotations
 
 from . import ops
-from .cgraph import CGraph, MemoryPlan, build_forward, build_forward_expand, plan_memory
+from .alloc import MemoryPlan, plan_memory
+from .cgraph import CGraph, build_forward, build_forward_expand
 from .context import GGMLContext
 from .executor import compute as graph_compute
 from .tensor import Tensor

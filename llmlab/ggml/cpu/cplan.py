@@ -22,6 +22,7 @@ from typing import Callable
 
 import numpy as np
 
+from ..alloc import alloc_graph
 from ..executor import Hooks
 from ..ops import VIEW_OPS
 from ..tensor import F16, F32, Tensor
@@ -64,8 +65,9 @@ class CPlan:
     only when no hook asks to see the nodes one by one."""
 
     def __init__(self, nodes: list[Tensor], steps: list[Step | None], n_fast: int,
-                 fused: dict[int, Step] | None = None, absorbed: set[int] = frozenset()):
+                 fused: dict[int, Step] | None = None, absorbed: set[int] = frozenset(), arena_bytes: int = 0):
         self.nodes, self.steps, self.n_fast = nodes, steps, n_fast
+        self.arena_bytes = arena_bytes        # what the graph allocator gave the nodes (llmlab.ggml.alloc)
         self.fused, self.absorbed = fused or {}, absorbed
         self.n_fused = len(absorbed)
         self._order = [i for i, s in enumerate(steps) if s is not None and i not in absorbed]
@@ -93,7 +95,7 @@ def graph_plan(nodes: list[Tensor], cpu=None, fast: bool = True) -> CPlan:
     cpu = resolve(cpu)
     steps: list[Step | None] = []
     n_fast = 0
-    allocate(nodes)
+    arena = alloc_graph(nodes)
     for node in nodes:
         if node.op in VIEW_OPS:
             steps.append(None)
@@ -116,66 +118,7 @@ def graph_plan(nodes: list[Tensor], cpu=None, fast: bool = True) -> CPlan:
                     fused[i] = got[0]
                     absorbed.update(index[id(n)] for n in got[1])
                     break
-    return CPlan(nodes, steps, n_fast, fused, absorbed)
-
-
-ALIGN = 64
-
-
-def allocate(nodes: list[Tensor]) -> int:
-    """ggml-alloc in small: give the nodes that own bytes (not views, not already placed) offsets in one
-    arena, each buffer taken when its node runs and given back after its last reader ran (a view's
-    readers read its root), so a prompt's activations need a few layers' worth of memory, not the
-    whole graph's. Nodes nobody reads (the outputs) keep theirs. Returns the arena's size."""
-    todo = [n for n in nodes if n.view_src is None and n.data is None]
-    if not todo:
-        return 0
-    last_use: dict[int, int] = {}
-    for i, n in enumerate(nodes):
-        for s in n.src:
-            if s is not None:
-                last_use[id(s.root())] = i
-    free: list[tuple[int, int]] = []          # (offset, size) holes, by offset
-    top = 0
-    offs: dict[int, int] = {}
-    frees_at: dict[int, list[Tensor]] = {}
-    mine = {id(n) for n in todo}
-
-    def take(size: int) -> int:
-        nonlocal top
-        best = min((h for h in free if h[1] >= size), key=lambda h: h[1], default=None)
-        if best is None:
-            off, top = top, top + size
-            return off
-        free.remove(best)
-        if best[1] > size:
-            free.append((best[0] + size, best[1] - size))
-        return best[0]
-
-    def give(off: int, size: int) -> None:
-        free.append((off, size))
-        free.sort()
-        merged: list[tuple[int, int]] = []
-        for o, s in free:
-            if merged and merged[-1][0] + merged[-1][1] == o:
-                merged[-1] = (merged[-1][0], merged[-1][1] + s)
-            else:
-                merged.append((o, s))
-        free[:] = merged
-
-    sizes = {id(n): -(-max(n.nbytes(), 1) // ALIGN) * ALIGN for n in todo}
-    for i, n in enumerate(nodes):
-        if id(n) in mine:
-            offs[id(n)] = take(sizes[id(n)])
-            end = last_use.get(id(n))
-            if end is not None and end > i:
-                frees_at.setdefault(end, []).append(n)
-        for done in frees_at.pop(i, []):
-            give(offs[id(done)], sizes[id(done)])
-    arena = np.empty(top, np.uint8)
-    for n in todo:
-        n.data = arena[offs[id(n)]:offs[id(n)] + n.nbytes()]
-    return top
+    return CPlan(nodes, steps, n_fast, fused, absorbed, arena)
 
 
 # ---- bindings ----------------------------------------------------------------------------------
