@@ -12,7 +12,7 @@ from . import ops
 from .alloc import MemoryPlan, plan_memory
 from .cgraph import CGraph, build_forward, build_forward_expand
 from .context import GGMLContext
-from .executor import compute as graph_compute
+from .cpu.executor import compute as graph_compute
 from .tensor import Tensor
 
 __all__ = ["CGraph", "GGMLContext", "MemoryPlan", "Tensor", "build_forward", "build_forward_expand",

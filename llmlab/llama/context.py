@@ -22,12 +22,11 @@ from ..ggml.cpu.cplan import CPlan, graph_plan
 from ..ggml.executor import compute as compute_graph
 from .graph import KVView
 from ..ggml.tensor import Tensor
-from .kv_cache import Memory, make_kv_cache
+from .kv_cache import Memory, make_kv_cache, padded_n_ctx
 from .model import Model
 from .validate import check_kv_memory
 
 KERNELS = ("fast", "reference")
-CTX_PAD = 256     # llama.cpp pads n_ctx to a multiple of 256
 
 
 def _as_tensor(arr: np.ndarray, type_, n_embd: int, name: str) -> Tensor:
@@ -50,7 +49,7 @@ class Context:
         self.model = model
         # whose arithmetic: a profile, its name, "auto"; by default the model's (llmlab.ggml.cpu.profiles)
         self.cpu = profiles.resolve(cpu if cpu is not None else getattr(model, "cpu", None))
-        self.n_ctx = -(-n_ctx // CTX_PAD) * CTX_PAD
+        self.n_ctx = padded_n_ctx(n_ctx)
         self.n_batch, self.n_ubatch = n_batch, min(n_ubatch, n_batch)
         self.n_seq_max = n_seq_max
         self.flash_attn = flash_attn

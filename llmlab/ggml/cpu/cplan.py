@@ -1,6 +1,6 @@
 """ggml_graph_plan + ggml_graph_compute: a graph bound once to kernels and buffers, then run many times.
 
-The reference executor (``llmlab.ggml.executor``) looks every node up, builds numpy views of its
+The reference executor (``llmlab.ggml.cpu.executor``) looks every node up, builds numpy views of its
 sources and allocates as it goes: clear, and about as slow in Python as the arithmetic. A
 ``CPlan`` does that work once per graph. Each node that computes becomes one *step*, a closure
 over the arrays it reads and writes (views of the same bytes the graph owns) that calls a
@@ -23,7 +23,7 @@ from typing import Callable
 import numpy as np
 
 from ..alloc import alloc_graph
-from ..executor import Hooks
+from .executor import Hooks
 from ..ops import VIEW_OPS
 from ..tensor import F16, F32, Tensor
 from . import sgemm

@@ -4,7 +4,7 @@
   ``supports_buft(buft)``, ``offload_op(node)`` (would it like to take an op whose
   weights sit in host memory?), ``compute(nodes)`` (ggml_backend_graph_compute).
 - ``CPUBackend``: the real one. Before its plain op switch it asks its registered
-  extra buffer types ("plug-ins": llama.cpp's REPACK, AMX, KleidiAI, SpacemiT IME)
+  extra buffer types (``llmlab.ggml.cpu.traits``: llama.cpp's REPACK, AMX, KleidiAI, SpacemiT IME)
   whether they take the node (``ggml_cpu_extra_compute_forward``).
 - ``AccelBackend``: a simulated accelerator. It runs the same NumPy code but owns a
   separate buffer type, so every input living elsewhere must be copied in, and
@@ -17,22 +17,12 @@ from typing import Iterable
 import numpy as np
 
 from ..cpu.ops import COMPUTE
-from ..executor import run_nodes
+from ..cpu.traits import ExtraBufferType
+from ..cpu.executor import run_nodes
 from ..ops import VIEW_OPS
 from ..tensor import Tensor
 
 ALL_OPS = frozenset(COMPUTE)     # every op the CPU backend computes (its op table's keys)
-
-
-class ExtraBufferType:
-    """A CPU plug-in (ggml's extra buffer type): claims some weights at load time and the ops that use them."""
-    name = "extra"
-
-    def supports_op(self, node: Tensor) -> bool:
-        raise NotImplementedError
-
-    def compute(self, node: Tensor) -> None:
-        raise NotImplementedError
 
 
 class Backend:
