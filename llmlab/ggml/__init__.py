@@ -1,5 +1,6 @@
-"""ggml, the tensor library half of llama.cpp: types, GGUF, quant formats, tensors, ops, the graph,
-its executor, backends and scheduler, and the CPU backend's numerics (``ggml.cpu``).
+"""ggml, the tensor library half of llama.cpp: types, GGUF, quant formats, tensors, ops, the graph and
+its allocator (``alloc``), backends and scheduler, and the CPU backend (``ggml.cpu``: its numerics and
+graph_compute).
 
     from llmlab.ggml import GGMLContext, ops as ggml, build_forward_expand, CGraph
     ctx = GGMLContext(no_alloc=True)

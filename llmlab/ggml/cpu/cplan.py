@@ -9,8 +9,9 @@ reference as its step, so a plan is always complete and always exact.
 
 The graph stays the graph the notebooks draw: the plan neither adds nor fuses nodes, and with
 ``capture``/``replace``/``callback`` every node is still seen, in order, as the reference
-executor shows it. llama.cpp reuses a graph when the shapes repeat; the context keeps the plan
-with the graph, so a decode step pays for binding once per 256 cells of cache.
+executor shows it. The nodes' bytes come from the graph allocator (``llmlab.ggml.alloc``, ggml_gallocr),
+one arena per plan. llama.cpp reuses a graph when the shapes repeat; the CPU backend keeps the plan
+with the graph (``CPUBackend.plan``), so a decode step pays for binding once per 256 cells of cache.
 
 A plan is bound for one CPU profile (``cpu``): a fast kernel binds only where it computes that
 profile's arithmetic (its lane count, reduction tree and expf); elsewhere the node keeps its
