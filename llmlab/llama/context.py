@@ -27,7 +27,6 @@ from .model import Model
 from .validate import check_kv_memory
 
 
-
 def _as_tensor(arr: np.ndarray, type_, n_embd: int, name: str) -> Tensor:
     """A cache array (one row per cell) as a ggml tensor [n_embd, n_cells] over the same bytes."""
     t = Tensor(type_, (n_embd, arr.shape[0]), name=name, data=arr.reshape(-1).view(np.uint8))
