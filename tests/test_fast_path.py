@@ -195,7 +195,7 @@ def test_fast_plan_binds_every_compute_node_of_a_real_decode_step(smollm2_path):
     ctx = Context(Model(smollm2_path), n_ctx=256)
     ctx.decode(Batch.from_tokens([1, 2, 3], logits="last"))
     ctx.decode(Batch.from_tokens([4], pos0=3, logits="last"))
-    plan = ctx._plan_for(ctx.last_graph)
+    plan = ctx.backend.plan(ctx.last_graph.gf)
     slow = {n.op for n, s in zip(plan.nodes, plan.steps) if s is not None} - {
         n.op for n in plan.nodes if n.op in ("RMS_NORM", "MUL", "ADD", "MUL_MAT", "ROPE", "SET_ROWS",
                                              "CONT", "SOFT_MAX", "SWIGLU")}

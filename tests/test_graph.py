@@ -7,6 +7,7 @@ import pytest
 from llmlab.ggml import CGraph, GGMLContext, build_forward, build_forward_expand, graph_compute, plan_memory
 from llmlab.ggml import ops as ggml
 from llmlab.ggml import quant
+from llmlab.ggml.alloc import FreeList, reserve
 from llmlab.ggml.cpu.ops import gelu_f32
 from llmlab.ggml.dot import has_dot, render, to_dot
 
@@ -116,6 +117,76 @@ def test_memory_plan_reuses_dead_results():
     assert plan.node_bytes_no_reuse == 6 * 4096
     assert plan.peak_bytes == 2 * 4096            # a result lives until its reader has run
     assert plan.leaf_bytes == 4096
+
+
+def test_free_list_takes_the_best_hole_and_merges_neighbours():
+    fl = FreeList()
+    a, b, c, d = (fl.alloc(n) for n in (128, 64, 256, 64))
+    assert (a, b, c, d) == (0, 128, 192, 448) and fl.max_size == 512
+    fl.free(a, 128)
+    fl.free(c, 256)
+    assert fl.alloc(64) == 0                      # the smaller of the two holes that fit
+    assert fl.alloc(512) == 512                   # no hole fits: the open end
+    fl.free(b, 64)
+    fl.free(d, 64)                                # merges 192..448 and 448..512 with the block before
+    assert fl.blocks == [[64, 448], [1024, -1]]
+    fl.free(0, 64)
+    fl.free(512, 512)                             # everything merged back into the open end
+    assert fl.blocks == [[0, -1]] and fl.max_size == 1024
+
+
+def test_views_keep_their_root_and_outputs_keep_their_bytes():
+    ctx = GGMLContext(no_alloc=True)
+    x = ggml.new_tensor(ctx, "f32", 64, 4, name="x")
+    a = ggml.silu(ctx, x)
+    v = ggml.view_2d(ctx, a, 32, 4, a.nb[1], 0)        # an unread view: a stays alive
+    b = ggml.silu(ctx, ggml.silu(ctx, x))
+    g = build_forward_expand(build_forward(v), b)
+    plan = reserve(g.nodes)
+    assert id(v) not in plan.offsets                   # views own nothing
+    offs = sorted(plan.offsets[id(n)] for n in g.nodes if n.view_src is None)
+    assert len(set(offs)) == len(offs) == 3            # a, silu(x), b: a is never given back
+    assert plan.size == 3 * 1024
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_engine_allocates_the_arena_the_notebook_draws(tmp_path, arch):
+    """plan_memory (notebook 06) and the CPU backend's plan run the same allocator: the peak it reports
+    is the arena the engine allocates, live results never share bytes, and the bits are the executor's."""
+    from llmlab.ggml.cpu.cplan import graph_plan
+    from llmlab.llama import Batch, Context, Model
+    from llmlab.llama.tiny import write_tiny
+    model = Model(write_tiny(tmp_path / "m.gguf", arch, n_layer=2, seed=3, sliding_window=4))
+    ctx = Context(model, n_ctx=64, kernels="reference")
+    g = ctx.graph_for(Batch.from_tokens([3, 1, 4, 1, 5, 9, 2], logits="all"))
+    drawn = plan_memory(g.gf)
+    assert 0 < drawn.peak_bytes < drawn.node_bytes_no_reuse
+    assert max(live for *_, live in drawn.per_node) <= drawn.peak_bytes
+    plan = graph_plan(g.gf.nodes, fast=False)
+    assert plan.arena_bytes == drawn.peak_bytes
+    nodes = g.gf.nodes
+    last = {}
+    for i, n in enumerate(nodes):
+        for s in n.src:
+            last[id(s.root())] = i
+    spans = []                                         # (first, last index alive, start, end in the arena)
+    base = next(n for n in nodes if n.view_src is None).data.base
+    for i, n in enumerate(nodes):
+        if n.view_src is None:
+            assert n.data.base is base                 # one arena
+            start = n.data.__array_interface__["data"][0] - base.__array_interface__["data"][0]
+            spans.append((i, last.get(id(n), len(nodes)), start, start + n.nbytes()))
+    for i, (f0, l0, s0, e0) in enumerate(spans):
+        for f1, l1, s1, e1 in spans[i + 1:]:
+            if f1 <= l0:                               # alive together
+                assert e0 <= s1 or e1 <= s0
+    plan.compute()
+    got = g.t_logits.numpy()
+    for n in nodes:
+        if n.view_src is None:
+            n.data = None
+    graph_compute(g.gf)
+    assert np.array_equal(got, g.t_logits.numpy())
 
 
 # ---- every op against a plain formula ----------------------------------------------------

@@ -172,3 +172,31 @@ def test_plugin_first_plain_path_as_fallback():
     cpu.compute(build_forward(yf).nodes)          # f32 weight: the plug-in declines, plain path runs
     assert len(cpu.plugin_log) == 1
     np.testing.assert_allclose(yf.numpy(), x.numpy() @ W.T, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kernels", ["fast", "reference"])
+def test_cpu_backend_runs_a_graph_on_its_kernel_set(kernels):
+    """A whole graph on the CPU backend: through its plan (kept for the same graph), the executor's bits;
+    with a plug-in registered, node by node so that the plug-in sees every node."""
+    from llmlab.ggml.cpu.repack import RepackPlugin
+    rng = np.random.default_rng(2)
+    ctx = GGMLContext(no_alloc=True)
+    w = ggml.new_tensor(ctx, "q8_0", 64, 16, name="w")
+    w.set_data(quant.quantize(rng.standard_normal(16 * 64).astype(np.float32), "q8_0"))
+    x = ggml.new_tensor(ctx, "f32", 64, 3, name="x")
+    x.set_data(rng.standard_normal((3, 64)))
+    y = ggml.rms_norm(ctx, ggml.mul_mat(ctx, w, x), 1e-5)
+    g = build_forward(y)
+    graph_compute(g)
+    ref = y.numpy().copy()
+    for n in g.nodes:
+        n.data = None
+    be = CPUBackend(kernels=kernels)
+    got = be.graph_compute(g, capture=[y.name])
+    assert np.array_equal(got[y.name], ref) and be.plan(g) is be.plan(g)
+    assert be.plan(g).n_fast == (2 if kernels == "fast" else 0)
+    plug = CPUBackend(extra=[RepackPlugin()], kernels=kernels)
+    plug.graph_compute(g)
+    assert np.array_equal(y.numpy(), ref) and plug.plugin_log == [(g.nodes[0].name, "REPACK")]
+    with pytest.raises(ValueError, match="kernels"):
+        CPUBackend(kernels="turbo")

@@ -1,5 +1,6 @@
-"""ggml, the tensor library half of llama.cpp: types, GGUF, quant formats, tensors, ops, the graph,
-its executor, backends and scheduler, and the CPU backend's numerics (``ggml.cpu``).
+"""ggml, the tensor library half of llama.cpp: types, GGUF, quant formats, tensors, ops, the graph and
+its allocator (``alloc``), backends and scheduler, and the CPU backend (``ggml.cpu``: its numerics and
+graph_compute).
 
     from llmlab.ggml import GGMLContext, ops as ggml, build_forward_expand, CGraph
     ctx = GGMLContext(no_alloc=True)
@@ -9,9 +10,10 @@ its executor, backends and scheduler, and the CPU backend's numerics (``ggml.cpu
 from __future__ import annotations
 
 from . import ops
-from .cgraph import CGraph, MemoryPlan, build_forward, build_forward_expand, plan_memory
+from .alloc import MemoryPlan, plan_memory
+from .cgraph import CGraph, build_forward, build_forward_expand
 from .context import GGMLContext
-from .executor import compute as graph_compute
+from .cpu.executor import compute as graph_compute
 from .tensor import Tensor
 
 __all__ = ["CGraph", "GGMLContext", "MemoryPlan", "Tensor", "build_forward", "build_forward_expand",

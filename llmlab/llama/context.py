@@ -5,7 +5,8 @@
 (``KVCache.prepare``: a batch that does not fit changes nothing), then, per
 micro-batch: places it in the cache, builds the architecture's graph, fills the
 graph's inputs (tokens, positions, the cells to write, the KQ masks, the output
-rows), runs it (on the CPU backend, or through a scheduler) and keeps the
+rows), runs it (on its CPU backend, or through a scheduler: llama.cpp's
+context always hands its graph to ``ggml_backend_sched``) and keeps the
 logits of the tokens that asked for them, in batch order.
 
 The K/V data live in the cache's arrays; the graph sees them as ggml tensors
@@ -18,16 +19,12 @@ import numpy as np
 from .batch import Batch, BatchAllocator, UBatch
 from .arch import get_builder
 from ..ggml.cpu import profiles
-from ..ggml.cpu.cplan import CPlan, graph_plan
-from ..ggml.executor import compute as compute_graph
+from ..ggml.sched.backend import CPUBackend
 from .graph import KVView
 from ..ggml.tensor import Tensor
-from .kv_cache import Memory, make_kv_cache
+from .kv_cache import Memory, make_kv_cache, padded_n_ctx
 from .model import Model
 from .validate import check_kv_memory
-
-KERNELS = ("fast", "reference")
-CTX_PAD = 256     # llama.cpp pads n_ctx to a multiple of 256
 
 
 def _as_tensor(arr: np.ndarray, type_, n_embd: int, name: str) -> Tensor:
@@ -50,7 +47,7 @@ class Context:
         self.model = model
         # whose arithmetic: a profile, its name, "auto"; by default the model's (llmlab.ggml.cpu.profiles)
         self.cpu = profiles.resolve(cpu if cpu is not None else getattr(model, "cpu", None))
-        self.n_ctx = -(-n_ctx // CTX_PAD) * CTX_PAD
+        self.n_ctx = padded_n_ctx(n_ctx)
         self.n_batch, self.n_ubatch = n_batch, min(n_ubatch, n_batch)
         self.n_seq_max = n_seq_max
         self.flash_attn = flash_attn
@@ -70,10 +67,9 @@ class Context:
         self._reuse = None
         self.n_built = self.n_reused = 0
         self.captured: dict[str, np.ndarray] = {}
-        if kernels not in KERNELS:
-            raise ValueError(f"kernels must be one of {', '.join(KERNELS)}, not {kernels!r}")
-        self.kernels = kernels            # "fast": a compiled plan per graph; "reference": the NumPy executor
-        self._plan = (None, None)         # (graph, its plan): kept while the graph is reused
+        # without a scheduler the graphs run on this CPU backend, on its kernel set ("fast": numba, "reference":
+        # NumPy), each graph's plan kept while the graph is reused
+        self.backend = CPUBackend(cpu=self.cpu, kernels=kernels)
 
     # ---- one micro-batch: place it, build its graph, fill the inputs
     def _graph(self, ub: UBatch, placement):
@@ -120,7 +116,7 @@ class Context:
     def decode(self, batch: Batch, capture=None, replace=None, callback=None, dispatch=None) -> np.ndarray:
         """Run the batch; returns logits [n_outputs, n_vocab] for the tokens whose ``logits`` flag is set,
         in batch order. ``capture``, ``replace``, ``callback`` and ``dispatch`` are the executor's hooks
-        (``llmlab.ggml.executor``); ``dispatch`` needs the plain path (no scheduler)."""
+        (``llmlab.ggml.cpu.executor``); ``dispatch`` needs the CPU backend (no scheduler)."""
         if dispatch is not None and self.sched is not None:
             raise ValueError("decode: dispatch replaces kernels on the plain path; this context runs a scheduler")
         ubs = self._ubatches(batch)
@@ -132,11 +128,9 @@ class Context:
             self.last_graph = g
             if self.sched is not None:
                 got = self.sched.compute(g, capture=capture, replace=replace, callback=callback)
-            elif dispatch is None:
-                got = self._plan_for(g).compute(capture=capture, replace=replace, callback=callback)
             else:
-                got = compute_graph(g.gf, capture=capture, replace=replace, callback=callback, dispatch=dispatch,
-                                    cpu=self.cpu)
+                got = self.backend.graph_compute(g.gf, capture=capture, replace=replace, callback=callback,
+                                                 dispatch=dispatch)
             self.captured.update(got)
             out_ids = np.flatnonzero(ub.output)
             rows.append(g.t_logits.numpy().reshape(len(out_ids), -1))
@@ -144,10 +138,9 @@ class Context:
         logits = np.concatenate(rows, 0)
         return logits[np.argsort(np.concatenate(order), kind="stable")]
 
-    def _plan_for(self, g) -> CPlan:
-        if self._plan[0] is not g:
-            self._plan = (g, graph_plan(g.gf.nodes, cpu=self.cpu, fast=self.kernels == "fast"))
-        return self._plan[1]
+    @property
+    def kernels(self) -> str:
+        return self.backend.kernels
 
     def build_graph(self, n_tokens: int):
         """The graph a fresh micro-batch of ``n_tokens`` (sequence 0, all outputs) would run; nothing is

@@ -103,6 +103,14 @@ def is_masked_swa(n_swa: int, swa_type: str, p0, p1):
 # --------------------------------------------------------------------------------------------------------------
 # memory accounting
 # --------------------------------------------------------------------------------------------------------------
+CTX_PAD = 256     # llama_context pads n_ctx to a multiple of 256
+
+
+def padded_n_ctx(n_ctx: int) -> int:
+    """The cells a context of ``n_ctx`` tokens gets (llama_context: ``GGML_PAD(n_ctx, 256)``)."""
+    return -(-n_ctx // CTX_PAD) * CTX_PAD
+
+
 def cache_type(t: str | GGMLType) -> GGMLType:
     t = ggml_type(t)
     if t.name not in CACHE_TYPES:
@@ -806,4 +814,5 @@ def _to_float(t: GGMLType, rows: np.ndarray, n_embd: int) -> np.ndarray:
 
 
 __all__ = ["Memory", "KVCache", "KVCacheISWA", "Slot", "make_kv_cache", "ContextFullError", "kv_cache_bytes", "swa_cache_size",
+           "CTX_PAD", "padded_n_ctx",
            "context_shift", "is_masked_swa", "SWA_TYPES", "CACHE_TYPES", "N_KV_PAD"]

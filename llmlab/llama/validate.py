@@ -24,6 +24,7 @@ import os
 import numpy as np
 
 from .. import LLMLabError
+from .kv_cache import kv_cache_bytes, padded_n_ctx
 
 # weight types the CPU backend computes, per op class (llmlab's ggml/cpu ops; llama.cpp's CPU
 # backend also takes bf16 norms, which llmlab's binary ops do not compute yet)
@@ -150,15 +151,6 @@ def available_memory() -> int | None:
         return None
 
 
-def kv_cache_bytes(hp, n_ctx: int, type_k: str = "f16", type_v: str = "f16") -> int:
-    from ..ggml.types import ggml_type
-    from .context import CTX_PAD
-    n_ctx = -(-n_ctx // CTX_PAD) * CTX_PAD
-    tk, tv = ggml_type(type_k), ggml_type(type_v)
-    per_cell = (hp.n_embd_k_gqa // tk.block_size * tk.type_size + hp.n_embd_v_gqa // tv.block_size * tv.type_size)
-    return hp.n_layer * n_ctx * per_cell
-
-
 def check_context(hp, n_ctx: int, n_predict: int | None = None, n_prompt: int | None = None,
                   type_k: str = "f16", type_v: str = "f16", what: str = "--n-ctx") -> None:
     """Refuse a context the model was not trained for, or whose KV cache would not fit in memory."""
@@ -180,7 +172,7 @@ def check_context(hp, n_ctx: int, n_predict: int | None = None, n_prompt: int | 
 
 def check_kv_memory(hp, n_ctx: int, type_k: str = "f16", type_v: str = "f16") -> None:
     """Refuse a KV cache bigger than half the memory still available (``Context`` calls this)."""
-    need = kv_cache_bytes(hp, n_ctx, type_k, type_v)
+    need = kv_cache_bytes(padded_n_ctx(n_ctx), hp.n_layer, hp.n_embd_k_gqa, hp.n_embd_v_gqa, type_k, type_v)
     avail = available_memory()
     if avail is not None and need > avail // 2:
         raise LLMLabError(f"a context of {n_ctx:,} tokens needs a {need / 2**20:,.0f} MiB KV cache; "

@@ -9,9 +9,13 @@
                  type, ``type_traits_cpu``, ``mul_mat`` through vec_dot
 - ``sgemm``      llamafile/sgemm.cpp: tinyBLAS for f16 (the KV cache), when it takes a shape
 - ``tiled``      tiled/: the K-quant matmul from 8 activation rows
-- ``repack``     repack.cpp: q4_K's interleaved gemv/gemm, and a teaching REPACK plug-in
+- ``repack_gemm`` repack.cpp, arch/x86/repack.cpp: q4_K's interleaved gemv/gemm
+- ``traits``     traits.h: the extra buffer type interface (plug-ins asked before the op switch)
+- ``repack``     a teaching REPACK plug-in (an extra buffer type)
 - ``ops``        ops.cpp: every op's reference, MUL_MAT's kernel choice (``mul_mat_quantized``),
                  norms, RoPE (``rope_cache``, ``rotate``), flash attention
+- ``executor``   ggml_graph_compute on the references, node by node, with llama.cpp's ``cb_eval`` hooks
+- ``cplan``      ggml_graph_plan: a graph bound once to the numba twins (``fast/``) and its arena
 - ``libm``       the C library's expf/cosf/sinf/tanhf/powf, where ggml's scalar code calls them
 - ``threads``, ``float_path``  the execution model across threads; other arithmetic for comparison
 """

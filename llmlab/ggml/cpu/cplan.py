@@ -1,6 +1,6 @@
 """ggml_graph_plan + ggml_graph_compute: a graph bound once to kernels and buffers, then run many times.
 
-The reference executor (``llmlab.ggml.executor``) looks every node up, builds numpy views of its
+The reference executor (``llmlab.ggml.cpu.executor``) looks every node up, builds numpy views of its
 sources and allocates as it goes: clear, and about as slow in Python as the arithmetic. A
 ``CPlan`` does that work once per graph. Each node that computes becomes one *step*, a closure
 over the arrays it reads and writes (views of the same bytes the graph owns) that calls a
@@ -9,8 +9,9 @@ reference as its step, so a plan is always complete and always exact.
 
 The graph stays the graph the notebooks draw: the plan neither adds nor fuses nodes, and with
 ``capture``/``replace``/``callback`` every node is still seen, in order, as the reference
-executor shows it. llama.cpp reuses a graph when the shapes repeat; the context keeps the plan
-with the graph, so a decode step pays for binding once per 256 cells of cache.
+executor shows it. The nodes' bytes come from the graph allocator (``llmlab.ggml.alloc``, ggml_gallocr),
+one arena per plan. llama.cpp reuses a graph when the shapes repeat; the CPU backend keeps the plan
+with the graph (``CPUBackend.plan``), so a decode step pays for binding once per 256 cells of cache.
 
 A plan is bound for one CPU profile (``cpu``): a fast kernel binds only where it computes that
 profile's arithmetic (its lane count, reduction tree and expf); elsewhere the node keeps its
@@ -22,7 +23,8 @@ from typing import Callable
 
 import numpy as np
 
-from ..executor import Hooks
+from ..alloc import alloc_graph
+from .executor import Hooks
 from ..ops import VIEW_OPS
 from ..tensor import F16, F32, Tensor
 from . import sgemm
@@ -64,8 +66,9 @@ class CPlan:
     only when no hook asks to see the nodes one by one."""
 
     def __init__(self, nodes: list[Tensor], steps: list[Step | None], n_fast: int,
-                 fused: dict[int, Step] | None = None, absorbed: set[int] = frozenset()):
+                 fused: dict[int, Step] | None = None, absorbed: set[int] = frozenset(), arena_bytes: int = 0):
         self.nodes, self.steps, self.n_fast = nodes, steps, n_fast
+        self.arena_bytes = arena_bytes        # what the graph allocator gave the nodes (llmlab.ggml.alloc)
         self.fused, self.absorbed = fused or {}, absorbed
         self.n_fused = len(absorbed)
         self._order = [i for i, s in enumerate(steps) if s is not None and i not in absorbed]
@@ -93,7 +96,7 @@ def graph_plan(nodes: list[Tensor], cpu=None, fast: bool = True) -> CPlan:
     cpu = resolve(cpu)
     steps: list[Step | None] = []
     n_fast = 0
-    allocate(nodes)
+    arena = alloc_graph(nodes)
     for node in nodes:
         if node.op in VIEW_OPS:
             steps.append(None)
@@ -116,66 +119,7 @@ def graph_plan(nodes: list[Tensor], cpu=None, fast: bool = True) -> CPlan:
                     fused[i] = got[0]
                     absorbed.update(index[id(n)] for n in got[1])
                     break
-    return CPlan(nodes, steps, n_fast, fused, absorbed)
-
-
-ALIGN = 64
-
-
-def allocate(nodes: list[Tensor]) -> int:
-    """ggml-alloc in small: give the nodes that own bytes (not views, not already placed) offsets in one
-    arena, each buffer taken when its node runs and given back after its last reader ran (a view's
-    readers read its root), so a prompt's activations need a few layers' worth of memory, not the
-    whole graph's. Nodes nobody reads (the outputs) keep theirs. Returns the arena's size."""
-    todo = [n for n in nodes if n.view_src is None and n.data is None]
-    if not todo:
-        return 0
-    last_use: dict[int, int] = {}
-    for i, n in enumerate(nodes):
-        for s in n.src:
-            if s is not None:
-                last_use[id(s.root())] = i
-    free: list[tuple[int, int]] = []          # (offset, size) holes, by offset
-    top = 0
-    offs: dict[int, int] = {}
-    frees_at: dict[int, list[Tensor]] = {}
-    mine = {id(n) for n in todo}
-
-    def take(size: int) -> int:
-        nonlocal top
-        best = min((h for h in free if h[1] >= size), key=lambda h: h[1], default=None)
-        if best is None:
-            off, top = top, top + size
-            return off
-        free.remove(best)
-        if best[1] > size:
-            free.append((best[0] + size, best[1] - size))
-        return best[0]
-
-    def give(off: int, size: int) -> None:
-        free.append((off, size))
-        free.sort()
-        merged: list[tuple[int, int]] = []
-        for o, s in free:
-            if merged and merged[-1][0] + merged[-1][1] == o:
-                merged[-1] = (merged[-1][0], merged[-1][1] + s)
-            else:
-                merged.append((o, s))
-        free[:] = merged
-
-    sizes = {id(n): -(-max(n.nbytes(), 1) // ALIGN) * ALIGN for n in todo}
-    for i, n in enumerate(nodes):
-        if id(n) in mine:
-            offs[id(n)] = take(sizes[id(n)])
-            end = last_use.get(id(n))
-            if end is not None and end > i:
-                frees_at.setdefault(end, []).append(n)
-        for done in frees_at.pop(i, []):
-            give(offs[id(done)], sizes[id(done)])
-    arena = np.empty(top, np.uint8)
-    for n in todo:
-        n.data = arena[offs[id(n)]:offs[id(n)] + n.nbytes()]
-    return top
+    return CPlan(nodes, steps, n_fast, fused, absorbed, arena)
 
 
 # ---- bindings ----------------------------------------------------------------------------------

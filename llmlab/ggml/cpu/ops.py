@@ -57,7 +57,7 @@ def quantized_kernel(qtype, n_rows: int, repacked: bool, cpu) -> Callable | None
     ``tiled_min_batch`` rows on, otherwise the type's vec_dot (``quants.mul_mat``); None when llmlab
     has no exact kernel for the type."""
     from .quants import TYPE_TRAITS_CPU, mul_mat
-    from .repack import REPACKED_MUL_MAT
+    from .repack_gemm import REPACKED_MUL_MAT
     from .tiled import mul_mat_k_tiled
     name = qtype.name
     if repacked and name in cpu.repack_types:

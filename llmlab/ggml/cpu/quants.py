@@ -17,7 +17,7 @@ This module is that path, written once per type:
   then ``hsum_float_8`` (the profile's ``quant_hsum_tree``); the min terms of q4_1/q5_1/q2_K/q4_K/q5_K
   and q6_K's -32 enter as each kernel adds them;
 * :func:`mul_mat`: ``W @ x`` for all rows through the type's vec_dot (ggml-cpu's plain path; the
-  tiled and REPACK paths are in ``tiled`` and ``repack``, the choice in ``ops.mul_mat_quantized``).
+  tiled and REPACK paths are in ``tiled`` and ``repack_gemm``, the choice in ``ops.mul_mat_quantized``).
 """
 from __future__ import annotations
 

@@ -3,8 +3,9 @@
 - ``name``, ``buffer_type`` (where its tensors live), ``supports_op(node)``,
   ``supports_buft(buft)``, ``offload_op(node)`` (would it like to take an op whose
   weights sit in host memory?), ``compute(nodes)`` (ggml_backend_graph_compute).
-- ``CPUBackend``: the real one. Before its plain op switch it asks its registered
-  extra buffer types ("plug-ins": llama.cpp's REPACK, AMX, KleidiAI, SpacemiT IME)
+- ``CPUBackend``: the real one, on its kernel set (``fast`` or ``reference``) and CPU profile.
+  Before its plain op switch it asks its registered
+  extra buffer types (``llmlab.ggml.cpu.traits``: llama.cpp's REPACK, AMX, KleidiAI, SpacemiT IME)
   whether they take the node (``ggml_cpu_extra_compute_forward``).
 - ``AccelBackend``: a simulated accelerator. It runs the same NumPy code but owns a
   separate buffer type, so every input living elsewhere must be copied in, and
@@ -16,23 +17,16 @@ from typing import Iterable
 
 import numpy as np
 
+from ..cgraph import CGraph
+from ..cpu.cplan import CPlan, graph_plan
+from ..cpu.executor import compute, run_nodes
 from ..cpu.ops import COMPUTE
-from ..executor import run_nodes
+from ..cpu.traits import ExtraBufferType
 from ..ops import VIEW_OPS
 from ..tensor import Tensor
 
 ALL_OPS = frozenset(COMPUTE)     # every op the CPU backend computes (its op table's keys)
-
-
-class ExtraBufferType:
-    """A CPU plug-in (ggml's extra buffer type): claims some weights at load time and the ops that use them."""
-    name = "extra"
-
-    def supports_op(self, node: Tensor) -> bool:
-        raise NotImplementedError
-
-    def compute(self, node: Tensor) -> None:
-        raise NotImplementedError
+KERNELS = ("fast", "reference")  # the CPU backend's kernel sets
 
 
 class Backend:
@@ -60,14 +54,38 @@ class Backend:
 
 
 class CPUBackend(Backend):
+    """ggml-cpu's backend. ``kernels``: the kernel set a whole graph runs on (:meth:`graph_compute`):
+    "fast", the compiled plan (numba twins), or "reference", the NumPy ops; the same bits either way.
+    ``cpu``: the profile whose arithmetic both reproduce. The scheduler's splits (:meth:`compute`) run
+    node by node through the references, so that copies and plug-ins see every node."""
     name = "CPU"
     buffer_type = "CPU"
 
-    def __init__(self, n_threads: int = 2, extra: list[ExtraBufferType] | None = None, cpu=None):
+    def __init__(self, n_threads: int = 2, extra: list[ExtraBufferType] | None = None, cpu=None,
+                 kernels: str = "fast"):
+        if kernels not in KERNELS:
+            raise ValueError(f"kernels must be one of {', '.join(KERNELS)}, not {kernels!r}")
         self.n_threads = n_threads
         self.cpu = cpu
+        self.kernels = kernels
         self.extra: list[ExtraBufferType] = list(extra or [])
         self.plugin_log: list[tuple[str, str]] = []     # (node name, plug-in) for nodes a plug-in computed
+        self._plan: tuple[CGraph | None, CPlan | None] = (None, None)   # kept while the graph is reused
+
+    def plan(self, graph: CGraph) -> CPlan:
+        """The graph bound to this backend's kernels and its arena (ggml_graph_plan), once per graph."""
+        if self._plan[0] is not graph:
+            self._plan = (graph, graph_plan(graph.nodes, cpu=self.cpu, fast=self.kernels == "fast"))
+        return self._plan[1]
+
+    def graph_compute(self, graph: CGraph, capture=None, replace=None, callback=None, dispatch=None) -> dict:
+        """Run a whole graph (ggml_backend_cpu_graph_compute) with the executor's hooks: through its plan, or,
+        when a plug-in or ``dispatch`` (``fn(node) -> bool``, asked after the plug-ins) may take nodes, node
+        by node through the reference executor."""
+        if dispatch is None and not self.extra:
+            return self.plan(graph).compute(capture, replace, callback)
+        first = self.dispatch if dispatch is None else (lambda node: self.dispatch(node) or dispatch(node))
+        return compute(graph, capture, replace, callback, first, self.cpu)
 
     def register_extra(self, plugin: ExtraBufferType) -> None:
         self.extra.append(plugin)

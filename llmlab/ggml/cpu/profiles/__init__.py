@@ -8,7 +8,7 @@ weights in the REPACK buffer. "Bit-identical to llama.cpp" therefore always mean
 A :class:`CPUProfile` is that difference as data. Each profile is one file in this package that
 defines ``PROFILE``; the registry finds them, so a third one (scalar, NEON) is a new file. The
 engine takes a profile explicitly (``Model(..., cpu=)``, ``Context(..., cpu=)``,
-``executor.compute(..., cpu=)``); ``cpu`` may be a profile, its name, or ``"auto"``/``None``:
+``CPUBackend(cpu=)``, ``executor.compute(..., cpu=)``); ``cpu`` may be a profile, its name, or ``"auto"``/``None``:
 
 - ``LLMLAB_CPU=avx2|avx512`` when set;
 - else the local llama.cpp build (``llama_cpp.llama_print_system_info()``: ``AVX512 = 1`` or not);
