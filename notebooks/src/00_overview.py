@@ -163,11 +163,11 @@ print("llama.cpp oracle available" if nb.has_oracle("comparing with llama.cpp") 
 # %%
 from llmlab.nb import exercises as ex
 my_answer = 0          # bytes
-ex.check_kv_cache_bytes(paths["smollm2"], 4096, my_answer);
+ex.check_kv_cache_bytes(paths["smollm2"], 4096, my_answer)
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
 n_ctx, n_layer, n_head_kv, head_dim, f16 = 4096, 30, 3, 64, 2
-ex.check_kv_cache_bytes(paths["smollm2"], 4096, n_ctx * n_layer * 2 * n_head_kv * head_dim * f16);
+ex.check_kv_cache_bytes(paths["smollm2"], 4096, n_ctx * n_layer * 2 * n_head_kv * head_dim * f16)
 
 # %% [markdown]
 # **2. The decode speed limit.** A laptop reads memory at about 50 GB/s. If every decode step reads
@@ -177,10 +177,10 @@ ex.check_kv_cache_bytes(paths["smollm2"], 4096, n_ctx * n_layer * 2 * n_head_kv 
 # %%
 weight_bytes = sum(t.nbytes for t in model.gguf.tensors)
 my_answer = 0.0        # tokens per second
-ex.check_decode_tokens_per_s(weight_bytes, 50, my_answer);
+ex.check_decode_tokens_per_s(weight_bytes, 50, my_answer)
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
-ex.check_decode_tokens_per_s(weight_bytes, 50, 50e9 / weight_bytes);
+ex.check_decode_tokens_per_s(weight_bytes, 50, 50e9 / weight_bytes)
 
 # %% [markdown]
 # **3. When does prefill become compute-bound?** What is the arithmetic intensity (FLOPs per weight
@@ -188,10 +188,10 @@ ex.check_decode_tokens_per_s(weight_bytes, 50, 50e9 / weight_bytes);
 
 # %%
 my_answer = 0.0        # FLOP per byte
-ex.check_arithmetic_intensity(5.0, my_answer, batch=8);
+ex.check_arithmetic_intensity(5.0, my_answer, batch=8)
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
-ex.check_arithmetic_intensity(5.0, 2 * 8 / (5.0 / 8), batch=8);    # 25.6 FLOP/byte: above the ridge
+ex.check_arithmetic_intensity(5.0, 2 * 8 / (5.0 / 8), batch=8)    # 25.6 FLOP/byte: above the ridge
 
 # %% [markdown]
 # Next, **01 · GGUF bytes**: open the file every stage reads from.

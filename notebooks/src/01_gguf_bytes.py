@@ -323,7 +323,7 @@ print("the pair starts at byte", start)
 raw = path.read_bytes()[:f.data_offset]
 # your decoding here: key, vtype, value, end
 key, vtype, value, end = "", 0, None, 0
-ex.check_kv_pair(path, start, key, vtype, value, end);
+ex.check_kv_pair(path, start, key, vtype, value, end)
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
 pos = start
@@ -331,7 +331,7 @@ pos = start
 key = raw[pos:pos + klen].decode(); pos += klen
 (vtype,) = struct.unpack_from("<I", raw, pos); pos += 4
 (value,) = struct.unpack_from("<I", raw, pos); pos += 4          # type 4 = u32
-ex.check_kv_pair(path, start, key, vtype, value, pos);
+ex.check_kv_pair(path, start, key, vtype, value, pos)
 
 # %% [markdown]
 # **2. How many bytes is a tensor?** `blk.0.ffn_down.weight` has ne = [1536, 576] and type q4_1
@@ -339,11 +339,11 @@ ex.check_kv_pair(path, start, key, vtype, value, pos);
 
 # %%
 my_answer = 0
-ex.check_tensor_nbytes(path, "blk.0.ffn_down.weight", my_answer);
+ex.check_tensor_nbytes(path, "blk.0.ffn_down.weight", my_answer)
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
 ne0, ne1, blck_size, type_size = 1536, 576, 32, 20
-ex.check_tensor_nbytes(path, "blk.0.ffn_down.weight", ne1 * (ne0 // blck_size) * type_size);
+ex.check_tensor_nbytes(path, "blk.0.ffn_down.weight", ne1 * (ne0 // blck_size) * type_size)
 
 # %% [markdown]
 # **3. Where is it?** At which byte of the file does the data of `output_norm.weight` start? Use
@@ -351,10 +351,10 @@ ex.check_tensor_nbytes(path, "blk.0.ffn_down.weight", ne1 * (ne0 // blck_size) *
 
 # %%
 my_answer = 0
-ex.check_tensor_file_offset(path, "output_norm.weight", my_answer);
+ex.check_tensor_file_offset(path, "output_norm.weight", my_answer)
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
-ex.check_tensor_file_offset(path, "output_norm.weight", f.data_offset + f.tensor("output_norm.weight").offset);
+ex.check_tensor_file_offset(path, "output_norm.weight", f.data_offset + f.tensor("output_norm.weight").offset)
 
 # %% [markdown]
 # Next, **02 · tokenizer**: the vocabulary we just saw in `tokenizer.ggml.tokens` turns text into ids.

@@ -338,13 +338,13 @@ for label, tok in toks.items():
 word = " tokenization"
 print(smol.algorithm.trace(word)[1].symbols)
 my_answer = ("", "")          # (left, right)
-ex.check_next_bpe_merge(smol, word, 2, my_answer);
+ex.check_next_bpe_merge(smol, word, 2, my_answer)
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
 syms = smol.algorithm.trace(word)[1].symbols
 ranked = sorted((smol.vocab.merges[f"{a} {b}"], a, b) for a, b in zip(syms, syms[1:]) if f"{a} {b}" in smol.vocab.merges)
 print(ranked[:3])
-ex.check_next_bpe_merge(smol, word, 2, ranked[0][1:]);
+ex.check_next_bpe_merge(smol, word, 2, ranked[0][1:])
 
 # %% [markdown]
 # **2. WordPiece by hand.** With the tiny vocabulary above (`td.WPM_VOCAB`), how is "unplayable" split?
@@ -352,13 +352,13 @@ ex.check_next_bpe_merge(smol, word, 2, ranked[0][1:]);
 
 # %%
 my_answer = []
-ex.check_wordpiece("unplayable", my_answer);
+ex.check_wordpiece("unplayable", my_answer)
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
 # ▁un matches at 0, but no piece starts with "p" without the ▁ marker ("▁play" only starts a word):
 # WordPiece gives up on the whole word
 display(td.wordpiece_table("unplayable"))
-ex.check_wordpiece("unplayable", ["[UNK]"]);
+ex.check_wordpiece("unplayable", ["[UNK]"])
 
 # %% [markdown]
 # **3. Unigram by hand.** With `td.UGM_VOCAB`, what is the best segmentation of "bun"? Compare the
@@ -366,12 +366,12 @@ ex.check_wordpiece("unplayable", ["[UNK]"]);
 
 # %%
 my_answer = []
-ex.check_unigram("bun", my_answer);
+ex.check_unigram("bun", my_answer)
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
 for cand in (["▁bun"], ["▁b", "un"], ["▁b", "u", "n"], ["▁", "b", "un"]):
     print(cand, td.score(cand))
-ex.check_unigram("bun", ["▁b", "un"]);
+ex.check_unigram("bun", ["▁b", "un"])
 
 # %% [markdown]
 # Next, **03 · attention and heads**: the ids become vectors, and the vectors look at each other.

@@ -359,12 +359,12 @@ q = np.array([1.0, 0.0, 1.0, 0.0])
 k = np.array([[1.0, 0.0, 1.0, 0.0], [0.0, 1.0, 0.0, 1.0], [1.0, 1.0, 0.0, 0.0]])
 v = np.array([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])
 my_answer = None          # the output row, 2 numbers
-ex.check_attention_row(q, k, v, my_answer);
+ex.check_attention_row(q, k, v, my_answer)
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
 s = k @ q / np.sqrt(q.size)                 # [2, 0, 1] / 2
 p = np.exp(s - s.max()); p /= p.sum()       # softmax
-ex.check_attention_row(q, k, v, p @ v);
+ex.check_attention_row(q, k, v, p @ v)
 
 # %% [markdown]
 # **2. Which KV head?** SmolLM2 has 9 query heads and 3 KV heads. Which KV head does query head 7 read?
@@ -372,10 +372,10 @@ ex.check_attention_row(q, k, v, p @ v);
 
 # %%
 my_answer = None
-ex.check_kv_head(9, 3, 7, my_answer);
+ex.check_kv_head(9, 3, 7, my_answer)
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
-ex.check_kv_head(9, 3, 7, 7 // (9 // 3));   # groups of 3 consecutive query heads share a KV head
+ex.check_kv_head(9, 3, 7, 7 // (9 // 3))   # groups of 3 consecutive query heads share a KV head
 
 # %% [markdown]
 # **3. What one token costs in the cache.** LLaMA-2-70B has 80 layers and 8 KV heads of 128 dimensions
@@ -383,10 +383,10 @@ ex.check_kv_head(9, 3, 7, 7 // (9 // 3));   # groups of 3 consecutive query head
 
 # %%
 my_answer = 0
-ex.check_kv_bytes_per_token(80, 8, 128, my_answer);
+ex.check_kv_bytes_per_token(80, 8, 128, my_answer)
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
-ex.check_kv_bytes_per_token(80, 8, 128, 80 * 2 * 8 * 128 * 2);   # layers x (K and V) x KV heads x dims x 2 bytes
+ex.check_kv_bytes_per_token(80, 8, 128, 80 * 2 * 8 * 128 * 2)   # layers x (K and V) x KV heads x dims x 2 bytes
 
 # %% [markdown]
 # ## Appendix A. llama.cpp in the loop: where the error enters, and how it grows

@@ -412,11 +412,11 @@ print("all checks passed")
 
 # %%
 my_answer = 0
-ex.check_kv_cache_bytes(paths["SmolLM2"], 8192, my_answer);
+ex.check_kv_cache_bytes(paths["SmolLM2"], 8192, my_answer)
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
 n_ctx, n_layer, n_embd_gqa = 8192, 30, 3 * 64          # K and V rows: n_head_kv x head_dim each
-ex.check_kv_cache_bytes(paths["SmolLM2"], 8192, n_ctx * n_layer * 2 * n_embd_gqa * 2);
+ex.check_kv_cache_bytes(paths["SmolLM2"], 8192, n_ctx * n_layer * 2 * n_embd_gqa * 2)
 
 # %% [markdown]
 # **2. Predict `find_slot`.** A 12-cell cache holds 8 tokens of sequence 0 in cells 0..7; then positions 2..4
@@ -431,11 +431,11 @@ vk.plot_history([("the cache before the micro-batch", cache.snapshot())], per_ro
 plt.show()
 ub5 = BatchAllocator(Batch.from_tokens(range(5), pos0=8), memory=cache).split_all(8)[0]
 my_answer = []
-ex.check_find_slot(cache, ub5, my_answer);
+ex.check_find_slot(cache, ub5, my_answer)
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
 # from head 8: cells 8, 9, 10, 11 are free; wrap to 0: cells 0 and 1 are taken, cell 2 is free
-ex.check_find_slot(cache, ub5, [8, 9, 10, 11, 2]);
+ex.check_find_slot(cache, ub5, [8, 9, 10, 11, 2])
 
 # %% [markdown]
 # **3. A context shift.** A conversation fills all 16 positions (0..15) of a 16-cell context. The tool keeps
@@ -444,8 +444,8 @@ ex.check_find_slot(cache, ub5, [8, 9, 10, 11, 2]);
 
 # %%
 dropped, next_pos = 0, 0
-ex.check_context_shift(16, 4, dropped, next_pos);
+ex.check_context_shift(16, 4, dropped, next_pos)
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
 dropped = (16 - 4) // 2             # half of what is not kept
-ex.check_context_shift(16, 4, dropped, 16 - dropped);
+ex.check_context_shift(16, 4, dropped, 16 - dropped)

@@ -424,7 +424,7 @@ print(f"relative RMS error: mini1 {rms_mini1:.3f}  vs  q1_0 {checklist.rms_error
 # %%
 xb = row[32:64].copy()
 my_answer = b""            # 20 bytes
-ex.check_q4_1_block(xb, my_answer);
+ex.check_q4_1_block(xb, my_answer)
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
 mn, mx = xb.min(), xb.max()
@@ -432,7 +432,7 @@ d = np.float32((mx - mn) / np.float32(15))
 inv = np.float32(1) / d if d else np.float32(0)
 q = np.minimum(15, np.trunc((xb - mn) * inv + np.float32(0.5))).astype(np.uint8)
 block = np.float16(d).tobytes() + np.float16(mn).tobytes() + (q[:16] | (q[16:] << 4)).tobytes()
-ex.check_q4_1_block(xb, block);
+ex.check_q4_1_block(xb, block)
 
 # %% [markdown]
 # **2. Bits per weight from a layout.** Using only `vq.layout_table("q5_k")` (the fields of `block_q5_K`)
@@ -441,11 +441,11 @@ ex.check_q4_1_block(xb, block);
 # %%
 display(vq.layout_table("q5_k"))
 my_answer = 0.0
-ex.check_bits_per_weight("q5_k", my_answer);
+ex.check_bits_per_weight("q5_k", my_answer)
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
 total_bytes = 2 + 2 + 12 + 32 + 128          # d, dmin, scales, qh (1 bit each), qs (4 bits each)
-ex.check_bits_per_weight("q5_k", total_bytes * 8 / 256);
+ex.check_bits_per_weight("q5_k", total_bytes * 8 / 256)
 
 # %% [markdown]
 # **3. Decode a q8_0 block by hand.** The first block of SmolLM2's `token_embd.weight` is `blocks["q8_0"]`
@@ -454,12 +454,12 @@ ex.check_bits_per_weight("q5_k", total_bytes * 8 / 256);
 # %%
 raw8 = blocks["q8_0"]
 my_answer = []
-ex.check_q8_0_decode(raw8, my_answer);
+ex.check_q8_0_decode(raw8, my_answer)
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
 d = np.frombuffer(raw8[:2].tobytes(), np.float16)[0].astype(np.float32)
 qs = np.frombuffer(raw8[2:34].tobytes(), np.int8).astype(np.float32)
-ex.check_q8_0_decode(raw8, d * qs);
+ex.check_q8_0_decode(raw8, d * qs)
 
 # %%
 smol.close(); gemma.close()

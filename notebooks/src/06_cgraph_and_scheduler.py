@@ -505,12 +505,12 @@ if cap is not None:
 
 # %%
 my_answer = []
-ex.check_splits(sctx, 5, my_answer);
+ex.check_splits(sctx, 5, my_answer)
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
 # token_embd stays on the CPU (split 0: the embedding lookup); layers 0-4 follow their weights to the
 # accelerator; layer 5 onwards and the output layer (n_gpu_layers <= n_layer) are on the CPU again
-ex.check_splits(sctx, 5, ["CPU", "ACCEL", "CPU"]);
+ex.check_splits(sctx, 5, ["CPU", "ACCEL", "CPU"])
 
 # %% [markdown]
 # **2. Offload everything.** `n_gpu_layers = 31` is more than SmolLM2's 30 layers, so the output layer
@@ -518,11 +518,11 @@ ex.check_splits(sctx, 5, ["CPU", "ACCEL", "CPU"]);
 
 # %%
 my_answer = []
-ex.check_splits(sctx, 31, my_answer);
+ex.check_splits(sctx, 31, my_answer)
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
 # only the embedding lookup (token_embd is always on the CPU) is left before the accelerator takes the rest
-ex.check_splits(sctx, 31, ["CPU", "ACCEL"]);
+ex.check_splits(sctx, 31, ["CPU", "ACCEL"])
 
 # %% [markdown]
 # **3. FLOPs of one matmul.** `Qcur-0`'s `MUL_MAT` multiplies the 576 x 576 weight `blk.0.attn_q.weight` by the
@@ -530,7 +530,7 @@ ex.check_splits(sctx, 31, ["CPU", "ACCEL"]);
 
 # %%
 my_answer = 0
-ex.check_mul_mat_flops(g, "Qcur-0", my_answer);
+ex.check_mul_mat_flops(g, "Qcur-0", my_answer)
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
-ex.check_mul_mat_flops(g, "Qcur-0", 2 * 576 * 576 * 8);
+ex.check_mul_mat_flops(g, "Qcur-0", 2 * 576 * 576 * 8)

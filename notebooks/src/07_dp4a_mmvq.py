@@ -37,7 +37,7 @@ import llmlab.ggml.quant as Q
 import llmlab.cuda_sim as cs
 from llmlab import models
 from llmlab.ggml.gguf import GGUFFile
-from llmlab.cuda_sim import exercises
+from llmlab.nb import exercises
 from llmlab.cuda_sim.dp4a import Memory, bytes_s8
 from llmlab.ggml.quant.core import nibbles
 from llmlab.ggml.quant.k_quants import q6k_codes, scale_min_k4
@@ -394,7 +394,7 @@ display(vm.dispatch_table())
 #
 # ## Exercises
 #
-# Each has a checker in `llmlab.cuda_sim.exercises` that prints `correct` or what is off; solutions are in the
+# Each has a checker in `llmlab.nb.exercises` that prints `correct` or what is off; solutions are in the
 # collapsed cells.
 #
 # **1.** Work out, by hand or in a few lines, the launch of Gemma 3's `ffn_down` (q6_K, 640 rows, K = 2048, one
@@ -410,7 +410,7 @@ bpr = 2048 // 256
 bpi = 1 * 4 * 32 // 32
 answer = {"blocks_per_row": bpr, "blocks_per_iter": bpi, "iters": -(-bpr // bpi), "threads": 640 * 128,
           "weights_per_thread": -(-bpr // bpi) * 256 * 1 // 32}
-assert exercises.check_launch(answer, "q6_K", 640, 2048) == "correct"
+exercises.check_launch(answer, "q6_K", 640, 2048)
 
 
 # %% [markdown]
@@ -430,7 +430,7 @@ def my_dp4a(a, b, c):
         total += (ak - 256 * (ak > 127)) * (bk - 256 * (bk > 127))
     return (total + 2**31) % 2**32 - 2**31
 
-assert exercises.check_dp4a(my_dp4a) == "correct"
+exercises.check_dp4a(my_dp4a)
 
 # %% [markdown]
 # **3.** In warp 0's first trip over a q4_K row, which lanes work on super-block 1, and what is `kqs` for lanes
@@ -439,9 +439,9 @@ assert exercises.check_dp4a(my_dp4a) == "correct"
 # %% jupyter={"source_hidden": true} tags=["solution"]
 tpb = cs.cuda_type("q4_K").threads_per_block                      # 32 / 2 = 16
 lanes = [lane for lane in range(32) if lane // tpb == 1]
-assert exercises.check_lanes("q4_K", lanes, {5: 2 * (5 % tpb), 21: 2 * (21 % tpb)}) == "correct"
+display(exercises.check_lanes("q4_K", lanes, {5: 2 * (5 % tpb), 21: 2 * (21 % tpb)}))
 tpb8 = cs.cuda_type("q8_0").threads_per_block                     # 8 / 2 = 4: eight blocks per warp
-assert exercises.check_lanes("q8_0", [l for l in range(32) if l // tpb8 == 1], {5: 2 * (5 % tpb8)}) == "correct"
+exercises.check_lanes("q8_0", [l for l in range(32) if l // tpb8 == 1], {5: 2 * (5 % tpb8)})
 
 # %%
 smol.close(); gemma.close()

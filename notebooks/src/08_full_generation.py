@@ -349,7 +349,7 @@ print(repr(ChatTemplate.from_model(gpath, gtok).apply(messages)))
 # fewest tokens whose probabilities sum to at least `p`.
 
 # %%
-from llmlab.exercises import check_top_p, check_repeat_penalty, check_greedy_loop
+from llmlab.nb.exercises import check_top_p, check_repeat_penalty, check_greedy_loop
 
 def my_top_p(logits, p):
     ...  # your code
