@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 from dataclasses import dataclass
 
 # The tag of a solution cell in a notebook source (with ``jupyter.source_hidden``, so it opens collapsed)
@@ -48,7 +49,7 @@ class Verdict:
         return self.message
 
     def _ipython_display_(self) -> None:
-        print(self.message)
+        sys.stdout.write(f"{self.message}\n")     # one write: one stream output, never split at the newline
 
 
 def is_not_yet(line: str) -> bool:
