@@ -13,7 +13,9 @@ An exercise in a notebook's source (``notebooks/src/NN_name.py``) is two cells:
 * the solution cell, tagged ``solution`` (:data:`SOLUTION_TAG`) and collapsed
   (``jupyter.source_hidden``), which ends with the same checker call on the answer.
 
-``make notebooks`` fails when a solution cell shows a verdict that is not ``correct``.
+``make notebooks`` fails when a solution cell shows a verdict that is not ``correct``. A notebook
+without its solutions (a learner's edition) is the notebook without the cells tagged ``solution``:
+its checker cells then show ``no answer yet``.
 
 =============  ===============================
 module         notebook
