@@ -129,7 +129,8 @@ def sync_from_source(path: str | Path):
     for cell, j in zip(new, map_outputs_to_inputs(new, old)):
         meta = {k: v for k, v in cell.metadata.items() if k in SOURCE_METADATA}
         if j is None or old[j].cell_type != cell.cell_type:
-            make = nbformat.v4.new_code_cell if cell.cell_type == "code" else nbformat.v4.new_markdown_cell
+            make = {"code": nbformat.v4.new_code_cell, "markdown": nbformat.v4.new_markdown_cell,
+                    "raw": nbformat.v4.new_raw_cell}[cell.cell_type]
             cells.append(make(cell.source, metadata=meta))
             continue
         kept = old[j]
