@@ -1,8 +1,8 @@
 # Two commands do everything on a fresh Debian machine: `make demo` and `make test`.
 # Set-up is idempotent and layered, one stamp per layer, each redone only when pyproject.toml changes:
-#   runtime + lab (JupyterLab, nbclient)        demo, lab, notebooks, html
-#   + dev (pytest, the llama.cpp oracle)         test, test-slow, notebooks
-#   + browser (playwright, Debian's chromium)    test-browser
+#   runtime + lab (JupyterLab, nbclient, jupytext)  demo, lab, notebooks, html
+#   + dev (pytest, the llama.cpp oracle)             test, test-slow, notebooks
+#   + browser (playwright, Debian's chromium)        test-browser
 # so `make test` after `make demo` only adds the dev extras.
 PYTHON ?= python3
 VENV   ?= .venv
@@ -14,7 +14,9 @@ STAMP_BROWSER := $(VENV)/.llmlab-browser
 MODEL  ?= smollm2
 PYTEST_ARGS ?=
 LAB_ARGS ?=
-NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]_*.ipynb))
+# the notebooks' sources are jupytext percent scripts, notebooks/src/NN_name.py (notebooks/jupytext.toml)
+SOURCES   := $(sort $(wildcard notebooks/src/[0-9][0-9]_*.py))
+NOTEBOOKS := $(patsubst notebooks/src/%.py,notebooks/%.ipynb,$(SOURCES))
 HTML_DIR ?= build/html
 IS_ROOT := $(shell [ "$$(id -u)" = 0 ] && echo 1)
 
@@ -150,14 +152,15 @@ bench: setup-dev
 lab: setup
 	$(VENV)/bin/jupyter lab $(if $(IS_ROOT),--allow-root) $(LAB_ARGS) notebooks/
 
-# re-run every notebook top to bottom in order (fresh kernel each), store its outputs, stop at the
-# first error; the committed outputs include the llama.cpp comparisons, so this uses the dev extras
+# take each notebook's cells from its source (notebooks/src/NN_name.py), run it top to bottom in order
+# (fresh kernel each), store its outputs, stop at the first error; the committed outputs include the
+# llama.cpp comparisons, so this uses the dev extras
 notebooks: setup-dev
-	$(PY) -m llmlab.notebook_runner --write $(NOTEBOOKS)
+	$(PY) -m llmlab.nb.runner --write $(NOTEBOOKS)
 
 # the executed notebooks as static HTML a teacher can host or hand out (no kernel, no network)
 html: setup
-	$(PY) -m llmlab.notebook_runner --html $(HTML_DIR) $(NOTEBOOKS)
+	$(PY) -m llmlab.nb.runner --html $(HTML_DIR) $(NOTEBOOKS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info

@@ -82,22 +82,53 @@ def test_wordpiece_and_unigram():
 
 def test_checkers(smollm2_path, capsys):
     from llmlab.ggml import quant as Q
-    assert ex.check_bits_per_weight("q4_0", 0) is False
-    assert "no answer yet" in capsys.readouterr().out
+    v = ex.check_bits_per_weight("q4_0", 0)
+    assert v.ok is False and v.message.startswith("no answer yet") and not v
     assert ex.check_bits_per_weight("q4_k", 4.5)
     x = np.linspace(-1, 2, 32).astype(np.float32)
     good = Q.quantize(x, "q4_1")
     assert ex.check_q4_1_block(x, good.tobytes())
     swapped = good.copy()
     swapped[4:] = (good[4:] >> 4) | (good[4:] << 4)
-    assert not ex.check_q4_1_block(x, swapped.tobytes())
-    assert "nibble order" in capsys.readouterr().out
+    v = ex.check_q4_1_block(x, swapped.tobytes())
+    assert not v and v.message.startswith("not yet: nibble order: ")
     assert ex.check_kv_pair(smollm2_path, 24, "general.architecture", 8, "llama", 69)
     assert not ex.check_kv_pair(smollm2_path, 24, "general.architecture", 8, "llama", 70)
     assert ex.check_tensor_nbytes(smollm2_path, "blk.0.ffn_down.weight", 576 * 1536 // 32 * 20)
     assert ex.check_wordpiece("unplayable", ["[UNK]"]) and not ex.check_unigram("bun", ["▁bun"])
     assert ex.check_kv_cache_bytes(smollm2_path, 4096, 4096 * 30 * 2 * 3 * 64 * 2)
     assert ex.check_arithmetic_intensity(5.0, 3.2)
+    assert capsys.readouterr().out == ""          # a checker prints nothing: the notebook shows its verdict
+
+
+def test_verdict_is_one_line_shown_the_same_way(capsys):
+    right, wrong = ex.check_kv_head(9, 3, 7, 2), ex.check_kv_head(9, 3, 7, 1)
+    assert right == ex.Verdict(True, "correct: query head 7 reads KV head 2") and right
+    assert not wrong and str(wrong) == wrong.message == ("not yet: KV head 1: that is h mod n_head_kv: ggml shares KV "
+                                                         "heads between *consecutive* query heads")
+    right._ipython_display_()            # how a notebook shows a cell that ends with the checker call
+    wrong._ipython_display_()
+    assert capsys.readouterr().out == f"{right.message}\n{wrong.message}\n"
+    assert ex.is_not_yet(wrong.message) and ex.is_not_yet(ex.check_kv_head(9, 3, 7, None).message)
+    assert not ex.is_not_yet(right.message)
+
+
+def test_function_and_launch_checkers():
+    """08's checkers run the learner's function; 07's compare launch arithmetic and dp4a."""
+    assert ex.check_top_p(lambda logits, p: None).message == "not yet: your function returned None (not written yet?)"
+    assert ex.check_repeat_penalty(lambda *a: 1 / 0).message == "not yet: your function raised ZeroDivisionError: division by zero"
+
+    def top_p(logits, p):
+        order = np.argsort(-logits, kind="stable")
+        probs = np.exp(logits[order] - logits.max())
+        probs /= probs.sum()
+        return order[:min(int(np.searchsorted(np.cumsum(probs), p)) + 1, len(order))]
+    assert ex.check_top_p(top_p) == ex.Verdict(True, "correct")
+    assert ex.check_launch({"iters": 3}, "q6_K", 640, 2048).message == "not yet: iters = 3, expected 2"
+    assert ex.check_launch({"iters": 2, "blocks_per_row": 8}, "q6_K", 640, 2048)
+    assert ex.check_dp4a(lambda a, b, c: c).message.startswith("not yet: fn(0x7f7f7f7f, 0x7f7f7f7f, 2147483647) = ")
+    assert ex.check_lanes("q4_K", list(range(16, 32)), {5: 10, 21: 10})
+    assert ex.check_lanes("q4_K", [1], {5: 3}).message == "not yet: block 1 is read by lanes 16..31; lane 5: kqs = 10, not 3"
 
 
 def test_tensor_groups(smollm2_path):
@@ -121,7 +152,7 @@ def _tiny_notebook(tmp_path, source):
 
 def test_runner_fails_on_a_warning_and_names_the_cell(tmp_path):
     pytest.importorskip("nbclient")
-    from llmlab.notebook_runner import NotebookCellError, run_notebook
+    from llmlab.nb.runner import NotebookCellError, run_notebook
     path = _tiny_notebook(tmp_path, "import warnings; warnings.warn('careful')")
     with pytest.raises(NotebookCellError, match="cell 1 wrote to stderr: .*careful"):
         run_notebook(path, timeout=120)
@@ -135,10 +166,26 @@ def test_runner_fails_on_a_warning_and_names_the_cell(tmp_path):
     assert saved["metadata"]["kernelspec"]["display_name"] == KernelSpecManager().get_kernel_spec("python3").display_name
 
 
+def test_runner_fails_on_a_solution_its_checker_rejects(tmp_path):
+    pytest.importorskip("nbclient")
+    import nbformat
+    from llmlab.nb.runner import NotebookCellError, run_notebook
+    path = _tiny_notebook(tmp_path, "from llmlab.nb import exercises as ex\nex.check_kv_head(9, 3, 7, 1)")
+    notebook = nbformat.read(path, as_version=4)
+    notebook.cells[1].metadata = {"jupyter": {"source_hidden": True}, "tags": [ex.SOLUTION_TAG]}
+    nbformat.write(notebook, str(path))
+    with pytest.raises(NotebookCellError, match="cell 1 is a solution, but its checker says: not yet: KV head 1"):
+        run_notebook(path, timeout=120)
+    notebook.cells[1].source = "from llmlab.nb import exercises as ex\nex.check_kv_head(9, 3, 7, 2)"
+    nbformat.write(notebook, str(path))
+    out = run_notebook(path, timeout=120).cells[1].outputs
+    assert [(o.output_type, o.text) for o in out] == [("stream", "correct: query head 7 reads KV head 2\n")]
+
+
 def test_html_export_keeps_the_static_copy(tmp_path):
     pytest.importorskip("nbconvert")
     import nbformat
-    from llmlab.notebook_runner import export_html
+    from llmlab.nb.runner import export_html
     cell = nbformat.v4.new_code_cell("view")
     cell.outputs = [nbformat.v4.new_output("display_data", data={
         "application/vnd.jupyter.widget-view+json": {"model_id": "abc", "version_major": 2, "version_minor": 0},

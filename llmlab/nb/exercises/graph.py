@@ -1,0 +1,38 @@
+"""Checkers of notebook 06_cgraph_and_scheduler: the scheduler's splits, a MUL_MAT's FLOPs."""
+from __future__ import annotations
+
+from .verdict import Verdict, needs_answer
+
+
+def _splits_of(ctx, n_gpu_layers: int, n_tokens: int = 8):
+    from ...ggml.sched import AccelBackend, CPUBackend, Scheduler
+    sch = Scheduler([AccelBackend(), CPUBackend()], n_gpu_layers=n_gpu_layers).schedule(ctx.build_graph(n_tokens))
+    return [r["backend"] for r in sch.summary()], sch
+
+
+@needs_answer("answer")
+def check_splits(ctx, n_gpu_layers: int, answer, n_tokens: int = 8) -> Verdict:
+    """The backend of each split, in order, when the scheduler places ``ctx``'s graph for ``n_gpu_layers``."""
+    want, _ = _splits_of(ctx, n_gpu_layers, n_tokens)
+    got = [str(a).upper() for a in answer]
+    if got == want:
+        return Verdict.correct(f"{len(want)} splits: {' -> '.join(want)}")
+    if got and got[0] != want[0]:
+        return Verdict.not_yet(f"{got}", "where does token_embd live? the embedding lookup follows its weight")
+    if len(got) < len(want):
+        return Verdict.not_yet(f"{got}", "a split ends wherever the backend changes: is the output layer where you think?")
+    return Verdict.not_yet(f"{got}", "two neighbouring splits never share a backend; the output layer goes to the "
+                           "accelerator only when n_gpu_layers > n_layer")
+
+
+@needs_answer("answer")
+def check_mul_mat_flops(graph, name: str, answer: int) -> Verdict:
+    """FLOPs of the MUL_MAT node ``name``: 2 x rows of the weight x its row length x tokens."""
+    node = next(t for t in graph.gf.nodes if t.name == name and t.op == "MUL_MAT")
+    a, b = node.src
+    want = 2 * a.ne[0] * a.ne[1] * b.ne[1] * b.ne[2] * b.ne[3]
+    if answer == want:
+        return Verdict.correct(f"{want:,} FLOPs")
+    hint = ("count a multiply-add as 2 FLOPs" if answer * 2 == want else
+            "one multiply-add per weight per token: rows x columns x tokens, times 2")
+    return Verdict.not_yet(f"{answer:,}", hint)

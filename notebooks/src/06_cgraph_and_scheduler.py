@@ -1,0 +1,536 @@
+# %% [markdown]
+# # 06 · The compute graph and the backend scheduler
+#
+# llama.cpp never "runs a model" in one piece of code. For every micro-batch it
+# **builds a graph** of tensor operations, **assigns every node to a backend**
+# (CPU, GPU, ...), **cuts the graph into splits** where the backend changes, and
+# runs the splits one after another. This notebook rebuilds that machinery with
+# `llmlab.ggml` (ggml's tensors, ops and `ggml_cgraph`) and `llmlab.ggml.sched`
+# (`ggml_backend_sched`), and checks each step against the real engine:
+# the graph drawn here is the one `llmlab.llama.Context` builds and runs for every
+# decode, and so the one that computes the logits notebook 08 generates text from.
+#
+# **What you will learn**
+# * how ggml records a graph (op constructors build descriptors; `build_forward_expand` orders them) and
+#   how the executor runs it, on one transformer layer written op by op;
+# * why the graph is rebuilt for every micro-batch instead of being stored in the GGUF file;
+# * where the work is (`MUL_MAT` is over 90% of the FLOPs);
+# * the backend interface (`ggml_backend_i`), and how the scheduler's five passes place every node,
+#   cut the graph into splits and copy tensors between backends for a given `n_gpu_layers`;
+# * how the CPU backend splits a node across threads, and how plug-ins take over ops.
+#
+# **Prerequisites:** notebooks 03 and 04 (attention, KV cache); notebook 05 helps for the quantized weights.
+# **Run time:** about half a minute (the comparison with llama.cpp needs llama-cpp-python, `make test`).
+
+# %%
+from llmlab import nb
+paths = nb.setup(models=["smollm2"])
+
+import numpy as np
+import matplotlib.pyplot as plt
+import ipywidgets as widgets
+from IPython.display import display
+from llmlab import models
+from llmlab.ggml import GGMLContext, ops as ggml, build_forward, graph_compute, plan_memory
+from llmlab.ggml.dot import to_dot, render
+from llmlab.ggml.stats import op_table, format_table
+from llmlab.ggml import viz
+from llmlab.llama import Model, Context, Batch
+from llmlab.ggml.sched import Scheduler, CPUBackend, AccelBackend
+from llmlab.ggml.sched import backend as gb
+from llmlab.viz.html import table
+from llmlab.nb import exercises as ex
+
+# %% [markdown]
+# ## 1. One layer by hand: creating an op records a node, nothing more
+#
+# A ggml tensor is a small descriptor: a type, `ne[4]` (elements per dimension,
+# `ne[0]` is the row length), `nb[4]` (byte strides), the op that produces it and
+# its sources. `ggml_mul_mat(ctx, a, b)` does not multiply anything: it returns a
+# new descriptor with `op = MUL_MAT` and `src = [a, b]`, shaped `[a.ne1, b.ne1]`
+# (ggml's convention: `a` is the weight, one row per output feature).
+#
+# Below is a complete llama layer for 4 tokens, written op by op the way
+# `llm_build_llama` writes it (tiny sizes so every number fits on screen). The
+# context is created with `no_alloc=True`: descriptors only, no bytes yet.
+
+# %%
+n_embd, n_head, n_head_kv, head_dim, n_ff, n_tok = 16, 4, 2, 4, 32, 4
+rng = np.random.default_rng(0)
+ctx = GGMLContext(no_alloc=True, name="one layer")
+
+def weight(name, *ne):
+    return ggml.new_tensor(ctx, "f32", *ne, name=name)
+
+x      = ggml.set_input(ggml.new_tensor(ctx, "f32", n_embd, n_tok, name="inpL"))
+pos    = ggml.set_input(ggml.new_tensor(ctx, "i32", n_tok, name="inp_pos"))
+mask   = ggml.set_input(ggml.new_tensor(ctx, "f32", n_tok, n_tok, name="kq_mask"))
+w = {n: weight(n, *ne) for n, ne in [("attn_norm", (n_embd,)), ("wq", (n_embd, n_head * head_dim)),
+     ("wk", (n_embd, n_head_kv * head_dim)), ("wv", (n_embd, n_head_kv * head_dim)), ("wo", (n_head * head_dim, n_embd)),
+     ("ffn_norm", (n_embd,)), ("ffn_gate", (n_embd, n_ff)), ("ffn_up", (n_embd, n_ff)), ("ffn_down", (n_ff, n_embd))]}
+
+cur  = ggml.mul(ctx, ggml.rms_norm(ctx, x, 1e-5), w["attn_norm"]);            ggml.set_name(cur, "attn_norm-0")
+q    = ggml.reshape_3d(ctx, ggml.mul_mat(ctx, w["wq"], cur), head_dim, n_head, n_tok)
+k    = ggml.reshape_3d(ctx, ggml.mul_mat(ctx, w["wk"], cur), head_dim, n_head_kv, n_tok)
+v    = ggml.reshape_3d(ctx, ggml.mul_mat(ctx, w["wv"], cur), head_dim, n_head_kv, n_tok)
+q    = ggml.set_name(ggml.rope_ext(ctx, q, pos, None, head_dim, 0, 0, 10000.0), "Qcur-0")
+k    = ggml.set_name(ggml.rope_ext(ctx, k, pos, None, head_dim, 0, 0, 10000.0), "Kcur-0")
+kq   = ggml.mul_mat(ctx, ggml.permute(ctx, k, 0, 2, 1, 3), ggml.permute(ctx, q, 0, 2, 1, 3))     # [n_kv, n_q, head]
+kq   = ggml.set_name(ggml.soft_max_ext(ctx, kq, mask, head_dim ** -0.5), "kq_soft_max-0")
+vt   = ggml.cont(ctx, ggml.permute(ctx, v, 1, 2, 0, 3))                                          # [n_kv, head_dim, head]
+kqv  = ggml.mul_mat(ctx, vt, kq)                                                                 # [head_dim, n_q, head]
+att  = ggml.cont_2d(ctx, ggml.permute(ctx, kqv, 0, 2, 1, 3), n_head * head_dim, n_tok)
+att  = ggml.set_name(ggml.mul_mat(ctx, w["wo"], att), "attn_out-0")
+ffn_inp = ggml.set_name(ggml.add(ctx, att, x), "ffn_inp-0")
+cur  = ggml.mul(ctx, ggml.rms_norm(ctx, ffn_inp, 1e-5), w["ffn_norm"])
+ffn  = ggml.mul_mat(ctx, w["ffn_down"], ggml.swiglu_split(ctx, ggml.mul_mat(ctx, w["ffn_gate"], cur),
+                                                          ggml.mul_mat(ctx, w["ffn_up"], cur)))
+out  = ggml.set_name(ggml.add(ctx, ffn, ffn_inp), "l_out-0")
+
+gf = build_forward(out, name="one llama layer")
+print(gf, "| tensors in the context:", len(ctx.tensors), "| context bytes used:", ctx.used)
+print("any node with data?", any(t.data is not None for t in gf.nodes))
+
+# %% [markdown]
+# `build_forward_expand` walks **depth-first from the output**: a tensor seen
+# before is skipped; otherwise its sources are visited first, `src[0]` before
+# `src[1]`, and then the tensor itself is appended — to `leafs` if it has no op
+# (weights, inputs), to `nodes` if it has one. The resulting order is a
+# topological order: every node comes after everything it reads. Unnamed nodes
+# get ggml's default names `node_N` / `leaf_N`.
+
+# %%
+for i, t in enumerate(gf.nodes):
+    print(f"{i:2d}  {t.op:<10} {t.name:<28} {t.shape_str():<14} <- {', '.join(s.name for s in t.src)}")
+print("\nleafs:", [t.name for t in gf.leafs])
+
+# %% [markdown]
+# Views cost nothing: `reshape`, `permute`, `transpose` and `view` only change
+# `ne`/`nb` over the **same bytes** (`view_src` points at the tensor that owns
+# them). That is why `permute` appears as a node with no work, and why `cont`
+# exists: it is the op that actually copies into a fresh, contiguous layout.
+#
+# Now give the leafs their bytes and run the executor. Only now does any number exist.
+
+# %%
+for t in gf.leafs:
+    if t is pos:
+        t.set_data(np.arange(n_tok))
+    elif t is mask:
+        t.set_data(np.where(np.arange(n_tok)[None, :] <= np.arange(n_tok)[:, None], 0, -np.inf))
+    else:
+        t.set_data(rng.standard_normal(t.ne[:t.n_dims][::-1]) * (0.5 if t.n_dims > 1 else 1))
+graph_compute(gf)
+print("l_out-0[0, :5] =", out.numpy()[0, :5])
+
+# the same layer written as plain NumPy formulas
+X = x.numpy(); W = {k: t.numpy() for k, t in w.items()}
+rms = lambda a: a / np.sqrt((a * a).mean(-1, keepdims=True) + 1e-5)
+h = rms(X) * W["attn_norm"]
+def rope(a):     # adjacent pairs, theta = p * base^(-2i/d)
+    th = np.arange(n_tok)[:, None] * 10000.0 ** (-np.arange(0, head_dim, 2) / head_dim)
+    c, s = np.cos(th)[:, None], np.sin(th)[:, None]
+    o = a.copy(); o[..., 0::2] = a[..., 0::2] * c - a[..., 1::2] * s; o[..., 1::2] = a[..., 0::2] * s + a[..., 1::2] * c
+    return o
+Q = rope((h @ W["wq"].T).reshape(n_tok, n_head, head_dim)); K = rope((h @ W["wk"].T).reshape(n_tok, n_head_kv, head_dim))
+V = (h @ W["wv"].T).reshape(n_tok, n_head_kv, head_dim)
+heads = []
+for hh in range(n_head):
+    s = Q[:, hh] @ K[:, hh // 2].T / np.sqrt(head_dim) + np.triu(np.full((n_tok, n_tok), -np.inf), 1)
+    p = np.exp(s - s.max(-1, keepdims=True)); p /= p.sum(-1, keepdims=True)
+    heads.append(p @ V[:, hh // 2])
+A = np.concatenate(heads, -1) @ W["wo"].T + X
+g_ = rms(A) * W["ffn_norm"]
+gate, up = g_ @ W["ffn_gate"].T, g_ @ W["ffn_up"].T
+ref = (gate / (1 + np.exp(-gate)) * up) @ W["ffn_down"].T + A
+assert np.allclose(out.numpy(), ref, rtol=1e-4, atol=1e-5)
+print("the graph's layer equals the NumPy layer:", np.abs(out.numpy() - ref).max())
+
+# %% [markdown]
+# **Memory.** ggml's graph allocator gives every result a buffer only while it is
+# alive: a tensor's bytes can be reused once its last reader has run. The plan
+# below walks the nodes once and compares "every node its own buffer" with the
+# liveness-based peak.
+
+# %%
+plan = plan_memory(gf)
+print(f"weights + inputs (leafs): {plan.leaf_bytes:,} bytes")
+print(f"all intermediate results, no reuse: {plan.node_bytes_no_reuse:,} bytes")
+print(f"peak with reuse after the last reader: {plan.peak_bytes:,} bytes")
+
+# %% [markdown]
+# ## 2. The real graph: SmolLM2-135M, one micro-batch of 8 tokens
+#
+# `llm_build_llama` does exactly what we did above, 30 times, between an
+# embedding lookup (`get_rows` on `token_embd`) and the LM head. Nodes are named
+# as llama.cpp's `cb(cur, "Qcur", il)` names them, so `Qcur-3` or `ffn_out-7` can
+# be fetched after a run. The KV cache appears too: each layer **writes** its new
+# K and V rows into their cells (`SET_ROWS` into `cache_k_l0`, at the cell indices
+# `find_slot` chose), and the attention reads a view of the cache's first `n_kv`
+# cells (padded to 256). The writes are expanded into the graph *before* the
+# attention, which is how their order is pinned.
+
+# %%
+model = Model(paths["smollm2"])
+print(model)
+sctx = Context(model, n_ctx=256)
+g = sctx.build_graph(8)
+print(g.gf, "| weights bound by name:", len(model.weights))
+counts = g.gf.op_counts()
+print("ops:", dict(counts.most_common()))
+layer0 = [t for t in g.gf.nodes if g.layer_of.get(id(t)) == 0]
+print(f"\nlayer 0 has {len(layer0)} nodes:")
+print(", ".join(t.name for t in layer0))
+
+# %%
+nb.graph(to_dot(g, layers=0), "smollm2-layer0", folder="06")
+
+# %% [markdown]
+# ## 3. Why the graph is not stored in the GGUF file
+#
+# **Question 1: why not save the graph in the model file?** Because it would buy
+# nothing and cost a lot. The graph depends on things the file cannot know: the
+# micro-batch size, how many cells of the KV cache are in use, which tokens want
+# logits, flash attention on or off, which device each layer lives on. llama.cpp
+# rebuilds it for every micro-batch in well under a millisecond. Keeping the
+# structure in C++ code (one builder per architecture, a registry keyed by
+# `general.architecture`) means an optimisation — a fused op, a new attention
+# kernel — reaches every existing file without re-converting anything.
+#
+# **Question 2: then how do the weights find their place in the graph?** By
+# name. The GGUF file carries tensors named `blk.0.attn_q.weight` with their
+# shape, type and offset; the builder asks for exactly those names, and
+# `load_tensors` checks each shape. In llmlab the binding is a zero-copy view of
+# the memory-mapped file:
+
+# %%
+info = {t.name: t for t in model.gguf.tensors}
+for name in ["token_embd.weight", "blk.0.attn_q.weight", "blk.0.ffn_down.weight", "output_norm.weight"]:
+    t, i = model.tensor(name), info[name]
+    print(f"{name:<24} {t.type.name:<5} ne={list(t.ne[:t.n_dims])!s:<14} shares the file's bytes: "
+          f"{np.shares_memory(t.data, i.data)}")
+leaf_names = {t.name for t in g.gf.leafs}
+print("\ngraph leafs that are GGUF tensors:", len(leaf_names & set(info)), "of", len(info), "tensors in the file")
+print("graph leafs that are not weights:", sorted(leaf_names - set(info))[:8], "...")
+
+# %% [markdown]
+# ## 4. What the graph computes: the op table
+#
+# Counting FLOPs node by node on the real graph (a multiply-add counts as 2)
+# shows where the work is. `MUL_MAT` — the Q/K/V/O projections, the three FFN
+# matrices and the LM head — is almost everything; this is why every backend
+# accelerates it first.
+
+# %%
+rows = op_table(g)
+print(format_table(rows, ["op", "nodes", "flops", "share"]))
+mm = next(r for r in rows if r["op"] == "MUL_MAT")
+print(f"\nMUL_MAT share of FLOPs on this graph: {100 * mm['share']:.2f}%")
+assert mm["share"] > 0.9
+viz.plot_op_share(rows); plt.tight_layout(); plt.show()
+
+# %% [markdown]
+# ## 5. One interface for every backend: `ggml_backend_i`
+#
+# The code above the backends never asks whether it talks to a CPU, CUDA or Metal. Every backend fills in
+# the same table of function pointers, C's version of a virtual method table (`ggml-backend-impl.h`):
+#
+# ```c
+# struct ggml_backend_i {
+#     const char * (*get_name)(ggml_backend_t backend);
+#     void (*free)(ggml_backend_t backend);
+#     void (*set_tensor_async)(...);  void (*get_tensor_async)(...);  bool (*cpy_tensor_async)(...);
+#     void (*synchronize)(ggml_backend_t);
+#     enum ggml_status (*graph_compute)(ggml_backend_t, struct ggml_cgraph *);   // the core
+#     void (*event_record)(...);  void (*event_wait)(...);                        // pipeline parallelism
+# };
+# struct ggml_backend { ggml_guid_t guid; struct ggml_backend_i iface; ggml_backend_dev_t device; void * context; };
+# ```
+#
+# Calling `backend->iface.graph_compute(backend, cgraph)` runs the CPU's, CUDA's or Metal's own function.
+# The CPU backend leaves most optional members `NULL`: everything on a CPU is synchronous, so there is
+# nothing to transfer asynchronously and no event to wait for; CUDA fills them all. Each *device* also
+# answers the two questions the scheduler asks about every node, in `ggml_backend_device_i`:
+# `supports_op` (can you run this op?) and `offload_op` (would you like to take this op, whose weights live
+# in host memory?), plus `get_buffer_type` (where do your tensors live?).
+#
+# llmlab's `llmlab.ggml.sched.backend.Backend` is the same interface as a Python base class: its methods are
+# the table and a subclass overrides what it implements. The base class's versions are the plain answers:
+# `compute` runs the shared executor (with a `dispatch` hook a backend may fill), `supports_op` says yes to
+# everything and `offload_op` no to everything, as ggml-cpu does. Members with no counterpart ("-") are
+# the ones ggml-cpu leaves `NULL` as well: llmlab's backends run synchronously, and the scheduler does the
+# copies. Which members each of our two backends fills in itself:
+
+# %%
+backends = [CPUBackend(), AccelBackend()]
+display(table(["C interface member", "llmlab", "CPUBackend", "AccelBackend"], gb.interface_rows(backends)))
+
+# %% [markdown]
+# Like ggml-cpu, `CPUBackend` computes every op and offloads nothing (`offload_op` keeps the default
+# "no"); the simulated accelerator says which ops it supports and, like ggml-cuda, takes ops on host
+# weights when the batch has at least 32 tokens. Real backends differ mostly in *which ops they accelerate*
+# (the walkthrough article's table):
+
+# %%
+display(table(["platform", "backend source", "ops it accelerates", "how"], gb.PLATFORMS))
+
+# %% [markdown]
+# CPU backends accelerate `MUL_MAT` and little else: the other ops are too small to be worth it
+# (SpacemiT's IME also does the norms). GPU backends implement the small ops too, not because they are
+# faster there, but to avoid **round trips**: a GPU that only did `MUL_MAT` would send every layer's
+# activations across PCIe to the CPU for the norm and RoPE and back again. The last experiment of
+# section 6 counts what that costs. An op a backend does not support falls back to the CPU.
+#
+# ## 6. The scheduler: five passes from "who owns the weights" to splits
+#
+# Backends come in priority order, the CPU last. Here a simulated accelerator
+# (`AccelBackend`: same kernels, separate memory, a configurable set of supported
+# ops) sits in front of the CPU. `n_gpu_layers` places the weights the way
+# `load_tensors` does: `token_embd` always on the CPU, layers `0..n-1` on the
+# accelerator, the output layer following only when `n_gpu_layers > n_layer`.
+#
+# `ggml_backend_sched_split_graph` then decides every node:
+#
+# 1. nodes whose data already lives in a buffer (KV-cache views), inputs (CPU) and
+#    ops that read a weight go where the weight is;
+# 2. accelerator assignments spread to unassigned neighbours, down then up (the CPU
+#    does not spread), then every assignment spreads;
+# 3. nodes may move up to a higher-priority backend sharing the same buffer type;
+#    leftovers go where most of their inputs are;
+# 4. views follow their source;
+# 5. the graph is cut wherever the backend changes, and each input living on the
+#    other side gets a copy.
+#
+# Each pass is one function in `llmlab.ggml.sched.scheduler` (`pass_preallocated`,
+# `pass_expand`, `pass_upgrade`, `pass_views_and_sources`, `pass_split`). The graph
+# itself is left as it was: the copies, and which node reads which copy, are kept
+# in the `Schedule`. So the same graph can be scheduled again (the slider below
+# does), and a context running through a scheduler reuses its graph, and the
+# schedule with it, from one decode step to the next.
+#
+# The picture replays the passes for SmolLM2 with `n_gpu_layers = 10`.
+
+# %%
+sched = Scheduler([AccelBackend(), CPUBackend()], n_gpu_layers=10)
+s = sched.schedule(sctx.build_graph(8))
+viz.plot_passes(s); plt.tight_layout(); plt.show()
+print(viz.split_lines(s))
+
+
+# %% [markdown]
+# ### `n_gpu_layers` as a slider
+#
+# Move the slider: the layers' colours follow the weights, and the splits list
+# shows what has to be copied at each boundary. (Headless runs show the static
+# figure for the default value below the widget.)
+
+# %%
+def show_ngl(n_gpu_layers, layer_from, layer_to):
+    sc = Scheduler([AccelBackend(), CPUBackend()], n_gpu_layers=n_gpu_layers)
+    gg = sctx.build_graph(8)
+    sch = sc.schedule(gg)
+    text = (f"<pre>{viz.split_lines(sch)}\n{sch.n_splits} splits, {sch.n_copies} copies, "
+            f"{sch.bytes_to_copy:,} bytes copied per run</pre>")
+    pic = nb.graph(to_dot(gg, layers=range(layer_from, layer_to + 1), color_by="backend", schedule=sch,
+                          show_leafs=False), "smollm2-sched", folder="06")
+    return [text, pic]
+
+nb.live(show_ngl, {"n_gpu_layers": widgets.IntSlider(20, 0, 31, description="n_gpu_layers"),
+                   "layer_from": widgets.IntSlider(18, -1, 30, description="first layer drawn"),
+                   "layer_to": widgets.IntSlider(21, -1, 30, description="last layer drawn")}, columns=3);
+
+# %% [markdown]
+# ### The seed's example: 32 layers, `n_gpu_layers = 20` → 3 splits
+#
+# The walkthrough describes a 32-layer model with 20 layers offloaded: split 0 on
+# the CPU holds only the embedding lookup, split 1 on the accelerator holds
+# layers 0–19, split 2 on the CPU holds layers 20–31 and the LM head. A tiny
+# 32-layer llama (random weights, same architecture) reproduces it exactly —
+# including the detail the seed glosses over: the boundary copies are the
+# embeddings, the positions, the KV cells to write and the mask going in, and the residual stream
+# (`l_out-19`, plus the weightless first half of layer 20's norm) coming out.
+
+# %%
+from llmlab.llama.tiny import write_tiny
+tiny32 = Model(write_tiny(nb.build_dir("06") / "tiny32.gguf", "llama", n_layer=32, n_embd=32,
+                          n_head=4, n_head_kv=2, n_ff=64, n_vocab=64))
+sched32 = Scheduler([AccelBackend(), CPUBackend()], n_gpu_layers=20)
+c32 = Context(tiny32, n_ctx=32, sched=sched32)
+got = c32.decode(Batch.from_tokens([1, 2, 3], logits="all"))
+print(viz.split_lines(sched32.last))
+assert sched32.last.n_splits == 3
+assert [r["backend"] for r in sched32.last.summary()] == ["CPU", "ACCEL", "CPU"]
+ref32 = Context(tiny32, n_ctx=32).decode(Batch.from_tokens([1, 2, 3], logits="all"))
+assert np.array_equal(got, ref32)
+print("\nscheduled run == CPU-only run, bit for bit; bytes copied:", sched32.last.bytes_copied)
+
+# %% [markdown]
+# ### What a backend cannot do costs splits
+#
+# A GPU backend that accelerated only `MUL_MAT` would bounce every layer back and
+# forth: matmul on the device, norm and RoPE on the CPU, matmul again... Each
+# bounce is a split boundary with copies. That is why real GPU backends implement
+# the small ops too, and why pass 2 lets the accelerator swallow its neighbours.
+
+# %%
+rows = []
+toks = list(range(100, 108))
+ref = Context(model, n_ctx=256).decode(Batch.from_tokens(toks, logits="all"))
+for label, ops in [("all ops", None), ("no ROPE", set(AccelBackend().supported_ops) - {"ROPE"}),
+                   ("MUL_MAT, ADD, MUL, RMS_NORM", {"MUL_MAT", "ADD", "MUL", "RMS_NORM"}), ("MUL_MAT only", {"MUL_MAT"})]:
+    sc = Scheduler([AccelBackend(supported_ops=ops), CPUBackend()], n_gpu_layers=31)
+    lg = Context(model, n_ctx=256, sched=sc).decode(Batch.from_tokens(toks, logits="all"))
+    assert np.array_equal(lg, ref)          # same logits whatever the placement
+    rows.append(dict(accelerator_supports=label, splits=sc.last.n_splits, copies=sc.last.n_copies,
+                     bytes_copied=sc.last.bytes_copied))
+print(format_table(rows))
+
+# %% [markdown]
+# ## 7. Inside the CPU backend: nodes in a row, threads inside a node
+#
+# `ggml_graph_compute` starts `n_threads` workers that all walk the same node
+# list; after every node they meet at a barrier. Inside a node the work is split
+# three ways, depending on the op:
+#
+# - **interleaved rows** (`SOFT_MAX`, `RMS_NORM`): thread *i* takes rows i, i+n, i+2n, ...
+# - **contiguous blocks** (`ADD`, `MUL`, activations, `ROPE`): thread *i* takes one block of ⌈rows/n⌉ rows;
+# - **chunks from an atomic counter** (`MUL_MAT`): the output is cut into chunks;
+#   thread *i* starts with chunk *i*, then each grabs `atomic_fetch_add(&current_chunk, 1)`
+#   until none are left, so a fast thread simply takes more.
+#
+# The figure comes from a real run: layer 0 of SmolLM2 executed by 4 Python
+# threads, each `MUL_MAT` chunk computed by whichever thread took it from the
+# shared counter, and recorded.
+
+# %%
+from llmlab.ggml.cpu.threads import trace_nodes
+from llmlab.ggml.executor import run_nodes
+tctx = Context(model, n_ctx=256)
+tg = tctx.graph_for(Batch.from_tokens(toks, logits="all"))   # placed in the cache, inputs set, nothing computed
+end = next(i for i, t in enumerate(tg.gf.nodes) if t.name == "l_out-0") + 1
+traces = trace_nodes(tg.gf.nodes[:end], nth=4)
+run_nodes(tg.gf.nodes[end:])                             # the rest of the graph on the plain path
+assert np.array_equal(tg.t_logits.numpy(), ref)          # threaded layer 0 + plain rest == plain run
+viz.plot_partitions(traces, nth=4); plt.show()
+for t in traces:
+    if t.kind == "chunks":
+        print(f"{t.name:<14} chunks per thread: {[len(w) for w in t.work]}")
+
+# %% [markdown]
+# ## 8. The plug-in hook: extra buffer types
+#
+# Before its big `switch` over ops, ggml-cpu asks its registered *extra buffer
+# types* whether they want the node (`ggml_cpu_extra_compute_forward`): REPACK
+# (weights re-laid out so SIMD reads several rows at once), AMX, KleidiAI,
+# SpacemiT IME. A plug-in owns the weights it repacked at load time and computes
+# the ops that use them; everything else falls through to the plain path.
+# `llmlab.ggml.cpu.repack.RepackPlugin` does the same with 4 rows interleaved
+# block by block; faster kernels plug in through exactly this hook.
+
+# %%
+from llmlab.ggml.cpu.repack import RepackPlugin
+plug = RepackPlugin()
+cpu = CPUBackend(extra=[plug])
+pg = Context(model, n_ctx=256).build_graph(8)
+node = next(t for t in pg.gf.nodes if t.name == "Qcur-0")            # q4_1 weight x activations
+xin = node.src[1]
+xin.data = np.zeros(xin.nbytes(), np.uint8); xin.array()[...] = np.random.default_rng(1).standard_normal(xin.array().shape)
+node.data = None; cpu.compute([node]); via_plugin = node.numpy().copy()
+node.data = None; CPUBackend().compute([node]); plain = node.numpy().copy()
+print("plug-in log:", cpu.plugin_log)
+print("repacked layout of", node.src[0].name, ":", plug.packed[id(node.src[0])].shape, "(row groups, blocks, rows, bytes)")
+assert np.array_equal(via_plugin, plain)
+print("plug-in path == plain path, bit for bit")
+
+# %% [markdown]
+# ## llama.cpp's own graph, beside llmlab's
+#
+# Everything above claims that llmlab's graph *is* llama.cpp's. llama.cpp can tell us
+# itself: its scheduler calls an evaluation callback (`cb_eval`) for every node it
+# computes, and `llmlab.llamacpp.capture` reads each node's name, op, shape and
+# values from the `ggml_tensor` struct. We decode the same 8 tokens in llama.cpp
+# and in llmlab, pair the nodes by name and compare them. Layer 0 side by side:
+
+# %%
+from llmlab import llamacpp
+from llmlab.llamacpp.cpu import banner, expect
+from llmlab.viz import llamacpp as vl
+from llmlab.llama.vocab import Tokenizer
+
+cap = None
+if nb.has_oracle("the node-by-node comparison with llama.cpp's graph"):
+    CPU, EXACT = banner()      # whose arithmetic llmlab reproduces, and whether it is this machine's llama.cpp
+    path = paths["smollm2"]
+    ids = Tokenizer.from_model(path).tokenize("The history of the printing press begins in", add_bos=True, special=True)
+    cap = llamacpp.capture(path, ids, flash_attn=False)
+    report = llamacpp.diff(llamacpp.llmlab_nodes(path, ids, flash_attn=False), cap)
+    print(f"llama.cpp computed {len(cap.nodes)} nodes ({len(cap.compute_nodes())} compute nodes);", report.summary())
+    display(vl.diff_table(report, layer=0))
+    assert report.matched == report.total               # every node has its twin, on any CPU
+    expect(EXACT, report.first_inexact is None, "every node's values", report.first_divergence is None)
+
+# %% [markdown]
+# The same layer as llama.cpp recorded it, drawn from the capture and coloured by
+# the comparison (green: same op, same shape, same values):
+
+# %%
+if cap is not None:
+    display(nb.graph(vl.capture_dot(cap, 0, report), "llamacpp-layer0", folder="06"))
+
+# %% [markdown]
+# ## Summary
+#
+# - A graph is built, not stored: op constructors only record nodes; `build_forward_expand`
+#   orders them depth-first; the executor is the only thing that computes.
+# - Weights meet the graph by name; intermediate tensors carry llama.cpp's names, and
+#   llama.cpp's own callback confirms it: every compute node has an llmlab twin with the
+#   same op, shape and values.
+# - `MUL_MAT` is well over 90% of the FLOPs.
+# - The scheduler's passes place every node, the cut makes splits, copies carry tensors
+#   across; a scheduled run gives exactly the single-backend logits, and the seed's
+#   32-layer / 20-offloaded example comes out as its 3 splits.
+# - The CPU backend runs nodes in order with a barrier, splitting each node across threads
+#   three ways; plug-ins get the first say on every node.
+# - Every backend fills in one interface (`ggml_backend_i`, `ggml_backend_device_i`); the scheduler only
+#   asks it `supports_op`, `offload_op` and where its buffers live.
+
+# %% [markdown]
+# ## Exercises
+#
+# Each checker says "correct" or what is off; the solutions are in the collapsed cells.
+#
+# **1. Predict the splits for `n_gpu_layers = 5`.** SmolLM2 has 30 layers. With the accelerator first and
+# the CPU last, which backend runs each split of the 8-token graph, in order? (A list like
+# `["CPU", "ACCEL", ...]`.)
+
+# %%
+my_answer = []
+ex.check_splits(sctx, 5, my_answer)
+
+# %% jupyter={"source_hidden": true} tags=["solution"]
+# token_embd stays on the CPU (split 0: the embedding lookup); layers 0-4 follow their weights to the
+# accelerator; layer 5 onwards and the output layer (n_gpu_layers <= n_layer) are on the CPU again
+ex.check_splits(sctx, 5, ["CPU", "ACCEL", "CPU"])
+
+# %% [markdown]
+# **2. Offload everything.** `n_gpu_layers = 31` is more than SmolLM2's 30 layers, so the output layer
+# follows the weights to the accelerator too. Which splits now?
+
+# %%
+my_answer = []
+ex.check_splits(sctx, 31, my_answer)
+
+# %% jupyter={"source_hidden": true} tags=["solution"]
+# only the embedding lookup (token_embd is always on the CPU) is left before the accelerator takes the rest
+ex.check_splits(sctx, 31, ["CPU", "ACCEL"])
+
+# %% [markdown]
+# **3. FLOPs of one matmul.** `Qcur-0`'s `MUL_MAT` multiplies the 576 x 576 weight `blk.0.attn_q.weight` by the
+# 8 tokens' 576-wide activations. How many FLOPs is that (a multiply-add counts as 2)?
+
+# %%
+my_answer = 0
+ex.check_mul_mat_flops(g, "Qcur-0", my_answer)
+
+# %% jupyter={"source_hidden": true} tags=["solution"]
+ex.check_mul_mat_flops(g, "Qcur-0", 2 * 576 * 576 * 8)
