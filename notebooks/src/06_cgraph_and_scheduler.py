@@ -147,10 +147,12 @@ assert np.allclose(out.numpy(), ref, rtol=1e-4, atol=1e-5)
 print("the graph's layer equals the NumPy layer:", np.abs(out.numpy() - ref).max())
 
 # %% [markdown]
-# **Memory.** ggml's graph allocator gives every result a buffer only while it is
-# alive: a tensor's bytes can be reused once its last reader has run. The plan
-# below walks the nodes once and compares "every node its own buffer" with the
-# liveness-based peak.
+# **Memory.** ggml's graph allocator (`ggml_gallocr`, here `llmlab.ggml.alloc`) gives every result a
+# buffer only while it is alive: a tensor's bytes can be reused once its last reader has run. It walks
+# the nodes once with a best-fit list of free blocks, and a view owns no bytes of its own. The engine
+# runs this same allocator: when the CPU backend binds a graph to its kernels, every node gets its
+# offset in one arena of exactly the peak printed below (`CPlan.arena_bytes`). `plan_memory` reports
+# what it did, beside what "every node its own buffer" would cost.
 
 # %%
 plan = plan_memory(gf)
@@ -404,7 +406,7 @@ print(format_table(rows))
 
 # %%
 from llmlab.ggml.cpu.threads import trace_nodes
-from llmlab.ggml.executor import run_nodes
+from llmlab.ggml.cpu.executor import run_nodes
 tctx = Context(model, n_ctx=256)
 tg = tctx.graph_for(Batch.from_tokens(toks, logits="all"))   # placed in the cache, inputs set, nothing computed
 end = next(i for i, t in enumerate(tg.gf.nodes) if t.name == "l_out-0") + 1
