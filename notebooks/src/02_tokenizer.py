@@ -310,13 +310,13 @@ for label, tok in toks.items():
         n += 3
 print(f"{n} tokenizations identical to llama.cpp")
 
-article = Path("../data/llama-cpp-inference-walkthrough.txt").read_text(encoding="utf-8")
+notes = Path("../data/zh_inference_notes.txt").read_text(encoding="utf-8")   # Chinese prose written for this course
 for label, tok in toks.items():
     t0 = time.perf_counter()
-    ids = tok.tokenize(article)
+    ids = tok.tokenize(notes)
     dt = time.perf_counter() - t0
-    assert tok.detokenize(ids) == article
-    print(f"{label}: the {len(article.encode()) / 1e3:.0f} KB seed article -> {len(ids)} tokens in {dt * 1e3:.0f} ms")
+    assert tok.detokenize(ids) == notes
+    print(f"{label}: {len(notes.encode()) / 1e3:.0f} KB of Chinese notes -> {len(ids)} tokens in {dt * 1e3:.0f} ms")
 
 # %% [markdown]
 # ## Summary
