@@ -16,7 +16,7 @@ import sys
 import traceback
 import warnings
 
-from .. import LLMLabError
+from .. import LLMLabError, config
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
 def _run(argv, cli: bool) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)      # usage errors: SystemExit(2)
-    debug = getattr(args, "debug", False) or bool(os.environ.get("LLMLAB_DEBUG"))
+    debug = getattr(args, "debug", False) or config.debug()
     if not debug:        # numpy's overflow/NaN warnings: a non-finite result is reported as one error instead
         warnings.simplefilter("ignore", RuntimeWarning)
     if cli:              # from here Ctrl-C unwinds, so what a command writes is cleaned up
