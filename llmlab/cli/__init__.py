@@ -16,7 +16,7 @@ import sys
 import traceback
 import warnings
 
-from .. import LLMLabError, config
+from .. import LLMLabError, __version__, config
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
         mod = importlib.import_module(f"{__name__}.{info.name}")
         if hasattr(mod, "register"):
             mod.register(sub)
+    parser.add_argument("--version", action="version", version=f"llmlab {__version__}", help="print llmlab's version and exit")
     debug_help = "on an error, show the Python traceback too"
     parser.add_argument("--debug", action="store_true", help=debug_help)
     for p in set(sub.choices.values()):   # also after the command: python -m llmlab logits --debug ...
@@ -82,7 +83,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(argv, cli: bool) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)      # usage errors: SystemExit(2)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:     # usage errors (argparse's usage and error lines: 2), --help and --version (0)
+        return e.code if isinstance(e.code, int) else 0 if e.code is None else 2
     debug = getattr(args, "debug", False) or config.debug()
     if not debug:        # numpy's overflow/NaN warnings: a non-finite result is reported as one error instead
         warnings.simplefilter("ignore", RuntimeWarning)
