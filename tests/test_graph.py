@@ -4,10 +4,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from llmlab.ggml import CGraph, GGMLContext, build_forward, build_forward_expand, graph_compute, plan_memory
+from llmlab.ggml import GGMLContext, build_forward, build_forward_expand, graph_compute, plan_memory
 from llmlab.ggml import ops as ggml
 from llmlab.ggml import quant
-from llmlab.ggml.cpu.ops import gelu_f32
 from llmlab.ggml.dot import has_dot, render, to_dot
 
 RNG = np.random.default_rng(0)

@@ -160,7 +160,8 @@ def test_accepts_bytes_and_arrays():
 def test_import_is_light():
     import subprocess
     import sys
-    code = "import sys, time; import numpy; t=time.perf_counter(); import llmlab.ggml.quant; print(time.perf_counter()-t, 'numba' in sys.modules)"
+    code = ("import sys, time; import numpy; t=time.perf_counter(); import llmlab.ggml.quant; "
+            "print(time.perf_counter()-t, 'numba' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert float(out[0]) < 0.3 and out[1] == "False"
 

@@ -20,7 +20,8 @@ from .. import LLMLabError, __version__, config
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m llmlab", description="llmlab: llama.cpp rebuilt layer by layer; tools in the spirit of llama.cpp's own.")
+    parser = argparse.ArgumentParser(prog="python -m llmlab",
+                                     description="llmlab: llama.cpp rebuilt layer by layer; tools in the spirit of llama.cpp's own.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):

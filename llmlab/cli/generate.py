@@ -25,7 +25,8 @@ def add_engine_args(p) -> None:
     p.add_argument("--typical", type=parse_float, default=d.typ_p, help=f"locally typical p, 1.0 is off (default {d.typ_p})")
     p.add_argument("--repeat-penalty", type=parse_float, default=d.penalty_repeat,
                    help=f"penalty for tokens among the last --repeat-last-n, 1.0 is off (default {d.penalty_repeat})")
-    p.add_argument("--repeat-last-n", type=parse_int, default=d.penalty_last_n, help=f"window of the penalties (default {d.penalty_last_n})")
+    p.add_argument("--repeat-last-n", type=parse_int, default=d.penalty_last_n,
+                   help=f"window of the penalties (default {d.penalty_last_n})")
     p.add_argument("--frequency-penalty", type=parse_float, default=d.penalty_freq, help="subtract count x this (default 0)")
     p.add_argument("--presence-penalty", type=parse_float, default=d.penalty_present, help="subtract this once seen (default 0)")
     p.add_argument("-s", "--seed", type=parse_int, default=d.seed, help="RNG seed; the default draws a random one, as llama.cpp does")
@@ -61,7 +62,8 @@ def load_context(args, path, n_ctx: int):
 def register(sub) -> None:
     p = sub.add_parser("generate", help="generate text from a prompt with llama.cpp's sampler chain, streamed")
     p.add_argument("-p", "--prompt", required=True, help="prompt text (tokenized with BOS and special tokens)")
-    p.add_argument("-n", "--n-predict", type=parse_int, default=32, help="tokens to generate at most; -1: until the context is full (default 32)")
+    p.add_argument("-n", "--n-predict", type=parse_int, default=32,
+                   help="tokens to generate at most; -1: until the context is full (default 32)")
     add_engine_args(p)
     p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop when the output contains TEXT (repeatable)")
     p.add_argument("--json", action="store_true", help="print one JSON object at the end instead of streaming")

@@ -15,7 +15,8 @@ def register(sub) -> None:
     p.add_argument("-p", "--prompt", required=True, help="prompt text")
     p.add_argument("--top", type=positive_int, default=5, help="how many logits per position (default 5)")
     p.add_argument("--json", action="store_true", help='print {"ids", "top_ids", "top_logits"} as JSON')
-    p.add_argument("-c", "--ctx-size", "--n-ctx", dest="n_ctx", type=positive_int, default=None, help="context size (default: the prompt length)")
+    p.add_argument("-c", "--ctx-size", "--n-ctx", dest="n_ctx", type=positive_int, default=None,
+                   help="context size (default: the prompt length)")
     add_flash_attn(p)
     add_cpu_argument(p)
     add_kernels_argument(p)

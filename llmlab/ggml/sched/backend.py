@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from typing import Iterable
 
-import numpy as np
 
 from ..cpu.ops import COMPUTE
 from ..executor import run_nodes
