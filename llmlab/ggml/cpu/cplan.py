@@ -27,7 +27,7 @@ from ..ops import VIEW_OPS
 from ..tensor import F16, F32, Tensor
 from . import sgemm
 from .fast import dispatch as fq
-from .fast._common import parallel_min_work
+from .fast._common import parallel_min_work, threads
 from .journal import reader, writer
 from .fast import ops as fops
 from .fast import vec as fvec
@@ -398,5 +398,4 @@ def _fuse_v_transpose(node, cpu, readers):
 
 
 def _threads() -> int:
-    import numba
-    return numba.get_num_threads()
+    return threads()        # the count fast.set_threads set (config's policy on first use), as dispatch reads it
