@@ -222,7 +222,7 @@ def bind(raw: np.ndarray, qtype, repacked: bool = False):
             threaded = (kquants.mul_mat_q4_k_repacked if path == "repack" else
                         getattr(kquants, f"mul_mat_{name}_tiled" if path == "tiled" else f"mul_mat_{name}"))
             single = None              # a one-thread region: LLVM compiles the outlined prange body of these
-        c = state[T] = (quant, threaded, single, R * K * T >= parallel_min_work(), R)       # kernels better than a serial twin's
+        c = state[T] = (quant, threaded, single, R * K * T >= parallel_min_work(), R)   # kernels better than a serial twin's
         return c
 
     def run(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
