@@ -20,7 +20,7 @@ NOTEBOOKS := $(patsubst notebooks/src/%.py,notebooks/%.ipynb,$(SOURCES))
 HTML_DIR ?= build/html
 IS_ROOT := $(shell [ "$$(id -u)" = 0 ] && echo 1)
 
-.PHONY: setup setup-dev system-deps browser-deps demo test test-slow test-browser test-all bench lab notebooks html clean oracle-avx2 test-avx2 arm64-deps oracle-arm64
+.PHONY: setup setup-dev system-deps browser-deps demo lint test test-slow test-browser test-all bench lab notebooks html clean oracle-avx2 test-avx2 arm64-deps oracle-arm64
 
 setup: system-deps $(STAMP_LAB)
 setup-dev: system-deps $(STAMP_DEV)
@@ -71,8 +71,12 @@ demo: setup
 	$(PY) -m llmlab fetch $(MODEL)
 	$(PY) -m llmlab generate -m $(MODEL) -n 32 --temp 0 -p "$$(printf '$(DEMO_PROMPT)')"
 
+# ruff (pyproject.toml's [tool.ruff]): pycodestyle, pyflakes and bugbear over the code, tests, tools, benchmarks
+lint: setup-dev
+	$(PY) -m ruff check llmlab tests tools benchmarks
+
 # the oracles (llama-cpp-python, gguf-py) are installed here, so a test skipped for lack of one fails
-test: setup-dev
+test: setup-dev lint
 	$(PY) -m llmlab fetch smollm2 --quiet
 	$(PY) -m llmlab fetch gemma3 --quiet
 	LLMLAB_REQUIRE_ORACLES=1 $(PY) -m pytest -q -rs $(PYTEST_ARGS)

@@ -9,7 +9,6 @@ llmlab decodes string arrays lazily, so it is also timed with every string decod
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 
 from llmlab import models

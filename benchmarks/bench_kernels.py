@@ -57,7 +57,7 @@ def weight_shapes(gguf: GGUFFile):
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="smollm2,gemma3")
-    ap.add_argument("--threads", default=None, help="comma list, e.g. 1,2 (default: LLMLAB_THREADS or all cores)")
+    ap.add_argument("--threads", default=None, help="comma list, e.g. 1,2 (default: LLMLAB_THREADS, else the physical cores)")
     ap.add_argument("--T", type=int, default=1, help="activation rows (1 = a decode step)")
     ap.add_argument("--no-ref", action="store_true", help="skip the NumPy reference timings")
     args = ap.parse_args(argv)

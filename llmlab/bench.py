@@ -143,13 +143,13 @@ def first_token_s(model: str, threads: int, cold: bool = False) -> float:
     """Seconds from starting ``python -m llmlab generate -n 1`` to its exit: interpreter, imports, load,
     kernels (from numba's cache, or compiled from scratch with ``cold``), prefill and one token."""
     import tempfile
-    env = dict(os.environ, LLMLAB_THREADS=str(threads))
+    env = dict(os.environ)
     with tempfile.TemporaryDirectory() as tmp:
         if cold:
             env["NUMBA_CACHE_DIR"] = tmp
         t0 = time.perf_counter()
         res = subprocess.run([sys.executable, "-m", "llmlab", "generate", "-m", model, "-p", "Hello", "-n", "1",
-                              "--no-timings"], capture_output=True, text=True, env=env)
+                              "-t", str(threads), "--no-timings"], capture_output=True, text=True, env=env)
         dt = time.perf_counter() - t0
     if res.returncode != 0:
         raise RuntimeError(f"first-token run failed: {(res.stderr.strip().splitlines() or ['?'])[-1]}")

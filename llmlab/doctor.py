@@ -24,76 +24,15 @@ import sys
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from . import config
+from .hints import PACKAGES, hint, in_conda, system
 
 EXIT_MISSING = 1          # a required piece is missing (usage errors and bad input stay 2, as everywhere)
 MIN_PYTHON = (3, 11)
-# (distribution, minimum version as in pyproject.toml, conda-forge name, needed by): "core" always, "lab" for the notebooks
-PACKAGES = (
-    ("numpy", "1.26", "numpy", "core"),
-    ("numba", "0.60", "numba", "core"),
-    ("matplotlib", "3.8", "matplotlib", "core"),
-    ("ipywidgets", "8.1", "ipywidgets", "lab"),
-    ("graphviz", "0.20", "python-graphviz", "lab"),
-    ("jupyterlab", "4.2", "jupyterlab", "lab"),
-)
 # SIMD features worth naming (Linux /proc/cpuinfo and macOS sysctl spellings, lower case)
 FEATURES = ("sse3", "ssse3", "avx", "f16c", "fma", "avx2", "avx_vnni", "avx512f", "avx512bw", "avx512_vnni",
             "avx512vnni", "avx512_bf16", "amx_int8", "asimd", "asimddp", "asimdhp", "fphp", "sve", "i8mm",
             "feat_dotprod", "feat_fp16", "feat_i8mm", "feat_bf16", "feat_sme")
-
-# one install hint per piece and system; "conda" when this Python is a conda environment
-_HINTS = {
-    "python": {"linux": "sudo apt-get install python3 python3-venv (Debian 12 / Ubuntu 23.04 or newer ship 3.11+)",
-               "macos": "brew install python@3.12, or the python.org installer (macOS's own python3 is too old)",
-               "windows": "winget install Python.Python.3.12, or the python.org installer",
-               "conda": "conda create -n llmlab -c conda-forge python=3.12"},
-    "dot": {"linux": "sudo apt-get install graphviz",
-            "macos": "brew install graphviz",
-            "windows": "winget install Graphviz.Graphviz (or choco install graphviz), then open a new terminal",
-            "conda": "conda install -c conda-forge graphviz"},
-    "fonts-cjk": {"linux": "sudo apt-get install fonts-noto-cjk",
-                  "macos": "brew install --cask font-noto-sans-cjk-sc",
-                  "windows": "install a CJK font for all users (Windows' Microsoft YaHei, or Noto Sans CJK SC: "
-                             "right-click the .otf > Install for all users)"},
-    "fonts-emoji": {"linux": "sudo apt-get install fonts-noto-color-emoji",
-                    "macos": "macOS ships Apple Color Emoji: update macOS",
-                    "windows": "Windows ships Segoe UI Emoji: update Windows"},
-    "fonts-emoji-figures": {"linux": "sudo apt-get install fonts-symbola",
-                            "macos": "install the Symbola font (outline emoji, which matplotlib can draw; "
-                                     "Apple Color Emoji it cannot)",
-                            "windows": "Segoe UI Emoji ships with Windows: update Windows"},
-    "llama_cpp": {"any": "python -m pip install llama-cpp-python==0.3.36 (builds llama.cpp from source: "
-                         "needs a C++ compiler and CMake; `make test` does it on Linux)"},
-    "numba_cache": {"any": "set NUMBA_CACHE_DIR to a folder you can write (numba then caches its compiled "
-                           "kernels there)"},
-}
-
-
-def system() -> str:
-    """"linux", "macos", "windows" (or sys.platform for anything else)."""
-    return {"darwin": "macos", "win32": "windows", "cygwin": "windows"}.get(sys.platform,
-                                                                           "linux" if sys.platform.startswith("linux")
-                                                                           else sys.platform)
-
-
-def in_conda() -> bool:
-    return (Path(sys.prefix) / "conda-meta").is_dir()
-
-
-def hint(piece: str, os_name: str | None = None, conda: bool | None = None) -> str:
-    """The one install hint for ``piece`` ("dot", "python", "fonts-cjk", "fonts-emoji", "fonts-emoji-figures", "llama_cpp",
-    "numba_cache" or a package's distribution name) on this system (or ``os_name``)."""
-    os_name = os_name or system()
-    conda = in_conda() if conda is None else conda
-    for dist, minimum, conda_name, _ in PACKAGES:
-        if piece == dist:
-            return (f"conda install -c conda-forge '{conda_name}>={minimum}'" if conda else
-                    f'python -m pip install "{dist}>={minimum}"  (or: python -m pip install -e ".[lab]")')
-    table = _HINTS[piece]
-    if conda and "conda" in table:
-        return table["conda"]
-    return table.get(os_name) or table.get("any") or table.get("linux", "")
-
 
 @dataclass
 class Check:
@@ -158,11 +97,19 @@ def check_dot(lab: bool) -> Check:
     return Check("dot", "ok", lab, f"Graphviz {version} ({path})", data={"path": path, "version": version})
 
 
+def _missing(*modules: str) -> list[str]:
+    """The modules of ``modules`` that are not installed: a check that needs them is left out (the
+    package checks above already report them), instead of importing llmlab code that would fail."""
+    return [m for m in modules if importlib.util.find_spec(m) is None]
+
+
 def check_fonts() -> list[Check]:
+    if _missing("matplotlib"):
+        return [Check("fonts", "warn", False, "cannot list fonts without matplotlib")]
+    from .viz import fonts
     try:
-        from .viz import fonts
         found = fonts.report()
-    except Exception as e:        # no matplotlib: that check already fails
+    except Exception as e:        # a broken font cache or fontconfig
         return [Check("fonts", "warn", False, f"cannot list fonts: {type(e).__name__}: {e}")]
     cjk = found["cjk"]
     c1 = (Check("fonts_cjk", "ok", False, f"matplotlib draws Chinese with {', '.join(cjk)}", data={"families": cjk})
@@ -214,8 +161,11 @@ def cpu_features() -> list[str]:
 def check_cpu() -> list[Check]:
     machine = platform.machine() or "?"
     feats = cpu_features()
+    if _missing("numpy", "numba"):
+        return [Check("cpu", "warn", False, f"{machine}; cannot choose a CPU profile without numpy and numba",
+                      data={"machine": machine, "features": feats})]
+    from .ggml.cpu import profiles
     try:
-        from .ggml.cpu import profiles
         d = profiles.detect()
         info = profiles.llama_cpp_system_info()
         build = profiles._from_system_info(info) if info else None
@@ -260,10 +210,9 @@ def _writable(folder: Path) -> bool:
 
 
 def check_numba() -> list[Check]:
-    try:
-        import numba
-    except Exception as e:
-        return [Check("numba_cache", "warn", False, f"numba does not load: {type(e).__name__}: {e}")]
+    if _missing("numba"):
+        return [Check("numba_cache", "warn", False, "numba is not installed")]
+    import numba
     kernels = Path(__file__).resolve().parent / "ggml" / "cpu" / "fast"
     if numba.config.CACHE_DIR:
         where, source = Path(numba.config.CACHE_DIR), "NUMBA_CACHE_DIR"
@@ -277,17 +226,15 @@ def check_numba() -> list[Check]:
                   f"{where} ({source}): " + ("writable" if ok else "not writable: every run compiles the kernels "
                                              "again (minutes)"),
                   None if ok else hint("numba_cache"), {"dir": str(where), "source": source, "writable": ok})
+    pool = numba.config.NUMBA_NUM_THREADS
     try:
-        from .ggml.cpu.fast._common import thread_count
-        n = thread_count()
-    except Exception:
-        n = numba.config.NUMBA_NUM_THREADS
-    env = os.environ.get("LLMLAB_THREADS") or None
-    threads = Check("threads", "ok", False,
-                    f"{n} (cores: {os.cpu_count() or '?'}; numba's pool: {numba.config.NUMBA_NUM_THREADS}"
-                    + (f"; LLMLAB_THREADS={env}" if env else "; LLMLAB_THREADS sets it") + ")",
-                    data={"threads": n, "cores": os.cpu_count(), "numba_pool": numba.config.NUMBA_NUM_THREADS,
-                          "LLMLAB_THREADS": env})
+        n, why = config.threads()
+        threads = Check("threads", "ok", False, f"{min(n, pool)} ({why}; cores: {os.cpu_count() or '?'}; "
+                        f"numba's pool: {pool}; LLMLAB_THREADS or --threads sets it)",
+                        data={"threads": min(n, pool), "why": why, "cores": os.cpu_count(), "numba_pool": pool})
+    except ValueError as e:           # a bad LLMLAB_THREADS: every engine command would refuse it
+        threads = Check("threads", "missing", True, str(e), "set LLMLAB_THREADS to a positive integer, or unset it",
+                        data={"threads": None, "error": str(e), "cores": os.cpu_count(), "numba_pool": pool})
     return [cache, threads]
 
 

@@ -16,7 +16,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import LLMLabError
+from . import LLMLabError, config
 from .progress import Progress
 
 
@@ -70,10 +70,9 @@ DEFAULT_MODEL = "smollm2"
 
 
 def home() -> Path:
-    """Where llmlab caches models: $LLMLAB_HOME, else $XDG_CACHE_HOME/llmlab, else ~/.cache/llmlab."""
-    if os.environ.get("LLMLAB_HOME"):
-        return Path(os.environ["LLMLAB_HOME"])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "llmlab"
+    """Where llmlab caches models: $LLMLAB_HOME (``~`` expanded), else $XDG_CACHE_HOME/llmlab, else
+    ~/.cache/llmlab (``config.home``)."""
+    return config.home()
 
 
 def model_path(spec: ModelSpec) -> Path:

@@ -36,19 +36,6 @@ def not_regular(path, st: os.stat_result) -> LLMLabError:
     return LLMLabError(f"{path}: is not a regular file ({_kind(st.st_mode)})")
 
 
-def check_regular(path) -> os.stat_result:
-    """``os.stat`` (which never blocks), refusing anything but a regular file."""
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        raise LLMLabError(f"{path}: no such file") from None
-    except OSError as e:
-        raise LLMLabError(f"{path}: {e.strerror}") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise not_regular(path, st)
-    return st
-
-
 def open_regular(path) -> BinaryIO:
     """A read-only binary file object for ``path``, which must be a regular file."""
     flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)

@@ -8,6 +8,10 @@ are skipped on a machine whose llama.cpp no profile reproduces.
 Only optional third-party oracles may skip a test, with a reason that names them (``ORACLES``). ``make
 test`` installs all of them and sets ``LLMLAB_REQUIRE_ORACLES=1``: then a missing oracle is a broken
 set-up, and the suite fails (at start, and for every test that would have skipped on one).
+Besides those, a test skips only where the machine lacks what it tests (x86 instruction sets for the
+kernels' machine code, Linux's /proc), the markers above (``slow``, ``llamacpp_exact``, ``browser``),
+or a CPU profile without stored references; never for a missing model (``models.resolve`` fetches it)
+nor for a parameter that cannot apply (leave it out of the parametrization).
 """
 from __future__ import annotations
 
@@ -31,7 +35,8 @@ LIVE = profiles.detect()                                     # the profile of th
 
 
 # module -> what to install; the only imports a test may skip on
-ORACLES = {"llama_cpp": "llama-cpp-python", "gguf": "gguf (gguf-py)", "ipywidgets": "ipywidgets (the lab extra)"}
+ORACLES = {"llama_cpp": "llama-cpp-python", "gguf": "gguf (gguf-py)", "ipywidgets": "ipywidgets (the lab extra)",
+           "nbclient": "nbclient (the lab extra)", "nbconvert": "nbconvert (the lab extra)"}
 REQUIRE_ORACLES = os.environ.get("LLMLAB_REQUIRE_ORACLES", "") not in ("", "0")
 
 

@@ -228,7 +228,8 @@ def test_decode_dispatch_needs_the_plain_path(tiny):
 
 def test_probs_are_llama_cpps(smollm2_path):
     """The hook's probabilities are llama.cpp's own kq_soft_max nodes, bit for bit (SmolLM2, non-flash)."""
-    llamacpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (optional oracle)") and __import__("llmlab.llamacpp", fromlist=["capture"])
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (optional oracle)")
+    from llmlab import llamacpp
     from llmlab.llama.vocab import Tokenizer
     ids = Tokenizer.from_model(smollm2_path).tokenize("Apple released a new phone, and its price rose.")
     layers = [0, 13, 29]

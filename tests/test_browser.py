@@ -129,8 +129,7 @@ def _view_signature(cell) -> str:
 @pytest.mark.parametrize("name", list(NOTEBOOKS))
 def test_notebook_in_browser(lab, name):
     path = lab["served"] / "notebooks" / f"{name}.ipynb"
-    if not path.exists():
-        pytest.skip(f"notebooks/{name}.ipynb does not exist in this checkout yet")
+    assert path.exists(), f"notebooks/{name}.ipynb is missing"
     want = NOTEBOOKS[name]
     page = lab["browser"].new_page(viewport={"width": 1400, "height": 1000})
     console_errors: list[str] = []

@@ -156,7 +156,8 @@ def test_limits_are_lifted_after_a_render():
     with pytest.raises(ChatTemplateError):
         render_jinja("{{ 'x' * 10 ** 12 }}", [])
     assert resource.getrlimit(resource.RLIMIT_AS) == before and sys.gettrace() is tracer
-    assert render_jinja("{% for m in messages %}{{ m.role }}:{{ m.content }};{% endfor %}", CONVERSATIONS[3]) == "user:a;assistant:b;user:c;assistant:d;"
+    assert render_jinja("{% for m in messages %}{{ m.role }}:{{ m.content }};{% endfor %}", CONVERSATIONS[3]) == \
+        "user:a;assistant:b;user:c;assistant:d;"
 
 
 def tiny_chat_model(tmp_path, template: str | None = None) -> Path:
@@ -199,7 +200,7 @@ def play(chat, user, script):
 @pytest.fixture(scope="module")
 def tiny_chat(tmp_path_factory):
     from llmlab import models
-    from llmlab.llama import Context, Model
+    from llmlab.llama import Model
     from llmlab.llama.vocab import Tokenizer
     path = tiny_chat_model(tmp_path_factory.mktemp("chat"))
     tok = Tokenizer.from_model(models.resolve("smollm2"))

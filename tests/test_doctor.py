@@ -11,7 +11,6 @@ import sys
 import textwrap
 from pathlib import Path
 
-import pytest
 
 from llmlab import doctor
 from llmlab.cli import main

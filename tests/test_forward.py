@@ -91,8 +91,7 @@ def test_gemma3_matches_llama_cpp_all_prompts(gemma3, i, cpu):
 def test_the_two_cpus_disagree_and_each_profile_reproduces_its_own(smollm2):
     """The same prompt on llama.cpp for AVX2 and for AVX-512 gives different logits; llmlab with each
     profile gives each one's, bit for bit, on whatever CPU runs this test."""
-    if not {"avx2", "avx512"} <= set(REF_PROFILES):
-        pytest.skip("needs both reference sets")
+    assert {"avx2", "avx512"} <= set(REF_PROFILES), "tests/data/refs holds both reference sets"
     refs = {cpu: ref_logits("smollm2", cpu)[1]["p0_last_logits"] for cpu in ("avx2", "avx512")}
     assert (refs["avx2"] != refs["avx512"]).any()
     ids = ref_logits("smollm2", "avx2")[1]["p0_ids"]
@@ -103,14 +102,11 @@ def test_the_two_cpus_disagree_and_each_profile_reproduces_its_own(smollm2):
 
 @pytest.mark.slow
 @pytest.mark.llamacpp_exact
-@pytest.mark.parametrize("name", ["smollm2", "gemma3"])
-def test_short_prompt_bit_exact_with_llama_cpp(name, real_model):
+def test_short_prompt_bit_exact_with_llama_cpp(real_model):
     """Fewer than 8 tokens (ggml-cpu's vec_dot and REPACK gemv/gemm paths): every logit is identical."""
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (optional oracle)")
     from llmlab.llamacpp.eval_callback import run_logits
-    mname, path = real_model
-    if mname != name:
-        pytest.skip("one model per parameter")
+    name, path = real_model      # each real model once (the fixture's parameters)
     ids = ref_logits(name)[1]["p0_ids"].tolist()[:6]
     want = run_logits(path, ids)
     got = Context(Model(path), n_ctx=256).decode(Batch.from_tokens(ids, logits="all"))
@@ -119,15 +115,12 @@ def test_short_prompt_bit_exact_with_llama_cpp(name, real_model):
 
 @pytest.mark.slow
 @pytest.mark.llamacpp_exact
-@pytest.mark.parametrize("name", ["smollm2", "gemma3"])
-def test_token_by_token_bit_exact_with_llama_cpp(name, real_model):
+def test_token_by_token_bit_exact_with_llama_cpp(real_model):
     """Micro-batches of one token (decode steps: KQ and KQV through ggml_vec_dot_f16, every weight
     product through vec_dot / gemv) after a cache filled the same way: every logit is identical."""
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (optional oracle)")
     from llmlab.llamacpp.eval_callback import run_logits
-    mname, path = real_model
-    if mname != name:
-        pytest.skip("one model per parameter")
+    name, path = real_model      # each real model once (the fixture's parameters)
     npz = ref_logits(name)[1]
     ids = npz["p0_ids"].tolist() + npz["p0_greedy"].tolist()[:3]
     want = run_logits(path, ids, n_ubatch=1)
@@ -137,12 +130,9 @@ def test_token_by_token_bit_exact_with_llama_cpp(name, real_model):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("cpu", REF_PROFILES)
-@pytest.mark.parametrize("name", ["smollm2", "gemma3"])
-def test_greedy_continuation_matches_llama_cpp(name, real_model, cpu):
+def test_greedy_continuation_matches_llama_cpp(real_model, cpu):
     """Prefill in one batch, then one token per decode step, as llama.cpp generated the refs' greedy text."""
-    mname, path = real_model
-    if mname != name:
-        pytest.skip("one model per parameter")
+    name, path = real_model      # each real model once (the fixture's parameters)
     npz = ref_logits(name, cpu)[1]
     ids, want = npz["p0_ids"].tolist(), npz["p0_greedy"].tolist()[:8]
     ctx = Context(Model(path), n_ctx=256, cpu=cpu)

@@ -151,10 +151,13 @@ def test_cli_streams_text_and_reports_user_errors(capsys):
     assert main(["generate", "-m", "smollm2", "-p", "The capital of France is", "-n", "2", "--temp", "0"]) == 0
     out, err = capsys.readouterr()
     assert out.startswith("The capital of France is Paris") and "tok/s" in err
-    for bad in (["--top-p", "nan"], ["--repeat-penalty", "0"], ["-n", "-5"], ["--seed", "-3"], ["--threads", "0"],
-                ["-n", "100000"], ["--n-ctx", "0"]):
+    for bad in (["--repeat-penalty", "0"], ["-n", "-5"], ["--seed", "-3"], ["-n", "100000"], ["--n-ctx", "0"]):
         assert main(["generate", "-m", "smollm2", "-p", "x", *bad]) == 2
         assert capsys.readouterr().err.strip().splitlines()[-1].startswith("error:")
+    for bad in (["--top-p", "nan"], ["--threads", "0"], ["-t", "0"], ["-n", "١٠"], ["--temp", "inf"]):   # argparse's
+        assert main(["generate", "-m", "smollm2", "-p", "x", *bad]) == 2                       # usage error
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err[0].startswith("usage:") and err[-1].startswith("python -m llmlab generate: error: argument ")
 
 
 @pytest.mark.slow

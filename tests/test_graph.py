@@ -4,11 +4,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from llmlab.ggml import CGraph, GGMLContext, build_forward, build_forward_expand, graph_compute, plan_memory
+from llmlab.ggml import GGMLContext, build_forward, build_forward_expand, graph_compute, plan_memory
 from llmlab.ggml import ops as ggml
 from llmlab.ggml import quant
 from llmlab.ggml.alloc import FreeList, reserve
-from llmlab.ggml.cpu.ops import gelu_f32
 from llmlab.ggml.dot import has_dot, render, to_dot
 
 RNG = np.random.default_rng(0)
@@ -176,8 +175,8 @@ def test_engine_allocates_the_arena_the_notebook_draws(tmp_path, arch):
             assert n.data.base is base                 # one arena
             start = n.data.__array_interface__["data"][0] - base.__array_interface__["data"][0]
             spans.append((i, last.get(id(n), len(nodes)), start, start + n.nbytes()))
-    for i, (f0, l0, s0, e0) in enumerate(spans):
-        for f1, l1, s1, e1 in spans[i + 1:]:
+    for i, (_f0, l0, s0, e0) in enumerate(spans):
+        for f1, _l1, s1, e1 in spans[i + 1:]:
             if f1 <= l0:                               # alive together
                 assert e0 <= s1 or e1 <= s0
     plan.compute()

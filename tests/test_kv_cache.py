@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from llmlab.llama.batch import Batch, BatchAllocator, BatchError, UBatch, split_simple
 from llmlab.llama.kv_cache import (ContextFullError, KVCache, KVCacheISWA, Memory, context_shift, is_masked_swa,

@@ -381,7 +381,16 @@ def test_mutated_gemma3_runs_or_errors_long(tmp_path_factory, muts):
 
 
 def test_report_fuzz_stats(capsys):
-    """Runs last in this module: how many cases, how long, how much memory (pytest -s shows it)."""
+    """Runs last in this module: every case (the fuzz's, plus two known ones: the base file runs, a corrupt
+    one is refused) was counted once as finite or error, within the time and memory limits; pytest -s
+    prints how many, how long, how much memory."""
+    gen.load_and_run(CORPUS / "base.gguf")         # numba compiles on first use: not one of the timed cases
+    before = dict(STATS)
+    assert run_case(CORPUS / "base.gguf") == "finite"
+    assert run_case(CORPUS / "offsets_gap.gguf") == "error"
+    assert STATS["cases"] == before["cases"] + 2 and STATS["finite"] > before["finite"] and STATS["errors"] > before["errors"]
+    assert STATS["finite"] + STATS["errors"] == STATS["cases"]
+    assert STATS["max_seconds"] < TIME_LIMIT_S and STATS["max_peak_bytes"] < MEMORY_LIMIT, STATS
     with capsys.disabled():
         print(f"\nreliability fuzz: {STATS['cases']} cases ({STATS['finite']} finite, {STATS['errors']} errors), "
               f"slowest {STATS['max_seconds']:.2f} s, peak traced memory {STATS['max_peak_bytes'] / 2**20:.1f} MiB")

@@ -17,7 +17,7 @@ from pathlib import Path
 
 
 def find_lib() -> Path:
-    import llama_cpp   # noqa: only for its location
+    import llama_cpp   # only for its location
     libs = sorted((Path(llama_cpp.__file__).parent / "lib").glob("libllama.so*"))
     if not libs:
         sys.exit("libllama.so not found next to llama_cpp")

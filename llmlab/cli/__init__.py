@@ -16,11 +16,12 @@ import sys
 import traceback
 import warnings
 
-from .. import LLMLabError
+from .. import LLMLabError, __version__, config
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m llmlab", description="llmlab: llama.cpp rebuilt layer by layer; tools in the spirit of llama.cpp's own.")
+    parser = argparse.ArgumentParser(prog="python -m llmlab",
+                                     description="llmlab: llama.cpp rebuilt layer by layer; tools in the spirit of llama.cpp's own.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
@@ -29,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
         mod = importlib.import_module(f"{__name__}.{info.name}")
         if hasattr(mod, "register"):
             mod.register(sub)
+    parser.add_argument("--version", action="version", version=f"llmlab {__version__}", help="print llmlab's version and exit")
     debug_help = "on an error, show the Python traceback too"
     parser.add_argument("--debug", action="store_true", help=debug_help)
     for p in set(sub.choices.values()):   # also after the command: python -m llmlab logits --debug ...
@@ -82,8 +84,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(argv, cli: bool) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)      # usage errors: SystemExit(2)
-    debug = getattr(args, "debug", False) or bool(os.environ.get("LLMLAB_DEBUG"))
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:     # usage errors (argparse's usage and error lines: 2), --help and --version (0)
+        return e.code if isinstance(e.code, int) else 0 if e.code is None else 2
+    debug = getattr(args, "debug", False) or config.debug()
     if not debug:        # numpy's overflow/NaN warnings: a non-finite result is reported as one error instead
         warnings.simplefilter("ignore", RuntimeWarning)
     if cli:              # from here Ctrl-C unwinds, so what a command writes is cleaned up

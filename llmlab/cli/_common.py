@@ -1,21 +1,27 @@
 """What the commands share: number arguments checked by argparse (so ``--n-ctx 0`` is a usage
-error, exit 2, never a silent "default"), and strict JSON output (never NaN or Infinity)."""
+error, exit 2, never a silent "default"), and strict JSON output (never NaN or Infinity).
+
+Every number a command takes goes through one parser, ``llmlab.config``'s ``parse_int`` and
+``parse_float`` (the one the LLMLAB_* variables use too): ASCII digits only, so ``-n ١٠``,
+``--seed ٣``, ``--n-ctx 1_0`` and ``--temp infinity`` are refused.
+"""
 from __future__ import annotations
 
 import argparse
 import json
 import math
-import re
 
 import numpy as np
 
-_INT = re.compile(r"[+-]?[0-9]+")   # ASCII digits only: int() would also take '١٢' and '1_0'
+from .. import config
 
 
 def parse_int(text: str) -> int:
-    if not _INT.fullmatch(text.strip()):
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer")
-    return int(text)
+    """Any integer (an argparse ``type``)."""
+    try:
+        return config.parse_int(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def positive_int(text: str) -> int:
@@ -30,6 +36,26 @@ def nonnegative_int(text: str) -> int:
     if v < 0:
         raise argparse.ArgumentTypeError(f"{text} must be >= 0")
     return v
+
+
+def parse_float(text: str) -> float:
+    """A finite decimal number (an argparse ``type``): not inf or nan."""
+    try:
+        return config.parse_float(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def add_flash_attn(p, default: str = "off") -> None:
+    """llama.cpp's ``-fa, --flash-attn [on|off|auto]``; a bare ``--flash-attn`` (llmlab's older flag) means on.
+    ``auto`` is what llama.cpp resolves it to on the CPU backend, which runs flash attention: on."""
+    p.add_argument("-fa", "--flash-attn", nargs="?", const="on", default=default, choices=("on", "off", "auto"),
+                   metavar="on|off|auto", help=f"the flash-attention path (default: {default}; auto: on, as llama.cpp "
+                                                "decides on the CPU)")
+
+
+def flash_attn(args) -> bool:
+    return args.flash_attn in ("on", "auto")
 
 
 def finite(obj):

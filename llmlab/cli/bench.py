@@ -5,15 +5,16 @@ import json
 import sys
 
 from .. import models
+from ._common import parse_int, positive_int
 from ._cpu import add_cpu_argument, add_kernels_argument, resolve_cpu
 
 
 def register(sub) -> None:
     p = sub.add_parser("bench", help="prefill and decode tokens/s (and llama.cpp's, with --vs-llama-cpp)")
     p.add_argument("-m", "--model", default=models.DEFAULT_MODEL, help="registry name or path to a .gguf file")
-    p.add_argument("--threads", type=int, default=None, help="threads (default: LLMLAB_THREADS or all cores)")
-    p.add_argument("--prompt-tokens", type=int, default=256, help="prompt length (default 256)")
-    p.add_argument("--gen-tokens", type=int, default=128, help="tokens to generate (default 128)")
+    p.add_argument("-t", "--threads", type=positive_int, default=None, help="threads (default: LLMLAB_THREADS, else the physical cores)")
+    p.add_argument("--prompt-tokens", type=parse_int, default=256, help="prompt length (default 256)")
+    p.add_argument("--gen-tokens", type=parse_int, default=128, help="tokens to generate (default 128)")
     add_kernels_argument(p)
     p.add_argument("--vs-llama-cpp", action="store_true", help="measure llama.cpp (llama-cpp-python) in the same run")
     p.add_argument("--first-token", action="store_true",

@@ -10,13 +10,14 @@ from __future__ import annotations
 import sys
 
 from .. import LLMLabError, models
+from ._common import parse_int
 from .generate import add_engine_args, load_context, sampling_params
 
 
 def register(sub) -> None:
     p = sub.add_parser("chat", help="chat with a model in the terminal (its chat template, the cache kept between turns)")
     p.add_argument("--system", default=None, help="system message")
-    p.add_argument("-n", "--n-predict", type=int, default=-1, help="tokens per reply at most; -1: until the model ends its turn")
+    p.add_argument("-n", "--n-predict", type=parse_int, default=-1, help="tokens per reply at most; -1: until the model ends its turn")
     add_engine_args(p)
     p.set_defaults(func=run)
 

@@ -1,18 +1,18 @@
 """``diff-llama-cpp``: run a prompt through llama.cpp and through llmlab, compare the graphs node by node."""
 from __future__ import annotations
 
-from .. import LLMLabError, models
+from .. import LLMLabError, config, models
 from ._cpu import add_cpu_argument, resolve_cpu
-from ._common import dumps, positive_int
+from ._common import add_flash_attn, dumps, flash_attn, positive_int
 
 
 def register(sub) -> None:
     p = sub.add_parser("diff-llama-cpp", help="compare llmlab's compute graph with llama.cpp's, node by node")
     p.add_argument("-m", "--model", required=True, help="registry name (smollm2, gemma3) or path to a .gguf")
     p.add_argument("-p", "--prompt", required=True, help="text; tokenized by llama.cpp with BOS and special tokens")
-    p.add_argument("--flash-attn", choices=["on", "off"], default="off", help="attention path (default: off)")
+    add_flash_attn(p)
     p.add_argument("--layers", default=None, metavar="A:B", help="only nodes of layers A..B-1 (plus the layer-less ones)")
-    p.add_argument("--threads", type=positive_int, default=1,
+    p.add_argument("-t", "--threads", type=positive_int, default=1,
                    help="llama.cpp threads (default 1: the node-by-node run synchronizes its threads at every node)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     add_cpu_argument(p)
@@ -24,8 +24,8 @@ def parse_layers(text: str | None) -> range | None:
         return None
     a, sep, b = text.partition(":")
     try:
-        lo = int(a) if a else 0
-        hi = int(b) if b else 1 << 30
+        lo = config.parse_int(a) if a else 0
+        hi = config.parse_int(b) if b else 1 << 30
     except ValueError:
         raise ValueError(f"--layers must look like A:B (e.g. 0:4), not {text!r}") from None
     if not sep or lo < 0 or hi <= lo:
@@ -36,13 +36,11 @@ def parse_layers(text: str | None) -> range | None:
 def run(args) -> int:
     from .. import llamacpp
     layers = parse_layers(args.layers)
-    if args.threads < 1:
-        raise ValueError("--threads must be >= 1")
     if not llamacpp.available():
         raise LLMLabError("diff-llama-cpp needs llama-cpp-python (pip install llama-cpp-python==0.3.36)")
     path = models.resolve(args.model)
     cpu = resolve_cpu(args)
-    flash = args.flash_attn == "on"
+    flash = flash_attn(args)
     tokens = llamacpp.tokenize(path, args.prompt)
     if not tokens:
         raise ValueError("the prompt tokenizes to nothing")

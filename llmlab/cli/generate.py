@@ -9,6 +9,7 @@ import json
 import sys
 
 from .. import LLMLabError, models
+from ._common import add_flash_attn, flash_attn, parse_float, parse_int, positive_int
 from ._cpu import add_cpu_argument, add_kernels_argument, resolve_cpu
 
 
@@ -17,22 +18,24 @@ def add_engine_args(p) -> None:
     from ..llama.sampling import SamplingParams
     d = SamplingParams()
     p.add_argument("-m", "--model", default=models.DEFAULT_MODEL, help="registry name or path to a .gguf file")
-    p.add_argument("--temp", type=float, default=d.temp, help=f"temperature; 0 is greedy (default {d.temp})")
-    p.add_argument("--top-k", type=int, default=d.top_k, help=f"top-k, <= 0 is off (default {d.top_k})")
-    p.add_argument("--top-p", type=float, default=d.top_p, help=f"top-p, 1.0 is off (default {d.top_p})")
-    p.add_argument("--min-p", type=float, default=d.min_p, help=f"min-p, 0.0 is off (default {d.min_p})")
-    p.add_argument("--typical", type=float, default=d.typ_p, help=f"locally typical p, 1.0 is off (default {d.typ_p})")
-    p.add_argument("--repeat-penalty", type=float, default=d.penalty_repeat,
+    p.add_argument("--temp", type=parse_float, default=d.temp, help=f"temperature; 0 is greedy (default {d.temp})")
+    p.add_argument("--top-k", type=parse_int, default=d.top_k, help=f"top-k, <= 0 is off (default {d.top_k})")
+    p.add_argument("--top-p", type=parse_float, default=d.top_p, help=f"top-p, 1.0 is off (default {d.top_p})")
+    p.add_argument("--min-p", type=parse_float, default=d.min_p, help=f"min-p, 0.0 is off (default {d.min_p})")
+    p.add_argument("--typical", type=parse_float, default=d.typ_p, help=f"locally typical p, 1.0 is off (default {d.typ_p})")
+    p.add_argument("--repeat-penalty", type=parse_float, default=d.penalty_repeat,
                    help=f"penalty for tokens among the last --repeat-last-n, 1.0 is off (default {d.penalty_repeat})")
-    p.add_argument("--repeat-last-n", type=int, default=d.penalty_last_n, help=f"window of the penalties (default {d.penalty_last_n})")
-    p.add_argument("--frequency-penalty", type=float, default=d.penalty_freq, help="subtract count x this (default 0)")
-    p.add_argument("--presence-penalty", type=float, default=d.penalty_present, help="subtract this once seen (default 0)")
-    p.add_argument("--seed", type=int, default=d.seed, help="RNG seed; the default draws a random one, as llama.cpp does")
-    p.add_argument("--n-ctx", type=int, default=None, help="context size")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads for the kernels (default: all)")
+    p.add_argument("--repeat-last-n", type=parse_int, default=d.penalty_last_n,
+                   help=f"window of the penalties (default {d.penalty_last_n})")
+    p.add_argument("--frequency-penalty", type=parse_float, default=d.penalty_freq, help="subtract count x this (default 0)")
+    p.add_argument("--presence-penalty", type=parse_float, default=d.penalty_present, help="subtract this once seen (default 0)")
+    p.add_argument("-s", "--seed", type=parse_int, default=d.seed, help="RNG seed; the default draws a random one, as llama.cpp does")
+    p.add_argument("-c", "--ctx-size", "--n-ctx", dest="n_ctx", type=parse_int, default=None, help="context size")
+    p.add_argument("-t", "--threads", type=positive_int, default=None,
+                   help="CPU threads for the kernels (default: LLMLAB_THREADS, else the physical cores)")
     add_cpu_argument(p)
     add_kernels_argument(p)
-    p.add_argument("--flash-attn", action="store_true", help="use the flash-attention path")
+    add_flash_attn(p)
 
 
 def sampling_params(args):
@@ -46,22 +49,21 @@ def load_context(args, path, n_ctx: int):
     """(Context, the CPU profile's name) for the options: threads, profile and kernel set go to the engine."""
     from ..ggml.cpu.fast import set_threads
     from ..llama import Context, Model
-    if args.threads is not None and args.threads < 1:
-        raise LLMLabError("--threads must be >= 1")
     set_threads(args.threads)
     cpu = resolve_cpu(args)
     model = Model(path, cpu=cpu)
     if n_ctx <= 0 or n_ctx > model.hparams.n_ctx_train:
         raise LLMLabError(f"a context of {n_ctx} tokens is outside 1..{model.hparams.n_ctx_train} (the model's "
                           f"context_length); lower -n or --n-ctx")
-    ctx = Context(model, n_ctx=n_ctx, n_batch=n_ctx, flash_attn=args.flash_attn, kernels=args.kernels, cpu=cpu)
+    ctx = Context(model, n_ctx=n_ctx, n_batch=n_ctx, flash_attn=flash_attn(args), kernels=args.kernels, cpu=cpu)
     return ctx, cpu.name
 
 
 def register(sub) -> None:
     p = sub.add_parser("generate", help="generate text from a prompt with llama.cpp's sampler chain, streamed")
     p.add_argument("-p", "--prompt", required=True, help="prompt text (tokenized with BOS and special tokens)")
-    p.add_argument("-n", "--n-predict", type=int, default=32, help="tokens to generate at most; -1: until the context is full (default 32)")
+    p.add_argument("-n", "--n-predict", type=parse_int, default=32,
+                   help="tokens to generate at most; -1: until the context is full (default 32)")
     add_engine_args(p)
     p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop when the output contains TEXT (repeatable)")
     p.add_argument("--json", action="store_true", help="print one JSON object at the end instead of streaming")

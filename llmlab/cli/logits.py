@@ -5,17 +5,19 @@ from __future__ import annotations
 
 from .. import models
 from ._cpu import add_cpu_argument, add_kernels_argument, resolve_cpu
-from ._common import dumps, positive_int
+from ._common import add_flash_attn, dumps, flash_attn, positive_int
 
 
 def register(sub) -> None:
     p = sub.add_parser("logits", help="top-K logits at every prompt position (the model's forward pass)")
-    p.add_argument("-m", "--model", default="smollm2", help="GGUF file or known model name (see `models`; default smollm2)")
+    p.add_argument("-m", "--model", default=models.DEFAULT_MODEL,
+                   help=f"GGUF file or known model name (see `models`; default {models.DEFAULT_MODEL})")
     p.add_argument("-p", "--prompt", required=True, help="prompt text")
     p.add_argument("--top", type=positive_int, default=5, help="how many logits per position (default 5)")
     p.add_argument("--json", action="store_true", help='print {"ids", "top_ids", "top_logits"} as JSON')
-    p.add_argument("--n-ctx", type=positive_int, default=None, help="context size (default: the prompt length)")
-    p.add_argument("--flash-attn", action="store_true", help="use the flash-attention path")
+    p.add_argument("-c", "--ctx-size", "--n-ctx", dest="n_ctx", type=positive_int, default=None,
+                   help="context size (default: the prompt length)")
+    add_flash_attn(p)
     add_cpu_argument(p)
     add_kernels_argument(p)
     p.set_defaults(func=run)
@@ -41,7 +43,7 @@ def run(args) -> int:
         raise ValueError("the prompt produced no tokens")
     n_ctx = args.n_ctx if args.n_ctx is not None else len(ids)
     check_context(model.hparams, n_ctx, n_prompt=len(ids))
-    ctx = Context(model, n_ctx=n_ctx, n_batch=max(len(ids), 1), n_ubatch=512, flash_attn=args.flash_attn,
+    ctx = Context(model, n_ctx=n_ctx, n_batch=max(len(ids), 1), n_ubatch=512, flash_attn=flash_attn(args),
                   kernels=args.kernels)
     logits = ctx.decode(Batch.from_tokens(ids, logits="all"))
     check_finite(logits)

@@ -4,11 +4,10 @@ from __future__ import annotations
 import re
 import sys
 
-from .. import LLMLabError, models
+from .. import LLMLabError, config, models
 from ._common import dumps
 
 MAX_FILE_BYTES = 16 << 20   # tokenize --file: a bigger text is refused before it is read
-_ID = re.compile(r"[+-]?[0-9]+")   # ASCII digits: int() would also take '١٢' and '1_0'
 
 
 def register(sub) -> None:
@@ -42,9 +41,10 @@ def parse_ids(args: list[str]) -> list[int]:
     for word in re.split(r"[\s,\[\]]+", " ".join(args)):
         if not word:
             continue
-        if not _ID.fullmatch(word):
-            raise LLMLabError(f"not a token id: {word!r}")
-        ids.append(int(word))
+        try:
+            ids.append(config.parse_int(word))      # ASCII digits: int() would also take '١٢' and '1_0'
+        except ValueError:
+            raise LLMLabError(f"not a token id: {word!r}") from None
     return ids
 
 

@@ -61,7 +61,6 @@ def to_dot(graph, layers: int | Iterable[int] | None = None, color_by: str = "op
     if len(nodes) > max_nodes:
         raise ValueError(f"{len(nodes)} nodes is too many to draw; pick a layer or a range (max_nodes={max_nodes})")
     keep = {id(n) for n in nodes}
-    pos = {id(n): i for i, n in enumerate(gf.nodes)}
 
     def color(t: Tensor) -> str:
         if color_by == "backend" and schedule is not None:

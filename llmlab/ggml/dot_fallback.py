@@ -254,7 +254,7 @@ def svg(dot_text: str) -> str:
 
 def message(dot_text: str) -> str:
     """The one line said where Graphviz's ``dot`` is missing."""
-    from ..doctor import hint
+    from ..hints import hint
     return (f"Graphviz's `dot` program is not installed, so this is a simplified drawing; install graphviz "
             f"({hint('dot')}) for the real one (the DOT text has {dot_text.count('->')} edges).")
 

@@ -10,7 +10,7 @@ GGML_OP_UNARY and GGML_OP_GLU.
 from __future__ import annotations
 
 from .context import GGMLContext
-from .tensor import F16, F32, FLAG_INPUT, FLAG_OUTPUT, FLAG_PARAM, I32, Tensor, row_strides
+from .tensor import F32, FLAG_INPUT, FLAG_OUTPUT, FLAG_PARAM, I32, Tensor, row_strides
 
 # ggml.h's rope mode bits (``mode & GGML_ROPE_TYPE_NEOX``: rotate pairs (i, i + n_dims/2), not (2i, 2i+1));
 # which mode an architecture uses is llama.h's LLAMA_ROPE_TYPE_* (llmlab.llama.arch.spec)

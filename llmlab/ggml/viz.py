@@ -15,7 +15,7 @@ def plot_passes(schedule, ax=None, title: str = "ggml_backend_sched_split_graph,
     rows = [p[1] for p in schedule.passes]
     labels = [p[0] for p in schedule.passes]
     split_row = [0] * schedule.graph.n_nodes
-    for k, s in enumerate(schedule.splits):
+    for s in schedule.splits:
         for i in range(s.i_start, s.i_end):
             split_row[i] = schedule.assignment.get(id(schedule.graph.nodes[i]), -1)
     rows.append(split_row)
@@ -53,7 +53,7 @@ def plot_partitions(traces, nth: int, axes=None):
             continue
         if kind == "chunks":
             for ith, work in enumerate(t.work):
-                for order, (chunk, r0, r1, c0, c1) in enumerate(work):
+                for chunk, r0, r1, c0, c1 in work:
                     ax.add_patch(plt.Rectangle((c0, r0), c1 - c0, r1 - r0, color=THREAD_COLORS[ith % 8], alpha=0.85))
                     ax.text((c0 + c1) / 2, (r0 + r1) / 2, str(chunk), ha="center", va="center", fontsize=6)
             allw = [w for per in t.work for w in per]

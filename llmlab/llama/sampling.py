@@ -73,7 +73,8 @@ class TokenDataArray:
 
     def __repr__(self) -> str:
         head = ", ".join(f"{i}:{x:.2f}" for i, x in zip(self.id[:5], self.logit[:5]))
-        return f"TokenDataArray({len(self)} candidates, sorted={self.sorted}, selected={self.selected}: {head}{', ...' if len(self) > 5 else ''})"
+        return (f"TokenDataArray({len(self)} candidates, sorted={self.sorted}, selected={self.selected}: "
+                f"{head}{', ...' if len(self) > 5 else ''})")
 
     def copy(self) -> "TokenDataArray":
         return TokenDataArray(self.id.copy(), self.logit.copy(), self.p.copy(), self.sorted, self.selected)

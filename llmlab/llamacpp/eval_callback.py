@@ -29,6 +29,7 @@ import numpy as np
 from .. import LLMLabError
 from ..ggml.ops import VIEW_OPS
 from . import ggml_tensor as gt
+from ._lib import llama_cpp
 
 FLASH_ATTN = {"on": 1, "off": 0, "auto": -1, True: 1, False: 0}
 
@@ -168,14 +169,6 @@ def _want(values) -> Callable[[str], bool]:
     return lambda name: name in wanted
 
 
-def _llama_cpp():
-    try:
-        import llama_cpp
-    except ImportError as e:
-        raise LLMLabError("this needs llama-cpp-python (pip install llama-cpp-python==0.3.36)") from e
-    return llama_cpp
-
-
 class _Logs:
     """Route llama.cpp's log lines into a list instead of stderr, while loaded."""
 
@@ -228,7 +221,7 @@ def capture(model_path: str | Path, tokens: Iterable[int], flash_attn: bool | st
     token count; llama.cpp pads it to a multiple of 256, and attention looks
     at ``n_kv`` = 256-padded cells.
     """
-    lc = _llama_cpp()
+    lc = llama_cpp()
     gt.check_layout()
     toks = [int(t) for t in tokens]
     if not toks:
@@ -338,7 +331,7 @@ def run_logits(model_path: str | Path, tokens: Iterable[int], flash_attn: bool |
                n_ctx: int | None = None, n_ubatch: int | None = None) -> np.ndarray:
     """llama.cpp's logits for every position of ``tokens``, without the callback (the fused, normal run).
     ``n_ubatch``: micro-batch size (default: all tokens in one; 1 decodes token by token)."""
-    lc = _llama_cpp()
+    lc = llama_cpp()
     toks = [int(t) for t in tokens]
     _logs(lc)
     model = lc.llama_model_load_from_file(str(model_path).encode(), lc.llama_model_default_params())
@@ -376,7 +369,7 @@ def cached_vs_fresh(model_path: str | Path, prompt: Iterable[int], generated: It
     """llama.cpp's logits for the last token of ``prompt + generated``, computed two ways: the prompt in
     one batch and then each generated token alone, reading the KV cache (``cached``), and everything in
     one fresh batch (``fresh``). Returns ``(cached, fresh)``, each of shape ``(n_vocab,)``."""
-    lc = _llama_cpp()
+    lc = llama_cpp()
     _logs(lc)
     prompt, generated = [int(t) for t in prompt], [int(t) for t in generated]
     llm = lc.Llama(str(model_path), n_ctx=n_ctx, n_threads=n_threads, logits_all=True, verbose=False)
@@ -397,7 +390,7 @@ def tokenize(model_path: str | Path, text: str | list[str], add_special: bool = 
 
     ``text`` may be a list of texts: the vocabulary is then loaded once and a list of id lists returned.
     """
-    lc = _llama_cpp()
+    lc = llama_cpp()
     vocab = _vocab(lc, str(Path(model_path).resolve()))
     out = []
     for t in ([text] if isinstance(text, str) else text):
@@ -447,7 +440,7 @@ def context_report(model_path: str | Path, n_ctx: int, n_ubatch: int = 512, n_ba
     ``n_ubatch``). MiB to two decimals, as llama.cpp prints them.
     """
     from ..ggml.types import ggml_type
-    lc = _llama_cpp()
+    lc = llama_cpp()
     logs = _logs(lc)
     model = lc.llama_model_load_from_file(str(model_path).encode(), lc.llama_model_default_params())
     if not model:

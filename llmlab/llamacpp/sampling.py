@@ -7,16 +7,8 @@ import ctypes
 
 import numpy as np
 
-from .. import LLMLabError
 from ..llama.sampling import SamplingParams, TokenDataArray
-
-
-def _llama_cpp():
-    try:
-        import llama_cpp
-    except ImportError as e:
-        raise LLMLabError("this needs llama-cpp-python (pip install llama-cpp-python==0.3.36)") from e
-    return llama_cpp
+from ._lib import llama_cpp
 
 
 class LlamaCppChain:
@@ -24,7 +16,7 @@ class LlamaCppChain:
     _chain = None
 
     def __init__(self, params: SamplingParams, n_vocab: int):
-        L = self._L = _llama_cpp()
+        L = self._L = llama_cpp()
         p = params
         make = {"penalties": lambda: L.llama_sampler_init_penalties(n_vocab, p.penalty_last_n, p.penalty_repeat,
                                                                     p.penalty_freq, p.penalty_present),

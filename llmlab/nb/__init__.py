@@ -21,6 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from .. import config
 from ..viz import fonts as _fonts
 from .live import figure_png, live  # noqa: F401  (re-exported)
 
@@ -83,31 +84,15 @@ def cpu_profile() -> dict:
 
 
 def choose_threads(threads: int | None = None) -> tuple[int, str]:
-    """The thread count for the engine and why: ``threads``, else ``LLMLAB_THREADS``, else all
-    cores; a machine already busier than its core count gets 1 (threads that wait at every
-    barrier for a descheduled sibling are slower than one thread)."""
-    cores = os.cpu_count() or 1
-    if threads:
-        return threads, "as asked"
-    env = os.environ.get("LLMLAB_THREADS")
-    if env:
-        return int(env), "LLMLAB_THREADS"
-    try:
-        load = os.getloadavg()[0]
-    except OSError:
-        load = 0.0
-    if cores > 1 and load > cores:
-        return 1, f"the machine is busy (load {load:.1f} on {cores} cores)"
-    return cores, "all cores"
+    """The thread count for the engine and why: ``threads``, else ``LLMLAB_THREADS``, else
+    llama.cpp's default (the physical cores): ``llmlab.config.threads``, the one policy."""
+    return config.threads(threads)
 
 
 def set_threads(threads: int | None = None) -> int:
+    from ..ggml.cpu.fast import set_threads as _set
     n, why = choose_threads(threads)
-    try:
-        from ..ggml.cpu.fast import set_threads as _set
-        n = _set(n)
-    except ImportError:
-        pass
+    n = _set(n)
     print(f"threads: {n} ({why})")
     return n
 

@@ -124,7 +124,7 @@ class LiveView:
                 p._llmlab_kind = kind
                 panes.append(p)
             self.panes_box.children = panes
-        for p, (kind, val) in zip(panes, parts):
+        for p, (_, val) in zip(panes, parts):
             p.value = val
         return parts
 

@@ -116,7 +116,7 @@ def note_missing(chars: str, stream=None) -> None:
     if _NOTED or not chars:
         return
     _NOTED.append(chars)
-    from ..doctor import hint
+    from ..hints import hint
     kinds = []
     if any(unicodedata.name(c, "").startswith("CJK") for c in chars):
         kinds.append(f"CJK: {hint('fonts-cjk')}")

@@ -34,7 +34,8 @@ def pipeline_dot() -> str:
     lines += ['text -> tok -> emb -> layers -> head -> sample -> detok -> out;',
               'gguf -> tok [style=dotted, label="vocab"]; gguf -> emb [style=dotted]; gguf -> layers [style=dotted, label="weights"];',
               'layers -> kv [dir=both, label="K, V"];',
-              'sample -> emb [style=dashed, color="#cc4444", fontcolor="#cc4444", label="decode: the new id is the next input", constraint=false];',
+              'sample -> emb [style=dashed, color="#cc4444", fontcolor="#cc4444", '
+              'label="decode: the new id is the next input", constraint=false];',
               '{rank=same; gguf; text}', '}']
     return "\n".join(lines)
 

@@ -2,7 +2,6 @@
 as parameters; nothing here knows about notebooks."""
 from __future__ import annotations
 
-import time
 
 import numpy as np
 
@@ -229,14 +228,3 @@ def plot_error_vs_bpw(rows: list[tuple[str, float, float]], ax=None):
     ax.set_title("error versus size (red: K-quants, dark: legacy, green: others)")
     ax.grid(alpha=0.3)
     return ax
-
-
-def dequant_speed(raw: np.ndarray, qtype, repeat: int = 3, fn=None) -> float:
-    """MB/s of quantized input dequantized (best of ``repeat``)."""
-    fn = fn or (lambda r: Q.dequantize(r, qtype))
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn(raw)
-        best = min(best, time.perf_counter() - t0)
-    return raw.size / best / 1e6

@@ -1,10 +1,6 @@
-"""Pictures of the sampler chain: the next-token distribution before and after each sampler, a
-widget to turn the knobs, and a display that falls back to a static figure where widgets cannot
-run (a saved notebook on GitHub, nbviewer, a headless run)."""
+"""Pictures of the sampler chain: the next-token distribution before and after each sampler, and a
+live view to turn the knobs (``llmlab.nb.live``: its default picture where widgets cannot run)."""
 from __future__ import annotations
-
-import base64
-import io
 
 import numpy as np
 
@@ -54,32 +50,6 @@ def chain_figure(logits, tokenizer, params: SamplingParams | None = None, top: i
     return plot_chain(common_sampler_init(params).trace(logits), tokenizer, top, title)
 
 
-def chain_widget(logits, tokenizer, top: int = 12):
-    """Sliders for temperature, top-k, top-p, min-p and seed, redrawing :func:`chain_figure`."""
-    import ipywidgets as W
-    import matplotlib.pyplot as plt
-    from IPython.display import display
-    d = SamplingParams(seed=0)
-    knobs = dict(temp=W.FloatSlider(value=d.temp, min=0.0, max=2.0, step=0.05, description="temp"),
-                 top_k=W.IntSlider(value=d.top_k, min=0, max=100, description="top-k"),
-                 top_p=W.FloatSlider(value=d.top_p, min=0.05, max=1.0, step=0.01, description="top-p"),
-                 min_p=W.FloatSlider(value=d.min_p, min=0.0, max=0.5, step=0.01, description="min-p"),
-                 seed=W.IntSlider(value=0, min=0, max=99, description="seed"))
-    out = W.Output()
-
-    def draw(*_):
-        with out:
-            out.clear_output(wait=True)
-            fig = chain_figure(logits, tokenizer, SamplingParams(**{k: w.value for k, w in knobs.items()}), top)
-            display(fig)
-            plt.close(fig)
-
-    for w in knobs.values():
-        w.observe(draw, "value")
-    draw()
-    return W.VBox([W.HBox(list(knobs.values())[:3]), W.HBox(list(knobs.values())[3:]), out])
-
-
 def chain_live(logits, tokenizer, top: int = 12, show: bool = True):
     """Sliders for temperature, top-k, top-p, min-p and seed over :func:`chain_figure`, as one
     ``llmlab.nb.live`` view (live in JupyterLab, its default picture anywhere else)."""
@@ -96,18 +66,3 @@ def chain_live(logits, tokenizer, top: int = 12, show: bool = True):
         return chain_figure(logits, tokenizer, SamplingParams(**v), top,
                             title=", ".join(f"{k} {x:g}" for k, x in v.items()))
     return live(render, knobs, columns=3, show=show)
-
-
-def widget_or_figure(widget, fig) -> None:
-    """Display ``widget`` and ``fig`` as one output: a front-end with live widgets shows the widget,
-    any other (GitHub, nbviewer, a plain viewer) shows ``fig``, the widget's default view."""
-    import matplotlib.pyplot as plt
-    from IPython.display import display
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=fig.dpi, bbox_inches="tight")
-    plt.close(fig)
-    bundle = {"image/png": base64.b64encode(buf.getvalue()).decode("ascii"),
-              "text/plain": "(a widget; this front-end shows its default view)"}
-    widget_view = widget._repr_mimebundle_()
-    bundle.update({k: v for k, v in widget_view.items() if k != "text/plain"})
-    display(bundle, raw=True)

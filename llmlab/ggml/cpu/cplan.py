@@ -29,7 +29,7 @@ from ..ops import VIEW_OPS
 from ..tensor import F16, F32, Tensor
 from . import sgemm
 from .fast import dispatch as fq
-from .fast._common import PARALLEL_MIN_WORK
+from .fast._common import parallel_min_work, threads
 from .journal import reader, writer
 from .fast import ops as fops
 from .fast import vec as fvec
@@ -38,10 +38,10 @@ from .vec import gelu_table
 from .profiles import CPUProfile, resolve
 
 Step = Callable[[], None]
-# Threads pay from PARALLEL_MIN_WORK quantized multiply-adds (fast._common); an f16 product's vectorized
+# Threads pay from parallel_min_work() quantized multiply-adds (fast._common); an f16 product's vectorized
 # fma is about 8 times cheaper, so it threads from 8 times as many; softmax from as many elements (each
 # exp is about 8 multiply-adds).
-F16_PARALLEL_MIN_WORK = 8 * PARALLEL_MIN_WORK
+F16_PARALLEL_FACTOR = 8
 BINDERS: dict[str, Callable[[Tensor, CPUProfile], Step | None]] = {}
 
 
@@ -238,7 +238,7 @@ def _soft_max(node, cpu):
     v = fvec.params(cpu)
     if x.ne[0] % v.lanes:
         return None                         # a scalar tail through libm's expf: the reference has it
-    if X.size >= PARALLEL_MIN_WORK and _threads() > 1:
+    if X.size >= parallel_min_work() and _threads() > 1:
         n = _threads()
         return lambda: fvec.soft_max_mt(X, M, scale, O, v.lanes, v.hsum_prog, v.expf, n)
     return lambda: fvec.soft_max(X, M, scale, O, v.lanes, v.hsum_prog, v.expf)
@@ -299,7 +299,7 @@ def _mul_mat(node, cpu):
         if flags is not None and flags.shape[0] >= R:       # a decode step: keep the cache rows transposed,
             AT = np.zeros((A.shape[0], K, -(-R // fvec.RB), fvec.RB), np.uint16)   # redo those written since
             return lambda: fvec.mul_mat_f16_cached(A, X, Y, n_reg, lanes, prog, flags, AT)
-        if Y.size * K >= F16_PARALLEL_MIN_WORK and _threads() > 1:
+        if Y.size * K >= F16_PARALLEL_FACTOR * parallel_min_work() and _threads() > 1:
             n = _threads()
             return lambda: fvec.mul_mat_f16_mt(A, X, Y, n_reg, lanes, prog, n)
         return lambda: fvec.mul_mat_f16(A, X, Y, n_reg, lanes, prog)
@@ -342,5 +342,4 @@ def _fuse_v_transpose(node, cpu, readers):
 
 
 def _threads() -> int:
-    import numba
-    return numba.get_num_threads()
+    return threads()        # the count fast.set_threads set (config's policy on first use), as dispatch reads it

@@ -24,7 +24,6 @@ from .libm import libm
 from .vec import gelu as gelu_ggml
 from .vec import gelu_f32, gelu_table  # noqa: F401  (re-exported: ggml's GELU lives in vec)
 from ..tensor import F16, F32, Tensor
-from .quants import mul_mat as quant_mul_mat
 
 COMPUTE: dict[str, Callable[..., None]] = {}
 

@@ -18,7 +18,7 @@ import numpy as np
 from numpy import float32, float64
 
 from .quants import quantize_activations, weight_blocks
-from .simd import fma, fma64
+from .simd import fma
 
 ROW_CHUNK = 4096
 

@@ -340,7 +340,8 @@ class GGUFFile:
                 d_at = cur.pos
                 ne = cur.u64(f"ne[{d}] of {name!r}")
                 if ne == 0 or ne >= 1 << 63:
-                    raise GGUFError(d_at, f"tensor {name!r} has dimension ne[{d}] = {ne if ne < 1 << 63 else ne - (1 << 64)}, must be positive")
+                    raise GGUFError(d_at, f"tensor {name!r} has dimension ne[{d}] = "
+                                          f"{ne if ne < 1 << 63 else ne - (1 << 64)}, must be positive")
                 shape.append(ne)
             t_at = cur.pos
             code = cur.u32(f"type of {name!r}")
@@ -351,7 +352,8 @@ class GGUFFile:
             o_at = cur.pos
             offset = cur.u64(f"offset of {name!r}")
             if shape and shape[0] % gtype.block_size:
-                raise GGUFError(nd_at, f"tensor {name!r}: ne[0] = {shape[0]} is not a multiple of the {gtype.name} block size {gtype.block_size}")
+                raise GGUFError(nd_at, f"tensor {name!r}: ne[0] = {shape[0]} is not a multiple of the {gtype.name} "
+                                       f"block size {gtype.block_size}")
             n = 1
             for ne in shape:
                 n *= ne

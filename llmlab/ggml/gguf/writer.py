@@ -12,7 +12,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from ..types import GGMLType, ggml_type
-from .constants import DEFAULT_ALIGNMENT, GGUF_MAGIC, MAX_DIMS, SCALAR_DTYPE, GGUFError, ValueType
+from .constants import DEFAULT_ALIGNMENT, GGUF_MAGIC, MAX_DIMS, SCALAR_DTYPE, ValueType
 from .reader import GGUFFile, StringArray
 
 
@@ -153,7 +153,7 @@ class GGUFWriter:
         align = self.alignment
         total = sum(-(-raw.size // align) * align for _, _, raw in self.tensors.values())
         done = 0
-        for t, shape, raw in self.tensors.values():
+        for _, _, raw in self.tensors.values():
             path.write(memoryview(raw))
             pad = -raw.size % align
             path.write(bytes(pad))

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from typing import Iterable
 
-import numpy as np
 
 from ..cgraph import CGraph
 from ..cpu.cplan import CPlan, graph_plan

@@ -44,13 +44,3 @@ def place_model(model, kv, n_gpu_layers: int, backends) -> tuple[dict[int, str],
             put(kv.k_l[il], il, weight=False)
             put(kv.v_l[il], il, weight=False)
     return buffers, weights
-
-
-def weight_table(model, n_gpu_layers: int) -> list[tuple[str, str]]:
-    """(tensor name, device) for every weight, for display."""
-    hp = model.hparams
-    rows = [("token_embd.weight", "CPU")]
-    for il in range(hp.n_layer):
-        rows.append((f"blk.{il}.*", "ACCEL" if layer_device(il, n_gpu_layers, hp.n_layer) else "CPU"))
-    rows.append(("output_norm / output", "ACCEL" if layer_device(hp.n_layer, n_gpu_layers, hp.n_layer) else "CPU"))
-    return rows

@@ -230,13 +230,13 @@ def pass_split(graph: CGraph, a: _Assignment) -> tuple[list[Split], dict, dict]:
     splits: list[Split] = []
     copies: dict[tuple[int, int], Tensor] = {}
     node_src: dict[int, tuple[Tensor, ...]] = {}
-    i = 0
-    while i < len(nodes) and nodes[i].op in VIEW_OPS:
-        i += 1
-    cur = a.of(nodes[i]) if i < len(nodes) else a.cpu
+    first = 0
+    while first < len(nodes) and nodes[first].op in VIEW_OPS:
+        first += 1
+    cur = a.of(nodes[first]) if first < len(nodes) else a.cpu
     split = Split(cur, 0)
     splits.append(split)
-    for i in range(i, len(nodes)):
+    for i in range(first, len(nodes)):
         n = nodes[i]
         if n.op in VIEW_OPS:
             continue

@@ -15,7 +15,8 @@ def check_launch(answer: dict, type_name: str, nrows: int, ncols: int, ncols_dst
     from ...cuda_sim.launch import launch_params
     want = launch_params(type_name, nrows, ncols, ncols_dst)
     problems = [f"unknown key {k!r}" for k in answer if k not in want]
-    problems += [f"{k} = {v!r}, expected {want[k]!r}" for k, v in answer.items() if k in want and tuple(np.atleast_1d(v)) != tuple(np.atleast_1d(want[k]))]
+    problems += [f"{k} = {v!r}, expected {want[k]!r}" for k, v in answer.items()
+                 if k in want and tuple(np.atleast_1d(v)) != tuple(np.atleast_1d(want[k]))]
     return _verdict(problems)
 
 

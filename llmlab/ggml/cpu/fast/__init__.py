@@ -2,7 +2,7 @@
 references in ``llmlab.ggml.cpu``, at compiled speed.
 
 Kernels are module-level ``@njit(cache=True)`` functions, so a second process loads them from
-numba's cache instead of compiling. Threads: ``LLMLAB_THREADS`` (default all cores), or
+numba's cache instead of compiling. Threads: ``LLMLAB_THREADS`` (default: ``config.default_threads``), or
 :func:`set_threads`; results never depend on the count (each output is summed by one thread in a
 fixed order), as ggml's do not.
 

@@ -2,14 +2,14 @@
 multiply-add as the NumPy references emulate it, the 8-lane horizontal sum, and the thread count."""
 from __future__ import annotations
 
-import os
-
 import numba
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
+
+from .... import config
 
 F32, F64 = np.float32, np.float64
 G = 32          # rows side by side in the packed weight layouts (one int16 zmm register across rows)
@@ -80,25 +80,22 @@ def f16_round(x):
 
 
 def thread_count() -> int:
-    """LLMLAB_THREADS, default all cores (numba's pool size)."""
-    v = os.environ.get("LLMLAB_THREADS", "").strip()
-    n = int(v) if v else numba.config.NUMBA_NUM_THREADS
-    return max(1, min(n, numba.config.NUMBA_NUM_THREADS))
+    """The thread count of config's one policy (LLMLAB_THREADS, else llama.cpp's default), capped by numba's pool."""
+    return min(config.threads()[0], numba.config.NUMBA_NUM_THREADS)
 
 
-# R * K * T multiply-adds of a quantized product below which a call runs on one thread (the one home of
-# the threshold; cplan scales it for other ops). On a quiet 2-core machine threading pays from about
-# 262144 (matvecs per token: SmolLM2 12.2 -> 8.1 ms, Gemma 20.8 -> 15.5 ms; only the K/V projections stay
-# serial). Where the other core is busy (a shared machine), a threaded call can cost milliseconds waiting
-# for the second thread: LLMLAB_PARALLEL_MIN_WORK=2097152 keeps every layer serial.
-PARALLEL_MIN_WORK = int(os.environ.get("LLMLAB_PARALLEL_MIN_WORK", 1 << 18))
+def parallel_min_work() -> int:
+    """Multiply-adds of a quantized product from which it runs threaded (``config.parallel_min_work``):
+    read when a kernel is bound, not per call."""
+    return config.parallel_min_work()
 
-_THREADS = [1]
+
+_THREADS = [0]          # 0: not set yet (threads() sets it from config on first use)
 
 
 def set_threads(n: int | None = None) -> int:
-    """Set numba's thread count (from LLMLAB_THREADS when n is None); returns it."""
-    n = thread_count() if n is None else max(1, min(int(n), numba.config.NUMBA_NUM_THREADS))
+    """Set numba's thread count (config's policy when n is None); returns it."""
+    n = min(config.threads(n)[0], numba.config.NUMBA_NUM_THREADS)
     numba.set_num_threads(n)
     _THREADS[0] = n
     return n
@@ -108,7 +105,7 @@ def threads() -> int:
     """The count set_threads last set, without numba.get_num_threads' lock (2-3 us, paid per kernel
     call it was). Only the choice between a threaded and a serial call reads it; results do not
     depend on the count."""
-    return _THREADS[0]
+    return _THREADS[0] or set_threads()
 
 
 @njit(**NOPYTHON)

@@ -23,7 +23,7 @@ kernel frees them from RSS, and a later read of those bytes faults them back in 
 the peak is the packed copy plus one chunk, not file + copy + packing temporaries. Large packed arrays
 get huge pages from numpy's allocator (MADV_HUGEPAGE: fewer TLB misses when a decode step streams them).
 
-Threads: below ``PARALLEL_MIN_WORK`` multiply-adds a call runs single-threaded (q32: the serial twin of
+Threads: below ``parallel_min_work()`` multiply-adds a call runs single-threaded (q32: the serial twin of
 its kernel, same body, same bits; K-quants: the threaded kernel in a one-thread region): waking the other threads costs 5-20 us on a quiet machine and milliseconds on a
 loaded one, more than a small matvec saves.
 """
@@ -35,7 +35,7 @@ import numba
 import numpy as np
 
 from . import dot4, kquants, q32
-from ._common import G, PARALLEL_MIN_WORK, TILED_MIN_ROWS, set_threads, threads
+from ._common import G, TILED_MIN_ROWS, parallel_min_work, threads
 from .quantize import quantize_q8_0, quantize_q8_1, quantize_q8_k
 
 Q32_TYPES = ("q4_0", "q4_1", "q5_0", "q8_0")
@@ -173,10 +173,10 @@ def bind_step(raw: np.ndarray, qtype, X: np.ndarray, Y: np.ndarray, repacked: bo
 
 
 def _dot4_kernel(qtype, R: int, K: int, T: int) -> tuple:
-    """dot4's kernel for a product (threaded from PARALLEL_MIN_WORK multiply-adds when there are threads
+    """dot4's kernel for a product (threaded from parallel_min_work() multiply-adds when there are threads
     to wake, else its serial twin) and the arguments it takes after out."""
     threaded, serial = dot4.kernels(qtype.name)
-    kern = threaded if threads() > 1 and R * K * T >= PARALLEL_MIN_WORK else serial
+    kern = threaded if threads() > 1 and R * K * T >= parallel_min_work() else serial
     return kern, dot4.extra_args(qtype.name, T)
 
 
@@ -222,7 +222,7 @@ def bind(raw: np.ndarray, qtype, repacked: bool = False):
             threaded = (kquants.mul_mat_q4_k_repacked if path == "repack" else
                         getattr(kquants, f"mul_mat_{name}_tiled" if path == "tiled" else f"mul_mat_{name}"))
             single = None              # a one-thread region: LLVM compiles the outlined prange body of these
-        c = state[T] = (quant, threaded, single, R * K * T, R)       # kernels better than a serial twin's
+        c = state[T] = (quant, threaded, single, R * K * T >= parallel_min_work(), R)   # kernels better than a serial twin's
         return c
 
     def run(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
@@ -234,10 +234,10 @@ def bind(raw: np.ndarray, qtype, repacked: bool = False):
         c = state.get(T)
         if c is None:
             c = choose(T, x.shape[1])
-        quant, threaded, single, work, R = c
+        quant, threaded, single, parallel, R = c
         p = state["p"]
         n = threads()
-        if n == 1 or work >= PARALLEL_MIN_WORK:
+        if n == 1 or parallel:
             res = threaded(*p, *quant(x))
         elif single is not None:
             res = single(*p, *quant(x))
@@ -256,5 +256,3 @@ def bind(raw: np.ndarray, qtype, repacked: bool = False):
 
     return run
 
-
-set_threads()

@@ -31,7 +31,7 @@ run). Every choice gives the same bits.
 """
 from __future__ import annotations
 
-import os
+import functools
 
 import numpy as np
 from llvmlite import ir
@@ -39,6 +39,7 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from .... import config
 from ._common import NOPYTHON, TILED_MIN_ROWS, as_f32, fma, hsum8
 from .kquants import pair_sums, repack_step
 from .q32 import _groups
@@ -69,9 +70,11 @@ def _compiles_for_host() -> bool:
     return (numba.config.CPU_NAME or "host") == "host" and not numba.config.CPU_FEATURES
 
 
+@functools.cache
 def _choose() -> str | None:
-    """LLMLAB_DOT4: unset (the best the host runs), 0 (none: the generic kernels), or one of host_isas()."""
-    want = os.environ.get("LLMLAB_DOT4", "").strip().lower()
+    """LLMLAB_DOT4 (config.dot4): unset (the best the host runs), 0 (none: the generic kernels), or one of
+    host_isas(); read on first use."""
+    want = config.dot4()
     if want == "0" or not _compiles_for_host():
         return None
     isas = host_isas()
@@ -80,8 +83,11 @@ def _choose() -> str | None:
     return isas[0] if isas else None
 
 
-ISA: str | None = _choose()     # the kernels dispatch takes: the best the host has (None: the generic ones)
-AVAILABLE = ISA is not None
+def __getattr__(name: str):
+    """ISA (the kernels dispatch takes: the best the host has, None: the generic ones) and AVAILABLE."""
+    if name in ("ISA", "AVAILABLE"):
+        return _choose() if name == "ISA" else _choose() is not None
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 _I8, _I16, _I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
@@ -557,7 +563,7 @@ PACK = {"q4_k": "pack_q4_k", "q6_k": "pack_q6_k"}     # the other types: pack
 def kernels(qtype_name: str, isa: str | None = None) -> tuple:
     """(threaded, serial) for a weight type on an instruction set (default: the host's). q6_K's take one
     more argument after out: tiled (8 activation rows or more, as the reference's path_of)."""
-    return KERNELS[isa or ISA][qtype_name if qtype_name in ("q4_k", "q6_k") else "q32"]
+    return KERNELS[isa or _choose()][qtype_name if qtype_name in ("q4_k", "q6_k") else "q32"]
 
 
 def extra_args(qtype_name: str, T: int) -> tuple:

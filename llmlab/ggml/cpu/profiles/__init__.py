@@ -19,12 +19,12 @@ On a CPU no profile reproduces (ARM, x86 without AVX2), the nearest one runs and
 from __future__ import annotations
 
 import importlib
-import os
 import pkgutil
 import sys
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from .... import config
 from ..simd import Tree
 
 
@@ -174,9 +174,13 @@ def nearest() -> CPUProfile:
 
 @lru_cache(maxsize=1)
 def detect() -> Detection:
-    env = os.environ.get("LLMLAB_CPU", "").strip().lower()
-    if env and env != "auto":
-        return Detection(get(env), "LLMLAB_CPU", _machine_runs(get(env)))
+    env = config.cpu()
+    if env is not None:
+        try:
+            prof = get(env)
+        except ValueError as e:
+            raise ValueError(f"LLMLAB_CPU: {e}") from None
+        return Detection(prof, "LLMLAB_CPU", _machine_runs(prof))
     info = llama_cpp_system_info()
     if info:
         prof = _from_system_info(info)

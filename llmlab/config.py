@@ -1,0 +1,183 @@
+"""Every ``LLMLAB_*`` environment variable, read here and only here (``tests/test_config.py`` checks).
+
+Each knob is one function that reads the environment when called, never at import, so the order
+in which modules are imported does not matter and a test may set a variable before the first use.
+A value that does not parse is a ``ValueError`` naming the variable (the CLI prints it as one
+``error:`` line). Numbers are ASCII digits only, parsed by :func:`parse_int` and :func:`parse_float`,
+the same parsers the CLI's number options use.
+
+=========================  ===========================================================  ==============
+variable                   meaning                                                      default
+=========================  ===========================================================  ==============
+LLMLAB_HOME                the cache folder for models (``~`` expanded)                 $XDG_CACHE_HOME/llmlab,
+                                                                                        else ~/.cache/llmlab
+LLMLAB_CPU                 the CPU profile to reproduce: ``auto``, ``avx2``, ``avx512``  auto (detected)
+LLMLAB_THREADS             threads of the fast kernels (a positive integer)             :func:`default_threads`
+LLMLAB_PARALLEL_MIN_WORK   multiply-adds of a quantized product from which it runs       262144
+                           threaded (read when a plan binds its kernels)
+LLMLAB_DOT4                dot4's byte-dot kernels: unset (the best the host runs),     unset
+                           ``0`` (off: the generic kernels), ``vnni`` or ``avx2``
+LLMLAB_DEBUG               any non-empty value: the CLI prints tracebacks (``--debug``)  off
+=========================  ===========================================================  ==============
+
+The test suite has knobs of its own (``LLMLAB_REQUIRE_ORACLES`` and the browser test's); they
+belong to ``tests/`` and are listed in the README.
+"""
+from __future__ import annotations
+
+import math
+import operator
+import os
+import re
+from pathlib import Path
+
+_INT = re.compile(r"[+-]?[0-9]+")                                    # ASCII digits only: int() would also
+_FLOAT = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")   # take '١٢', '1_0' and 'infinity'
+
+
+def parse_int(text: str) -> int:
+    """An integer written in ASCII digits with an optional sign (not '١٠', '1_0', '0x10', '1e3')."""
+    if not isinstance(text, str) or not _INT.fullmatch(text.strip()):
+        raise ValueError(f"{text!r} is not an integer")
+    return int(text)
+
+
+def parse_float(text: str) -> float:
+    """A finite decimal number in ASCII (not 'inf', 'nan', '١.٥', '1_0.5')."""
+    if not isinstance(text, str) or not _FLOAT.fullmatch(text.strip()):
+        raise ValueError(f"{text!r} is not a finite decimal number")
+    v = float(text)
+    if not math.isfinite(v):            # 1e999
+        raise ValueError(f"{text!r} is not a finite decimal number")
+    return v
+
+
+def _env(name: str) -> str:
+    return os.environ.get(name, "").strip()
+
+
+def _env_int(name: str, default: int, minimum: int) -> int:
+    text = _env(name)
+    if not text:
+        return default
+    try:
+        v = parse_int(text)
+    except ValueError as e:
+        raise ValueError(f"{name}: {e}") from None
+    if v < minimum:
+        raise ValueError(f"{name}: {v} must be >= {minimum}")
+    return v
+
+
+def home() -> Path:
+    """Where llmlab caches models: $LLMLAB_HOME (``~`` expanded), else $XDG_CACHE_HOME/llmlab, else
+    ~/.cache/llmlab."""
+    text = _env("LLMLAB_HOME")
+    if text:
+        return Path(text).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "llmlab"
+
+
+def cpu() -> str | None:
+    """LLMLAB_CPU lower-cased, or None when unset or ``auto`` (the profiles module checks the name)."""
+    v = _env("LLMLAB_CPU").lower()
+    return None if v in ("", "auto") else v
+
+
+DOT4_CHOICES = ("0", "vnni", "avx2")
+
+
+def dot4() -> str | None:
+    """LLMLAB_DOT4: None (unset: the best the host runs), "0" (the generic kernels) or an instruction set."""
+    v = _env("LLMLAB_DOT4").lower()
+    if not v:
+        return None
+    if v not in DOT4_CHOICES:
+        raise ValueError(f"LLMLAB_DOT4: {v!r} is not one of {', '.join(DOT4_CHOICES)} (or unset)")
+    return v
+
+
+def debug() -> bool:
+    """LLMLAB_DEBUG: any non-empty value shows tracebacks on CLI errors."""
+    return bool(_env("LLMLAB_DEBUG"))
+
+
+def parallel_min_work() -> int:
+    """LLMLAB_PARALLEL_MIN_WORK: R * K * T multiply-adds of a quantized product below which it runs on one
+    thread (cplan scales it for other ops). On a quiet 2-core machine threading pays from about 262144
+    (matvecs per token: SmolLM2 12.2 -> 8.1 ms, Gemma 20.8 -> 15.5 ms; only the K/V projections stay
+    serial). Where the other core is busy (a shared machine), a threaded call can cost milliseconds waiting
+    for the second thread: 2097152 keeps every layer serial. Read when a kernel is bound (a plan build),
+    never per call."""
+    return _env_int("LLMLAB_PARALLEL_MIN_WORK", 1 << 18, 0)
+
+
+# ---------------------------------------------------------------- threads: one policy
+
+def _physical_cores(cpus: list[int] | None = None) -> int | None:
+    """Cores, not hardware threads: the distinct ``thread_siblings`` masks of the (given) online CPUs, as
+    llama.cpp's ``cpu_get_num_physical_cores`` counts them on Linux; None where sysfs does not say."""
+    root = Path("/sys/devices/system/cpu")
+    if cpus is None:
+        cpus = sorted(int(p.name[3:]) for p in root.glob("cpu[0-9]*"))
+    seen = set()
+    for c in cpus:
+        try:
+            seen.add((root / f"cpu{c}" / "topology" / "thread_siblings").read_text().strip())
+        except OSError:
+            continue
+    return len(seen) or None
+
+
+def _cpu_list(text: str) -> list[int]:
+    """'0-3,8,10-11' -> [0, 1, 2, 3, 8, 10, 11] (the kernel's cpulist format)."""
+    out = []
+    for part in text.strip().split(","):
+        if part:
+            lo, _, hi = part.partition("-")
+            out.extend(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def _performance_cpus() -> list[int] | None:
+    """On a hybrid x86 CPU (Intel's P- and E-cores), the CPUs of the performance cores; else None. Linux
+    lists them in /sys/devices/cpu_core/cpus (and the efficiency cores in cpu_atom) only on hybrid parts."""
+    try:
+        return _cpu_list(Path("/sys/devices/cpu_core/cpus").read_text()) or None
+    except (OSError, ValueError):
+        return None
+
+
+def default_threads() -> int:
+    """llama.cpp's default thread count, ``cpu_get_num_math()``: the physical cores (hardware threads do not
+    help linear algebra), and on a hybrid x86 CPU only the performance cores (efficiency cores hold back
+    threads that meet at every barrier). Without sysfs, llama.cpp's fallback: the logical CPUs, halved
+    above 4. Capped by numba's thread pool (NUMBA_NUM_THREADS), which llmlab's kernels run on."""
+    import numba
+    n = None
+    perf = _performance_cpus()
+    if perf:
+        n = _physical_cores(perf)
+    if n is None:
+        n = _physical_cores()
+    if n is None:
+        logical = os.cpu_count() or 4
+        n = logical if logical <= 4 else logical // 2
+    return max(1, min(n, numba.config.NUMBA_NUM_THREADS))
+
+
+def threads(asked: int | None = None) -> tuple[int, str]:
+    """The thread count wanted for the fast kernels and why: ``asked`` (a positive integer), else
+    LLMLAB_THREADS, else :func:`default_threads`. ``fast.set_threads`` caps it by numba's pool."""
+    if asked is not None:
+        try:
+            n = operator.index(asked)
+        except TypeError:
+            n = 0
+        if n < 1 or isinstance(asked, bool):
+            raise ValueError(f"threads must be a positive integer, not {asked!r}")
+        return n, "as asked"
+    n = _env_int("LLMLAB_THREADS", 0, 1)
+    if n:
+        return n, "LLMLAB_THREADS"
+    return default_threads(), "physical cores"

@@ -1,0 +1,13 @@
+"""llama-cpp-python, imported on first use: llmlab imports without it."""
+from __future__ import annotations
+
+from .. import LLMLabError
+
+
+def llama_cpp():
+    """The ``llama_cpp`` module, or a clear error saying how to install it."""
+    try:
+        import llama_cpp
+    except ImportError as e:
+        raise LLMLabError("this needs llama-cpp-python (pip install llama-cpp-python==0.3.36)") from e
+    return llama_cpp
