@@ -56,3 +56,16 @@ def test_batch_steps_start_from_the_token_steps_choice():
 def test_one_thread_has_nothing_to_choose():
     g = Governor(1)
     assert run(g, lambda i: {1: 0.01}, 20) == [1] * 20
+
+
+def test_context_steps_go_through_the_shared_governor(smollm2_path):
+    from llmlab.ggml.cpu import threadpool
+    from llmlab.ggml.cpu.fast import threads
+    from llmlab.llama import Batch, Context, Model
+    ctx = Context(Model(smollm2_path), n_ctx=256)
+    ctx.decode(Batch.from_tokens([1, 2, 3]))
+    for i in range(6):
+        ctx.decode(Batch.from_tokens([4], pos0=3 + i))
+    g = threadpool.governor(threads())
+    assert ctx.threadpool is g
+    assert sum(len(t) for (kind, _), t in g.times.items() if kind == "token") >= 5   # the first step is not counted

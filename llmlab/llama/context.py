@@ -14,11 +14,15 @@ over the same bytes and writes new rows with SET_ROWS, as llama.cpp does.
 """
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from .batch import Batch, BatchAllocator, UBatch
 from .arch import get_builder
 from ..ggml.cpu import profiles
+from ..ggml.cpu.fast import threads as fast_threads
+from ..ggml.cpu.threadpool import Governor, governor
 from ..ggml.sched.backend import CPUBackend
 from .graph import KVView
 from ..ggml.tensor import Tensor
@@ -70,6 +74,7 @@ class Context:
         # without a scheduler the graphs run on this CPU backend, on its kernel set ("fast": numba, "reference":
         # NumPy), each graph's plan kept while the graph is reused
         self.backend = CPUBackend(cpu=self.cpu, kernels=kernels)
+        self.threadpool: Governor | None = None    # the thread count of each step (made on first use)
 
     # ---- one micro-batch: place it, build its graph, fill the inputs
     def _graph(self, ub: UBatch, placement):
@@ -129,14 +134,32 @@ class Context:
             if self.sched is not None:
                 got = self.sched.compute(g, capture=capture, replace=replace, callback=callback)
             else:
-                got = self.backend.graph_compute(g.gf, capture=capture, replace=replace, callback=callback,
-                                                 dispatch=dispatch)
+                got = self._compute(g.gf, ub.n_tokens, capture=capture, replace=replace, callback=callback,
+                                    dispatch=dispatch)
             self.captured.update(got)
             out_ids = np.flatnonzero(ub.output)
             rows.append(g.t_logits.numpy().reshape(len(out_ids), -1))
             order.append(ub.batch_idxs[out_ids])
         logits = np.concatenate(rows, 0)
         return logits[np.argsort(np.concatenate(order), kind="stable")]
+
+    def _compute(self, gf, n_tokens: int, **hooks) -> dict:
+        """llama_graph_compute: set the CPU backend's thread count for this step, then run the graph.
+        llama.cpp takes n_threads for one token and n_threads_batch for more; llmlab's governor
+        (``llmlab.ggml.cpu.threadpool``) chooses among all threads, half and one from the measured step
+        times, so that on a busy machine a step does not wait in every parallel region for a thread the
+        OS has not scheduled. The bits do not depend on the count."""
+        n_max = fast_threads()
+        self.threadpool = governor(n_max)
+        kind = "token" if n_tokens == 1 else "batch"
+        n = self.threadpool.choose(kind)
+        self.backend.set_n_threads(n)
+        t0 = time.perf_counter()
+        try:
+            return self.backend.graph_compute(gf, **hooks)
+        finally:
+            self.threadpool.record(kind, n, time.perf_counter() - t0)
+            self.backend.set_n_threads(n_max)
 
     @property
     def kernels(self) -> str:

@@ -11,7 +11,8 @@ llmlab's results never depend on the thread count (each output row is summed by 
 fixed order), so the count may change between any two steps. :class:`Governor` times each step with
 the count it chose and now and then tries another count once; it keeps the count whose recent steps
 were fastest. Steps are timed per kind (one token, or a batch), because a batch has more work per
-region than one token; a kind with no timings yet follows the one-token steps' choice.
+region than one token; a kind with no timings yet follows the one-token steps' choice. How busy the
+machine is belongs to the process, not to one context: :func:`governor` gives every context the same one.
 """
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ class Governor:
     cache, for compiling the kernels."""
 
     def __init__(self, n_max: int):
+        self.n_max = n_max
         self.counts = candidates(n_max)
         self.times: dict[tuple[str, int], deque] = {}
         self.current: dict[str, int] = {}
@@ -51,9 +53,12 @@ class Governor:
         """The count for the next step of this kind ("token": one token per step; "batch": more)."""
         if len(self.counts) == 1:
             return self.counts[0]
-        if kind not in self.current:            # a new kind starts where the one-token steps are
+        if kind not in self.current:
             self.current[kind] = self.current.get("token", self.counts[0])
             self.wait[kind], self.since[kind] = PROBE_MIN, 0
+        if kind != "token" and not any((kind, n) in self.times for n in self.counts):
+            self.current[kind] = self.current.get("token", self.counts[0])   # no timings yet: the one-token choice
+            return self.current[kind]
         self.since[kind] += 1
         untried = [n for n in self.counts if (kind, n) not in self.times]
         if kind == "token" and untried and self.seen.get(kind, 0) >= 1:
@@ -85,3 +90,13 @@ class Governor:
             rest = [e for c, e in est.items() if c != best]
             clear = len(rest) == len(self.counts) - 1 and min(rest) > CLEAR * est[best]
             self.wait[kind] = min(PROBE_MAX, 2 * self.wait[kind]) if clear else PROBE_MIN
+
+
+_SHARED: list[Governor] = []
+
+
+def governor(n_max: int) -> Governor:
+    """The process's governor for up to ``n_max`` threads (a new one when the maximum changes)."""
+    if not _SHARED or _SHARED[0].n_max != n_max:
+        _SHARED[:] = [Governor(n_max)]
+    return _SHARED[0]

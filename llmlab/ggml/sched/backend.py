@@ -20,6 +20,7 @@ from ..cgraph import CGraph
 from ..cpu.cplan import CPlan, graph_plan
 from ..cpu.executor import compute, run_nodes
 from ..cpu.ops import COMPUTE
+from ..cpu.fast import use_threads
 from ..cpu.traits import ExtraBufferType
 from ..ops import VIEW_OPS
 from ..tensor import Tensor
@@ -85,6 +86,12 @@ class CPUBackend(Backend):
             return self.plan(graph).compute(capture, replace, callback)
         first = self.dispatch if dispatch is None else (lambda node: self.dispatch(node) or dispatch(node))
         return compute(graph, capture, replace, callback, first, self.cpu)
+
+    def set_n_threads(self, n: int) -> None:
+        """ggml_backend_cpu_set_n_threads: the threads the next graph runs on (the fast kernels' numba
+        threads; the reference ops are NumPy's)."""
+        self.n_threads = n
+        use_threads(n)
 
     def register_extra(self, plugin: ExtraBufferType) -> None:
         self.extra.append(plugin)

@@ -12,7 +12,8 @@ Modules: ``quantize`` (q8_0, q8_1, q8_K activation quantizers), ``q32`` (q4_0, q
 cache; entry point :func:`mul_mat_quantized`), ``vec`` (f16 dot products and tinyBLAS, expf, SwiGLU,
 softmax), ``ops`` (RMS norm, RoPE). ``llmlab.ggml.cpu.cplan`` binds them to a graph's nodes.
 """
-from ._common import set_threads, thread_count
+from ._common import set_threads, thread_count, threads, use_threads
 from .dispatch import bind, clear_cache, mul_mat_quantized, packed_nbytes, path_of, supports
 
-__all__ = ["mul_mat_quantized", "bind", "path_of", "supports", "packed_nbytes", "clear_cache", "set_threads", "thread_count"]
+__all__ = ["mul_mat_quantized", "bind", "path_of", "supports", "packed_nbytes", "clear_cache",
+           "set_threads", "thread_count", "threads", "use_threads"]

@@ -101,6 +101,13 @@ def set_threads(n: int | None = None) -> int:
     return n
 
 
+def use_threads(n: int) -> None:
+    """Run the next kernels on ``n`` threads (at most the count set_threads set), leaving the kernels' choice
+    of a threaded or serial twin as it is: a step's count, as ggml_backend_cpu_set_n_threads sets it per
+    graph (llmlab.ggml.cpu.threadpool chooses it)."""
+    numba.set_num_threads(max(1, min(int(n), threads())))
+
+
 def threads() -> int:
     """The count set_threads last set, without numba.get_num_threads' lock (2-3 us, paid per kernel
     call it was). Only the choice between a threaded and a serial call reads it; results do not
