@@ -69,6 +69,7 @@ DEMO_PROMPT ?= <|im_start|>user\nWhat is the capital of France? Answer in one se
 # the main job: text generation on the default model, llama.cpp-exact and token by token
 demo: setup
 	$(PY) -m llmlab fetch $(MODEL)
+	$(PY) -m llmlab warm -m $(MODEL)
 	$(PY) -m llmlab generate -m $(MODEL) -n 32 --temp 0 -p "$$(printf '$(DEMO_PROMPT)')"
 
 # ruff (pyproject.toml's [tool.ruff]): pycodestyle, pyflakes and bugbear over the code, tests, tools, benchmarks
@@ -154,6 +155,7 @@ bench: setup-dev
 
 # JupyterLab on the course; as root (containers, cloud workshop machines) it needs --allow-root
 lab: setup
+	$(PY) -m llmlab warm -m smollm2 -m gemma3
 	$(VENV)/bin/jupyter lab $(if $(IS_ROOT),--allow-root) $(LAB_ARGS) notebooks/
 
 # take each notebook's cells from its source (notebooks/src/NN_name.py), run it top to bottom in order

@@ -42,11 +42,13 @@ def run(args) -> int:
     tok = Tokenizer.from_model(path)
     template = ChatTemplate.from_model(path, tok)
     template.apply([{"role": "user", "content": "test"}])   # a broken or hostile template stops here
-    ctx, cpu = load_context(args, path, 2048 if args.n_ctx is None else args.n_ctx)
+    ctx, cpu, warmup = load_context(args, path, 2048 if args.n_ctx is None else args.n_ctx)
     chat = ChatSession(ctx, tok, template, sampler, system=args.system)
     kind = f"llama.cpp's built-in {template.source!r}" if template.builtin else "the model's Jinja template"
     print(f"chat with {path.name} ({kind}, n_ctx {ctx.n_ctx}, cpu {cpu}); /exit or Ctrl-D to quit, "
           f"/clear to start over, Ctrl-C stops a reply", file=sys.stderr)
+    if warmup is not None:
+        print(warmup.summary(), file=sys.stderr)
     tty = sys.stdin.isatty()
     turn = 0
     while True:

@@ -46,9 +46,12 @@ def sampling_params(args):
 
 
 def load_context(args, path, n_ctx: int):
-    """(Context, the CPU profile's name) for the options: threads, profile and kernel set go to the engine."""
+    """(Context, the CPU profile's name, the kernels' warm-up) for the options: threads, profile and kernel
+    set go to the engine. The fast kernels are compiled or loaded here (``llmlab.warm``), so the speeds
+    printed later are the engine's and the compile time is said apart."""
     from ..ggml.cpu.fast import set_threads
     from ..llama import Context, Model
+    from ..warm import warm
     set_threads(args.threads)
     cpu = resolve_cpu(args)
     model = Model(path, cpu=cpu)
@@ -56,7 +59,7 @@ def load_context(args, path, n_ctx: int):
         raise LLMLabError(f"a context of {n_ctx} tokens is outside 1..{model.hparams.n_ctx_train} (the model's "
                           f"context_length); lower -n or --n-ctx")
     ctx = Context(model, n_ctx=n_ctx, n_batch=n_ctx, flash_attn=flash_attn(args), kernels=args.kernels, cpu=cpu)
-    return ctx, cpu.name
+    return ctx, cpu.name, warm(model, cpu) if args.kernels == "fast" else None
 
 
 def register(sub) -> None:
@@ -85,7 +88,7 @@ def run(args) -> int:
         raise LLMLabError("the prompt produced no tokens")
     n_ctx = args.n_ctx if args.n_ctx is not None else (
         4096 if args.n_predict < 0 else len(ids) + max(args.n_predict - 1, 0))
-    ctx, cpu = load_context(args, path, n_ctx)
+    ctx, cpu, warmup = load_context(args, path, n_ctx)
     out = Generation()
     if not args.json:
         sys.stdout.write(args.prompt)
@@ -102,5 +105,7 @@ def run(args) -> int:
     else:
         sys.stdout.write("\n")
     if not args.no_timings:
+        if warmup is not None:
+            print(warmup.summary(), file=sys.stderr)
         print(f"{t.summary()}; stop: {out.stop_reason}; cpu: {cpu}", file=sys.stderr)
     return 0

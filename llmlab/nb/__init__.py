@@ -18,7 +18,6 @@ import platform
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from .. import config
@@ -134,20 +133,14 @@ def _child_env() -> dict:
 
 
 def warm_kernels(model: str = "smollm2") -> float:
-    """Run the engine once on a short and a long batch and one decode step, so that every compiled
-    kernel is loaded (or compiled, the very first time) before the lesson needs it: small products run
-    serial kernels, large ones their threaded twins, and each is a kernel of its own. One line of output."""
+    """Compile (the very first time) or load every kernel the model's generation takes, before the
+    lesson needs it (``llmlab.warm``). One line of output; returns the seconds it took."""
     from .. import models
-    from ..llama import Batch, Context, Model
-    t0 = time.perf_counter()
-    m = Model(models.resolve(model))
-    ctx = Context(m, n_ctx=160, n_batch=128)
-    ctx.decode(Batch.from_tokens([1, 2], logits="last"))
-    ctx.decode(Batch.from_tokens(list(range(3, 131)), pos0=2, logits="last"))
-    ctx.decode(Batch.from_tokens([3], pos0=130, logits="last"))
-    dt = time.perf_counter() - t0
-    print(f"kernels: warm ({dt:.1f} s; the first run on a new machine compiles them, later runs load numba's cache)")
-    return dt
+    from ..llama import Model
+    from ..warm import warm
+    w = warm(Model(models.resolve(model)))
+    print(w.summary())
+    return w.seconds
 
 
 # ---------------------------------------------------------------- versions and the oracle

@@ -100,3 +100,8 @@ def governor(n_max: int) -> Governor:
     if not _SHARED or _SHARED[0].n_max != n_max:
         _SHARED[:] = [Governor(n_max)]
     return _SHARED[0]
+
+
+def forget() -> None:
+    """Drop the process's governor and its timings (after a warm-up, whose steps time the compiler)."""
+    _SHARED.clear()
