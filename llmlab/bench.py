@@ -15,6 +15,7 @@ import resource
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -139,6 +140,33 @@ def plot_speeds(sides: dict, title: str = "", ax=None):
     return ax
 
 
+def cpu_model() -> str:
+    """The CPU's name as the OS gives it (speed ratios differ by vendor: say which CPU a figure comes from)."""
+    import platform
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+@contextmanager
+def busy(n: int):
+    """``n`` processes that keep a core busy each, for as long as the block runs: a learner's laptop is
+    never quiet (a browser, a second notebook). Both engines are measured beside the same load."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    try:
+        time.sleep(0.2 if n else 0)
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.wait()
+
+
 def first_token_s(model: str, threads: int, cold: bool = False) -> float:
     """Seconds from starting ``python -m llmlab generate -n 1`` to its exit: interpreter, imports, load,
     kernels (from numba's cache, or compiled from scratch with ``cold``), prefill and one token."""
@@ -162,6 +190,8 @@ class BenchResult:
     threads: int
     cpu: str
     kernels: str
+    cpu_model: str
+    load: int                   # busy processes beside both engines while they were measured
     prompt_tokens: int
     gen_tokens: int
     prefill_tokens_per_s: float

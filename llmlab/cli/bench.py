@@ -19,6 +19,8 @@ def register(sub) -> None:
     p.add_argument("--vs-llama-cpp", action="store_true", help="measure llama.cpp (llama-cpp-python) in the same run")
     p.add_argument("--first-token", action="store_true",
                    help="also time a whole `generate -n 1` process, warm and cold numba cache")
+    p.add_argument("--load", type=parse_int, default=0, metavar="N",
+                   help="keep N other processes busy (one core each) while both engines are measured (default 0)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     add_cpu_argument(p)
     p.set_defaults(func=run)
@@ -32,6 +34,8 @@ def run(args) -> int:
 
     if args.prompt_tokens < 10 or args.gen_tokens < 0:
         raise ValueError("--prompt-tokens must be at least 10 and --gen-tokens at least 0")
+    if not 0 <= args.load <= 64:
+        raise ValueError("--load must be between 0 and 64 busy processes")
     threads = set_threads(args.threads)
     path = models.resolve(args.model)
     model = Model(path)
@@ -40,10 +44,12 @@ def run(args) -> int:
         raise ValueError(f"{len(ids)} + {args.gen_tokens} tokens exceed the model's context ({model.hparams.n_ctx_train})")
     prof = resolve_cpu(args)
     cpu = prof.name
-    me = bench.run_llmlab(path, ids, args.gen_tokens, threads, cpu=prof, kernels=args.kernels)
+    with bench.busy(args.load):
+        me = bench.run_llmlab(path, ids, args.gen_tokens, threads, cpu=prof, kernels=args.kernels)
     wb = bench.weight_bytes(model)
     res = bench.BenchResult(
-        model=args.model, threads=threads, cpu=cpu, kernels=args.kernels, prompt_tokens=len(ids),
+        model=args.model, threads=threads, cpu=cpu, kernels=args.kernels, cpu_model=bench.cpu_model(), load=args.load,
+        prompt_tokens=len(ids),
         gen_tokens=args.gen_tokens, prefill_tokens_per_s=me.prefill_tokens_per_s,
         decode_tokens_per_s=me.decode_tokens_per_s, decode_gb_per_s=wb * me.decode_tokens_per_s / 1e9,
         weight_mb=wb / 2**20, peak_rss_mb=me.peak_rss_mb)
@@ -51,7 +57,8 @@ def run(args) -> int:
         res.first_token_s = bench.first_token_s(args.model, threads)
         res.first_token_cold_s = bench.first_token_s(args.model, threads, cold=True)
     if args.vs_llama_cpp:
-        ll = bench.run_llama_cpp(path, ids, args.gen_tokens, threads)
+        with bench.busy(args.load):
+            ll = bench.run_llama_cpp(path, ids, args.gen_tokens, threads)
         res.llama_cpp = {"prefill_tokens_per_s": ll.prefill_tokens_per_s, "decode_tokens_per_s": ll.decode_tokens_per_s,
                          "decode_gb_per_s": wb * ll.decode_tokens_per_s / 1e9, "peak_rss_mb": ll.peak_rss_mb,
                          "load_s": ll.load_s}
@@ -73,8 +80,9 @@ def _print(r, out) -> None:
         ll = r.llama_cpp
         rows.append(("llama.cpp", ll["prefill_tokens_per_s"], ll["decode_tokens_per_s"], ll["decode_gb_per_s"],
                      ll["peak_rss_mb"]))
-    print(f"model {r.model}, {r.threads} threads, cpu {r.cpu}, kernels {r.kernels}; "
-          f"pp{r.prompt_tokens} then tg{r.gen_tokens}; {r.weight_mb:.1f} MiB of weights per token", file=out)
+    print(f"model {r.model}, {r.threads} threads, cpu {r.cpu} ({r.cpu_model}), kernels {r.kernels}; "
+          f"pp{r.prompt_tokens} then tg{r.gen_tokens}; {r.weight_mb:.1f} MiB of weights per token"
+          + (f"; beside {r.load} busy process{'es' if r.load > 1 else ''}" if r.load else "; no added load"), file=out)
     print(f"{'engine':<10} {'pp tok/s':>10} {'tg tok/s':>10} {'tg GB/s':>8} {'peak RSS MB':>12}", file=out)
     for name, pp, tg, gbs, rss in rows:
         print(f"{name:<10} {pp:10.1f} {tg:10.2f} {gbs:8.2f} {rss:12.0f}", file=out)
