@@ -44,3 +44,67 @@ def test_progress_bar_ends_its_line_when_interrupted():
         with Progress(100, "x", stream=quiet):
             raise KeyboardInterrupt            # nothing drawn: nothing written
     assert quiet.getvalue() == ""
+
+
+# ---- a batch that cannot run leaves the KV cache as it was ----------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    from llmlab.llama.model import Model
+    from llmlab.llama.tiny import write_tiny
+    return Model(write_tiny(tmp_path_factory.mktemp("tiny") / "tiny.gguf", n_layer=2, seed=5))
+
+
+def same(a, b) -> bool:
+    import numpy as np
+    return a.shape == b.shape and np.array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+@pytest.mark.parametrize("kernels", ["fast", "reference"])
+def test_a_batch_without_outputs_fills_the_cache_and_returns_no_logits(tiny_model, kernels):
+    """``logits="none"`` (and micro-batches of a longer batch that hold no output): the K/V are written
+    as with outputs, so the next token's logits are the same bits either way."""
+    from llmlab.llama.batch import Batch
+    from llmlab.llama.context import Context
+    ids = list(range(1, 11))
+    a = Context(tiny_model, n_ctx=256, kernels=kernels)
+    a.decode(Batch.from_tokens(ids, logits="last"))
+    ref = a.decode(Batch.from_tokens([11], pos0=len(ids)))
+    c = Context(tiny_model, n_ctx=256, kernels=kernels)
+    assert c.decode(Batch.from_tokens(ids, logits="none")).shape == (0, tiny_model.hparams.n_vocab)
+    assert c.kv.seq_pos_max(0) == len(ids) - 1
+    assert same(c.decode(Batch.from_tokens([11], pos0=len(ids))), ref)
+    b = Context(tiny_model, n_ctx=256, kernels=kernels)           # three micro-batches, only the last has an output
+    for lo, hi in ((0, 4), (4, 8)):
+        b.decode(Batch.from_tokens(ids[lo:hi], pos0=lo, logits="last"))
+    ref = b.decode(Batch.from_tokens(ids[8:], pos0=8))
+    d = Context(tiny_model, n_ctx=256, n_ubatch=4, kernels=kernels)
+    assert same(d.decode(Batch.from_tokens(ids)), ref)
+
+
+def test_a_decode_that_fails_midway_restores_the_cache(tiny_model, monkeypatch):
+    from llmlab.llama.batch import Batch
+    from llmlab.llama.context import Context
+    ids = list(range(1, 9))
+    c = Context(tiny_model, n_ctx=256, n_ubatch=4)
+    c.decode(Batch.from_tokens(ids[:4]))
+    before = c.kv.state()
+    ref = Context(tiny_model, n_ctx=256, n_ubatch=4)
+    ref.decode(Batch.from_tokens(ids[:4]))
+    want = ref.decode(Batch.from_tokens(ids[4:], pos0=4))
+    calls = []
+    real = Context._graph
+
+    def failing(self, ub, placement):
+        calls.append(ub)
+        if len(calls) == 2:
+            raise RuntimeError("the second micro-batch fails")
+        return real(self, ub, placement)
+    monkeypatch.setattr(Context, "_graph", failing)
+    with pytest.raises(RuntimeError, match="second micro-batch"):
+        c.decode(Batch.from_tokens(ids[4:] + [9, 10], pos0=4))
+    monkeypatch.undo()
+    after = c.kv.state()
+    import numpy as np
+    assert all(np.array_equal(x, y) for x, y in zip(before, after))
+    assert same(c.decode(Batch.from_tokens(ids[4:], pos0=4)), want)

@@ -125,9 +125,22 @@ class Context:
             raise ValueError("decode: dispatch replaces kernels on the plain path; this context runs a scheduler")
         ubs = self._ubatches(batch)
         slots = self.kv.prepare(ubs)                # raises ContextFullError and leaves the cache as it was
+        state = self.kv.state()
+        try:
+            return self._decode(ubs, slots, capture, replace, callback, dispatch)
+        except BaseException:                       # as llama_decode: a failed batch leaves the cache as it was
+            self.kv.restore(state)
+            self._reuse = None
+            raise
+
+    def _decode(self, ubs, slots, capture, replace, callback, dispatch) -> np.ndarray:
         self.captured = {}
         rows, order = [], []
         for ub, slot in zip(ubs, slots):
+            wanted = ub.output.any()
+            if not wanted:      # a micro-batch without outputs: its last row is computed and dropped (the K/V
+                ub.output = np.zeros_like(ub.output)   # of every row are the same bits whichever rows are output)
+                ub.output[-1] = True
             g = self._graph(ub, slot)
             self.last_graph = g
             if self.sched is not None:
@@ -138,9 +151,13 @@ class Context:
                 got = compute_graph(g.gf, capture=capture, replace=replace, callback=callback, dispatch=dispatch,
                                     cpu=self.cpu)
             self.captured.update(got)
+            if not wanted:
+                continue
             out_ids = np.flatnonzero(ub.output)
             rows.append(g.t_logits.numpy().reshape(len(out_ids), -1))
             order.append(ub.batch_idxs[out_ids])
+        if not rows:
+            return np.zeros((0, self.model.hparams.n_vocab), np.float32)
         logits = np.concatenate(rows, 0)
         return logits[np.argsort(np.concatenate(order), kind="stable")]
 
