@@ -108,3 +108,25 @@ def test_a_decode_that_fails_midway_restores_the_cache(tiny_model, monkeypatch):
     import numpy as np
     assert all(np.array_equal(x, y) for x, y in zip(before, after))
     assert same(c.decode(Batch.from_tokens(ids[4:], pos0=4)), want)
+
+
+# ---- library misuse: one clear error ---------------------------------------------------------------------------
+
+def test_library_misuse_ends_in_a_clear_error(tiny_model):
+    from llmlab.llama.batch import Batch, BatchError
+    from llmlab.llama.context import Context
+    from llmlab.llama.vocab import Tokenizer
+    tok = Tokenizer.from_model("smollm2")
+    for ids in ([True], [1.0], ["a"]):
+        with pytest.raises(LLMLabError, match="is not an integer"):
+            tok.detokenize(ids)
+    for bad in (1.5, "256", True):
+        with pytest.raises(ValueError, match="n_ctx must be an integer"):
+            Context(tiny_model, n_ctx=bad)
+    c = Context(tiny_model, n_ctx=256)
+    for pos, message in ((2 ** 31, "past the largest position"), (2 ** 70, "out of range"), (1.0, "must be an integer")):
+        with pytest.raises(BatchError, match=message):
+            c.decode(Batch().add(1, pos, logits=True) if not isinstance(pos, float) else Batch([1], [pos], [(0,)], [True]))
+    with pytest.raises(BatchError, match="out of range"):
+        c.decode(Batch([2 ** 64], [0], [(0,)], [True]))
+    assert c.kv.seq_pos_max(0) == -1

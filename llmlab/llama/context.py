@@ -43,6 +43,9 @@ class Context:
     def __init__(self, model: Model, n_ctx: int = 512, n_batch: int = 512, n_ubatch: int = 512,
                  flash_attn: bool = False, type_k: str = "f16", type_v: str = "f16", n_seq_max: int = 1,
                  sched=None, graph_reuse: bool = True, kernels: str = "fast", cpu=None):
+        for name, v in (("n_ctx", n_ctx), ("n_batch", n_batch), ("n_ubatch", n_ubatch), ("n_seq_max", n_seq_max)):
+            if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+                raise ValueError(f"{name} must be an integer, not {v!r}")
         if n_ctx <= 0 or n_ubatch <= 0 or n_batch <= 0:
             raise ValueError("n_ctx, n_batch and n_ubatch must be positive")
         hp = model.hparams

@@ -97,9 +97,12 @@ class Vocab:
 
     def check_ids(self, ids) -> None:
         n = len(self.tokens)
-        bad = [i for i in ids if not (isinstance(i, (int, np.integer)) and 0 <= i < n)]
+        bad = [i for i in ids if not (isinstance(i, (int, np.integer)) and not isinstance(i, (bool, np.bool_))
+                                      and 0 <= i < n)]
         if bad:
-            raise LLMLabError(f"token id {bad[0]!r} is outside the vocabulary (0..{n - 1})")
+            what = "is not an integer" if not isinstance(bad[0], (int, np.integer)) or isinstance(bad[0], (bool, np.bool_)) \
+                else "is outside the vocabulary"
+            raise LLMLabError(f"token id {bad[0]!r} {what} (ids are integers 0..{n - 1})")
 
     @classmethod
     def from_gguf(cls, gguf) -> "Vocab":
