@@ -156,3 +156,18 @@ def remove_stale(directory, prefix: str, suffix: str = "", sep: str = ".") -> No
             else:
                 with contextlib.suppress(OSError):
                     p.unlink()
+
+
+def printable(text) -> str:
+    """``text`` with what a terminal would act on escaped (control and format characters, line and
+    paragraph separators: ESC, BEL, CR, U+202E ...) as ``\\xNN`` / ``\\uNNNN``: for strings from a file
+    (tensor and key names, template messages) printed as text, so a file cannot rewrite the screen."""
+    s = str(text)
+    if s.isprintable():
+        return s
+    return "".join(c if c.isprintable() or c == " " else _escape(c) for c in s)
+
+
+def _escape(c: str) -> str:
+    o = ord(c)
+    return f"\\x{o:02x}" if o < 0x100 else (f"\\u{o:04x}" if o < 0x10000 else f"\\U{o:08x}")

@@ -311,6 +311,7 @@ def test_chat_ctrl_c_stops_a_reply_or_ends_the_chat(tmp_path, where):
     finally:
         p.kill()
     assert p.returncode == (0 if where == "reply" else 130) and "Traceback" not in err
+    assert where == "reply" or err.strip().splitlines()[-1] == "interrupted"     # the CLI's Ctrl-C contract
 
 
 def test_recursion_stops_at_the_call_depth_bound_and_the_next_render_is_unharmed():
@@ -395,3 +396,18 @@ def _children_of(pid: int) -> list[int]:
             return [int(c) for c in f.read().split()]
     except OSError:
         return []
+
+
+def test_a_line_of_invalid_utf8_is_skipped_and_the_chat_goes_on(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "llmlab", "chat", "-m", str(tiny_chat_model(tmp_path)), "-n", "2",
+                        "--temp", "0"], input=b"caf\xe9 \xff\n" + b"hi\n/exit\n", capture_output=True, cwd=ROOT,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    err = r.stderr.decode()
+    assert r.returncode == 0 and "not valid UTF-8" in err and "[turn 1:" in err and "Traceback" not in err, err
+
+
+def test_control_characters_of_a_template_error_are_escaped(tmp_path):
+    r = run_cli("chat", "-m", str(tiny_chat_model(tmp_path, "{{ raise_exception('\x1b[2J\x07\x08\rALL CHECKS PASSED') }}")),
+                input="hi\n")
+    assert r.returncode == 2 and "\x1b" not in r.stderr and "\x07" not in r.stderr and "\r" not in r.stderr
+    assert r.stderr.strip().splitlines()[-1] == "error: chat template says: \\x1b[2J\\x07\\x08 ALL CHECKS PASSED"   # jinja reads CR as a newline

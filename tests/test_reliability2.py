@@ -130,3 +130,38 @@ def test_library_misuse_ends_in_a_clear_error(tiny_model):
     with pytest.raises(BatchError, match="out of range"):
         c.decode(Batch([2 ** 64], [0], [(0,)], [True]))
     assert c.kv.seq_pos_max(0) == -1
+
+
+# ---- the command line ------------------------------------------------------------------------------------------
+
+import os  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+CORPUS = ROOT / "tests" / "data" / "malformed"
+
+
+def cli(*args, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "llmlab", *map(str, args)], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "LLMLAB_DEBUG": ""}, timeout=timeout, **kw)
+
+
+CONTROL = [chr(c) for c in range(32) if chr(c) != "\n"] + ["\x7f", "\u202e"]
+
+
+def test_gguf_dump_escapes_names_that_would_drive_the_terminal():
+    path = CORPUS / "names_with_control_characters.gguf"
+    r = cli("gguf-dump", path)
+    assert r.returncode == 0 and not any(c in r.stdout for c in CONTROL), r.stdout
+    assert "general.\\x1b[2J\\x1b[H\\x0dALL CHECKS PASSED\\x07" in r.stdout
+    assert "blk.0.\\x1b[2J\\x0dALL CHECKS PASSED\\x07" in r.stdout
+    assert not any(line.startswith("ALL CHECKS") for line in r.stdout.splitlines())
+    r = cli("logits", "-m", path, "-p", "hello")
+    assert r.returncode == 2 and not any(c in r.stderr for c in CONTROL) and len(r.stderr.splitlines()) == 1
+
+
+def test_diff_llama_cpp_refuses_a_prompt_the_vocabulary_cannot_hold():
+    pytest.importorskip("llama_cpp", reason="diff-llama-cpp needs llama-cpp-python")
+    r = cli("diff-llama-cpp", "-m", CORPUS / "base.gguf", "-p", "\n")
+    assert r.returncode == 2 and r.stderr.splitlines() == [
+        "error: cannot tokenize '\\n': the vocabulary has no token for its byte 0x0A (neither '<0x0A>' nor the character itself)"]

@@ -118,7 +118,9 @@ def _run(argv, cli: bool) -> int:
 
 
 def _one_line(msg) -> str:
-    return " ".join(str(msg).split("\n")).strip() or "(no message)"
+    """One line, with what a terminal would act on (ESC, BEL, CR from a file's strings) escaped."""
+    from ..safeio import printable
+    return printable(" ".join(str(msg).split("\n")).strip()) or "(no message)"
 
 
 def _debug(on: bool) -> None:
