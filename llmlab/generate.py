@@ -205,8 +205,12 @@ class ChatSession:
     def send(self, user: str, n_predict: int = -1, stop=()) -> Iterator[tuple[int, str]]:
         """Add a user message and stream the reply as ``generate`` does; the reply joins the
         conversation even when the loop is stopped early (Ctrl-C, ``close()``)."""
+        from .llama.validate import check_text_fits
         messages = self.messages + [{"role": "user", "content": user}]
-        keep, new = self._reuse(self.template.apply(messages, add_generation_prompt=True))
+        check_text_fits(self.tokenizer, user, self.ctx.n_ctx, "the message")       # before any work on it
+        text = self.template.apply(messages, add_generation_prompt=True)
+        check_text_fits(self.tokenizer, text, self.ctx.n_ctx, "the conversation")  # it all lives in the context
+        keep, new = self._reuse(text)
         have = self.cached + self.pending
         n_cached = min(keep, len(self.cached))
         if n_cached < len(self.cached):

@@ -165,3 +165,79 @@ def test_diff_llama_cpp_refuses_a_prompt_the_vocabulary_cannot_hold():
     r = cli("diff-llama-cpp", "-m", CORPUS / "base.gguf", "-p", "\n")
     assert r.returncode == 2 and r.stderr.splitlines() == [
         "error: cannot tokenize '\\n': the vocabulary has no token for its byte 0x0A (neither '<0x0A>' nor the character itself)"]
+
+
+# ---- work and memory bounded before the work -------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny_chat_path(tmp_path_factory):
+    from llmlab import models
+    from llmlab.llama.tiny import write_tiny
+    return write_tiny(tmp_path_factory.mktemp("tinychat") / "tiny.gguf", n_layer=1, seed=3,
+                      vocab_from=models.resolve("smollm2"))
+
+
+def test_logits_keeps_only_the_top_k_and_gives_the_bits_of_one_batch(tiny_chat_path):
+    """``logits`` decodes the prompt one micro-batch at a time and keeps each row's top K (memory bounded
+    by n_ubatch rows); the values are those of one batch of the whole prompt, cut by the context."""
+    import json
+    import numpy as np
+    from llmlab.llama import Batch, Context, Model
+    from llmlab.llama.vocab import Tokenizer
+    prompt = "the quick brown fox jumps over the lazy dog, " * 55           # > 512 tokens: two micro-batches
+    ids = Tokenizer.from_model(tiny_chat_path).tokenize(prompt, add_bos=True, special=True)
+    assert len(ids) > 512
+    r = cli("logits", "-m", tiny_chat_path, "-p", prompt, "--top", "3", "--json", timeout=300)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    ctx = Context(Model(tiny_chat_path), n_ctx=len(ids), n_batch=len(ids), n_ubatch=512)
+    logits = ctx.decode(Batch.from_tokens(ids, logits="all"))
+    got_ids = np.array(got["top_ids"])
+    assert got["ids"] == ids and got_ids.shape == (len(ids), 3)
+    assert np.array_equal(np.array(got["top_logits"], np.float32), np.take_along_axis(logits, got_ids, 1))
+    rows = [0, 1, 255, 511, 512, 513, len(ids) - 1]         # the whole sort only where it is cheap
+    assert got_ids[rows].tolist() == np.argsort(-logits[rows], axis=1, kind="stable")[:, :3].tolist()
+
+
+def test_top_k_is_the_stable_argsort_ties_included():
+    import numpy as np
+    from llmlab.cli.logits import top_k
+    rng = np.random.default_rng(0)
+    x = rng.integers(-3, 4, (64, 50)).astype(np.float32)         # many ties
+    x[0] = 0.0
+    x[1, ::2] = -0.0
+    for k in (1, 3, 7, 50):
+        assert np.array_equal(top_k(x, k), np.argsort(-x, axis=1, kind="stable")[:, :k]), k
+
+
+def test_texts_that_cannot_fit_the_context_are_refused_before_tokenizing(tiny_chat_path):
+    import time
+    from llmlab.llama.chat import ChatTemplateError, llama_chat_apply_template
+    from llmlab.llama.validate import check_text_fits
+    from llmlab.llama.vocab import Tokenizer
+    tok = Tokenizer.from_model(tiny_chat_path)
+    t0 = time.monotonic()
+    with pytest.raises(LLMLabError, match="cannot fit in 2,048 tokens"):
+        check_text_fits(tok, " " * 10_000_000, 2048)
+    check_text_fits(tok, " " * 2048, 2048)
+    with pytest.raises(ChatTemplateError, match="larger than"):
+        llama_chat_apply_template("gemma", [{"role": "user", "content": "a" * 10_000_000}])
+    assert time.monotonic() - t0 < 2
+    r = cli("generate", "-m", tiny_chat_path, "-p", " " * 120_000, "--n-ctx", "256", "-n", "1")
+    assert r.returncode == 2 and r.stderr.startswith("error: the prompt (120,000 characters) cannot fit in 256 tokens")
+
+
+def test_bench_refuses_a_prompt_past_the_context_before_building_it(tiny_chat_path):
+    r = cli("bench", "-m", tiny_chat_path, "--prompt-tokens", "4294967296", timeout=60)
+    assert r.returncode == 2 and "exceed the model's context" in r.stderr and len(r.stderr.splitlines()) == 1
+
+
+def test_the_vocabulary_size_is_checked_before_its_strings_are_read(monkeypatch):
+    from llmlab.ggml.gguf.reader import StringArray
+    from llmlab.llama.vocab import Tokenizer
+
+    def refuse(self):
+        raise AssertionError("the strings were decoded before the size check")
+    monkeypatch.setattr(StringArray, "tolist", refuse)
+    with pytest.raises(LLMLabError, match="the tokenizer has 35 tokens but token_embd.weight has 36 rows"):
+        Tokenizer.from_model(CORPUS / "vocab_smaller_than_embd.gguf")

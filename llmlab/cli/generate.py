@@ -78,6 +78,10 @@ def run(args) -> int:
     sampler = common_sampler_init(sampling_params(args))
     path = models.resolve(args.model)
     tok = Tokenizer.from_model(path)
+    from ..llama.validate import check_text_fits, context_length
+    limit = args.n_ctx if args.n_ctx is not None else context_length(path)
+    if limit:                  # before tokenizing: the work is bounded by the context, not by the prompt
+        check_text_fits(tok, args.prompt, limit)
     ids = tok.tokenize(args.prompt, add_bos=True, special=True)
     if not ids:
         raise LLMLabError("the prompt produced no tokens")

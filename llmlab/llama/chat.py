@@ -126,7 +126,12 @@ def llama_chat_apply_template(tmpl: str | None, chat: list[dict], add_ass: bool 
     if family not in BUILTINS:
         raise ChatTemplateError(f"llama.cpp's built-in format {family or 'for this template'!r} is not rebuilt here "
                                 f"(rebuilt: {', '.join(BUILTINS)}); render the template with Jinja instead")
-    return BUILTINS[family](_messages(chat), add_ass)
+    messages = _messages(chat)
+    size = sum(len(m["role"]) + len(m["content"]) for m in messages)
+    if size > MAX_OUTPUT:          # the same bound as a Jinja template's output
+        raise ChatTemplateError(f"the conversation ({size:,} characters) is larger than the {MAX_OUTPUT:,} "
+                                f"a chat template may produce")
+    return BUILTINS[family](messages, add_ass)
 
 
 def _messages(chat) -> list[dict]:

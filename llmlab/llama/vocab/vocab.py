@@ -104,6 +104,14 @@ class Vocab:
                 else "is outside the vocabulary"
             raise LLMLabError(f"token id {bad[0]!r} {what} (ids are integers 0..{n - 1})")
 
+    @property
+    def max_token_chars(self) -> int:
+        """The most characters of text one token can stand for (its text's length bounds it: a BPE
+        token's byte characters, a SentencePiece piece's characters, a byte token's 6)."""
+        if getattr(self, "_max_chars", None) is None:
+            self._max_chars = max((len(t) for t in self.tokens), default=1) or 1
+        return self._max_chars
+
     @classmethod
     def from_gguf(cls, gguf) -> "Vocab":
         """Read ``tokenizer.ggml.*`` from an open ``llmlab.ggml.gguf.GGUFFile``."""
@@ -118,8 +126,12 @@ class Vocab:
                               f"supported: {', '.join(_MODEL_DEFAULTS)}")
         if get("tokens") is None:
             raise LLMLabError(f"{gguf.path.name}: no tokenizer.ggml.tokens")
+        n = len(get("tokens"))
+        emb = next((t for t in gguf.tensors if t.name == "token_embd.weight"), None)
+        if emb is not None and len(emb.shape) >= 2 and emb.shape[1] != n:   # before the strings are decoded
+            raise LLMLabError(f"{gguf.path.name}: the tokenizer has {n} tokens but token_embd.weight has "
+                              f"{emb.shape[1]} rows")
         tokens = get("tokens").tolist()
-        n = len(tokens)
         token_to_id = dict(zip(tokens, range(n)))
         if "" in token_to_id:   # llama.cpp names empty tokens [EMPTY_i]
             tokens = [t or f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
