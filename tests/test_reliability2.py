@@ -241,3 +241,51 @@ def test_the_vocabulary_size_is_checked_before_its_strings_are_read(monkeypatch)
     monkeypatch.setattr(StringArray, "tolist", refuse)
     with pytest.raises(LLMLabError, match="the tokenizer has 35 tokens but token_embd.weight has 36 rows"):
         Tokenizer.from_model(CORPUS / "vocab_smaller_than_embd.gguf")
+
+
+# ---- special-token partition: linear, and what splitting every fragment gives ---------------------------------
+
+def _fake_vocab(tokens):
+    import numpy as np
+    from types import SimpleNamespace
+    from llmlab.llama.vocab.vocab import Attr
+    return SimpleNamespace(tokens=list(tokens), attrs=np.full(len(tokens), int(Attr.CONTROL), np.int32))
+
+
+def _split_every_fragment(st, text, parse_special=True):
+    """The partition as llama.cpp's tokenizer_st_partition states it: each candidate splits every raw fragment."""
+    fragments = [text] if text else []
+    for token_text, token_id in st.present(text, parse_special):
+        out = []
+        for frag in fragments:
+            if isinstance(frag, int) or token_text not in frag:
+                out.append(frag)
+                continue
+            for k, piece in enumerate(frag.split(token_text)):
+                if k:
+                    out.append(token_id)
+                if piece:
+                    out.append(piece)
+        fragments = out
+    return fragments
+
+
+def test_partition_equals_splitting_every_fragment_with_overlapping_candidates():
+    import random
+    from llmlab.llama.vocab.special import SpecialTokens
+    st = SpecialTokens(_fake_vocab(["ab", "ba", "aba", "b", "bab", "aa", "<x>", "x"]))
+    rng = random.Random(7)
+    for _ in range(3000):
+        text = "".join(rng.choice("ab<x> ") for _ in range(rng.randint(0, 24)))
+        assert st.partition(text, True) == _split_every_fragment(st, text), text
+
+
+def test_partition_of_twenty_thousand_distinct_control_tokens_is_fast():
+    import time
+    from llmlab.llama.vocab.special import SpecialTokens
+    st = SpecialTokens(_fake_vocab([f"<c{i}>" for i in range(20000)]))
+    text = "".join(f"w<c{i}>" for i in range(20000))
+    t0 = time.monotonic()
+    got = st.partition(text, True)
+    assert time.monotonic() - t0 < 5
+    assert got == [x for i in range(20000) for x in ("w", i)]
