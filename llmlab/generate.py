@@ -80,8 +80,13 @@ def _split_stop(text: str, stops: Sequence[str]) -> tuple[str, str, bool]:
 def _decode(ctx, tokens: list[int], pos0: int) -> np.ndarray:
     """One batch at ``pos0``; if it is interrupted, the cache forgets the batch's positions.
     Non-finite logits are an error (a file whose weights lie), never a token."""
+    gguf = getattr(getattr(ctx, "model", None), "gguf", None)
     try:
+        if gguf is not None:      # the model file cut short or rewritten under the mapping: an error, not SIGBUS
+            gguf.check_unchanged()
         logits = ctx.decode(Batch.from_tokens(tokens, pos0=pos0, logits="last"))[-1]
+        if gguf is not None:
+            gguf.check_unchanged()
         check_finite(logits)
         return logits
     except BaseException:

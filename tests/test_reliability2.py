@@ -289,3 +289,58 @@ def test_partition_of_twenty_thousand_distinct_control_tokens_is_fast():
     got = st.partition(text, True)
     assert time.monotonic() - t0 < 5
     assert got == [x for i in range(20000) for x in ("w", i)]
+
+
+# ---- a model file cut short or rewritten while in use -----------------------------------------------------------
+
+def test_a_mapped_gguf_notices_it_was_truncated_or_rewritten(tmp_path):
+    import shutil
+    import time
+    from llmlab.ggml.gguf import GGUFFile
+    path = tmp_path / "m.gguf"
+    shutil.copy(CORPUS / "base.gguf", path)
+    f = GGUFFile(path)
+    f.check_unchanged()
+    time.sleep(0.01)
+    with open(path, "r+b") as fh:                       # the same size, other bytes
+        fh.seek(-8, 2)
+        fh.write(b"\0" * 8)
+    with pytest.raises(LLMLabError, match="modified while in use"):
+        f.check_unchanged()
+    os.truncate(path, 100)
+    with pytest.raises(LLMLabError, match="truncated to 100 bytes while in use"):
+        f.check_unchanged()
+    f.close()
+
+
+def test_sigbus_on_a_truncated_mapping_is_one_error_line_and_exit_2(tmp_path):
+    script = (f"import mmap, os\nfrom llmlab import sigbus\nassert sigbus.install()\n"
+              f"p = {str(tmp_path / 'f.bin')!r}\nopen(p, 'wb').write(b'x' * 65536)\n"
+              f"m = mmap.mmap(os.open(p, os.O_RDONLY), 0, access=mmap.ACCESS_READ)\nos.truncate(p, 0)\nprint(m[40000])\n")
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.splitlines() == ["error: a model file was truncated or rewritten while in use (SIGBUS reading its memory map)"]
+
+
+@pytest.mark.parametrize("change", ["truncate", "overwrite"])
+def test_generate_stops_with_one_error_line_when_its_model_file_changes(tiny_chat_path, tmp_path, change):
+    import shutil
+    path = tmp_path / "m.gguf"
+    shutil.copy(tiny_chat_path, path)
+    p = subprocess.Popen([sys.executable, "-m", "llmlab", "generate", "-m", str(path), "-p", "hello", "-n", "2000",
+                          "--n-ctx", "2048", "--temp", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        assert p.stdout.read(20)                          # it is generating
+        if change == "truncate":
+            os.truncate(path, path.stat().st_size // 2)
+        else:
+            with open(path, "r+b") as fh:
+                fh.seek(-4096, 2)
+                fh.write(b"\0" * 4096)
+        err = p.communicate(timeout=120)[1].decode()
+    finally:
+        p.kill()
+    assert p.returncode == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith("error: ") and ("while in use" in err), err

@@ -46,6 +46,8 @@ def load_context(args, path, n_ctx: int):
     """(Context, the CPU profile's name) for the options: threads, profile and kernel set go to the engine."""
     from ..ggml.cpu.fast import set_threads
     from ..llama import Context, Model
+    from .. import sigbus
+    sigbus.install()     # generate and chat run for long: a model file cut short under them is one error line
     if args.threads is not None and args.threads < 1:
         raise LLMLabError("--threads must be >= 1")
     set_threads(args.threads)
