@@ -141,9 +141,10 @@ ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "tests" / "data" / "malformed"
 
 
-def cli(*args, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
+def cli(*args, timeout: float = 120, env=None, **kw) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "llmlab", *map(str, args)], cwd=ROOT, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(ROOT), "LLMLAB_DEBUG": ""}, timeout=timeout, **kw)
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "LLMLAB_DEBUG": "", **(env or {})},
+                          timeout=timeout, **kw)
 
 
 CONTROL = [chr(c) for c in range(32) if chr(c) != "\n"] + ["\x7f", "\u202e"]
@@ -344,3 +345,33 @@ def test_generate_stops_with_one_error_line_when_its_model_file_changes(tiny_cha
         p.kill()
     assert p.returncode == 2 and len(err.splitlines()) == 1, err
     assert err.startswith("error: ") and ("while in use" in err), err
+
+
+# ---- poisoned weights: the fast and the reference kernels give the same error ----------------------------------
+
+@pytest.mark.parametrize("dot4", ["", "0"], ids=["dot4-if-host", "generic"])
+@pytest.mark.parametrize("wtype, value", [("q4_1", "-inf"), ("q4_1", "nan"), ("q4_k", "nan")])
+def test_a_poisoned_scale_is_the_same_error_on_both_kernel_sets(tmp_path, wtype, value, dot4):
+    """One block's float16 ``m`` (q4_1) or ``d`` (q4_K) set to -inf/NaN in an FFN weight: llmlab's fast path
+    quantized the poisoned activations of the next layer as zeros (all-zero logits, exit 0) where the
+    reference refused them; both kernel sets must give the same result, error or logits."""
+    import numpy as np
+    from llmlab import models
+    from llmlab.ggml.gguf import GGUFFile
+    from llmlab.llama.tiny import write_tiny
+    n_embd = 256 if wtype == "q4_k" else 64
+    path = write_tiny(tmp_path / "tiny.gguf", n_layer=2, n_embd=n_embd, n_ff=2 * n_embd, seed=4, wtype=wtype,
+                      vocab_from=models.resolve("smollm2"))
+    with GGUFFile(path) as f:
+        t = next(x for x in f.tensors if x.name == "blk.0.ffn_up.weight")
+        at = f.data_offset + t.offset + (2 if wtype == "q4_1" else 0)         # block 0: m (q4_1) or d (q4_K)
+    raw = bytearray(path.read_bytes())
+    raw[at:at + 2] = np.float16(float(value)).tobytes()
+    path.write_bytes(bytes(raw))
+    fast, ref = [cli("logits", "-m", path, "-p", "hello world", "--kernels", k, timeout=300, env={"LLMLAB_DOT4": dot4})
+                 for k in ("fast", "reference")]
+    assert (fast.returncode, fast.stdout, fast.stderr) == (ref.returncode, ref.stdout, ref.stderr)
+    if wtype == "q4_1":     # the NaN reaches the logits
+        assert ref.returncode == 2 and ref.stderr.startswith("error: the model produced non-finite logits"), ref.stderr
+    else:                   # q8_K's quantizer passes over NaN as ggml's C loop does (code 0): finite, on both paths
+        assert ref.returncode == 0, ref.stderr
