@@ -375,3 +375,12 @@ def test_a_poisoned_scale_is_the_same_error_on_both_kernel_sets(tmp_path, wtype,
         assert ref.returncode == 2 and ref.stderr.startswith("error: the model produced non-finite logits"), ref.stderr
     else:                   # q8_K's quantizer passes over NaN as ggml's C loop does (code 0): finite, on both paths
         assert ref.returncode == 0, ref.stderr
+
+
+def test_a_word_too_long_for_memory_is_refused_before_its_merge(monkeypatch):
+    from llmlab.llama.vocab import Tokenizer, bpe
+    tok = Tokenizer.from_model("smollm2")
+    monkeypatch.setattr(bpe, "MERGE_BYTES_PER_SYMBOL", 1 << 40)     # as if memory were tiny
+    assert tok.tokenize("hello world") == [28120, 905]                  # short words: no check at all
+    with pytest.raises(LLMLabError, match="run of 300,000 characters .* would need about"):
+        tok.tokenize(" " * 300_000)

@@ -71,6 +71,22 @@ def bpe_merge(symbols: list[str], ranks: dict[str, int], trace: list[Merge] | No
     return [s for s in sym if s]
 
 
+MERGE_BYTES_PER_SYMBOL = 400     # the merge of one long word: symbol lists, queue entries, growing strings
+
+
+def check_merge_memory(n: int) -> None:
+    """Refuse, before starting, the merge of a word of ``n`` symbols that would need more than half the
+    memory still available (a single 10 MB word of spaces or letters)."""
+    if n < 1 << 18:
+        return
+    from ..validate import available_memory
+    need, avail = n * MERGE_BYTES_PER_SYMBOL, available_memory()
+    if avail is not None and need > avail // 2:
+        from ... import LLMLabError
+        raise LLMLabError(f"a run of {n:,} characters with no break the tokenizer can cut at would need about "
+                          f"{need / 2**20:,.0f} MiB to tokenize; only {avail / 2**20:,.0f} MiB of memory is available")
+
+
 class BPE:
     """A BPE tokenizer session factory: ``encode(fragment)`` for one raw text fragment."""
 
@@ -89,6 +105,7 @@ class BPE:
         chars = self.byte_symbols(word)
         if self.pre.ignore_merges and chars in v.token_to_id:
             return [v.token_to_id[chars]]
+        check_merge_memory(len(chars))
         ids = []
         for s in bpe_merge(list(chars), v.merges):
             i = v.token_to_id.get(s)

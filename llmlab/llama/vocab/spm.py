@@ -21,6 +21,7 @@ from functools import cached_property
 import numpy as np
 
 from ... import LLMLabError
+from .bpe import check_merge_memory
 from .vocab import Vocab
 
 SPACE = "\u2581"
@@ -102,6 +103,7 @@ class SPM:
         return [text[a:b] for a, b in zip([0] + cuts, cuts + [len(text)])]
 
     def encode_chunk(self, text: str) -> list[int]:
+        check_merge_memory(len(text))
         t2i, out = self.vocab.token_to_id, []
         for s in spm_merge(text, t2i, self._scores):
             i = t2i.get(s)
