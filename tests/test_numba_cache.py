@@ -3,7 +3,6 @@ line, and the kernels compiled again: the command still succeeds, and the next r
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import textwrap

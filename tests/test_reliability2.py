@@ -3,12 +3,17 @@ Ctrl-C, library misuse (detokenize, Context, positions), batches refused before 
 from __future__ import annotations
 
 import io
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from llmlab import LLMLabError
+
+ROOT = Path(__file__).resolve().parent.parent
+CORPUS = ROOT / "tests" / "data" / "malformed"
 
 
 def dead_pid() -> int:
@@ -21,7 +26,7 @@ def test_atomic_write_removes_what_a_killed_writer_left_and_nothing_else(tmp_pat
     from llmlab.safeio import atomic_write
     out = tmp_path / "out.gguf"
     stale = tmp_path / f".out.gguf.{dead_pid()}.k2j3.tmp"
-    live = tmp_path / f".out.gguf.1.x1.tmp"                   # pid 1 runs: not ours to remove
+    live = tmp_path / ".out.gguf.1.x1.tmp"                   # pid 1 runs: not ours to remove
     other = tmp_path / ".other.gguf.123.tmp"
     for p in (stale, live, other):
         p.write_bytes(b"half")
@@ -133,13 +138,6 @@ def test_library_misuse_ends_in_a_clear_error(tiny_model):
 
 
 # ---- the command line ------------------------------------------------------------------------------------------
-
-import os  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-ROOT = Path(__file__).resolve().parent.parent
-CORPUS = ROOT / "tests" / "data" / "malformed"
-
 
 def cli(*args, timeout: float = 120, env=None, **kw) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "llmlab", *map(str, args)], cwd=ROOT, capture_output=True, text=True,
