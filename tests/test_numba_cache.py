@@ -12,9 +12,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# a cached kernel in a module of its own (compiled in a second or two), called through llmlab's cpu package
+# a cached kernel in a module of its own (compiled in a second or two), next to llmlab's fast kernels
 KERNEL = textwrap.dedent("""
-    import llmlab.ggml.cpu                    # installs the guard
+    import llmlab.ggml.cpu.fast               # the fast kernels install the guard
     from numba import njit
 
     @njit(cache=True)

@@ -15,7 +15,3 @@
 - ``libm``       the C library's expf/cosf/sinf/tanhf/powf, where ggml's scalar code calls them
 - ``threads``, ``float_path``  the execution model across threads; other arithmetic for comparison
 """
-
-from . import numba_cache as _numba_cache
-
-_numba_cache.install()      # before any cached kernel loads: a damaged numba cache is compiled anew, not fatal
