@@ -411,3 +411,35 @@ def test_control_characters_of_a_template_error_are_escaped(tmp_path):
                 input="hi\n")
     assert r.returncode == 2 and "\x1b" not in r.stderr and "\x07" not in r.stderr and "\r" not in r.stderr
     assert r.stderr.strip().splitlines()[-1] == "error: chat template says: \\x1b[2J\\x07\\x08 ALL CHECKS PASSED"   # jinja reads CR as a newline
+
+
+def test_the_renderer_ends_by_itself_when_its_parent_is_killed(tmp_path):
+    """A hostile render outlives no one: killed with SIGKILL (no cleanup), the parent leaves a child that
+    stops at its own alarm, a couple of seconds past the time limit."""
+    source = (TEMPLATES / "constant_folding_past_the_deadline.jinja").read_text()
+    (tmp_path / "t.jinja").write_text(source)
+    script = (f"from pathlib import Path\nfrom llmlab.llama.chat import render_jinja\n"
+              f"render_jinja(Path({str(tmp_path / 't.jinja')!r}).read_text(), [], max_seconds=1)\n")
+    p = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not _children_of(p.pid):
+            time.sleep(0.05)
+        children = _children_of(p.pid)
+        assert children
+        p.kill()
+        p.wait(timeout=30)
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 10 and any(_alive(c) for c in children):
+            time.sleep(0.1)
+        assert not any(_alive(c) for c in children)
+    finally:
+        p.kill()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[1][0] != "Z"
+    except OSError:
+        return False

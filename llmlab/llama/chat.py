@@ -416,6 +416,8 @@ def _render_in_child(source: str, context: dict, max_seconds: float, max_output:
             os.close(r)
             signal.signal(signal.SIGINT, signal.SIG_IGN)     # the parent decides what Ctrl-C does
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.signal(signal.SIGALRM, signal.SIG_DFL)    # ends the child by itself should the parent die:
+            signal.alarm(int(max_seconds) + 2)               # SIGALRM's default action stops even C code
             sys.settrace(None)
             import faulthandler
             faulthandler.disable()                          # a crash here is the parent's to report, in one line
