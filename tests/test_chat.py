@@ -312,6 +312,7 @@ def test_chat_ctrl_c_stops_a_reply_or_ends_the_chat(tmp_path, where):
     finally:
         p.kill()
     assert p.returncode == (0 if where == "reply" else 130) and "Traceback" not in err
+    assert where == "reply" or err.strip().splitlines()[-1] == "interrupted"     # the CLI's Ctrl-C contract
 
 
 def test_recursion_stops_at_the_call_depth_bound_and_the_next_render_is_unharmed():
@@ -322,3 +323,125 @@ def test_recursion_stops_at_the_call_depth_bound_and_the_next_render_is_unharmed
         render_jinja("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", [])
     nested = "{% macro f(n) %}{% if n %}{{ f(n - 1) }}{% else %}ok{% endif %}{% endmacro %}{{ f(20) }}"
     assert render_jinja(nested, []) == "ok"
+
+
+# ---- the second round: templates that crash, outrun or switch off the limits ------------------------------------
+
+TEMPLATES = ROOT / "tests" / "data" / "templates"
+
+
+@pytest.mark.parametrize("name, message", [
+    ("deep_tuple_hash", "nests containers more than"),           # hashing it would overflow CPython's C stack
+    ("deep_list_by_filter", "nests containers more than"),       # deeper by a filter, with no literal in the loop
+    ("deep_namespace", "nests containers more than"),
+    ("bigint_squaring", "too large a number"),                   # one C multiplication no tracer can stop
+    ("constant_folding_past_the_deadline", "longer than 2 s"),   # jinja's constant folding swallows errors
+])
+def test_hostile_templates_from_the_second_round_end_in_a_clear_error_in_bounded_time(name, message):
+    source = (TEMPLATES / f"{name}.jinja").read_text()
+    t0 = time.monotonic()
+    with pytest.raises(ChatTemplateError, match=message):
+        render_jinja(source, CONVERSATIONS[0])
+    assert time.monotonic() - t0 < 6
+
+
+def test_nesting_and_number_bounds_leave_ordinary_templates_alone():
+    from llmlab.llama.chat import MAX_NESTING
+    ok = "{% set d = {'a': [1, (2, 3)], 'b': messages} %}{{ d.a[1][0] }}{{ (7 ** 2000 * 7 ** 2000) % 10 }}{{ 'ab' * 3 }}"
+    assert render_jinja(ok, CONVERSATIONS[0]) == "2" + str((7 ** 4000) % 10) + "ababab"
+    near = "{% set ns = namespace(t=1) %}{% for i in range(%d) %}{% set ns.t = (ns.t,) %}{% endfor %}{{ {ns.t: 1}|length }}"
+    assert render_jinja(near.replace("%d", str(MAX_NESTING - 1)), []) == "1"
+    with pytest.raises(ChatTemplateError, match="nests containers"):
+        render_jinja(near.replace("%d", str(MAX_NESTING + 1)), [])
+    with pytest.raises(ChatTemplateError, match="too large"):
+        render_jinja("{{ ([1] * 100000) * 100000 }}", [])
+
+
+def test_the_time_limit_covers_the_pre_scan_and_compiling_a_huge_template():
+    source = "{{ 'a' }}" + " {{ x }}" * 120000                      # ~1 MB: lexing and compiling it takes seconds
+    t0 = time.monotonic()
+    with pytest.raises(ChatTemplateError, match="longer than 0.2 s"):
+        render_jinja(source, [], max_seconds=0.2)
+    assert time.monotonic() - t0 < 2
+
+
+def test_a_crash_of_the_renderer_is_an_error_and_the_next_render_is_unharmed(monkeypatch):
+    from llmlab.llama import chat
+    monkeypatch.setattr(chat, "_render", lambda *a: os.kill(os.getpid(), signal.SIGSEGV))
+    with pytest.raises(ChatTemplateError, match="crashed its sandboxed renderer.*SIGSEGV"):
+        render_jinja("{{ 1 }}", [])
+    monkeypatch.undo()
+    assert render_jinja("{{ 1 }}", []) == "1"
+
+
+def test_ctrl_c_during_a_render_exits_130_and_leaves_no_renderer_behind(tmp_path):
+    source = (TEMPLATES / "constant_folding_past_the_deadline.jinja").read_text()
+    p = subprocess.Popen([sys.executable, "-m", "llmlab", "chat", "-m", str(tiny_chat_model(tmp_path, source))],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not _children_of(p.pid):   # the renderer has started
+            time.sleep(0.05)
+        assert _children_of(p.pid)
+        p.send_signal(signal.SIGINT)
+        err = p.communicate(timeout=30)[1]
+    finally:
+        p.kill()
+    assert p.returncode == 130 and err.strip().splitlines()[-1] == "interrupted" and "Traceback" not in err
+
+
+def _children_of(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(c) for c in f.read().split()]
+    except OSError:
+        return []
+
+
+def test_a_line_of_invalid_utf8_is_skipped_and_the_chat_goes_on(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "llmlab", "chat", "-m", str(tiny_chat_model(tmp_path)), "-n", "2",
+                        "--temp", "0"], input=b"caf\xe9 \xff\n" + b"hi\n/exit\n", capture_output=True, cwd=ROOT,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    err = r.stderr.decode()
+    assert r.returncode == 0 and "not valid UTF-8" in err and "[turn 1:" in err and "Traceback" not in err, err
+
+
+def test_control_characters_of_a_template_error_are_escaped(tmp_path):
+    r = run_cli("chat", "-m", str(tiny_chat_model(tmp_path, "{{ raise_exception('\x1b[2J\x07\x08\rALL CHECKS PASSED') }}")),
+                input="hi\n")
+    assert r.returncode == 2 and "\x1b" not in r.stderr and "\x07" not in r.stderr and "\r" not in r.stderr
+    # jinja reads CR as a newline
+    assert r.stderr.strip().splitlines()[-1] == "error: chat template says: \\x1b[2J\\x07\\x08 ALL CHECKS PASSED"
+
+
+def test_the_renderer_ends_by_itself_when_its_parent_is_killed(tmp_path):
+    """A hostile render outlives no one: killed with SIGKILL (no cleanup), the parent leaves a child that
+    stops at its own alarm, a couple of seconds past the time limit."""
+    source = (TEMPLATES / "constant_folding_past_the_deadline.jinja").read_text()
+    (tmp_path / "t.jinja").write_text(source)
+    script = (f"from pathlib import Path\nfrom llmlab.llama.chat import render_jinja\n"
+              f"render_jinja(Path({str(tmp_path / 't.jinja')!r}).read_text(), [], max_seconds=1)\n")
+    p = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not _children_of(p.pid):
+            time.sleep(0.05)
+        children = _children_of(p.pid)
+        assert children
+        p.kill()
+        p.wait(timeout=30)
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 10 and any(_alive(c) for c in children):
+            time.sleep(0.1)
+        assert not any(_alive(c) for c in children)
+    finally:
+        p.kill()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[1][0] != "Z"
+    except OSError:
+        return False

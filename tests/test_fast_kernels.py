@@ -344,3 +344,64 @@ def test_fma_is_the_instruction_in_both_paths_double_rounding_cases_included():
     assert same_bits(run(A, B, C), want)
     naive = (A.astype(np.float64) * B + C).astype(np.float32)
     assert not same_bits(naive, want)                        # the cases do catch double rounding
+
+
+# ---- non-finite weights and activations: the same bits, or non-finite in the same places -------------
+
+# where a block keeps its float16 scales: (block bytes, offsets of d and of m/dmin where the type has one)
+SCALE_AT = {"q4_0": (18, (0,)), "q4_1": (20, (0, 2)), "q5_0": (22, (0,)), "q8_0": (34, (0,)),
+            "q4_k": (144, (0, 2)), "q6_k": (210, (208,))}
+F16 = {"nan": 0x7E00, "inf": 0x7C00, "-inf": 0xFC00}
+
+
+def agree(a, b) -> bool:
+    """Equal where finite (bit for bit) and of one kind where not: NaN, +inf or -inf alike."""
+    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+    if a.shape != b.shape:
+        return False
+    fa, fb = np.isfinite(a), np.isfinite(b)
+    same_kind = (np.isnan(a) == np.isnan(b)) & (np.isposinf(a) == np.isposinf(b)) & (np.isneginf(a) == np.isneginf(b))
+    return bool(np.array_equal(fa, fb) and same_kind.all() and np.array_equal(a[fa].view(np.uint32), b[fb].view(np.uint32)))
+
+
+def poisoned_acts(T, K, seed, value):
+    x = acts(T, K, seed)
+    x[0, 5] = value                              # one value in a block of row 0
+    x[-1, K - 1] = value                         # and the last value of the last row
+    return x
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
+def test_quantizers_on_non_finite_activations(value):
+    T, K = 3, 512
+    x = poisoned_acts(T, K, 5, value)
+    a, (qs, d) = quantize_activations(x, "q8_0"), quantize_q8_0(x)
+    assert np.array_equal(qs, a["qs"].reshape(T, K)) and agree(d, a["d"].astype(np.float32))
+    a, (qs, d, s) = quantize_activations(x, "q8_1"), quantize_q8_1(x)
+    assert np.array_equal(qs, a["qs"].reshape(T, K)) and agree(d, a["d"].astype(np.float32))
+    assert agree(s, a["s"].astype(np.float32))
+    a, (qs, d, bs) = quantize_activations(x, "q8_K"), quantize_q8_k(x)
+    assert np.array_equal(qs, a["qs"].reshape(T, K)) and agree(d, a["d"])
+    assert np.array_equal(bs, a["bsums"].reshape(T, -1))
+
+
+@pytest.mark.parametrize("poison", ["weights", "activations"])
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+@pytest.mark.parametrize("tname,K", [("q4_0", 256), ("q4_1", 256), ("q5_0", 256), ("q8_0", 256), ("q4_k", 512), ("q6_k", 512)])
+def test_fast_and_reference_agree_on_non_finite_inputs(tname, K, value, poison):
+    """A NaN or infinite float16 scale in one weight block (as a corrupt file can hold), or a NaN/inf
+    activation: the fast path gives the reference's bits where they are finite and the same kind of
+    non-finite value elsewhere, so a poisoned model is refused on both paths, never silently zero on one."""
+    t = ggml_type(tname)
+    raw = raw_rows(tname, 24, K).copy()
+    if poison == "weights":
+        size, offsets = SCALE_AT[tname]
+        for o in offsets:                        # block 1 of row 3
+            raw[3, size + o:size + o + 2] = np.frombuffer(np.uint16(F16[value]).tobytes(), np.uint8)
+    for T in (1, 8, 9):
+        x = acts(T, K, seed=20 + T) if poison == "weights" else poisoned_acts(T, K, 20 + T, float(value))
+        for repacked in (False, True):
+            fast_out = fast.mul_mat_quantized(raw, t, x, repacked)
+            ref_out = ref_mul_mat_quantized(raw, t, x, repacked)
+            assert agree(fast_out, ref_out), (tname, value, poison, T, repacked)
+            assert not np.isfinite(ref_out).all() or poison == "activations", "the poison reaches the output"

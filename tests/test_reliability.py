@@ -42,7 +42,8 @@ MEMORY_LIMIT = 64 << 20        # Python + numpy allocations while loading and ru
 
 
 def _error_text(e: BaseException, path: Path) -> str:
-    return f"error: {e}".replace(path.name, "FILE")
+    from llmlab.cli import _one_line      # as the CLI prints it: one line, control characters escaped
+    return f"error: {_one_line(e)}".replace(path.name, "FILE")
 
 
 # ---------------------------------------------------------------------------- the corpus

@@ -195,6 +195,13 @@ def _inf(raw, sh):
     return v.view(np.uint8)
 
 
+def _both(*changes):
+    def f(w):
+        for change in changes:
+            change(w)
+    return f
+
+
 def _tokens(tokens):
     return _kv("tokenizer.ggml.tokens", tokens, ARR, STR)
 
@@ -256,6 +263,10 @@ CASES: dict[str, tuple[str, Callable]] = {
     "norm_is_f64": ("output_norm.weight is f64 (8 bytes a value)",
                     _tensor("output_norm.weight", type="f64",
                             data=lambda raw, sh: np.ones(sh[0], np.float64).view(np.uint8))),
+    # strings meant for a terminal: gguf-dump and the error line escape them
+    "names_with_control_characters": ("a key and an unused tensor whose names clear the screen and fake a verdict",
+                                      _both(_kv("general.\x1b[2J\x1b[H\rALL CHECKS PASSED\x07", "x"),
+                                            _extra_tensor("blk.0.\x1b[2J\rALL CHECKS PASSED\x07", (8,)))),
     # compute: a file whose numbers are poison
     "weights_nan": ("blk.0.attn_q.weight is all NaN", _tensor("blk.0.attn_q.weight", data=_nan)),
     "weights_inf": ("blk.0.ffn_up.weight holds +inf and -inf", _tensor("blk.0.ffn_up.weight", data=_inf)),
@@ -297,12 +308,13 @@ def describe(name: str) -> str:
 
 
 def expected_error(path) -> str:
-    """The error ``load_and_run`` gives (an LLMLabError), as the CLI prints it."""
+    """The error ``load_and_run`` gives (an LLMLabError), as the CLI prints it (one line, control characters escaped)."""
     from llmlab import LLMLabError
+    from llmlab.cli import _one_line
     try:
         load_and_run(path)
     except LLMLabError as e:
-        return f"error: {e}"
+        return f"error: {_one_line(e)}"
     raise AssertionError(f"{path} loads and runs: not a malformed file")
 
 

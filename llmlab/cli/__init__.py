@@ -74,12 +74,18 @@ def main(argv: list[str] | None = None) -> int:
         return _run(argv, cli)
     except KeyboardInterrupt:
         if cli:
-            signal.signal(signal.SIGINT, _hard_interrupt)
+            _on_signals(_hard_interrupt)
         print("interrupted", file=sys.stderr)
         return 130
     finally:
         if cli:          # from here to the exit a second Ctrl-C exits at once, without a traceback
-            signal.signal(signal.SIGINT, _hard_interrupt)
+            _on_signals(_hard_interrupt)
+
+
+def _on_signals(handler) -> None:
+    """Ctrl-C and SIGTERM alike: both end a command with ``interrupted``, exit 130, after cleaning up."""
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
 
 
 def _run(argv, cli: bool) -> int:
@@ -91,8 +97,8 @@ def _run(argv, cli: bool) -> int:
     debug = getattr(args, "debug", False) or config.debug()
     if not debug:        # numpy's overflow/NaN warnings: a non-finite result is reported as one error instead
         warnings.simplefilter("ignore", RuntimeWarning)
-    if cli:              # from here Ctrl-C unwinds, so what a command writes is cleaned up
-        signal.signal(signal.SIGINT, _interrupt)
+    if cli:              # from here Ctrl-C (and SIGTERM) unwinds, so what a command writes is cleaned up
+        _on_signals(_interrupt)
     try:
         return args.func(args) or 0
     except BrokenPipeError:   # output piped into head & co.
@@ -117,7 +123,9 @@ def _run(argv, cli: bool) -> int:
 
 
 def _one_line(msg) -> str:
-    return " ".join(str(msg).split("\n")).strip() or "(no message)"
+    """One line, with what a terminal would act on (ESC, BEL, CR from a file's strings) escaped."""
+    from ..safeio import printable
+    return printable(" ".join(str(msg).split("\n")).strip()) or "(no message)"
 
 
 def _debug(on: bool) -> None:

@@ -39,9 +39,10 @@ def run(args) -> int:
     threads = set_threads(args.threads)
     path = models.resolve(args.model)
     model = Model(path)
+    if args.prompt_tokens + args.gen_tokens > model.hparams.n_ctx_train:     # before building the prompt
+        raise ValueError(f"{args.prompt_tokens} + {args.gen_tokens} tokens exceed the model's context "
+                         f"({model.hparams.n_ctx_train})")
     ids = bench.prompt_tokens(Tokenizer.from_model(path), args.prompt_tokens)
-    if len(ids) + args.gen_tokens > model.hparams.n_ctx_train:
-        raise ValueError(f"{len(ids)} + {args.gen_tokens} tokens exceed the model's context ({model.hparams.n_ctx_train})")
     prof = resolve_cpu(args)
     cpu = prof.name
     with bench.busy(args.load):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 
 from .. import LLMLabError, models
+from ..safeio import printable
 from ._common import parse_int
 from .generate import add_engine_args, load_context, sampling_params
 
@@ -23,11 +24,22 @@ def register(sub) -> None:
 
 
 def _read(prompt: str) -> str | None:
-    """A line from stdin; None at end of input."""
+    """A line from stdin; None at end of input. Bytes that are not UTF-8 come back as lone surrogates
+    (stdin is read with ``surrogateescape``), so one bad line does not end the chat."""
     try:
         return input(prompt)
     except EOFError:
         return None
+
+
+def _valid(line: str) -> bool:
+    try:
+        line.encode("utf-8")
+        return True
+    except UnicodeEncodeError as e:
+        print(f"error: that line is not valid UTF-8 (byte {ord(line[e.start]) & 0xFF:#04x} at character {e.start}); "
+              f"it was skipped", file=sys.stderr)
+        return False
 
 
 def run(args) -> int:
@@ -50,13 +62,17 @@ def run(args) -> int:
     if warmup is not None:
         print(warmup.summary(), file=sys.stderr)
     tty = sys.stdin.isatty()
+    if hasattr(sys.stdin, "reconfigure"):
+        sys.stdin.reconfigure(errors="surrogateescape")
     turn = 0
     while True:
         try:
             line = _read("> " if tty else "")
-        except KeyboardInterrupt:
+        except KeyboardInterrupt:       # at the prompt Ctrl-C ends the chat: "interrupted", status 130
             print(file=sys.stderr)
-            return 130
+            raise
+        if line is not None and not _valid(line):
+            continue
         if line is None or line.strip() == "/exit":
             if line is None and tty:
                 print(file=sys.stderr)
@@ -75,7 +91,7 @@ def run(args) -> int:
         except KeyboardInterrupt:
             print("\n[reply stopped]", file=sys.stderr)
         except LLMLabError as e:
-            print(f"\nerror: {e} (/clear starts over)", file=sys.stderr)
+            print(f"\nerror: {printable(e)} (/clear starts over)", file=sys.stderr)
             continue
         sys.stdout.write("\n")
         sys.stdout.flush()

@@ -41,9 +41,19 @@ def run(args) -> int:
     path = models.resolve(args.model)
     cpu = resolve_cpu(args)
     flash = flash_attn(args)
+    # llmlab tokenizes first: a prompt the vocabulary cannot hold (a missing byte token) is an error here,
+    # where llama.cpp would abort the process (std::out_of_range)
+    from ..llama.vocab import Tokenizer
+    tok = Tokenizer.from_model(path)
+    ours_ids = tok.tokenize(args.prompt, add_bos=True, special=True)
+    if not ours_ids:
+        raise ValueError("the prompt tokenizes to nothing")
     tokens = llamacpp.tokenize(path, args.prompt)
     if not tokens:
         raise ValueError("the prompt tokenizes to nothing")
+    bad = [t for t in tokens if not 0 <= t < len(tok.vocab)]
+    if bad:
+        raise LLMLabError(f"llama.cpp tokenized the prompt to id {bad[0]}, outside the vocabulary of {len(tok.vocab)}")
     ours = llamacpp.llmlab_nodes(path, tokens, flash_attn=flash, cpu=cpu)
     cap = llamacpp.capture(path, tokens, flash_attn=flash, n_threads=args.threads)
     report = llamacpp.diff(ours, cap, layers=layers)

@@ -51,7 +51,9 @@ def load_context(args, path, n_ctx: int):
     printed later are the engine's and the compile time is said apart."""
     from ..ggml.cpu.fast import set_threads
     from ..llama import Context, Model
+    from .. import sigbus
     from ..warm import warm
+    sigbus.install()     # generate and chat run for long: a model file cut short under them is one error line
     set_threads(args.threads)
     cpu = resolve_cpu(args)
     model = Model(path, cpu=cpu)
@@ -83,6 +85,10 @@ def run(args) -> int:
     sampler = common_sampler_init(sampling_params(args))
     path = models.resolve(args.model)
     tok = Tokenizer.from_model(path)
+    from ..llama.validate import check_text_fits, context_length
+    limit = args.n_ctx if args.n_ctx is not None else context_length(path)
+    if limit:                  # before tokenizing: the work is bounded by the context, not by the prompt
+        check_text_fits(tok, args.prompt, limit)
     ids = tok.tokenize(args.prompt, add_bos=True, special=True)
     if not ids:
         raise LLMLabError("the prompt produced no tokens")

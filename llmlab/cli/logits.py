@@ -27,7 +27,7 @@ def run(args) -> int:
     import numpy as np
 
     from ..llama import Batch, Context, Model
-    from ..llama.validate import check_context, check_finite
+    from ..llama.validate import check_context, check_finite, check_text_fits
     from ..llama.vocab import Tokenizer
 
     if args.top <= 0:
@@ -38,18 +38,26 @@ def run(args) -> int:
     if args.top > model.hparams.n_vocab:
         raise ValueError(f"--top {args.top} exceeds the vocabulary ({model.hparams.n_vocab})")
     tok = Tokenizer.from_model(path)
+    check_text_fits(tok, args.prompt, args.n_ctx or model.hparams.n_ctx_train)   # before tokenizing it
     ids = tok.tokenize(args.prompt, add_bos=True, special=True)
     if not ids:
         raise ValueError("the prompt produced no tokens")
     n_ctx = args.n_ctx if args.n_ctx is not None else len(ids)
     check_context(model.hparams, n_ctx, n_prompt=len(ids))
-    ctx = Context(model, n_ctx=n_ctx, n_batch=max(len(ids), 1), n_ubatch=512, flash_attn=flash_attn(args),
+    n_ubatch = min(512, len(ids))       # as a single batch of the whole prompt had it
+    ctx = Context(model, n_ctx=n_ctx, n_batch=n_ubatch, n_ubatch=n_ubatch, flash_attn=flash_attn(args),
                   kernels=args.kernels)
-    logits = ctx.decode(Batch.from_tokens(ids, logits="all"))
-    check_finite(logits)
-    k = args.top
-    top = np.argsort(-logits, axis=1, kind="stable")[:, :k]
-    vals = np.take_along_axis(logits, top, 1)
+    # one micro-batch at a time (the micro-batches a single batch of the whole prompt is cut into: the same
+    # bits), keeping only each position's top K: memory is bounded by n_ubatch rows, not by the prompt
+    k, tops, vals = args.top, [], []
+    for lo in range(0, len(ids), n_ubatch):
+        logits = ctx.decode(Batch.from_tokens(ids[lo:lo + n_ubatch], pos0=lo, logits="all"))
+        check_finite(logits, row0=lo)
+        top = top_k(logits, k)
+        tops.append(top)
+        vals.append(np.take_along_axis(logits, top, 1))
+        del logits
+    top, vals = np.concatenate(tops), np.concatenate(vals)
     if args.json:
         print(dumps({"ids": [int(i) for i in ids], "top_ids": top.tolist(),
                      "top_logits": [[float(v) for v in row] for row in vals], "cpu": cpu.name}))
@@ -59,3 +67,18 @@ def run(args) -> int:
         pairs = "  ".join(f"{int(a)}:{v:.4f}" for a, v in zip(top[i], vals[i]))
         print(f"{i:4d} {int(t):7d} {piece!r:>14}  {pairs}")
     return 0
+
+
+def top_k(logits, k: int):
+    """``np.argsort(-logits, axis=1, kind="stable")[:, :k]`` (the K largest of each row, equal values in
+    id order) without sorting whole rows: a partition finds each row's K-th largest value first."""
+    import numpy as np
+    k = min(k, logits.shape[1])
+    kth = -np.partition(-logits, k - 1, axis=1)[:, k - 1]
+    out = np.empty((len(logits), k), np.int64)
+    for r, row in enumerate(logits):
+        above = np.flatnonzero(row > kth[r])
+        cand = np.concatenate([above, np.flatnonzero(row == kth[r])[:k - len(above)]])
+        cand.sort()
+        out[r] = cand[np.argsort(-row[cand], kind="stable")]
+    return out

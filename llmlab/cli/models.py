@@ -29,6 +29,6 @@ def run_models(args) -> int:
 
 
 def run_fetch(args) -> int:
-    path = models.fetch(args.name, quiet=args.quiet)
+    path = models.fetch(args.name, quiet=args.quiet, verify=True)
     print(path)
     return 0

@@ -87,20 +87,19 @@ def quantize_file(src, dst, qtype: str, allow_requantize: bool = False, progress
         w.add("general.file_type", FILE_TYPES[qtype], vtype=ValueType.UINT32)
         w.add("general.quantization_version", 2, vtype=ValueType.UINT32)
         total = sum(4 * t.n_elements for t, new in jobs if new and new != t.type.name) or 1
-        bar = Progress(total, f"quantize {qtype}", unit="B", enabled=progress)     # float32 bytes processed
         done, types = 0, {}
-        for t, new in jobs:
-            if new is None or new == t.type.name:
-                w.add_tensor(t.name, t.data.copy(), type=t.type, shape=t.shape)
-                types[t.name] = t.type.name
-                continue
-            values = quant.dequantize(t.data, t.type)
-            raw = quant.quantize(values, new)
-            w.add_tensor(t.name, raw, type=ggml_type(new), shape=t.shape)
-            types[t.name] = new
-            done += 4 * t.n_elements
-            bar.update(done)
-        bar.close()
+        with Progress(total, f"quantize {qtype}", unit="B", enabled=progress) as bar:   # float32 bytes processed
+            for t, new in jobs:
+                if new is None or new == t.type.name:
+                    w.add_tensor(t.name, t.data.copy(), type=t.type, shape=t.shape)
+                    types[t.name] = t.type.name
+                    continue
+                values = quant.dequantize(t.data, t.type)
+                raw = quant.quantize(values, new)
+                w.add_tensor(t.name, raw, type=ggml_type(new), shape=t.shape)
+                types[t.name] = new
+                done += 4 * t.n_elements
+                bar.update(done)
         size_in = sum(t.nbytes for t in f.tensors)
         with atomic_write(dst, inputs=[src]) as fh:
             w.write(fh)

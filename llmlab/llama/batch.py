@@ -135,6 +135,19 @@ class UBatch:
                 f"seqs={self.seq_id_unq}, n_outputs={self.n_outputs})")
 
 
+INT32_MAX = (1 << 31) - 1
+
+
+def _int64s(values, what: str) -> np.ndarray:
+    """``values`` as int64, or a BatchError that names the first that is not an integer in range."""
+    for v in values:
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+            raise BatchError(f"a {what} must be an integer, not {v!r}")
+        if not -(1 << 63) <= v < (1 << 63):
+            raise BatchError(f"{what} {v} is out of range")
+    return np.asarray(values, dtype=np.int64).reshape(-1)
+
+
 class BatchAllocator:
     """``llama_batch_allocr``: validate a :class:`Batch`, fill its positions, cut it into :class:`UBatch` es.
 
@@ -154,7 +167,7 @@ class BatchAllocator:
         if len(batch.seq_ids) != n or len(batch.logits) != n or (batch.pos is not None and len(batch.pos) != n):
             raise BatchError("the batch's lists (tokens, pos, seq_ids, logits) have different lengths")
         self.n_seq_max = n_seq_max
-        self.tokens = np.asarray(batch.tokens, dtype=np.int64)
+        self.tokens = _int64s(batch.tokens, "token")
         if n_vocab is not None:
             bad = np.flatnonzero((self.tokens < 0) | (self.tokens >= n_vocab))
             if len(bad):
@@ -180,9 +193,12 @@ class BatchAllocator:
                 nxt[s] += 1
             self.pos = pos
         else:
-            self.pos = np.asarray(batch.pos, dtype=np.int32)
-            if (self.pos < 0).any():
-                raise BatchError(f"negative position {self.pos.min()} in the batch")
+            pos = _int64s(batch.pos, "position")
+            if (pos < 0).any():
+                raise BatchError(f"negative position {pos.min()} in the batch")
+            if (pos > INT32_MAX).any():       # llama_pos is an int32
+                raise BatchError(f"position {pos.max()} in the batch is past the largest position, {INT32_MAX}")
+            self.pos = pos.astype(np.int32)
         self._check_positions(memory)
         self.split_reset()
 

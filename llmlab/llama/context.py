@@ -44,6 +44,9 @@ class Context:
     def __init__(self, model: Model, n_ctx: int = 512, n_batch: int = 512, n_ubatch: int = 512,
                  flash_attn: bool = False, type_k: str = "f16", type_v: str = "f16", n_seq_max: int = 1,
                  sched=None, graph_reuse: bool = True, kernels: str = "fast", cpu=None):
+        for name, v in (("n_ctx", n_ctx), ("n_batch", n_batch), ("n_ubatch", n_ubatch), ("n_seq_max", n_seq_max)):
+            if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+                raise ValueError(f"{name} must be an integer, not {v!r}")
         if n_ctx <= 0 or n_ubatch <= 0 or n_batch <= 0:
             raise ValueError("n_ctx, n_batch and n_ubatch must be positive")
         hp = model.hparams
@@ -126,9 +129,22 @@ class Context:
             raise ValueError("decode: dispatch replaces kernels on the plain path; this context runs a scheduler")
         ubs = self._ubatches(batch)
         slots = self.kv.prepare(ubs)                # raises ContextFullError and leaves the cache as it was
+        state = self.kv.state()
+        try:
+            return self._decode(ubs, slots, capture, replace, callback, dispatch)
+        except BaseException:                       # as llama_decode: a failed batch leaves the cache as it was
+            self.kv.restore(state)
+            self._reuse = None
+            raise
+
+    def _decode(self, ubs, slots, capture, replace, callback, dispatch) -> np.ndarray:
         self.captured = {}
         rows, order = [], []
         for ub, slot in zip(ubs, slots):
+            wanted = ub.output.any()
+            if not wanted:      # a micro-batch without outputs: its last row is computed and dropped (the K/V
+                ub.output = np.zeros_like(ub.output)   # of every row are the same bits whichever rows are output)
+                ub.output[-1] = True
             g = self._graph(ub, slot)
             self.last_graph = g
             if self.sched is not None:
@@ -137,9 +153,13 @@ class Context:
                 got = self._compute(g.gf, ub.n_tokens, capture=capture, replace=replace, callback=callback,
                                     dispatch=dispatch)
             self.captured.update(got)
+            if not wanted:
+                continue
             out_ids = np.flatnonzero(ub.output)
             rows.append(g.t_logits.numpy().reshape(len(out_ids), -1))
             order.append(ub.batch_idxs[out_ids])
+        if not rows:
+            return np.zeros((0, self.model.hparams.n_vocab), np.float32)
         logits = np.concatenate(rows, 0)
         return logits[np.argsort(np.concatenate(order), kind="stable")]
 

@@ -170,6 +170,28 @@ def check_context(hp, n_ctx: int, n_predict: int | None = None, n_prompt: int | 
     check_kv_memory(hp, n_ctx, type_k, type_v)
 
 
+def check_text_fits(tokenizer, text: str, n_tokens: int, what: str = "the prompt") -> None:
+    """Refuse, before tokenizing it, a text too long to fit in ``n_tokens`` tokens: no token stands for
+    more characters than the vocabulary's longest, so the work is bounded by the context, not the input."""
+    longest = tokenizer.vocab.max_token_chars
+    if len(text) > (n_tokens + 2) * longest:
+        raise LLMLabError(f"{what} ({len(text):,} characters) cannot fit in {n_tokens:,} tokens (no token of this "
+                          f"vocabulary is longer than {longest} characters)")
+
+
+def context_length(path) -> int | None:
+    """The model file's ``{arch}.context_length`` (None when it cannot be read: loading the model says why)."""
+    from ..ggml.gguf import GGUFFile
+    from ..ggml.gguf.meta import Metadata
+    try:
+        with GGUFFile(path) as f:
+            md = Metadata.of(f)
+            arch = md.peek("general.architecture", "str")
+            return md.peek(f"{arch}.context_length", "int") if arch else None
+    except LLMLabError:
+        return None
+
+
 def check_kv_memory(hp, n_ctx: int, type_k: str = "f16", type_v: str = "f16") -> None:
     """Refuse a KV cache bigger than half the memory still available (``Context`` calls this)."""
     need = kv_cache_bytes(padded_n_ctx(n_ctx), hp.n_layer, hp.n_embd_k_gqa, hp.n_embd_v_gqa, type_k, type_v)
@@ -179,9 +201,10 @@ def check_kv_memory(hp, n_ctx: int, type_k: str = "f16", type_v: str = "f16") ->
                           f"only {avail / 2**20:,.0f} MiB of memory is available")
 
 
-def check_finite(logits: np.ndarray, what: str = "logits") -> None:
-    """Non-finite logits are an error, not a result (a file whose weights or hparams lie)."""
+def check_finite(logits: np.ndarray, what: str = "logits", row0: int = 0) -> None:
+    """Non-finite logits are an error, not a result (a file whose weights or hparams lie); ``row0``:
+    the row number of ``logits[0]`` in the message."""
     if not np.isfinite(logits).all():
         bad = np.argwhere(~np.isfinite(logits))[0]
-        raise LLMLabError(f"the model produced non-finite {what} (first at row {bad[0]}, column {bad[-1]}): "
+        raise LLMLabError(f"the model produced non-finite {what} (first at row {row0 + bad[0]}, column {bad[-1]}): "
                           "the weights or hyperparameters of this file are broken")

@@ -7,6 +7,7 @@ import numpy as np
 
 from .meta import Metadata, json_safe
 from .reader import GGUFFile, StringArray
+from ...safeio import printable
 
 
 def to_json(f: GGUFFile) -> dict:
@@ -92,4 +93,4 @@ def summary(f: GGUFFile, max_tensors: int | None = None) -> str:
         w(f"  {i:>4} {t.name:<32} {t.type.name:<6} {str(list(t.shape)):<20} {t.offset:>12,} {t.nbytes:>12,}")
     if len(shown) < len(f.tensors):
         w(f"  ... {len(f.tensors) - len(shown)} more")
-    return "\n".join(out)
+    return "\n".join(printable(line) for line in out)   # names and keys from the file: no control characters

@@ -24,6 +24,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
+from ... import LLMLabError
 from ..types import GGMLType, SCALAR_DTYPES, UnknownTypeError, ggml_type
 from .constants import (DEFAULT_ALIGNMENT, GGUF_MAGIC, MAX_DIMS, SCALAR_DTYPE,
                         SUPPORTED_VERSIONS, GGUFError, ValueType)
@@ -273,7 +274,8 @@ class GGUFFile:
         self.path = Path(path)
         self._fh = open_regular(self.path)      # read-only; a FIFO or a directory is refused, never waited on
         try:
-            size = os.fstat(self._fh.fileno()).st_size
+            st = os.fstat(self._fh.fileno())
+            size, self._opened = st.st_size, (st.st_size, st.st_mtime_ns)
             if size == 0:
                 raise GGUFError(0, "empty file")
             self._mm = mmap.mmap(self._fh.fileno(), 0, access=mmap.ACCESS_READ)
@@ -409,6 +411,20 @@ class GGUFFile:
     @property
     def architecture(self) -> str | None:
         return self.kv.get("general.architecture")
+
+    def check_unchanged(self) -> None:
+        """Raise when the file under the mapping was cut short or written since it was opened: a page
+        past a truncated end kills the process with SIGBUS when read, and rewritten bytes would be
+        silently wrong weights. (A file replaced by a rename is harmless: the mapping keeps the old one.)"""
+        fh = getattr(self, "_fh", None)
+        if fh is None or fh.closed:
+            return
+        st = os.fstat(fh.fileno())
+        if st.st_size < self._opened[0]:
+            raise LLMLabError(f"{self.path}: the file was truncated to {st.st_size:,} bytes while in use "
+                              f"(it had {self._opened[0]:,})")
+        if (st.st_size, st.st_mtime_ns) != self._opened:
+            raise LLMLabError(f"{self.path}: the file was modified while in use")
 
     def close(self) -> None:
         mm, self._mm = getattr(self, "_mm", None), None

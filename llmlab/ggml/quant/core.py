@@ -85,8 +85,9 @@ def fp16(x) -> np.ndarray:
 
 def first_absmax(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(amax, max) per row: the largest |v| and the signed value where it first occurs
-    (the ``if (amax < fabsf(v)) { amax = fabsf(v); max = v; }`` loop)."""
+    (the ``if (amax < fabsf(v)) { amax = fabsf(v); max = v; }`` loop, which passes over NaN)."""
     a = np.abs(x)
+    a = np.where(a == a, a, a.dtype.type(0))
     i = np.argmax(a, axis=-1)[..., None]
     amax = np.take_along_axis(a, i, -1)[..., 0]
     mx = np.take_along_axis(x, i, -1)[..., 0]

@@ -31,7 +31,11 @@ class Merge:
 
 
 def bpe_merge(symbols: list[str], ranks: dict[str, int], trace: list[Merge] | None = None) -> list[str]:
-    """Merge ``symbols`` by rank; returns the final symbols (``llm_tokenizer_bpe_session::tokenize``)."""
+    """Merge ``symbols`` by rank; returns the final symbols (``llm_tokenizer_bpe_session::tokenize``).
+
+    The queue holds one integer per pair, ``rank * n + left`` (the lowest rank first, the leftmost on
+    ties, as llama.cpp's comparator orders them); a popped pair is stale when the symbols now at
+    ``left`` and after it are not that rank's pair (a rank names one pair: symbols only grow)."""
     sym = list(symbols)
     n = len(sym)
     if n < 2:
@@ -39,32 +43,48 @@ def bpe_merge(symbols: list[str], ranks: dict[str, int], trace: list[Merge] | No
     nxt = list(range(1, n + 1))
     nxt[-1] = -1
     prv = list(range(-1, n - 1))
-    queue: list[tuple[int, int, int, str]] = []
-
-    def add(left: int, right: int) -> None:
-        if left < 0 or right < 0:
-            return
-        rank = ranks.get(sym[left] + " " + sym[right])
-        if rank is not None:
-            heapq.heappush(queue, (rank, left, right, sym[left] + sym[right]))
-
-    for i in range(1, n):
-        add(i - 1, i)
+    get = ranks.get
+    queue = [rank * n + i - 1 for i in range(1, n) if (rank := get(sym[i - 1] + " " + sym[i])) is not None]
+    heapq.heapify(queue)
+    pop, push = heapq.heappop, heapq.heappush
     while queue:
-        rank, left, right, text = heapq.heappop(queue)
-        if not sym[left] or not sym[right] or sym[left] + sym[right] != text:
+        rank, left = divmod(pop(queue), n)
+        right = nxt[left]
+        if right < 0 or not sym[left] or get(sym[left] + " " + sym[right]) != rank:
             continue   # outdated: one side has changed since this pair was queued
         if trace is not None:
             trace.append(Merge(rank, left, sym[left], sym[right], []))
-        sym[left], sym[right] = text, ""
-        nxt[left] = nxt[right]
-        if nxt[right] >= 0:
-            prv[nxt[right]] = left
-        add(prv[left], left)
-        add(left, nxt[left])
+        sym[left], sym[right] = sym[left] + sym[right], ""
+        nxt[left] = after = nxt[right]
+        if after >= 0:
+            prv[after] = left
+            r = get(sym[left] + " " + sym[after])
+            if r is not None:
+                push(queue, r * n + left)
+        before = prv[left]
+        if before >= 0:
+            r = get(sym[before] + " " + sym[left])
+            if r is not None:
+                push(queue, r * n + before)
         if trace is not None:
             trace[-1].symbols = [s for s in sym if s]
     return [s for s in sym if s]
+
+
+MERGE_BYTES_PER_SYMBOL = 400     # the merge of one long word: symbol lists, queue entries, growing strings
+
+
+def check_merge_memory(n: int) -> None:
+    """Refuse, before starting, the merge of a word of ``n`` symbols that would need more than half the
+    memory still available (a single 10 MB word of spaces or letters)."""
+    if n < 1 << 18:
+        return
+    from ..validate import available_memory
+    need, avail = n * MERGE_BYTES_PER_SYMBOL, available_memory()
+    if avail is not None and need > avail // 2:
+        from ... import LLMLabError
+        raise LLMLabError(f"a run of {n:,} characters with no break the tokenizer can cut at would need about "
+                          f"{need / 2**20:,.0f} MiB to tokenize; only {avail / 2**20:,.0f} MiB of memory is available")
 
 
 class BPE:
@@ -85,6 +105,7 @@ class BPE:
         chars = self.byte_symbols(word)
         if self.pre.ignore_merges and chars in v.token_to_id:
             return [v.token_to_id[chars]]
+        check_merge_memory(len(chars))
         ids = []
         for s in bpe_merge(list(chars), v.merges):
             i = v.token_to_id.get(s)

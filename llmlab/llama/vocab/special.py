@@ -48,6 +48,11 @@ class SpecialTokens:
             out[parse_special] = dict(b)
         return out
 
+    @cached_property
+    def _index(self) -> dict[bool, dict[str, int]]:
+        """Each candidate's position in its partition order, by its text."""
+        return {ps: {t: k for k, (t, _) in enumerate(self.all if ps else self.user_defined)} for ps in (True, False)}
+
     def present(self, text: str, parse_special: bool) -> list[tuple[str, int]]:
         """The candidates that occur in ``text``, in partition order."""
         cands = self.all if parse_special else self.user_defined
@@ -58,20 +63,75 @@ class SpecialTokens:
         hits.sort()
         return [cands[k] for k in hits]
 
+    def occurrences(self, text: str, parse_special: bool) -> list[tuple[int, list[int] | None]]:
+        """The candidates present in ``text``, in partition order, each with the sorted start of every
+        occurrence (overlapping ones too), or None where finding them by scanning the text is cheaper.
+
+        Per group of candidates sharing their first two characters, whichever costs less: look each of
+        the group's lengths up at every place the two characters occur (a dict lookup each), or scan the
+        text once per candidate (C speed). Both are linear in the text."""
+        cands = self.all if parse_special else self.user_defined
+        index = self._index[parse_special]
+        found: dict[int, list[int] | None] = {}
+        for prefix, ks in self._buckets[parse_special].items():
+            count = text.count(prefix)
+            if not count:
+                continue
+            lengths = sorted({len(cands[k][0]) for k in ks})
+            if count * len(lengths) * 300 < len(ks) * len(text):    # ~0.3 us a lookup, ~1 ns a character scanned
+                at = text.find(prefix)
+                while at >= 0:
+                    for n in lengths:
+                        k = index.get(text[at:at + n])
+                        if k is not None:
+                            found.setdefault(k, []).append(at)
+                    at = text.find(prefix, at + 1)
+            else:
+                found.update((k, None) for k in ks if cands[k][0] in text)
+        return [(k, found[k]) for k in sorted(found)]
+
     def partition(self, text: str, parse_special: bool) -> list[Fragment]:
-        """``text`` as a list of raw strings and token ids, in order."""
-        fragments: list[Fragment] = [text] if text else []
-        for token_text, token_id in self.present(text, parse_special):
-            out: list[Fragment] = []
-            for frag in fragments:
-                if isinstance(frag, int) or token_text not in frag:
-                    out.append(frag)
-                    continue
-                pieces = frag.split(token_text)
-                for k, piece in enumerate(pieces):
-                    if k:
-                        out.append(token_id)
-                    if piece:
-                        out.append(piece)
-            fragments = out
+        """``text`` as a list of raw strings and token ids, in order.
+
+        Each candidate in turn claims its leftmost non-overlapping occurrences inside the text that no
+        earlier candidate claimed (what splitting every raw fragment at it does); claimed characters are
+        marked in a bytearray, so a claimed stretch is stepped over at C speed. The work is linear in the
+        text, however many fragments the candidates make (a pass over every fragment per candidate was
+        quadratic)."""
+        if not text:
+            return []
+        cands = self.all if parse_special else self.user_defined
+        claimed = bytearray(len(text))
+        hits: list[tuple[int, int, int]] = []          # (start, end, token id)
+        for k, starts in self.occurrences(text, parse_special):
+            token_text, token_id = cands[k]
+            n = len(token_text)
+            if starts is not None:
+                free = 0                               # this candidate's own claims do not overlap
+                for at in starts:
+                    if at >= free and claimed.find(1, at, at + n) < 0:
+                        claimed[at:at + n] = b"\x01" * n
+                        hits.append((at, at + n, token_id))
+                        free = at + n
+                continue
+            at = text.find(token_text)
+            while at >= 0:
+                q = claimed.find(1, at, at + n)
+                if q < 0:
+                    claimed[at:at + n] = b"\x01" * n
+                    hits.append((at, at + n, token_id))
+                    at = text.find(token_text, at + n)
+                else:                                  # every start up to q overlaps q: go past the claimed stretch
+                    nxt = claimed.find(0, q)
+                    at = text.find(token_text, nxt) if nxt >= 0 else -1
+        hits.sort()
+        fragments: list[Fragment] = []
+        at = 0
+        for lo, hi, token_id in hits:
+            if lo > at:
+                fragments.append(text[at:lo])
+            fragments.append(token_id)
+            at = hi
+        if at < len(text):
+            fragments.append(text[at:])
         return fragments

@@ -21,6 +21,7 @@ from functools import cached_property
 import numpy as np
 
 from ... import LLMLabError
+from .bpe import check_merge_memory
 from .vocab import Vocab
 
 SPACE = "\u2581"
@@ -36,39 +37,57 @@ class Bigram:
     symbols: list[str]
 
 
-def spm_merge(text: str, token_to_id: dict[str, int], scores, trace: list[Bigram] | None = None) -> list[str]:
-    """Merge the characters of ``text`` by token score; returns the final symbols."""
+def score_ranks(scores) -> list[int]:
+    """Each token's place among the distinct scores, 0 for the highest (the queue's integer order)."""
+    order = {v: k for k, v in enumerate(sorted(set(scores), reverse=True))}
+    return [order[v] for v in scores]
+
+
+def spm_merge(text: str, token_to_id: dict[str, int], scores, trace: list[Bigram] | None = None,
+              ranks: list[int] | None = None) -> list[str]:
+    """Merge the characters of ``text`` by token score; returns the final symbols.
+
+    The queue holds one integer per pair, ``rank * n + left`` (``ranks``: :func:`score_ranks`): the
+    highest score first, the leftmost on ties, as llama.cpp's comparator orders them. A popped pair is
+    stale when the symbols now at ``left`` and after it do not make a token of that rank; a pair that
+    does has an entry of the same key, so which entry is taken changes nothing."""
     sym = list(text)
     n = len(sym)
     if n < 2:
         return sym
+    if ranks is None:
+        ranks = score_ranks(scores)
     nxt = list(range(1, n + 1))
     nxt[-1] = -1
     prv = list(range(-1, n - 1))
-    queue: list[tuple[float, int, int, int]] = []
-
-    def add(left: int, right: int) -> None:
-        if left < 0 or right < 0:
-            return
-        i = token_to_id.get(sym[left] + sym[right])
-        if i is not None:
-            heapq.heappush(queue, (-scores[i], left, right, len(sym[left]) + len(sym[right])))
-
-    for i in range(1, n):
-        add(i - 1, i)
+    get = token_to_id.get
+    queue = [ranks[i] * n + k - 1 for k in range(1, n) if (i := get(sym[k - 1] + sym[k])) is not None]
+    heapq.heapify(queue)
+    pop, push = heapq.heappop, heapq.heappush
     while queue:
-        neg_score, left, right, size = heapq.heappop(queue)
+        rank, left = divmod(pop(queue), n)
+        right = nxt[left]
+        if right < 0 or not sym[left]:
+            continue
         a, b = sym[left], sym[right]
-        if not a or not b or len(a) + len(b) != size:
+        i = get(a + b)
+        if i is None or ranks[i] != rank:
             continue   # outdated: one side has changed since this pair was queued
         sym[left], sym[right] = a + b, ""
-        nxt[left] = nxt[right]
-        if nxt[right] >= 0:
-            prv[nxt[right]] = left
-        add(prv[left], left)
-        add(left, nxt[left])
+        nxt[left] = after = nxt[right]
+        if after >= 0:
+            prv[after] = left
+        before = prv[left]
+        if before >= 0:
+            j = get(sym[before] + sym[left])
+            if j is not None:
+                push(queue, ranks[j] * n + before)
+        if after >= 0:
+            j = get(sym[left] + sym[after])
+            if j is not None:
+                push(queue, ranks[j] * n + left)
         if trace is not None:
-            trace.append(Bigram(-neg_score, left, a, b, [s for s in sym if s]))
+            trace.append(Bigram(scores[i], left, a, b, [s for s in sym if s]))
     return [s for s in sym if s]
 
 
@@ -81,6 +100,10 @@ class SPM:
         self._cache: dict[str, list[int]] = {}
         t2i = vocab.token_to_id
         self._byte_ids = [t2i.get(f"<0x{b:02X}>", t2i.get(chr(b)) if b < 0x80 else None) for b in range(256)]
+
+    @cached_property
+    def _ranks(self) -> list[int]:
+        return score_ranks(self._scores)
 
     @cached_property
     def _pairs(self) -> np.ndarray:
@@ -102,8 +125,9 @@ class SPM:
         return [text[a:b] for a, b in zip([0] + cuts, cuts + [len(text)])]
 
     def encode_chunk(self, text: str) -> list[int]:
+        check_merge_memory(len(text))
         t2i, out = self.vocab.token_to_id, []
-        for s in spm_merge(text, t2i, self._scores):
+        for s in spm_merge(text, t2i, self._scores, ranks=self._ranks):
             i = t2i.get(s)
             if i is not None:
                 out.append(i)
@@ -131,5 +155,5 @@ class SPM:
     def trace(self, text: str) -> list[Bigram]:
         """Every merge applied to ``text`` (spaces already escaped), in order (for replays)."""
         steps: list[Bigram] = []
-        spm_merge(text, self.vocab.token_to_id, self._scores, steps)
+        spm_merge(text, self.vocab.token_to_id, self._scores, steps, ranks=self._ranks)
         return steps

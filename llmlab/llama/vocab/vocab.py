@@ -97,9 +97,20 @@ class Vocab:
 
     def check_ids(self, ids) -> None:
         n = len(self.tokens)
-        bad = [i for i in ids if not (isinstance(i, (int, np.integer)) and 0 <= i < n)]
+        bad = [i for i in ids if not (isinstance(i, (int, np.integer)) and not isinstance(i, (bool, np.bool_))
+                                      and 0 <= i < n)]
         if bad:
-            raise LLMLabError(f"token id {bad[0]!r} is outside the vocabulary (0..{n - 1})")
+            what = "is not an integer" if not isinstance(bad[0], (int, np.integer)) or isinstance(bad[0], (bool, np.bool_)) \
+                else "is outside the vocabulary"
+            raise LLMLabError(f"token id {bad[0]!r} {what} (ids are integers 0..{n - 1})")
+
+    @property
+    def max_token_chars(self) -> int:
+        """The most characters of text one token can stand for (its text's length bounds it: a BPE
+        token's byte characters, a SentencePiece piece's characters, a byte token's 6)."""
+        if getattr(self, "_max_chars", None) is None:
+            self._max_chars = max((len(t) for t in self.tokens), default=1) or 1
+        return self._max_chars
 
     @classmethod
     def from_gguf(cls, gguf) -> "Vocab":
@@ -115,8 +126,12 @@ class Vocab:
                               f"supported: {', '.join(_MODEL_DEFAULTS)}")
         if get("tokens") is None:
             raise LLMLabError(f"{gguf.path.name}: no tokenizer.ggml.tokens")
+        n = len(get("tokens"))
+        emb = next((t for t in gguf.tensors if t.name == "token_embd.weight"), None)
+        if emb is not None and len(emb.shape) >= 2 and emb.shape[1] != n:   # before the strings are decoded
+            raise LLMLabError(f"{gguf.path.name}: the tokenizer has {n} tokens but token_embd.weight has "
+                              f"{emb.shape[1]} rows")
         tokens = get("tokens").tolist()
-        n = len(tokens)
         token_to_id = dict(zip(tokens, range(n)))
         if "" in token_to_id:   # llama.cpp names empty tokens [EMPTY_i]
             tokens = [t or f"[EMPTY_{i}]" for i, t in enumerate(tokens)]

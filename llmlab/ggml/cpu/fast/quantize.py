@@ -16,13 +16,23 @@ from ._common import NOPYTHON, f16_round
 @njit(inline="always", **NOPYTHON)
 def _amax_iscale(x, t, o):
     """The 32-value block at x[t, o:o+32]: its largest magnitude and 127/amax (0 for an all-zero block),
-    as the x86 quantize_row_q8_0/q8_1 compute them."""
+    as the x86 quantize_row_q8_0/q8_1 compute them; a NaN makes amax NaN, as in the NumPy reference."""
     amax = np.float32(0.0)
     for i in range(32):
         v = abs(x[t, o + i])
-        if v > amax:
+        if v > amax or v != v:
             amax = v
+            if v != v:
+                break
     return amax, (np.float32(127.0) / amax if amax != 0 else np.float32(0.0))
+
+
+@njit(inline="always", **NOPYTHON)
+def _code(v):
+    """rint(v) as an int32, NaN (from a NaN or an infinite x) as NumPy's cast gives it on x86: INT32_MIN
+    (whose int8 truncation is 0)."""
+    r = np.rint(v)
+    return np.int32(-2147483648) if r != r else np.int32(r)
 
 
 @njit(**NOPYTHON)
@@ -38,7 +48,7 @@ def quantize_q8_0(x):
             amax, iscale = _amax_iscale(x, t, o)
             d[t, b] = f16_round(amax / np.float32(127.0))
             for i in range(32):
-                qs[t, o + i] = np.int8(np.rint(x[t, o + i] * iscale))
+                qs[t, o + i] = np.int8(_code(x[t, o + i] * iscale))
     return qs, d
 
 
@@ -57,7 +67,7 @@ def quantize_q8_1(x):
             dd = amax / np.float32(127.0)
             total = 0
             for i in range(32):
-                q = np.int32(np.rint(x[t, o + i] * iscale))
+                q = _code(x[t, o + i] * iscale)
                 qs[t, o + i] = np.int8(q)
                 total += q
             d[t, b] = f16_round(dd)
@@ -93,9 +103,8 @@ def quantize_q8_k(x):
                 continue
             iscale = np.float32(-127.0) / mx
             for i in range(256):
-                q = np.rint(iscale * x[t, o + i])
-                qs[t, o + i] = np.int8(min(q, np.float32(127.0)))
-            d[t, b] = np.float32(1.0) / iscale
+                qs[t, o + i] = np.int8(min(_code(iscale * x[t, o + i]), np.int32(127)))
+            d[t, b] = np.float32(1.0) / iscale if iscale != 0 else np.float32(np.copysign(np.inf, iscale))  # |max| = inf
             for j in range(16):
                 sm = 0
                 for i in range(16):
