@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from llmlab.warm import Warmup, cache_counts, warm
 
 
@@ -31,3 +33,33 @@ def test_cli_warm(smollm2_path):
                        text=True, timeout=900, env=dict(os.environ))
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("kernels: ") and "3/3 a decode step" in r.stderr
+
+
+def _read_only(cmd: list[str], folder, env: dict) -> subprocess.CompletedProcess:
+    """Run ``cmd`` with ``folder`` read-only: a private read-only bind mount as root (root writes through
+    file modes), the folder's write bits taken away otherwise."""
+    if os.geteuid() == 0:
+        script = 'mount --bind "$0" "$0" && mount -o remount,ro,bind "$0" && exec "$@"'
+        return subprocess.run(["unshare", "-m", "sh", "-c", script, str(folder), *cmd], capture_output=True,
+                              text=True, timeout=900, env=env)
+    for root, dirs, files in os.walk(folder):
+        for n in dirs + files:
+            os.chmod(os.path.join(root, n), 0o555 if n in dirs else 0o444)
+    os.chmod(folder, 0o555)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
+
+
+@pytest.mark.slow
+def test_a_read_only_shared_cache_is_used(tmp_path, smollm2_path):
+    """JupyterHub: the admin warms the kernels into one cache (NUMBA_CACHE_DIR) that users can read but
+    not write. numba passes over a folder it cannot write, so llmlab copies what it holds into the user's
+    own folder: the user's first run loads every kernel and compiles none."""
+    shared, home = tmp_path / "shared", tmp_path / "home"
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(shared), LLMLAB_HOME=str(home))
+    cmd = [sys.executable, "-m", "llmlab", "warm", "-m", str(smollm2_path)]
+    admin = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env=env)
+    assert admin.returncode == 0 and admin.stdout.startswith("kernels: compiled"), admin.stderr
+    user = _read_only(cmd, shared, env)
+    assert user.returncode == 0, user.stderr
+    assert "loaded from numba's cache" in user.stdout and "compiled" not in user.stdout, user.stdout
+    assert any((home / "numba").rglob("*.nbi"))
