@@ -135,11 +135,12 @@ def test_dot4_kernels(tname, path, R, K, seed, isa):
         numba.set_num_threads(n0)
 
 
+@pytest.mark.parametrize("cpu", [None, "avx2"], ids=["detected", "avx2"])
 @pytest.mark.parametrize("with_dot4", [True, False], ids=["dot4-if-host", "generic"])
 @pytest.mark.parametrize("tname,K", [("q4_0", 256), ("q4_1", 256), ("q5_0", 256), ("q8_0", 256), ("q4_k", 512), ("q6_k", 512)])
-def test_dispatch_matches_reference(tname, K, with_dot4, monkeypatch):
+def test_dispatch_matches_reference(tname, K, with_dot4, cpu, monkeypatch):
     """Both kernel families for q4_0 / q4_1 / q5_0 / q8_0: byte dot products where the host has them,
-    and the generic kernels (every other host, or LLMLAB_DOT4=0)."""
+    and the generic kernels (every other host, or LLMLAB_DOT4=0); the path is the profile's."""
     if not with_dot4:
         monkeypatch.setattr(dot4, "AVAILABLE", False)
     t = ggml_type(tname)
@@ -147,7 +148,8 @@ def test_dispatch_matches_reference(tname, K, with_dot4, monkeypatch):
     for T in (1, 7, 8, 9):
         for repacked in (False, True):
             x = acts(T, K, seed=10 + T)
-            assert same_bits(fast.mul_mat_quantized(raw, t, x, repacked), ref_mul_mat_quantized(raw, t, x, repacked)), (tname, T, repacked)
+            assert same_bits(fast.mul_mat_quantized(raw, t, x, repacked, cpu),
+                             ref_mul_mat_quantized(raw, t, x, repacked, cpu)), (tname, T, repacked)
 
 
 @pytest.mark.parametrize("cpu", ["avx512", "avx2"])

@@ -587,7 +587,7 @@ def pack_legacy(raw: np.ndarray, tname: str, K: int) -> tuple:
 
 
 def pack_q4_k(raw: np.ndarray, tname: str, K: int) -> tuple:
-    """Raw rows (R, row_bytes) of q4_K -> (qs, sc, mn, d, dmin) in the layout of mul_mat_q4_k."""
+    """Raw rows (R, row_bytes) of q4_K -> (qs, sc, mn, d, dmin) in the layout of _mul_mat_q4_k."""
     from ...quant import k_quants as KQ
     nb = K // 256
     w = np.ascontiguousarray(raw).reshape(-1).view(KQ.BLOCK_Q4_K).reshape(-1, nb)
@@ -600,7 +600,7 @@ def pack_q4_k(raw: np.ndarray, tname: str, K: int) -> tuple:
 
 
 def pack_q6_k(raw: np.ndarray, tname: str, K: int) -> tuple:
-    """Raw rows (R, row_bytes) of q6_K -> (qs, sc, d) in the layout of mul_mat_q6_k: the unsigned 6-bit
+    """Raw rows (R, row_bytes) of q6_K -> (qs, sc, d) in the layout of _mul_mat_q6_k: the unsigned 6-bit
     codes as bytes, chunk 8c + u holding quad u of 32-value chunk c for 16 rows; scales int8; d f16 bits."""
     from ...quant import k_quants as KQ
     nb = K // 256

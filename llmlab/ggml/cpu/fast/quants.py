@@ -10,8 +10,10 @@ fifth bits merged at load: one code kind less, 12 bytes more per block); ``d[g, 
 
 Each block gives 8 lane sums (lane j: the exact integer sum of products 4j..4j+3), then the float
 step of the reference, ``acc_j = fma(d_x * d_w, lane_j, acc_j)`` (the FMA instruction, as ggml),
-block after block; at the end hsum_float_8 over the lanes (q4_1: + the fma sum of m_w * s_x). The
-codes go from the packed bytes straight into registers, across the G rows (no scratch block).
+block after block; at the end hsum_float_8 over the lanes (q4_1: + the fma sum of m_w * s_x). One
+body for the four types, plain loops across the G rows that LLVM vectorizes (tests/test_machine_code.py
+reads the machine code): a decode step takes the codes from the packed bytes straight into registers;
+from UNPACK_MIN_ROWS activation rows on a block's codes are unpacked once into W (32, G) int16.
 
 K-quant packed layout (``pack_q4_k`` / ``pack_q6_k``), G rows side by side per super-block b: q4_K
 ``qs[g, b, l, r]`` byte l of row r (low nibble: value 64(l//32) + l%32, high nibble: +32), ``sc``/``mn
@@ -31,8 +33,8 @@ UNPACK_MIN_ROWS = 4     # legacy quants: from this many activation rows a block'
 
 # ---- legacy quants ----------------------------------------------------------------------------
 # The kind of a packed weight is in the type of its m: q4_1's scales (3-D), an empty int8 array for int8
-# codes (q8_0, q5_0; stored as uint8 bits), an empty uint16 array for q4_0. numba compiles a kernel once per type,
-# taking these helpers' implementations for it, so the loops have no branch on the type.
+# codes (q8_0, q5_0; stored as uint8 bits), an empty uint16 array for q4_0. numba compiles a kernel once
+# per kind, taking these helpers' implementations for it, so the loops have no branch on the type.
 
 def codes(qs, m, g, b, i, r):
     """The int16 codes of byte i of block b of row r: (value i, value i + 16), from the packed bytes qs
