@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
+
 from .. import quants as ref_quants, repack as ref_repack, tiled as ref_tiled
 from . import dot4, quants, repack, tiled
 from .quantize import quantize_q8_0, quantize_q8_1, quantize_q8_k
@@ -31,6 +33,7 @@ class Kernels:
 
 @dataclass(frozen=True)
 class Twin:
+    """One reference kernel and the numba kernels that give its bits."""
     reference: Callable          # llmlab.ggml.cpu: (raw, qtype, x, cpu) -> (T, R) float32
     ggml: str                    # the ggml-cpu function reproduced
     generic: Kernels
@@ -41,19 +44,15 @@ def _byte_dot(family: str, pack: Callable, extra: tuple = ()) -> dict:
     return {isa: Kernels(*k[family], pack, extra=extra) for isa, k in dot4.KERNELS.items()}
 
 
+_NO_S = np.zeros((0, 0), np.float32)    # q8_0 activations have no s (q4_1's min term reads q8_1's)
+
+
 def _legacy(tname: str, partner: str) -> Twin:
     quantize = quantize_q8_1 if partner == "q8_1" else lambda x: (*quantize_q8_0(x), _NO_S)
     return Twin(ref_quants.mul_mat, f"ggml_vec_dot_{tname}_{partner}",
                 Kernels(quants.vec_dot_legacy, quants.vec_dot_legacy_serial, quants.pack_legacy, quantize),
                 _byte_dot("legacy", dot4.pack_legacy))
 
-
-def _no_s():
-    import numpy as np
-    return np.zeros((0, 0), np.float32)
-
-
-_NO_S = _no_s()                  # q8_0 activations have no s (q4_1's min term reads q8_1's)
 
 TWINS: dict[tuple[str, str], Twin] = {
     ("q4_0", "vec_dot"): _legacy("q4_0", "q8_0"),
@@ -89,7 +88,8 @@ def _document() -> None:
                 if fn is not None:
                     seen.setdefault(id(fn), (fn, []))[1].append(f"{tw.ggml} ({path})")
     for fn, refs in seen.values():
-        fn.__doc__ = ((fn.__doc__ or "").rstrip() + "\n\nTwin of: " + ", ".join(dict.fromkeys(refs)) + ".")
+        twin_of = "Twin of: " + ", ".join(dict.fromkeys(refs)) + "."
+        fn.__doc__ = "\n\n".join(s for s in ((fn.__doc__ or "").rstrip(), twin_of) if s)
 
 
 _document()
