@@ -12,8 +12,7 @@ Each block gives 8 lane sums (lane j: the exact integer sum of products 4j..4j+3
 step of the reference, ``acc_j = fma(d_x * d_w, lane_j, acc_j)`` (the FMA instruction, as ggml),
 block after block; at the end hsum_float_8 over the lanes (q4_1: + the fma sum of m_w * s_x). One
 body for the four types, plain loops across the G rows that LLVM vectorizes (tests/test_machine_code.py
-reads the machine code): a decode step takes the codes from the packed bytes straight into registers;
-from UNPACK_MIN_ROWS activation rows on a block's codes are unpacked once into W (32, G) int16.
+reads the machine code); a block's codes are unpacked once into W (32, G) int16.
 
 K-quant packed layout (``pack_q4_k`` / ``pack_q6_k``), G rows side by side per super-block b: q4_K
 ``qs[g, b, l, r]`` byte l of row r (low nibble: value 64(l//32) + l%32, high nibble: +32), ``sc``/``mn
@@ -29,16 +28,13 @@ from numba.extending import overload
 
 from ._common import G, NOPYTHON, as_f32, fma, hsum8
 
-UNPACK_MIN_ROWS = 4     # legacy quants: from this many activation rows a block's codes are unpacked once
-
 # ---- legacy quants ----------------------------------------------------------------------------
 # The kind of a packed weight is in the type of its m: q4_1's scales (3-D), an empty int8 array for int8
 # codes (q8_0, q5_0; stored as uint8 bits), an empty uint16 array for q4_0. numba compiles a kernel once
 # per kind, taking these helpers' implementations for it, so the loops have no branch on the type.
 
 def codes(qs, m, g, b, i, r):
-    """The int16 codes of byte i of block b of row r: (value i, value i + 16), from the packed bytes qs
-    or from the block unpacked into qs (32, G)."""
+    """The int16 codes of byte i of block b of row r: (value i, value i + 16)."""
 
 
 def lane(m, w0, w1, w2, w3, a0, a1, a2, a3):
@@ -46,8 +42,8 @@ def lane(m, w0, w1, w2, w3, a0, a1, a2, a3):
     5-bit codes), for q8_0 int32 as the sum of two int16 pair sums (2 * 128 * 127 fits)."""
 
 
-def min_term(m, as_, g, b, t, summ):
-    """q4_1: summ = fma(m_w, s_x, summ), once per block; nothing for the other types."""
+def min_term(m, as_, g, b, t, r, summ):
+    """q4_1: summ[r] = fma(m_w, s_x, summ[r]), once per block; nothing for the other types."""
 
 
 def plus_min(m, v, s):
@@ -63,8 +59,6 @@ def _s8(u):
 
 @overload(codes, inline="always")
 def _codes(qs, m, g, b, i, r):
-    if qs.ndim == 2:                                            # a block unpacked into W (32, G)
-        return lambda qs, m, g, b, i, r: (qs[i, r], qs[i + 16, r])
     if m.dtype == types.int8:                                   # q8_0, q5_0: int8 codes as uint8 bits
         return lambda qs, m, g, b, i, r: (_s8(qs[g, b, i, r]), _s8(qs[g, b, i + 16, r]))
     if m.ndim == 3:                                             # q4_1
@@ -81,14 +75,12 @@ def _lane(m, w0, w1, w2, w3, a0, a1, a2, a3):
 
 
 @overload(min_term, inline="always")
-def _min_term(m, as_, g, b, t, summ):
+def _min_term(m, as_, g, b, t, r, summ):
     if m.ndim != 3:
-        return lambda m, as_, g, b, t, summ: None
+        return lambda m, as_, g, b, t, r, summ: None
 
-    def q4_1(m, as_, g, b, t, summ):
-        s = as_[t, b]
-        for r in range(G):
-            summ[r] = fma(as_f32(m[g, b, r]), s, summ[r])
+    def q4_1(m, as_, g, b, t, r, summ):
+        summ[r] = fma(as_f32(m[g, b, r]), as_[t, b], summ[r])
     return q4_1
 
 
@@ -113,43 +105,21 @@ def hsum_lanes(acc, r):
 
 
 @njit(inline="always", **NOPYTHON)
-def _lanes(qs, m, g, b, r, i, a, dd, acc):
-    """Bytes i .. i+3 of block b of row r: lane i // 4 (their low codes) and lane 4 + i // 4 (their high
-    codes), each acc[j, r] = fma(dd, lane, acc[j, r]); a: the 8 activations of the two lanes."""
-    c0, e0 = codes(qs, m, g, b, i, r)
-    c1, e1 = codes(qs, m, g, b, i + 1, r)
-    c2, e2 = codes(qs, m, g, b, i + 2, r)
-    c3, e3 = codes(qs, m, g, b, i + 3, r)
+def _lanes(W, m, r, i, a, dd, acc):
+    """Lane i // 4 (codes i .. i+3 of row r) and lane 4 + i // 4 (codes i+16 .. i+19), each
+    acc[j, r] = fma(dd, lane, acc[j, r]); a: the 8 activations of the two lanes."""
     j = i >> 2
-    acc[j, r] = fma(dd, lane(m, c0, c1, c2, c3, a[0], a[1], a[2], a[3]), acc[j, r])
-    acc[j + 4, r] = fma(dd, lane(m, e0, e1, e2, e3, a[4], a[5], a[6], a[7]), acc[j + 4, r])
-
-
-@njit(inline="always", **NOPYTHON)
-def _block(src, m, g, b, d, aq, ad, as_, acc, summ):
-    """Block b of row group g against every activation row: the codes from ``src``, the packed bytes
-    (decode) or the block unpacked into W (32, G) int16 (many rows: unpacked once, read T times)."""
-    for t in range(aq.shape[0]):
-        p0 = _acts(aq, t, 32 * b)           # the activations as values, not memory: LLVM keeps them
-        p1 = _acts(aq, t, 32 * b + 4)       # in registers across the rows (a store to the accumulators
-        p2 = _acts(aq, t, 32 * b + 8)       # could change an array's, so it would load them again)
-        p3 = _acts(aq, t, 32 * b + 12)
-        dab = ad[t, b]
-        at = acc[t]
-        for r in range(G):                  # vectorized across the G rows
-            dd = dab * as_f32(d[g, b, r])
-            _lanes(src, m, g, b, r, 0, p0, dd, at)      # written out, not a loop: LLVM vectorizes
-            _lanes(src, m, g, b, r, 4, p1, dd, at)      # only innermost loops, and leaves an
-            _lanes(src, m, g, b, r, 8, p2, dd, at)      # inner loop of 4 rolled when its body
-            _lanes(src, m, g, b, r, 12, p3, dd, at)     # is large (q8_0)
-        min_term(m, as_, g, b, t, summ[t])
+    acc[j, r] = fma(dd, lane(m, W[i, r], W[i + 1, r], W[i + 2, r], W[i + 3, r], a[0], a[1], a[2], a[3]), acc[j, r])
+    acc[j + 4, r] = fma(dd, lane(m, W[i + 16, r], W[i + 17, r], W[i + 18, r], W[i + 19, r], a[4], a[5], a[6], a[7]),
+                        acc[j + 4, r])
 
 
 @njit(inline="always", **NOPYTHON)
 def _vec_dot_legacy(qs, d, m, aq, ad, as_):
     """qs (ng, nb, 16 or 32, G) uint8, d, m (ng, nb, G) f16 bits (m: q4_1, else empty);
     aq (T, K) int8, ad, as_ (T, nb) float32 (q8_0, or q8_1 with s for q4_1) -> (T, ng*G) float32.
-    Byte i of a block gives lane i // 4 (its low codes) and lane 4 + i // 4 (its high codes)."""
+    Per block the codes of the G rows are unpacked once into W (32, G) int16 (faster than taking
+    them from the packed bytes per activation row, even for one row)."""
     ng, nb = qs.shape[0], qs.shape[1]
     T = aq.shape[0]
     out = np.empty((T, ng * G), np.float32)
@@ -158,13 +128,23 @@ def _vec_dot_legacy(qs, d, m, aq, ad, as_):
         summ = np.zeros((T, G), np.float32)
         W = np.empty((32, G), np.int16)
         for b in range(nb):
-            if T < UNPACK_MIN_ROWS:
-                _block(qs, m, g, b, d, aq, ad, as_, acc, summ)
-            else:
-                for i in range(16):
-                    for r in range(G):
-                        W[i, r], W[i + 16, r] = codes(qs, m, g, b, i, r)
-                _block(W, m, g, b, d, aq, ad, as_, acc, summ)
+            for i in range(16):
+                for r in range(G):
+                    W[i, r], W[i + 16, r] = codes(qs, m, g, b, i, r)
+            for t in range(T):
+                p0 = _acts(aq, t, 32 * b)           # the activations as values, not memory: LLVM keeps
+                p1 = _acts(aq, t, 32 * b + 4)       # them in registers across the rows (a store to the
+                p2 = _acts(aq, t, 32 * b + 8)       # accumulators could change an array's, so it would
+                p3 = _acts(aq, t, 32 * b + 12)      # load them again)
+                dab = ad[t, b]
+                at, st = acc[t], summ[t]
+                for r in range(G):                  # vectorized across the G rows
+                    dd = dab * as_f32(d[g, b, r])
+                    _lanes(W, m, r, 0, p0, dd, at)  # written out, not a loop: LLVM vectorizes only
+                    _lanes(W, m, r, 4, p1, dd, at)  # innermost loops, and leaves an inner loop of 4
+                    _lanes(W, m, r, 8, p2, dd, at)  # rolled when its body is large (q8_0)
+                    _lanes(W, m, r, 12, p3, dd, at)
+                    min_term(m, as_, g, b, t, r, st)
         for t in range(T):
             for r in range(G):
                 out[t, g * G + r] = plus_min(m, hsum_lanes(acc[t], r), summ[t, r])
