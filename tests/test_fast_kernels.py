@@ -15,8 +15,6 @@ from llmlab.ggml.types import ggml_type
 
 # ---- the NumPy references: imported here only, so a rename upstream is a one-place fix ----------
 from llmlab.ggml.cpu.quants import mul_mat as vec_dot_mul_mat
-from llmlab.ggml.cpu.repack import mul_mat_q4_k_repacked
-from llmlab.ggml.cpu.tiled import mul_mat_k_tiled
 from llmlab.ggml.cpu.ops import mul_mat_quantized as ref_mul_mat_quantized
 from llmlab.ggml.cpu.quants import quantize_activations
 

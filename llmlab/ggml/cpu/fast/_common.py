@@ -14,7 +14,6 @@ from numba.extending import intrinsic, overload
 F32, F64 = np.float32, np.float64
 G = 32          # rows side by side in the packed weight layouts (one int16 zmm register across rows)
 NOPYTHON = dict(cache=True, nogil=True, boundscheck=False)
-TILED_MIN_ROWS = 8  # ggml_tiled_min_batch (every x86 profile's): K-quant products with this many activation rows tile
 
 
 @intrinsic

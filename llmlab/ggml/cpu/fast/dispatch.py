@@ -30,7 +30,7 @@ import numpy as np
 from .. import profiles
 from ..ops import quantized_path
 from . import dot4
-from ._common import G, PARALLEL_MIN_WORK, set_threads, threads
+from ._common import PARALLEL_MIN_WORK, set_threads, threads
 from .twins import Kernels, twin
 
 PACK_CHUNK_ROWS = 8192          # rows packed at a time (a multiple of G and of dot4.R16)

@@ -39,7 +39,7 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ._common import NOPYTHON, TILED_MIN_ROWS, as_f32, fma, hsum8
+from ._common import NOPYTHON, as_f32, fma, hsum8
 from .quants import groups as _groups, pair_sums
 from .repack import repack_step
 from .quantize import quantize_q8_0 as _q8_0, quantize_q8_1 as _q8_1, quantize_q8_k as _q8_k
