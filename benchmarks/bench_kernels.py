@@ -18,7 +18,8 @@ import time
 import numpy as np
 
 from llmlab import models
-from llmlab.ggml.cpu import fast
+from llmlab.ggml.cpu import fast, profiles
+from llmlab.ggml.cpu.ops import quantized_path
 from llmlab.ggml.cpu.ops import mul_mat_quantized as reference
 from llmlab.ggml.gguf import GGUFFile
 
@@ -80,7 +81,7 @@ def main(argv=None) -> None:
         for (kind, tname, K, R, rp), (t, count) in shapes.items():
             raw = np.asarray(t.data).reshape(R, -1)
             x = rng.standard_normal((args.T, K)).astype(np.float32)
-            path = fast.path_of(t.type, args.T, rp)
+            path = quantized_path(t.type, args.T, rp, profiles.resolve(None))
             line = f"{kind:28s} {tname:5s} {K:5d} {R:7d} {path:8s} {count:3d} {raw.nbytes / 1e6:7.2f}"
             run = (fast.bind(raw, t.type, rp) if hasattr(fast, "bind")   # as a graph plan binds a node
                    else lambda x, raw=raw, t=t, rp=rp: fast.mul_mat_quantized(raw, t.type, x, rp))

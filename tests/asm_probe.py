@@ -20,9 +20,9 @@ import numpy as np
 from numba import njit
 
 from llmlab.ggml.cpu import profiles
-from llmlab.ggml.cpu.fast import dot4, q32, vec as fvec
+from llmlab.ggml.cpu.fast import vec as fvec
+from llmlab.ggml.cpu.fast.twins import TWINS
 from llmlab.ggml.cpu.fast._common import NOPYTHON
-from llmlab.ggml.cpu.fast.quantize import quantize_q8_1
 
 OPTS = {k: v for k, v in NOPYTHON.items() if k != "cache"}
 
@@ -46,7 +46,9 @@ def main(isas: list[str]) -> dict:
     raw.view(np.uint16)[:, ::10] = 0x3C00
     x = rng.standard_normal((1, 64)).astype(np.float32)
     out: dict[str, dict[str, int]] = {}
-    out["generic_decode_q4_1"] = instructions(q32.mv_q4_1_serial, *q32.pack_q32(raw, "q4_1", 64), *quantize_q8_1(x))
+    q41 = TWINS["q4_1", "vec_dot"]
+    k = q41.generic
+    out["generic_decode_q4_1"] = instructions(k.serial, *k.pack(raw, "q4_1", 64), *k.quantize(x))
     v = fvec.params(profiles.get("avx512"))
     s = np.ones((2, 1, 64), np.float32)
     out["soft_max"] = instructions(fvec.soft_max, s, np.zeros((0, 64), np.float32), np.float32(1), s.copy(),
@@ -54,8 +56,8 @@ def main(isas: list[str]) -> dict:
     g = np.ones((1, 64), np.float32)
     out["swiglu"] = instructions(fvec.swiglu, g, g, g.copy(), v.expf)
     for isa in isas:
-        out[f"dot4_{isa}_q4_1"] = instructions(dot4.kernels("q4_1", isa)[1], *dot4.pack(raw, "q4_1", 64), x,
-                                               np.empty((1, 32), np.float32))
+        k = q41.byte_dot[isa]
+        out[f"dot4_{isa}_q4_1"] = instructions(k.serial, *k.pack(raw, "q4_1", 64), x, np.empty((1, 32), np.float32))
     return {"cpu": numba.config.CPU_NAME or "host", "kernels": out}
 
 

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from llmlab.ggml.cpu import fast
-from llmlab.ggml.cpu.fast import dot4, kquants, q32
+from llmlab.ggml.cpu.fast import dot4
+from llmlab.ggml.cpu.fast.twins import TWINS
 from llmlab.ggml.cpu.fast._common import round_to_f16
 from llmlab.ggml.cpu.fast.quantize import quantize_q8_0, quantize_q8_1, quantize_q8_k
 from llmlab.ggml.quant.core import random_blocks
@@ -14,8 +15,6 @@ from llmlab.ggml.types import ggml_type
 
 # ---- the NumPy references: imported here only, so a rename upstream is a one-place fix ----------
 from llmlab.ggml.cpu.quants import mul_mat as vec_dot_mul_mat
-from llmlab.ggml.cpu.repack_gemm import mul_mat_q4_k_repacked
-from llmlab.ggml.cpu.tiled import mul_mat_k_tiled
 from llmlab.ggml.cpu.ops import mul_mat_quantized as ref_mul_mat_quantized
 from llmlab.ggml.cpu.quants import quantize_activations
 
@@ -73,41 +72,27 @@ def test_quantizers(T, K):
 
 # ---- kernels per type and path, random blocks --------------------------------------------------
 
-def fast_q32(raw, tname, x):
-    p = q32.pack_q32(raw, tname, x.shape[1])
-    a = quantize_q8_1(x) if tname == "q4_1" else quantize_q8_0(x)
-    return getattr(q32, "mul_mat_" + tname)(*p, *a)[:, :raw.shape[0]]
+def generic(raw, tname, x, path):
+    """The generic twin of (tname, path) from the table, threaded and serial alike."""
+    k = TWINS[tname, path].generic
+    p = k.pack(raw, tname, x.shape[1])
+    return [fn(*p, *k.quantize(x))[:, :raw.shape[0]] for fn in (k.threaded, k.serial) if fn is not None]
 
 
-def fast_k(raw, tname, x, path):
-    K = x.shape[1]
-    p = kquants.pack_q4_k(raw, K) if tname == "q4_k" else kquants.pack_q6_k(raw, K)
-    fn = {"vec_dot": f"mul_mat_{tname}", "tiled": f"mul_mat_{tname}_tiled", "repack": "mul_mat_q4_k_repacked"}[path]
-    return getattr(kquants, fn)(*p, *quantize_q8_k(x))[:, :raw.shape[0]]
+CASES = [(t, path, R, K) for (t, path) in TWINS
+         for R, K in ([(40, 576), (70, 640)] if not t.endswith("_k") else [(40, 512), (33, 1024)])]
 
 
-@pytest.mark.parametrize("tname", ["q4_0", "q4_1", "q5_0", "q8_0"])
-@pytest.mark.parametrize("R,K", [(40, 576), (70, 640)])
-def test_q32_kernels(tname, R, K):
+@pytest.mark.parametrize("tname,path,R,K", CASES, ids=[f"{t}-{p}-{R}x{K}" for t, p, R, K in CASES])
+def test_generic_kernels(tname, path, R, K):
+    """Every generic twin in the table equals its reference, for T from 1 to a prefill block."""
     raw = raw_rows(tname, R, K, seed=R + K)
     t = ggml_type(tname)
+    ref = TWINS[tname, path].reference
     for T in TS:
         x = acts(T, K, seed=T)
-        assert same_bits(fast_q32(raw, tname, x), vec_dot_mul_mat(raw, t, x)), (tname, R, K, T)
-
-
-K_CASES = [("q4_k", "vec_dot", vec_dot_mul_mat), ("q4_k", "tiled", mul_mat_k_tiled), ("q4_k", "repack", mul_mat_q4_k_repacked),
-           ("q6_k", "vec_dot", vec_dot_mul_mat), ("q6_k", "tiled", mul_mat_k_tiled)]
-
-
-@pytest.mark.parametrize("tname,path,ref", K_CASES, ids=[f"{a}-{b}" for a, b, _ in K_CASES])
-@pytest.mark.parametrize("R,K", [(40, 512), (33, 1024)])
-def test_k_kernels(tname, path, ref, R, K):
-    raw = raw_rows(tname, R, K, seed=R + K)
-    t = ggml_type(tname)
-    for T in TS:
-        x = acts(T, K, seed=T)
-        assert same_bits(fast_k(raw, tname, x, path), ref(raw, t, x)), (tname, path, R, K, T)
+        for got in generic(raw, tname, x, path):
+            assert same_bits(got, ref(raw, t, x)), (tname, path, R, K, T)
 
 
 # ---- the dispatch takes the reference's path ------------------------------------------------------
@@ -115,53 +100,45 @@ def test_k_kernels(tname, path, ref, R, K):
 ISAS = dot4.host_isas()
 
 
-def dot4_reference(tname, raw, x):
-    """The reference path each dot4 kernel reproduces: vec_dot; q4_K in the REPACK buffer: its gemv/gemm;
-    q6_K: vec_dot below 8 activation rows, tiled from 8 on."""
-    t = ggml_type(tname)
-    if tname == "q4_k":
-        return mul_mat_q4_k_repacked(raw, t, x)
-    if tname == "q6_k" and len(x) >= 8:
-        return mul_mat_k_tiled(raw, t, x)
-    return vec_dot_mul_mat(raw, t, x)
-
-
-# (type, R, K, seed offset): R not a multiple of 16 (a partial row group) in every pair
-DOT4_CASES = ([(t, R, K, 2) for t in dot4.TYPES for R, K in [(40, 576), (70, 640)]]
-              + [(t, R, K, o) for t, o in [("q4_k", 3), ("q6_k", 4)] for R, K in [(40, 512), (33, 1024)]])
+# (type, path, R, K, seed offset): R not a multiple of 16 (a partial row group) in every pair
+DOT4_CASES = [(t, path, R, K, o) for o, ((t, path), tw) in enumerate(TWINS.items()) if tw.byte_dot
+              for R, K in ([(40, 576), (70, 640)] if not t.endswith("_k") else [(40, 512), (33, 1024)])]
 
 
 @pytest.mark.skipif(not ISAS, reason="this host has neither AVX512-VNNI nor AVX2")
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("tname,R,K,seed", DOT4_CASES, ids=[f"{t}-{R}x{K}" for t, R, K, _ in DOT4_CASES])
-def test_dot4_kernels(tname, R, K, seed, isa):
+@pytest.mark.parametrize("tname,path,R,K,seed", DOT4_CASES, ids=[f"{t}-{p}-{R}x{K}" for t, p, R, K, _ in DOT4_CASES])
+def test_dot4_kernels(tname, path, R, K, seed, isa):
     """dot4's kernels (lane sums by vpdpbusd, or pmaddubsw + pmaddwd) and their serial twins equal the
     reference path they reproduce (q4_K's gemm rows in groups of 4 and gemv rows alike, q6_K's vec_dot
     and tiled), for T from 1 to a prefill block, at 1 and 2 threads, on every instruction set this host
     runs (a VNNI host checks the AVX2 kernels too)."""
     import numba
     raw = raw_rows(tname, R, K, seed=R + K + seed)
-    p = dot4.packer(tname)(raw, tname, K)
+    tw = TWINS[tname, path]
+    k = tw.byte_dot[isa]
+    p = k.pack(raw, tname, K)
     n0 = numba.get_num_threads()
     try:
         for T in TS + (64,):
             x = acts(T, K, seed=T + 100 * seed)
-            ref = dot4_reference(tname, raw, x)
+            ref = tw.reference(raw, ggml_type(tname), x)
             for n in (1, 2):
                 numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
-                for fn in dot4.kernels(tname, isa):
+                for fn in (k.threaded, k.serial):
                     out = np.full((T, R), np.nan, np.float32)
-                    fn(*p, x, out, *dot4.extra_args(tname, T))
+                    fn(*p, x, out, *k.extra)
                     assert same_bits(out, ref), (tname, R, K, T, n, fn)
     finally:
         numba.set_num_threads(n0)
 
 
+@pytest.mark.parametrize("cpu", [None, "avx2"], ids=["detected", "avx2"])
 @pytest.mark.parametrize("with_dot4", [True, False], ids=["dot4-if-host", "generic"])
 @pytest.mark.parametrize("tname,K", [("q4_0", 256), ("q4_1", 256), ("q5_0", 256), ("q8_0", 256), ("q4_k", 512), ("q6_k", 512)])
-def test_dispatch_matches_reference(tname, K, with_dot4, monkeypatch):
+def test_dispatch_matches_reference(tname, K, with_dot4, cpu, monkeypatch):
     """Both kernel families for q4_0 / q4_1 / q5_0 / q8_0: byte dot products where the host has them,
-    and the generic kernels (every other host, or LLMLAB_DOT4=0)."""
+    and the generic kernels (every other host, or LLMLAB_DOT4=0); the path is the profile's."""
     if not with_dot4:
         monkeypatch.setattr(dot4, "AVAILABLE", False)
     t = ggml_type(tname)
@@ -169,15 +146,20 @@ def test_dispatch_matches_reference(tname, K, with_dot4, monkeypatch):
     for T in (1, 7, 8, 9):
         for repacked in (False, True):
             x = acts(T, K, seed=10 + T)
-            assert same_bits(fast.mul_mat_quantized(raw, t, x, repacked), ref_mul_mat_quantized(raw, t, x, repacked)), (tname, T, repacked)
+            assert same_bits(fast.mul_mat_quantized(raw, t, x, repacked, cpu),
+                             ref_mul_mat_quantized(raw, t, x, repacked, cpu)), (tname, T, repacked)
 
 
-def test_dispatch_paths():
+@pytest.mark.parametrize("cpu", ["avx512", "avx2"])
+def test_dispatch_paths(cpu):
+    from llmlab.ggml.cpu import profiles
+    from llmlab.ggml.cpu.ops import quantized_path
+    c = profiles.get(cpu)
     q4k, q6k, q41 = ggml_type("q4_k"), ggml_type("q6_k"), ggml_type("q4_1")
-    assert fast.path_of(q4k, 1, True) == "repack" and fast.path_of(q4k, 64, True) == "repack"
-    assert fast.path_of(q4k, 7, False) == "vec_dot" and fast.path_of(q4k, 8, False) == "tiled"
-    assert fast.path_of(q6k, 7, True) == "vec_dot" and fast.path_of(q6k, 8, True) == "tiled"
-    assert fast.path_of(q41, 64) == "vec_dot"
+    assert quantized_path(q4k, 1, True, c) == "repack" and quantized_path(q4k, 64, True, c) == "repack"
+    assert quantized_path(q4k, 7, False, c) == "vec_dot" and quantized_path(q4k, 8, False, c) == "tiled"
+    assert quantized_path(q6k, 7, True, c) == "vec_dot" and quantized_path(q6k, 8, True, c) == "tiled"
+    assert quantized_path(q41, 64, False, c) == "vec_dot"
 
 
 # ---- the real models' tensors (a few rows each) ---------------------------------------------------
@@ -237,25 +219,25 @@ def test_thread_count_independence():
 
 @pytest.mark.parametrize("tname", ["q4_0", "q4_1", "q5_0", "q8_0"])
 @pytest.mark.parametrize("R,K", [(40, 576), (70, 640)])
-def test_q32_decode_and_serial_kernels(tname, R, K):
-    """q32.mv_<type> (codes straight into registers, fused exact fma) and every serial twin equal the
-    reference for T in {1, 3, 8, 17}, at 1 and 2 threads."""
+def test_legacy_kernels_at_1_and_2_threads(tname, R, K):
+    """The legacy quants' vec_dot twin (codes straight into registers, fused exact fma) and its serial
+    twin equal the reference for T in {1, 3, 8, 17}, at 1 and 2 threads."""
     import numba
     raw = raw_rows(tname, R, K, seed=R + K + 1)
     t = ggml_type(tname)
-    p = q32.pack_q32(raw, tname, K)
+    k = TWINS[tname, "vec_dot"].generic
+    p = k.pack(raw, tname, K)
     n0 = numba.get_num_threads()
     try:
         for T in (1, 3, 8, 17):
             x = acts(T, K, seed=T + 100)
-            a = quantize_q8_1(x) if tname == "q4_1" else quantize_q8_0(x)
+            a = k.quantize(x)
             ref = vec_dot_mul_mat(raw, t, x)
             for n in (1, 2):
                 numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
-                for fn in ("mv_", "mul_mat_"):
-                    for sfx in ("", "_serial"):
-                        got = getattr(q32, fn + tname + sfx)(*p, *a)[:, :R]
-                        assert same_bits(got, ref), (tname, fn + sfx, R, K, T, n)
+                for fn in (k.threaded, k.serial):
+                    got = fn(*p, *a)[:, :R]
+                    assert same_bits(got, ref), (tname, fn, R, K, T, n)
     finally:
         numba.set_num_threads(n0)
 

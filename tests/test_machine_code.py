@@ -89,22 +89,21 @@ _AVX2_ONLY = r"""
 import numpy as np, sys
 sys.path.insert(0, sys.argv[1])
 from llmlab.ggml.cpu.fast import dot4
-from test_fast_kernels import raw_rows, acts, same_bits, vec_dot_mul_mat, mul_mat_k_tiled, mul_mat_q4_k_repacked
+from test_fast_kernels import raw_rows, acts, same_bits
+from llmlab.ggml.cpu.fast.twins import TWINS
 from llmlab.ggml.types import ggml_type
 assert dot4.ISA is None            # compiling for another CPU: dispatch takes the generic kernels
 ok = True
-for tname in ("q4_1", "q8_0"):
-    raw = raw_rows(tname, 40, 576); p = dot4.pack(raw, tname, 576)
-    for T in (1, 9):
-        x = acts(T, 576, seed=T); out = np.empty((T, 40), np.float32)
-        dot4.mul_mat_avx2_serial(*p, x, out)
-        ok &= same_bits(out, vec_dot_mul_mat(raw, ggml_type(tname), x))
-raw = raw_rows("q6_k", 40, 512); p = dot4.pack_q6_k(raw, "q6_k", 512)
-for T in (1, 9):
-    x = acts(T, 512, seed=T); out = np.empty((T, 40), np.float32)
-    dot4.mul_mat_q6_k_avx2_serial(*p, x, out, T >= 8)
-    ok &= same_bits(out, (mul_mat_k_tiled if T >= 8 else vec_dot_mul_mat)(raw, ggml_type("q6_k"), x))
-asm = dot4.mul_mat_avx2_serial.inspect_asm(dot4.mul_mat_avx2_serial.signatures[0])
+for tname, path, K, Ts in (("q4_1", "vec_dot", 576, (1, 9)), ("q8_0", "vec_dot", 576, (1, 9)),
+                           ("q6_k", "vec_dot", 512, (1,)), ("q6_k", "tiled", 512, (9,))):
+    tw = TWINS[tname, path]; k = tw.byte_dot["avx2"]
+    raw = raw_rows(tname, 40, K); p = k.pack(raw, tname, K)
+    for T in Ts:
+        x = acts(T, K, seed=T); out = np.empty((T, 40), np.float32)
+        k.serial(*p, x, out, *k.extra)
+        ok &= same_bits(out, tw.reference(raw, ggml_type(tname), x))
+kern = TWINS["q4_1", "vec_dot"].byte_dot["avx2"].serial
+asm = kern.inspect_asm(kern.signatures[0])
 print("equal", ok, "zmm", "zmm" in asm, "pmaddubsw", asm.count("vpmaddubsw"))
 """
 

@@ -285,7 +285,7 @@ def _mul_mat(node, cpu):
             return None
         if not (Y.flags.c_contiguous and Y.dtype == np.float32):
             return None
-        return fq.bind_step(A, t, X, Y, repacked)           # prepared once (the weight packed once)
+        return fq.bind_step(A, t, X, Y, repacked, cpu)      # prepared once (the weight packed once)
     if a.type is F16 and a.ne[3] == 1 and b.ne[3] == 1 and b.ne[2] % a.ne[2] == 0:
         A = a.array()[0].view(np.uint16)                    # (Hk, R, K) f16 bits, strides of the cache view
         X, Y = B[0], O[0]

@@ -24,6 +24,7 @@ from .libm import libm
 from .vec import gelu as gelu_ggml
 from .vec import gelu_f32, gelu_table  # noqa: F401  (re-exported: ggml's GELU lives in vec)
 from ..tensor import F16, F32, Tensor
+from .quants import mul_mat as quant_mul_mat
 
 COMPUTE: dict[str, Callable[..., None]] = {}
 
@@ -50,24 +51,31 @@ def dequantize_rows(raw: np.ndarray, qtype) -> np.ndarray:
 
 # ---- MUL_MAT: which kernel ggml-cpu takes (ggml_compute_forward_mul_mat) ---------------------------
 
-def quantized_kernel(qtype, n_rows: int, repacked: bool, cpu) -> Callable | None:
-    """The kernel that multiplies a quantized weight by ``n_rows`` activation rows on this profile:
-    the REPACK gemv/gemm for weights in the REPACK buffer, the tiled K-quant matmul from
-    ``tiled_min_batch`` rows on, otherwise the type's vec_dot (``quants.mul_mat``); None when llmlab
-    has no exact kernel for the type."""
-    from .quants import TYPE_TRAITS_CPU, mul_mat
+def quantized_path(qtype, n_rows: int, repacked: bool, cpu) -> str | None:
+    """Which kernel ggml-cpu multiplies a quantized weight with on this profile, for ``n_rows``
+    activation rows: 'repack' (the REPACK gemv/gemm, for weights in the REPACK buffer), 'tiled' (the
+    tiled K-quant matmul from ``tiled_min_batch`` rows on) or 'vec_dot'; None when llmlab has no exact
+    kernel for the type. The one choice of path: the fast kernels (``fast.twins``) follow it too."""
+    from .quants import TYPE_TRAITS_CPU
     from .repack_gemm import REPACKED_MUL_MAT
-    from .tiled import mul_mat_k_tiled
     name = qtype.name
     if repacked and name in cpu.repack_types:
-        fn = REPACKED_MUL_MAT.get(name)
+        path = "repack" if name in REPACKED_MUL_MAT else "vec_dot"
     elif n_rows >= cpu.tiled_min_batch and name in cpu.tiled_types:
-        fn = mul_mat_k_tiled
+        path = "tiled"
     else:
-        fn = None
-    if fn is None and name in TYPE_TRAITS_CPU:
-        fn = mul_mat
-    return fn
+        path = "vec_dot"
+    return path if name in TYPE_TRAITS_CPU else None
+
+
+def quantized_kernel(qtype, n_rows: int, repacked: bool, cpu) -> Callable | None:
+    """The reference kernel of :func:`quantized_path`: the REPACK gemv/gemm, ``tiled.mul_mat_k_tiled``
+    or the type's vec_dot (``quants.mul_mat``); None without an exact kernel."""
+    from .repack_gemm import REPACKED_MUL_MAT
+    from .tiled import mul_mat_k_tiled
+    path = quantized_path(qtype, n_rows, repacked, cpu)
+    return {"repack": REPACKED_MUL_MAT.get(qtype.name), "tiled": mul_mat_k_tiled, "vec_dot": quant_mul_mat,
+            None: None}[path]
 
 
 def mul_mat_quantized(raw: np.ndarray, qtype, x: np.ndarray, repacked: bool = False, cpu=None) -> np.ndarray:

@@ -68,9 +68,6 @@ def quantize_row_q8_k(x: np.ndarray) -> np.ndarray:
     return K.quantize_q8_k(np.asarray(x, float32).reshape(-1, QK_K))
 
 
-# the old names (the x86 forms are what both x86 profiles run)
-quantize_row_q8_0_avx2, quantize_row_q8_1_avx2 = quantize_row_q8_0, quantize_row_q8_1
-
 ACTIVATION_QUANTIZERS: dict[str, Callable] = {
     "q8_0": quantize_row_q8_0,
     "q8_1": quantize_row_q8_1,

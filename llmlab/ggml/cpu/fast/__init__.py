@@ -6,14 +6,15 @@ numba's cache instead of compiling. Threads: ``LLMLAB_THREADS`` (default: ``conf
 :func:`set_threads`; results never depend on the count (each output is summed by one thread in a
 fixed order), as ggml's do not.
 
-Modules: ``quantize`` (q8_0, q8_1, q8_K activation quantizers), ``q32`` (q4_0, q4_1, q5_0, q8_0),
-``dot4`` (the same types and REPACK q4_K by byte dot products: AVX512-VNNI or AVX2, where the host has them),
-``kquants`` (q4_K, q6_K: vec_dot, tiled, REPACK gemv/gemm), ``dispatch`` (path choice, packed-weight
-cache; entry point :func:`mul_mat_quantized`), ``vec`` (f16 dot products and tinyBLAS, expf, SwiGLU,
+Modules mirror ``llmlab.ggml.cpu``'s: ``quantize`` (q8_0, q8_1, q8_K activation quantizers), ``quants``
+(vec_dot: the legacy quants q4_0, q4_1, q5_0, q8_0 and q4_K, q6_K), ``tiled`` (q4_K, q6_K), ``repack``
+(q4_K gemv/gemm), ``dot4`` (the same products by byte dot products: AVX512-VNNI or AVX2, where the host
+has them), ``twins`` (the one table: reference -> fast kernels and packers), ``dispatch`` (kernels for
+the reference's path, packed-weight cache; entry point :func:`mul_mat_quantized`), ``vec`` (f16 dot products and tinyBLAS, expf, SwiGLU,
 softmax), ``ops`` (RMS norm, RoPE). ``llmlab.ggml.cpu.cplan`` binds them to a graph's nodes.
 """
 from ._common import set_threads, thread_count, threads, use_threads
-from .dispatch import bind, clear_cache, mul_mat_quantized, packed_nbytes, path_of, supports
+from .dispatch import bind, clear_cache, mul_mat_quantized, packed_nbytes, supports
 
-__all__ = ["mul_mat_quantized", "bind", "path_of", "supports", "packed_nbytes", "clear_cache",
+__all__ = ["mul_mat_quantized", "bind", "supports", "packed_nbytes", "clear_cache",
            "set_threads", "thread_count", "threads", "use_threads"]

@@ -16,7 +16,6 @@ F32, F64 = np.float32, np.float64
 G = 32          # rows side by side in the packed weight layouts (one int16 zmm register across rows)
 NOPYTHON = dict(cache=True, nogil=True, boundscheck=False)
 install_cache_guard()   # before any cached kernel loads: a damaged numba cache is compiled anew, not fatal
-TILED_MIN_ROWS = 8  # ggml_tiled_min_batch (every x86 profile's): K-quant products with this many activation rows tile
 
 
 @intrinsic

@@ -1,18 +1,11 @@
-"""The fast kernel set's entry point: the same contract and the same path choice as the reference
+"""The fast kernel set's entry point: the same contract and the same path as the reference
 ``llmlab.ggml.cpu.ops.mul_mat_quantized``, each path through its numba twin.
 
-    mul_mat_quantized(raw, qtype, x, repacked=False) -> (T, R) float32
+    mul_mat_quantized(raw, qtype, x, repacked=False, cpu=None) -> (T, R) float32
 
-* q4_0, q4_1, q5_0, q8_0: ggml's AVX2 vec_dot order (``q32.mul_mat_<type>``, below MV_MAX_ROWS rows the decode
-  kernels ``q32.mv_<type>``), for every T
-  (q4_0 in the REPACK buffer computes the same sums here, as in the reference); where the host has
-  AVX512-VNNI or AVX2, q4_0, q4_1, q5_0 and q8_0 take ``dot4``'s kernels instead (byte dot products:
-  the same bits, their own packed layout);
-* q4_K in the REPACK buffer (``repacked`` and rows % 8 == 0, decided by the caller as ops.mul_mat does):
-  gemv / gemm (``kquants.mul_mat_q4_k_repacked``; with byte dot products ``dot4``'s);
-* q4_K / q6_K otherwise: vec_dot below 8 activation rows, the tiled kernels from 8 rows on (q6_K by
-  ``dot4``'s kernels where the host has byte dot products);
-* anything else: the NumPy reference.
+The path is the reference's (``ops.quantized_path``, from the CPU profile); its kernels come from the
+one table ``twins.TWINS``: the byte-dot kernels (``dot4``) where the host has AVX512-VNNI or AVX2 and
+the twin has them, else the generic ones; a type without a twin runs the NumPy reference.
 
 Weights are repacked once (the packed arrays are cached, keyed by the weight buffer's address, shape
 and type; the cache keeps the weight array alive so that the address cannot be reused).
@@ -23,9 +16,10 @@ kernel frees them from RSS, and a later read of those bytes faults them back in 
 the peak is the packed copy plus one chunk, not file + copy + packing temporaries. Large packed arrays
 get huge pages from numpy's allocator (MADV_HUGEPAGE: fewer TLB misses when a decode step streams them).
 
-Threads: below ``parallel_min_work()`` multiply-adds a call runs single-threaded (q32: the serial twin of
-its kernel, same body, same bits; K-quants: the threaded kernel in a one-thread region): waking the other threads costs 5-20 us on a quiet machine and milliseconds on a
-loaded one, more than a small matvec saves.
+Threads: below ``parallel_min_work()`` multiply-adds a call runs single-threaded (the serial twin of
+its kernel, same body, same bits; where a kernel has none, the threaded one in a one-thread region):
+waking the other threads costs 5-20 us on a quiet machine and milliseconds on a loaded one, more than a
+small matvec saves.
 """
 from __future__ import annotations
 
@@ -34,82 +28,68 @@ import mmap
 import numba
 import numpy as np
 
-from . import dot4, kquants, q32
-from ._common import G, TILED_MIN_ROWS, parallel_min_work, threads
-from .quantize import quantize_q8_0, quantize_q8_1, quantize_q8_k
+from .. import profiles
+from ..ops import quantized_path
+from . import dot4
+from ._common import parallel_min_work, threads
+from .twins import Kernels, twin
 
-Q32_TYPES = ("q4_0", "q4_1", "q5_0", "q8_0")
-K_TYPES = ("q4_k", "q6_k")
-PACK_CHUNK_ROWS = 8192          # rows packed at a time (a multiple of G)
-MV_MAX_ROWS = 4                 # q32 types: below this many activation rows the decode kernels (q32.mv_*)
+PACK_CHUNK_ROWS = 8192          # rows packed at a time (a multiple of G and of dot4.R16)
 
 _PACKED: dict[tuple, tuple] = {}
 
 
 def supports(qtype) -> bool:
-    return qtype.name in Q32_TYPES or qtype.name in K_TYPES
+    """Whether some path of this type has a fast twin."""
+    return any(twin(qtype.name, p) is not None for p in ("vec_dot", "tiled", "repack"))
 
 
-def path_of(qtype, n_rows: int, repacked: bool = False) -> str:
-    """Which kernel the reference takes: 'vec_dot', 'tiled', 'repack' (or 'reference' without a twin)."""
-    name = qtype.name
-    if name in Q32_TYPES:
-        return "vec_dot"
-    if name in K_TYPES:
-        if repacked and name == "q4_k":  # in the REPACK buffer (the caller asked the CPU profile)
-            return "repack"
-        return "tiled" if n_rows >= TILED_MIN_ROWS else "vec_dot"
-    return "reference"
+def kernels_for(qtype, n_rows: int, repacked: bool, cpu) -> Kernels | None:
+    """The kernels that compute the reference's path (``ops.quantized_path``) on this host: byte-dot
+    ones where dot4 runs here and the twin has them, else the generic ones; None without a twin."""
+    tw = twin(qtype.name, quantized_path(qtype, n_rows, repacked, cpu))
+    if tw is None:
+        return None
+    if dot4.AVAILABLE and tw.byte_dot is not None:
+        return tw.byte_dot[dot4.ISA]
+    return tw.generic
 
 
-def uses_dot4(qtype, repacked: bool = False) -> bool:
-    """dot4's kernels take this weight: q4_0 / q4_1 / q5_0 / q8_0 / q6_K, and q4_K in the REPACK buffer."""
-    return dot4.AVAILABLE and (qtype.name in dot4.TYPES or qtype.name == "q6_k" or (repacked and qtype.name == "q4_k"))
-
-
-def packed(raw: np.ndarray, qtype, K: int, repacked: bool = False) -> tuple:
-    """The kernel layout of a weight, made once and cached."""
+def packed(raw: np.ndarray, qtype, K: int, pack) -> tuple:
+    """The layout ``pack`` makes of a weight, made once and cached."""
     arr = np.asarray(raw)
-    v = uses_dot4(qtype, repacked)
-    key = (arr.__array_interface__["data"][0], arr.shape, arr.strides, arr.dtype.str, qtype.name, K, v)
+    key = (arr.__array_interface__["data"][0], arr.shape, arr.strides, arr.dtype.str, qtype.name, K, pack)
     hit = _PACKED.get(key)
     if hit is None:
         rows = np.ascontiguousarray(arr).view(np.uint8).reshape(-1, K // qtype.block_size * qtype.type_size)
-        name = qtype.name
-        if v:
-            p = _pack_chunked(rows, name, K, dot4.packer(name), dot4.R16)
-        elif name in Q32_TYPES:
-            p = _pack_chunked(rows, name, K, q32.pack_q32, G)
-        else:
-            p = kquants.pack_q4_k(rows, K) if name == "q4_k" else kquants.pack_q6_k(rows, K)
-            drop_file_pages(rows)
+        p = _pack_chunked(rows, qtype.name, K, pack)
         hit = (arr, rows.shape[0], p)
         _PACKED[key] = hit
     return hit[1], hit[2]
 
 
-def _pack_chunked(rows: np.ndarray, name: str, K: int, pack, group: int) -> tuple:
-    """pack (rows -> arrays whose first axis is groups of ``group`` rows) over PACK_CHUNK_ROWS rows at
-    a time into preallocated arrays, dropping each chunk's file pages once packed."""
+def _pack_chunked(rows: np.ndarray, name: str, K: int, pack) -> tuple:
+    """pack (rows -> arrays whose first axis is row groups) over PACK_CHUNK_ROWS rows at a time into
+    preallocated arrays (numpy advises MADV_HUGEPAGE on large ones), dropping each chunk's file pages
+    once packed. Empty arrays (a slot a type does not use) stay empty."""
     R = rows.shape[0]
-    ng = -(-R // group)
+    if R <= PACK_CHUNK_ROWS:
+        part = pack(rows, name, K)
+        drop_file_pages(rows)
+        return part
     out = None
     for r0 in range(0, R, PACK_CHUNK_ROWS):
         part = pack(rows[r0:r0 + PACK_CHUNK_ROWS], name, K)
-        if out is None:
-            out = tuple(_alloc((ng if len(a) else 0,) + a.shape[1:], a.dtype) for a in part)
+        if out is None:                     # a full chunk: its first axis is PACK_CHUNK_ROWS / group
+            group = PACK_CHUNK_ROWS // len(part[0])
+            out = tuple(np.empty((-(-R // group),) + a.shape[1:], a.dtype) if len(a) else a for a in part)
         g0 = r0 // group
         for o, a in zip(out, part):
-            o[g0:g0 + len(a)] = a
+            if len(a):
+                o[g0:g0 + len(a)] = a
         del part
         drop_file_pages(rows[r0:r0 + PACK_CHUNK_ROWS])
     return out
-
-
-def _alloc(shape: tuple, dtype) -> np.ndarray:
-    """np.empty: numpy already advises MADV_HUGEPAGE on its large allocations (private anonymous memory;
-    an anonymous ``mmap.mmap`` is shared memory, which transparent huge pages skip)."""
-    return np.empty(shape, dtype)
 
 
 def _mmap_of(arr: np.ndarray):
@@ -152,77 +132,48 @@ def clear_cache() -> None:
     _PACKED.clear()
 
 
-def mul_mat_quantized(raw: np.ndarray, qtype, x: np.ndarray, repacked: bool = False) -> np.ndarray:
+def mul_mat_quantized(raw: np.ndarray, qtype, x: np.ndarray, repacked: bool = False, cpu=None) -> np.ndarray:
     """x (T, K) float32 times the quantized rows raw (R, row_bytes) -> (T, R) float32, bit for bit
-    what the reference ``ops.mul_mat_quantized(raw, qtype, x, repacked)`` returns."""
-    return bind(raw, qtype, repacked)(x)
+    what the reference ``ops.mul_mat_quantized(raw, qtype, x, repacked, cpu)`` returns."""
+    return bind(raw, qtype, repacked, cpu)(x)
 
 
-def bind_step(raw: np.ndarray, qtype, X: np.ndarray, Y: np.ndarray, repacked: bool = False):
-    """A step computing Y[...] = mul_mat_quantized(raw, qtype, X, repacked) for the fixed buffers of a
-    graph node (X (T, K) float32, Y (T, R) float32, both contiguous). On dot4's kernels the step is
+def bind_step(raw: np.ndarray, qtype, X: np.ndarray, Y: np.ndarray, repacked: bool = False, cpu=None):
+    """A step computing Y[...] = mul_mat_quantized(raw, qtype, X, repacked, cpu) for the fixed buffers of
+    a graph node (X (T, K) float32, Y (T, R) float32, both contiguous). On byte-dot kernels the step is
     the kernel call itself (packed and chosen here, once): no Python between the plan and the kernel."""
-    if uses_dot4(qtype, repacked) and X.dtype == np.float32 and X.flags.c_contiguous and Y.flags.c_contiguous:
-        T, K = X.shape
-        R, p = packed(raw, qtype, K, repacked)
-        kern, extra = _dot4_kernel(qtype, R, K, T)
-        args = (*p, X, Y, *extra)
+    cpu = profiles.resolve(cpu)
+    T, K = X.shape
+    k = kernels_for(qtype, T, repacked, cpu)
+    if k is not None and k.quantize is None and X.dtype == np.float32 and X.flags.c_contiguous and Y.flags.c_contiguous:
+        R, p = packed(raw, qtype, K, k.pack)
+        kern = _threaded_or_serial(k, R * K * T >= parallel_min_work())
+        args = (*p, X, Y, *k.extra)
         return lambda: kern(*args)
-    run = bind(raw, qtype, repacked)
+    run = bind(raw, qtype, repacked, cpu)
     return lambda: run(X, Y)
 
 
-def _dot4_kernel(qtype, R: int, K: int, T: int) -> tuple:
-    """dot4's kernel for a product (threaded from parallel_min_work() multiply-adds when there are threads
-    to wake, else its serial twin) and the arguments it takes after out."""
-    threaded, serial = dot4.kernels(qtype.name)
-    kern = threaded if threads() > 1 and R * K * T >= parallel_min_work() else serial
-    return kern, dot4.extra_args(qtype.name, T)
+def _threaded_or_serial(k: Kernels, parallel: bool):
+    """The threaded kernel for a product of parallel_min_work() multiply-adds or more (``parallel``) when
+    there are threads to wake, else its serial twin."""
+    return k.threaded if threads() > 1 and parallel else k.serial
 
 
-def bind(raw: np.ndarray, qtype, repacked: bool = False):
-    """``fn(x, out=None) -> mul_mat_quantized(raw, qtype, x, repacked)`` (into ``out`` (T, R) float32
-    when given), prepared once for a weight (the packed
-    arrays, and per activation row count the quantizer and kernels): a graph plan binds it per node, so
-    a decode step's matvec pays no lookups."""
-    if not supports(qtype):
-        from ..ops import mul_mat_quantized as reference
-        def run_reference(x, out=None):
-            res = reference(raw, qtype, x, repacked)
-            if out is None:
-                return res
-            out[...] = res
-            return out
-        return run_reference
-    name = qtype.name
+def bind(raw: np.ndarray, qtype, repacked: bool = False, cpu=None):
+    """``fn(x, out=None) -> mul_mat_quantized(raw, qtype, x, repacked, cpu)`` (into ``out`` (T, R)
+    float32 when given), prepared once for a weight (per activation row count the kernels and their
+    packed arrays): a graph plan binds it per node, so a decode step's matvec pays no lookups."""
+    cpu = profiles.resolve(cpu)
     state: dict = {}
-    if uses_dot4(qtype, repacked):                          # the kernel quantizes and writes into out
-        def run_dot4(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-            x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, x.shape[-1])
-            T, K = x.shape
-            R, p = packed(raw, qtype, K, repacked)
-            kern, extra = _dot4_kernel(qtype, R, K, T)
-            if out is None:
-                out = np.empty((T, R), np.float32)
-            kern(*p, x, out, *extra)
-            return out
-        return run_dot4
 
     def choose(T: int, K: int):
-        if "p" not in state:
-            state["R"], state["p"] = packed(raw, qtype, K, repacked)
-        R = state["R"]
-        if name in Q32_TYPES:
-            quant = quantize_q8_1 if name == "q4_1" else quantize_q8_0
-            pre = "mv_" if T < MV_MAX_ROWS else "mul_mat_"
-            threaded, single = getattr(q32, pre + name), getattr(q32, pre + name + "_serial")
-        else:
-            quant = quantize_q8_k
-            path = path_of(qtype, T, repacked)
-            threaded = (kquants.mul_mat_q4_k_repacked if path == "repack" else
-                        getattr(kquants, f"mul_mat_{name}_tiled" if path == "tiled" else f"mul_mat_{name}"))
-            single = None              # a one-thread region: LLVM compiles the outlined prange body of these
-        c = state[T] = (quant, threaded, single, R * K * T >= parallel_min_work(), R)   # kernels better than a serial twin's
+        k = kernels_for(qtype, T, repacked, cpu)
+        if k is None:
+            c = state[T] = None
+            return c
+        R, p = packed(raw, qtype, K, k.pack)
+        c = state[T] = (k, p, R * K * T >= parallel_min_work(), R)      # the threshold read when bound
         return c
 
     def run(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
@@ -231,22 +182,30 @@ def bind(raw: np.ndarray, qtype, repacked: bool = False):
         if x.ndim != 2:
             x = x.reshape(-1, x.shape[-1])
         T = x.shape[0]
-        c = state.get(T)
-        if c is None:
-            c = choose(T, x.shape[1])
-        quant, threaded, single, parallel, R = c
-        p = state["p"]
-        n = threads()
-        if n == 1 or parallel:
-            res = threaded(*p, *quant(x))
-        elif single is not None:
-            res = single(*p, *quant(x))
-        else:
-            n = numba.get_num_threads()
-            a = quant(x)
+        c = state[T] if T in state else choose(T, x.shape[1])
+        if c is None:                                       # no twin: the NumPy reference
+            from ..ops import mul_mat_quantized as reference
+            res = reference(raw, qtype, x, repacked, cpu)
+            if out is None:
+                return res
+            out[...] = res
+            return out
+        k, p, parallel, R = c
+        if k.quantize is None:                              # byte-dot: quantizes and writes into out
+            if out is None:
+                out = np.empty((T, R), np.float32)
+            _threaded_or_serial(k, parallel)(*p, x, out, *k.extra)
+            return out
+        if threads() == 1 or parallel:
+            res = k.threaded(*p, *k.quantize(x))
+        elif k.serial is not None:
+            res = k.serial(*p, *k.quantize(x))
+        else:                                   # a one-thread region: LLVM compiles the outlined prange
+            n = numba.get_num_threads()         # body of these kernels better than a serial twin's
+            a = k.quantize(x)
             numba.set_num_threads(1)
             try:
-                res = threaded(*p, *a)
+                res = k.threaded(*p, *a)
             finally:
                 numba.set_num_threads(n)
         if out is None:
@@ -255,4 +214,3 @@ def bind(raw: np.ndarray, qtype, repacked: bool = False):
         return out
 
     return run
-

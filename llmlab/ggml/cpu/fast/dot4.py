@@ -5,14 +5,14 @@ ggml's 8 float lanes of a 32-value block are sums of 4 consecutive products (lan
 exact integers. AVX512-VNNI's ``vpdpbusd`` computes exactly such sums: in each 32-bit lane, 4 unsigned
 bytes times 4 signed bytes, added; on AVX2, ``pmaddubsw`` (pairs into int16) then ``pmaddwd`` by ones
 (pairs of pairs into int32) give the same sums. So with the weights laid out 16 rows side by side, 4
-codes per row and lane (``pack``), one instruction (or two) gives one float lane of a block for 16 rows,
-where the generic kernels (``q32``) spend a multiply and an add per code. The codes must be unsigned:
+codes per row and lane (``pack_legacy``), one instruction (or two) gives one float lane of a block for 16 rows,
+where the generic kernels (``quants``) spend a multiply and an add per code. The codes must be unsigned:
 q4_1's are (0..15); q4_0's c - 8, q5_0's c - 16 and q8_0's w are used as c and w + 128, and the kernel
 subtracts 8 (16, 128) times the lane's activation sum, which is exact in int32 (on AVX2, where w + 128
 would saturate pmaddubsw's int16 pairs, q8_0 takes ggml's |w| x sign(a, w) instead). The float steps
 that follow (``acc_j = fma(d_x * d_w, lane_j, acc_j)``, hsum_float_8, q4_1's m * s) are those of
-``q32``: the same bits. q4_K's sub-block dots (32 values) are 8 accumulating byte dots; its float steps
-are those of ``kquants.mul_mat_q4_k_repacked``.
+``quants.vec_dot_legacy``: the same bits. q4_K's sub-block dots (32 values) are 8 accumulating byte dots; its float steps
+are those of ``repack.mul_mat_q4_k_repacked``.
 
 The inner steps are LLVM IR (``@intrinsic``: vector loads, ``llvm.x86.avx512.vpdpbusd.512`` or
 ``llvm.x86.avx2.pmadd.ub.sw`` / ``pmadd.wd``, ``llvm.fma``), because numba has no vector types; the
@@ -40,9 +40,9 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .... import config
-from ._common import NOPYTHON, TILED_MIN_ROWS, as_f32, fma, hsum8
-from .kquants import pair_sums, repack_step
-from .q32 import _groups
+from ._common import NOPYTHON, as_f32, fma, hsum8
+from .quants import groups as _groups, pair_sums
+from .repack import repack_step
 from .quantize import quantize_q8_0 as _q8_0, quantize_q8_1 as _q8_1, quantize_q8_k as _q8_k
 
 R16 = 16                      # rows per group: one 512-bit register of int32 lanes
@@ -385,9 +385,10 @@ q4_k_dots_avx2 = _q4_k_dots("avx2")
 
 @njit(inline="always", **NOPYTHON)
 def _mul_mat_q4_k(qs, sc, mn, d, dmin, x, out, dots):
-    """ggml's REPACK q4_K kernels as ``kquants.mul_mat_q4_k_repacked`` computes them (rows in groups of
+    """ggml's REPACK q4_K kernels as ``repack.mul_mat_q4_k_repacked`` computes them (rows in groups of
     4: gemm, one fma per 64 values; the rest: gemv, one per super-block; result acc - acc_m), the
-    sub-block dots by ``dots`` (q4_k_dots_vnni or _avx2, fixed per entry point). qs (ng, nb, 2048) uint8; sc, mn (ng, nb, 8, 16) uint8; d, dmin
+    sub-block dots by ``dots`` (q4_k_dots_vnni or _avx2, fixed per entry point).
+    qs (ng, nb, 2048) uint8; sc, mn (ng, nb, 8, 16) uint8; d, dmin
     (ng, nb, 16) f16 bits; x (T, K) float32, quantized here to q8_K; out (T, R) float32."""
     ng, nb = qs.shape[0], qs.shape[1]
     nr = d.shape[2]
@@ -474,9 +475,9 @@ q6_k_quads_avx2, q6_k_subs_avx2 = _q6_k_dots("avx2", 1), _q6_k_dots("avx2", 4)
 
 @njit(inline="always", **NOPYTHON)
 def _mul_mat_q6_k(qs, sc, d, x, out, quads, subs, tiled):
-    """ggml's q6_K products as ``kquants.mul_mat_q6_k`` (vec_dot: 8 int32 lanes, lane u the scaled quads
+    """ggml's q6_K products as ``quants.vec_dot_q6_k`` (vec_dot: 8 int32 lanes, lane u the scaled quads
     u of every 32-value chunk minus 32 x scales . block sums, acc_u = fma(d_x d_w, lane, acc_u), hsum)
-    and ``kquants.mul_mat_q6_k_tiled`` (one float step per super-block) compute them, the quads by
+    and ``tiled.mul_mat_q6_k_tiled`` (one float step per super-block) compute them, the quads by
     ``quads`` (or, tiled, the sub-block dots by ``subs``). qs (ng, nb, 4096) uint8; sc (ng, nb, 16, 16) int8;
     d (ng, nb, 16) f16 bits."""
     ng, nb = qs.shape[0], qs.shape[1]
@@ -520,7 +521,8 @@ def _mul_mat_q6_k(qs, sc, d, x, out, quads, subs, tiled):
                         b0, b1 = np.int32(bsums[t, k + 2 * u]), np.int32(bsums[t, k + 2 * u + 1])
                         sa, sb_ = s_[2 * u], s_[2 * u + 1]
                         for r in range(nr):
-                            Lu[r] = np.int32(Lu[r] - np.int32(32 * np.int32(np.int32(np.int32(sa[r]) * b0) + np.int32(np.int32(sb_[r]) * b1))))
+                            Lu[r] = np.int32(Lu[r] - np.int32(32 * np.int32(np.int32(np.int32(sa[r]) * b0)
+                                                                             + np.int32(np.int32(sb_[r]) * b1))))
                     for u in range(8):
                         au, Lu = acc[t, u], L[u]
                         for r in range(nr):
@@ -552,28 +554,11 @@ def mul_mat_q6_k_avx2_serial(qs, sc, d, x, out, tiled):
     _mul_mat_q6_k(qs, sc, d, x, out, q6_k_quads_avx2, q6_k_subs_avx2, tiled)
 
 
-# the entry points per instruction set: (threaded, serial) for the q32 types and for q4_K
-KERNELS = {"vnni": {"q32": (mul_mat_vnni, mul_mat_vnni_serial), "q4_k": (mul_mat_q4_k_vnni, mul_mat_q4_k_vnni_serial),
+# the entry points per instruction set: (threaded, serial) for the legacy quants, q4_K and q6_K
+KERNELS = {"vnni": {"legacy": (mul_mat_vnni, mul_mat_vnni_serial), "q4_k": (mul_mat_q4_k_vnni, mul_mat_q4_k_vnni_serial),
                     "q6_k": (mul_mat_q6_k_vnni, mul_mat_q6_k_vnni_serial)},
-           "avx2": {"q32": (mul_mat_avx2, mul_mat_avx2_serial), "q4_k": (mul_mat_q4_k_avx2, mul_mat_q4_k_avx2_serial),
+           "avx2": {"legacy": (mul_mat_avx2, mul_mat_avx2_serial), "q4_k": (mul_mat_q4_k_avx2, mul_mat_q4_k_avx2_serial),
                     "q6_k": (mul_mat_q6_k_avx2, mul_mat_q6_k_avx2_serial)}}
-PACK = {"q4_k": "pack_q4_k", "q6_k": "pack_q6_k"}     # the other types: pack
-
-
-def kernels(qtype_name: str, isa: str | None = None) -> tuple:
-    """(threaded, serial) for a weight type on an instruction set (default: the host's). q6_K's take one
-    more argument after out: tiled (8 activation rows or more, as the reference's path_of)."""
-    return KERNELS[isa or _choose()][qtype_name if qtype_name in ("q4_k", "q6_k") else "q32"]
-
-
-def extra_args(qtype_name: str, T: int) -> tuple:
-    """The arguments a kernel takes after out: q6_K's path (tiled from TILED_MIN_ROWS activation rows, as
-    the reference); none for the others."""
-    return (T >= TILED_MIN_ROWS,) if qtype_name == "q6_k" else ()
-
-
-def packer(qtype_name: str):
-    return globals()[PACK.get(qtype_name, "pack")]
 
 
 # ---- packing (once per weight, at load) ---------------------------------------------------------
@@ -590,7 +575,7 @@ def _chunks(q: np.ndarray, R: int) -> np.ndarray:
     return g.reshape(g.shape[0], g.shape[1], -1)
 
 
-def pack(raw: np.ndarray, tname: str, K: int) -> tuple:
+def pack_legacy(raw: np.ndarray, tname: str, K: int) -> tuple:
     """Raw rows (R, row_bytes) uint8 of q4_0 / q4_1 / q5_0 / q8_0 -> (qs, qh, d, m) in this module's layout."""
     from ...quant import legacy as L
     layout = {"q4_0": L.BLOCK_Q4_0, "q4_1": L.BLOCK_Q4_1, "q5_0": L.BLOCK_Q5_0, "q8_0": L.BLOCK_Q8_0}[tname]
@@ -610,7 +595,7 @@ def pack(raw: np.ndarray, tname: str, K: int) -> tuple:
 
 
 def pack_q4_k(raw: np.ndarray, tname: str, K: int) -> tuple:
-    """Raw rows (R, row_bytes) of q4_K -> (qs, sc, mn, d, dmin) in the layout of mul_mat_q4_k."""
+    """Raw rows (R, row_bytes) of q4_K -> (qs, sc, mn, d, dmin) in the layout of _mul_mat_q4_k."""
     from ...quant import k_quants as KQ
     nb = K // 256
     w = np.ascontiguousarray(raw).reshape(-1).view(KQ.BLOCK_Q4_K).reshape(-1, nb)
@@ -623,7 +608,7 @@ def pack_q4_k(raw: np.ndarray, tname: str, K: int) -> tuple:
 
 
 def pack_q6_k(raw: np.ndarray, tname: str, K: int) -> tuple:
-    """Raw rows (R, row_bytes) of q6_K -> (qs, sc, d) in the layout of mul_mat_q6_k: the unsigned 6-bit
+    """Raw rows (R, row_bytes) of q6_K -> (qs, sc, d) in the layout of _mul_mat_q6_k: the unsigned 6-bit
     codes as bytes, chunk 8c + u holding quad u of 32-value chunk c for 16 rows; scales int8; d f16 bits."""
     from ...quant import k_quants as KQ
     nb = K // 256

@@ -1,0 +1,95 @@
+"""The one table of kernel twins: ``(weight type, path) -> Twin``, each NumPy reference kernel of
+``llmlab.ggml.cpu`` with the numba kernels that give its bits and the packers of their layouts.
+
+The path is the reference's (``llmlab.ggml.cpu.ops.quantized_path``: vec_dot, tiled or repack, from the
+CPU profile); ``generic`` runs on any host, ``byte_dot`` (``dot4``: AVX512-VNNI or AVX2 byte dot
+products) where the host has one of those instruction sets. Dispatch, the tests and the docstrings read
+this table (each fast kernel's docstring ends with the references it reproduces).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from .. import quants as ref_quants, repack_gemm as ref_repack, tiled as ref_tiled
+from . import dot4, quants, repack, tiled
+from .quantize import quantize_q8_0, quantize_q8_1, quantize_q8_k
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """numba kernels of one layout: ``threaded`` (prange over row groups) and ``serial`` (its twin for
+    small work; None: the threaded kernel in a one-thread region), the packer ``pack(rows, tname, K)``,
+    and the arguments after the packed arrays: generic kernels take the quantized activations
+    (``quantize(x)``), byte-dot ones x and out, then ``extra``."""
+    threaded: Callable
+    serial: Callable | None
+    pack: Callable
+    quantize: Callable | None = None
+    extra: tuple = ()
+
+
+@dataclass(frozen=True)
+class Twin:
+    """One reference kernel and the numba kernels that give its bits."""
+    reference: Callable          # llmlab.ggml.cpu: (raw, qtype, x, cpu) -> (T, R) float32
+    ggml: str                    # the ggml-cpu function reproduced
+    generic: Kernels
+    byte_dot: dict | None        # instruction set ("vnni", "avx2") -> Kernels, or None
+
+
+def _byte_dot(family: str, pack: Callable, extra: tuple = ()) -> dict:
+    return {isa: Kernels(*k[family], pack, extra=extra) for isa, k in dot4.KERNELS.items()}
+
+
+_NO_S = np.zeros((0, 0), np.float32)    # q8_0 activations have no s (q4_1's min term reads q8_1's)
+
+
+def _legacy(tname: str, partner: str) -> Twin:
+    quantize = quantize_q8_1 if partner == "q8_1" else lambda x: (*quantize_q8_0(x), _NO_S)
+    return Twin(ref_quants.mul_mat, f"ggml_vec_dot_{tname}_{partner}",
+                Kernels(quants.vec_dot_legacy, quants.vec_dot_legacy_serial, quants.pack_legacy, quantize),
+                _byte_dot("legacy", dot4.pack_legacy))
+
+
+TWINS: dict[tuple[str, str], Twin] = {
+    ("q4_0", "vec_dot"): _legacy("q4_0", "q8_0"),
+    ("q4_1", "vec_dot"): _legacy("q4_1", "q8_1"),
+    ("q5_0", "vec_dot"): _legacy("q5_0", "q8_0"),
+    ("q8_0", "vec_dot"): _legacy("q8_0", "q8_0"),
+    ("q4_k", "vec_dot"): Twin(ref_quants.mul_mat, "ggml_vec_dot_q4_K_q8_K",
+                              Kernels(quants.vec_dot_q4_k, None, quants.pack_q4_k, quantize_q8_k), None),
+    ("q4_k", "tiled"): Twin(ref_tiled.mul_mat_k_tiled, "tiled-kernel.cpp (q4_K x q8_K)",
+                            Kernels(tiled.mul_mat_q4_k_tiled, None, quants.pack_q4_k, quantize_q8_k), None),
+    ("q4_k", "repack"): Twin(ref_repack.mul_mat_q4_k_repacked, "ggml_gemv_q4_K_8x8_q8_K / ggml_gemm_q4_K_8x8_q8_K",
+                             Kernels(repack.mul_mat_q4_k_repacked, None, quants.pack_q4_k, quantize_q8_k),
+                             _byte_dot("q4_k", dot4.pack_q4_k)),
+    ("q6_k", "vec_dot"): Twin(ref_quants.mul_mat, "ggml_vec_dot_q6_K_q8_K",
+                              Kernels(quants.vec_dot_q6_k, None, quants.pack_q6_k, quantize_q8_k),
+                              _byte_dot("q6_k", dot4.pack_q6_k, (False,))),
+    ("q6_k", "tiled"): Twin(ref_tiled.mul_mat_k_tiled, "tiled-kernel.cpp (q6_K x q8_K)",
+                            Kernels(tiled.mul_mat_q6_k_tiled, None, quants.pack_q6_k, quantize_q8_k),
+                            _byte_dot("q6_k", dot4.pack_q6_k, (True,))),
+}
+
+
+def twin(tname: str, path: str | None) -> Twin | None:
+    return TWINS.get((tname, path))
+
+
+def _document() -> None:
+    """Append to each fast kernel's docstring the references it reproduces (read from TWINS)."""
+    seen: dict[int, tuple] = {}
+    for (_tname, path), tw in TWINS.items():
+        for k in [tw.generic, *(tw.byte_dot or {}).values()]:
+            for fn in (k.threaded, k.serial):
+                if fn is not None:
+                    seen.setdefault(id(fn), (fn, []))[1].append(f"{tw.ggml} ({path})")
+    for fn, refs in seen.values():
+        twin_of = "Twin of: " + ", ".join(dict.fromkeys(refs)) + "."
+        fn.__doc__ = "\n\n".join(s for s in ((fn.__doc__ or "").rstrip(), twin_of) if s)
+
+
+_document()
