@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import sys
 
-from .. import LLMLabError, models
+from .. import LLMLabError
 from ..safeio import printable
 from ._common import parse_int
-from .generate import add_engine_args, load_context, sampling_params
+from .generate import add_engine_args, load_context, sampler_and_model
 
 
 def register(sub) -> None:
@@ -45,13 +45,7 @@ def _valid(line: str) -> bool:
 def run(args) -> int:
     from ..generate import ChatSession
     from ..llama.chat import ChatTemplate
-    from ..llama.sampling import common_sampler_init
-    from ..llama.vocab import Tokenizer
-    if args.n_predict < -1:
-        raise LLMLabError("-n must be >= -1")
-    sampler = common_sampler_init(sampling_params(args))
-    path = models.resolve(args.model)
-    tok = Tokenizer.from_model(path)
+    sampler, path, tok = sampler_and_model(args)
     template = ChatTemplate.from_model(path, tok)
     template.apply([{"role": "user", "content": "test"}])   # a broken or hostile template stops here
     ctx, cpu, warmup = load_context(args, path, 2048 if args.n_ctx is None else args.n_ctx)

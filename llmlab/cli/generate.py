@@ -76,15 +76,20 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def run(args) -> int:
-    from ..generate import Generation, generate
+def sampler_and_model(args):
+    """(the sampler chain, the model file, its tokenizer) for generate's and chat's options."""
     from ..llama.sampling import common_sampler_init
     from ..llama.vocab import Tokenizer
     if args.n_predict < -1:
         raise LLMLabError("-n must be >= -1")
     sampler = common_sampler_init(sampling_params(args))
     path = models.resolve(args.model)
-    tok = Tokenizer.from_model(path)
+    return sampler, path, Tokenizer.from_model(path)
+
+
+def run(args) -> int:
+    from ..generate import Generation, generate
+    sampler, path, tok = sampler_and_model(args)
     from ..llama.validate import check_text_fits, context_length
     limit = args.n_ctx if args.n_ctx is not None else context_length(path)
     if limit:                  # before tokenizing: the work is bounded by the context, not by the prompt
