@@ -49,23 +49,25 @@ def agreement(model, name, i, cpu):
                 top32_bitexact=bool((np.take_along_axis(lg, tid, 1) == tl).all()))
 
 
+def assert_bit_identical(r: dict) -> None:
+    """llmlab's logits are llama.cpp's: the same argmax and top 32 at every position, every bit."""
+    assert r["top1"] == 1.0 and r["top32"] == 0.0 and r["cos"] > 0.9999
+    assert r["bitexact"] and r["top32_bitexact"]
+
+
 # SmolLM2 (q4_1 weights, q8_0 tied head): every path reproduces ggml-cpu's order of float
 # operations, so the logits are bit-identical to llama.cpp's on each CPU profile (all 5 ref prompts,
 # every position's top 32 and the whole last row), whatever CPU runs the test.
 @pytest.mark.parametrize("cpu", REF_PROFILES)
 def test_smollm2_matches_llama_cpp_prompt0(smollm2, cpu):
-    r = agreement(smollm2, "smollm2", 0, cpu)
-    assert r["top1"] == 1.0 and r["top32"] == 0.0 and r["cos"] > 0.9999
-    assert r["bitexact"] and r["top32_bitexact"]
+    assert_bit_identical(agreement(smollm2, "smollm2", 0, cpu))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("cpu", REF_PROFILES)
 @pytest.mark.parametrize("i", [1, 2, 3, 4])
 def test_smollm2_matches_llama_cpp_all_prompts(smollm2, i, cpu):
-    r = agreement(smollm2, "smollm2", i, cpu)
-    assert r["top1"] == 1.0 and r["top32"] == 0.0 and r["cos"] > 0.9999
-    assert r["bitexact"] and r["top32_bitexact"]
+    assert_bit_identical(agreement(smollm2, "smollm2", i, cpu))
 
 
 # Gemma 3 (q5_0/q8_0 plain, q4_K repacked, q6_K plain): bit-identical too (measured on all 5 ref
@@ -74,18 +76,14 @@ def test_smollm2_matches_llama_cpp_all_prompts(smollm2, i, cpu):
 # takes that path.
 @pytest.mark.parametrize("cpu", REF_PROFILES)
 def test_gemma3_matches_llama_cpp_prompt0(gemma3, cpu):
-    r = agreement(gemma3, "gemma3", 0, cpu)
-    assert r["top1"] == 1.0 and r["top32"] == 0.0 and r["cos"] > 0.9999
-    assert r["bitexact"] and r["top32_bitexact"]
+    assert_bit_identical(agreement(gemma3, "gemma3", 0, cpu))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("cpu", REF_PROFILES)
 @pytest.mark.parametrize("i", [1, 2, 3, 4])
 def test_gemma3_matches_llama_cpp_all_prompts(gemma3, i, cpu):
-    r = agreement(gemma3, "gemma3", i, cpu)
-    assert r["top1"] == 1.0 and r["top32"] == 0.0 and r["cos"] > 0.9999
-    assert r["bitexact"] and r["top32_bitexact"]
+    assert_bit_identical(agreement(gemma3, "gemma3", i, cpu))
 
 
 def test_the_two_cpus_disagree_and_each_profile_reproduces_its_own(smollm2):
