@@ -107,77 +107,59 @@ def quantize_row_ref(x: np.ndarray, qtype) -> np.ndarray:
     return out
 
 
-def mul_mat(raw: np.ndarray, qtype, x: np.ndarray, n_threads: int = 2) -> np.ndarray:
-    """ggml-cpu's whole MUL_MAT op on a plain (not repacked) weight: rows raw (R, row_bytes) of
-    ``qtype`` times activations x (T, n) -> (T, R), through ggml_graph_compute_with_ctx, so ggml
-    picks the kernel itself (vec_dot, llamafile's sgemm, the tiled K-quant kernels...)."""
+def _one_op(op: str, srcs: list[tuple[int, int, int, np.ndarray]], out_shape: tuple, mem: int,
+            n_threads: int) -> np.ndarray:
+    """``ggml_<op>(ctx, *srcs)`` on 2-D tensors given as (ggml type id, ne0, ne1, bytes), computed by
+    ggml-cpu's ggml_graph_compute_with_ctx; the result as float32 ``out_shape``."""
     from llmlab.llamacpp.ggml_tensor import GGMLInitParams, GGMLTensor, check_layout
     check_layout()
-    t = ggml_type(qtype)
     base, cpu = libs()
     for lib, fn, args, res in [
         (base, "ggml_init", [GGMLInitParams], C.c_void_p),
         (base, "ggml_free", [C.c_void_p], None),
         (base, "ggml_new_tensor_2d", [C.c_void_p, C.c_int, C.c_int64, C.c_int64], C.c_void_p),
-        (base, "ggml_mul_mat", [C.c_void_p, C.c_void_p, C.c_void_p], C.c_void_p),
+        (base, f"ggml_{op}", [C.c_void_p] * (1 + len(srcs)), C.c_void_p),
         (base, "ggml_new_graph", [C.c_void_p], C.c_void_p),
         (base, "ggml_build_forward_expand", [C.c_void_p, C.c_void_p], None),
         (cpu, "ggml_graph_compute_with_ctx", [C.c_void_p, C.c_void_p, C.c_int], C.c_int),
     ]:
         f = getattr(lib, fn)
         f.argtypes, f.restype = args, res
+    ctx = base.ggml_init(GGMLInitParams(mem, None, False))
+    try:
+        tensors = []
+        for type_id, ne0, ne1, data in srcs:
+            t = base.ggml_new_tensor_2d(ctx, type_id, ne0, ne1)
+            C.memmove(GGMLTensor.from_address(t).data, data.ctypes.data, data.nbytes)
+            tensors.append(t)
+        d = getattr(base, f"ggml_{op}")(ctx, *tensors)
+        g = base.ggml_new_graph(ctx)
+        base.ggml_build_forward_expand(g, d)
+        if cpu.ggml_graph_compute_with_ctx(ctx, g, n_threads) != 0:
+            raise RuntimeError("ggml_graph_compute_with_ctx failed")
+        out = np.empty(out_shape, np.float32)
+        C.memmove(out.ctypes.data, GGMLTensor.from_address(d).data, out.nbytes)
+    finally:
+        base.ggml_free(ctx)
+    return out
+
+
+def mul_mat(raw: np.ndarray, qtype, x: np.ndarray, n_threads: int = 2) -> np.ndarray:
+    """ggml-cpu's whole MUL_MAT op on a plain (not repacked) weight: rows raw (R, row_bytes) of
+    ``qtype`` times activations x (T, n) -> (T, R), through ggml_graph_compute_with_ctx, so ggml
+    picks the kernel itself (vec_dot, llamafile's sgemm, the tiled K-quant kernels...)."""
+    t = ggml_type(qtype)
     x = np.ascontiguousarray(x, np.float32).reshape(-1, x.shape[-1])
     T, n = x.shape
     raw = np.ascontiguousarray(raw, np.uint8).reshape(-1)
     R = raw.size // t.row_size(n)
     mem = raw.size + 8 * x.nbytes + 8 * T * R + (n_threads + 2) * (1 << 20) + (8 << 20)
-    ctx = base.ggml_init(GGMLInitParams(mem, None, False))
-    try:
-        a = base.ggml_new_tensor_2d(ctx, t.id, n, R)
-        b = base.ggml_new_tensor_2d(ctx, 0, n, T)
-        C.memmove(GGMLTensor.from_address(a).data, raw.ctypes.data, raw.size)
-        C.memmove(GGMLTensor.from_address(b).data, x.ctypes.data, x.nbytes)
-        d = base.ggml_mul_mat(ctx, a, b)
-        g = base.ggml_new_graph(ctx)
-        base.ggml_build_forward_expand(g, d)
-        if cpu.ggml_graph_compute_with_ctx(ctx, g, n_threads) != 0:
-            raise RuntimeError("ggml_graph_compute_with_ctx failed")
-        out = np.empty((T, R), np.float32)
-        C.memmove(out.ctypes.data, GGMLTensor.from_address(d).data, out.nbytes)
-    finally:
-        base.ggml_free(ctx)
-    return out
+    return _one_op("mul_mat", [(t.id, n, R, raw), (0, n, T, x)], (T, R), mem, n_threads)
 
 
 def unary(op: str, x: np.ndarray, n_threads: int = 2) -> np.ndarray:
     """ggml-cpu's whole op ``ggml_<op>(ctx, x)`` (soft_max, silu, gelu, ...) on f32 rows x (T, n)."""
-    from llmlab.llamacpp.ggml_tensor import GGMLInitParams, GGMLTensor, check_layout
-    check_layout()
-    base, cpu = libs()
-    for lib, fn, args, res in [
-        (base, "ggml_init", [GGMLInitParams], C.c_void_p),
-        (base, "ggml_free", [C.c_void_p], None),
-        (base, "ggml_new_tensor_2d", [C.c_void_p, C.c_int, C.c_int64, C.c_int64], C.c_void_p),
-        (base, f"ggml_{op}", [C.c_void_p, C.c_void_p], C.c_void_p),
-        (base, "ggml_new_graph", [C.c_void_p], C.c_void_p),
-        (base, "ggml_build_forward_expand", [C.c_void_p, C.c_void_p], None),
-        (cpu, "ggml_graph_compute_with_ctx", [C.c_void_p, C.c_void_p, C.c_int], C.c_int),
-    ]:
-        f = getattr(lib, fn)
-        f.argtypes, f.restype = args, res
     x = np.ascontiguousarray(x, np.float32).reshape(-1, x.shape[-1])
     T, n = x.shape
-    ctx = base.ggml_init(GGMLInitParams(4 * x.nbytes + (n_threads + 2) * (1 << 20) + (8 << 20), None, False))
-    try:
-        a = base.ggml_new_tensor_2d(ctx, 0, n, T)
-        C.memmove(GGMLTensor.from_address(a).data, x.ctypes.data, x.nbytes)
-        d = getattr(base, f"ggml_{op}")(ctx, a)
-        g = base.ggml_new_graph(ctx)
-        base.ggml_build_forward_expand(g, d)
-        if cpu.ggml_graph_compute_with_ctx(ctx, g, n_threads) != 0:
-            raise RuntimeError("ggml_graph_compute_with_ctx failed")
-        out = np.empty((T, n), np.float32)
-        C.memmove(out.ctypes.data, GGMLTensor.from_address(d).data, out.nbytes)
-    finally:
-        base.ggml_free(ctx)
-    return out
+    mem = 4 * x.nbytes + (n_threads + 2) * (1 << 20) + (8 << 20)
+    return _one_op(op, [(0, n, T, x)], (T, n), mem, n_threads)
