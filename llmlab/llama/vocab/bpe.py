@@ -74,6 +74,20 @@ def bpe_merge(symbols: list[str], ranks: dict[str, int], trace: list[Merge] | No
 MERGE_BYTES_PER_SYMBOL = 400     # the merge of one long word: symbol lists, queue entries, growing strings
 
 
+def encode_cached(pieces, cache: dict, encode_one) -> list[int]:
+    """The ids of each piece (a pre-tokenized word, a SentencePiece chunk), each distinct piece merged
+    once: text repeats its words, and merging is the costly part (the ids are those of merging every
+    occurrence). The cache is emptied past a million pieces."""
+    out: list[int] = []
+    for piece in pieces:
+        ids = cache.get(piece)
+        if ids is None:
+            if len(cache) > 1 << 20:
+                cache.clear()
+            ids = cache[piece] = encode_one(piece)
+        out += ids
+    return out
+
 def check_merge_memory(n: int) -> None:
     """Refuse, before starting, the merge of a word of ``n`` symbols that would need more than half the
     memory still available (a single 10 MB word of spaces or letters)."""
@@ -116,15 +130,7 @@ class BPE:
         return ids
 
     def encode(self, text: str) -> list[int]:
-        cache, out = self._cache, []
-        for word in self.pre.split(text):
-            ids = cache.get(word)
-            if ids is None:
-                if len(cache) > 1 << 20:
-                    cache.clear()
-                ids = cache[word] = self.encode_word(word)
-            out += ids
-        return out
+        return encode_cached(self.pre.split(text), self._cache, self.encode_word)
 
     def trace(self, word: str) -> list[Merge]:
         """Every merge applied to one word, in order (for replays)."""

@@ -21,7 +21,7 @@ from functools import cached_property
 import numpy as np
 
 from ... import LLMLabError
-from .bpe import check_merge_memory
+from .bpe import check_merge_memory, encode_cached
 from .vocab import Vocab
 
 SPACE = "\u2581"
@@ -142,15 +142,7 @@ class SPM:
 
     def encode(self, text: str) -> list[int]:
         """Token ids of one raw fragment whose spaces are already U+2581."""
-        cache, out = self._cache, []
-        for chunk in self.chunks(text):
-            ids = cache.get(chunk)
-            if ids is None:
-                if len(cache) > 1 << 20:
-                    cache.clear()
-                ids = cache[chunk] = self.encode_chunk(chunk)
-            out += ids
-        return out
+        return encode_cached(self.chunks(text), self._cache, self.encode_chunk)
 
     def trace(self, text: str) -> list[Bigram]:
         """Every merge applied to ``text`` (spaces already escaped), in order (for replays)."""
