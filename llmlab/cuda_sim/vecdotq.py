@@ -66,6 +66,17 @@ def _field(layout: np.dtype, name: str) -> int:
 # ---------------------------------------------------------------- legacy types: one block of 32 per q8_1 block
 
 
+def _with_offset(vx: Memory, bx, vy: Memory, by, sumi, offset: int, vdr: int, qi: int, ints):
+    """The last step of q4_0's and q5_0's dot (vec_dot_q4_0/q5_0_q8_1_impl): d_x * (sumi * d_y -
+    offset * s_y), the codes being stored as value + offset. This thread saw vdr/qi of the block's
+    values, so it subtracts that share of ``offset * sum(y)`` (q8_1's s)."""
+    if ints is not None:
+        ints.append(sumi)
+    d = load_half(vx, bx)
+    d8, s8 = load_half(vy, by), load_half(vy, by + 2)
+    return d * (f32(sumi) * d8 - F32(offset * vdr // qi) * s8)
+
+
 def vec_dot_q4_0_q8_1(vx: Memory, vy: Memory, kbx, kby, iqs, *, fast_fp16=True, ints=None):
     """q4_0: nibbles kept unsigned 0..15 in the dp4a, the -8 applied once through the activation sum ``s``."""
     vdr, qi = 2, 4
@@ -77,12 +88,7 @@ def vec_dot_q4_0_q8_1(vx: Memory, vy: Memory, kbx, kby, iqs, *, fast_fp16=True, 
         u1 = get_int_b4(vy, bq8_1 + Q8_1_QS, iqs + i + qi)                      # x values 16..31 with high nibbles
         sumi = dp4a((v >> 0) & 0x0F0F0F0F, u0, sumi)
         sumi = dp4a((v >> 4) & 0x0F0F0F0F, u1, sumi)
-    if ints is not None:
-        ints.append(sumi)
-    d4 = load_half(vx, bq4_0)
-    d8, s8 = load_half(vy, bq8_1), load_half(vy, bq8_1 + 2)
-    # this thread saw 8*vdr/qi of the block's share of s: its part of "- 8 * sum(x)"
-    return d4 * (f32(sumi) * d8 - F32(8 * vdr // qi) * s8)
+    return _with_offset(vx, bq4_0, vy, bq8_1, sumi, 8, vdr, qi, ints)
 
 
 def vec_dot_q4_1_q8_1(vx: Memory, vy: Memory, kbx, kby, iqs, *, fast_fp16=True, ints=None):
@@ -125,11 +131,7 @@ def vec_dot_q5_0_q8_1(vx: Memory, vy: Memory, kbx, kby, iqs, *, fast_fp16=True, 
         vi1 |= (vh << 2) & 0x00100000
         vi1 |= (vh << 9) & 0x10000000
         sumi = dp4a(vi1, get_int_b4(vy, bq8_1 + Q8_1_QS, iqs + i + qi), sumi)
-    if ints is not None:
-        ints.append(sumi)
-    d5 = load_half(vx, bq5_0)
-    d8, s8 = load_half(vy, bq8_1), load_half(vy, bq8_1 + 2)
-    return d5 * (f32(sumi) * d8 - F32(16 * vdr // qi) * s8)
+    return _with_offset(vx, bq5_0, vy, bq8_1, sumi, 16, vdr, qi, ints)
 
 
 def vec_dot_q8_0_q8_1(vx: Memory, vy: Memory, kbx, kby, iqs, *, fast_fp16=True, ints=None):
