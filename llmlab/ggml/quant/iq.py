@@ -65,11 +65,16 @@ def dequantize_iq2_xxs(b):
     return (db * g * signs).reshape(n, QK_K)
 
 
-def dequantize_iq2_xs(b):
+def _iq2_scales(b):
+    """iq2_xs's and iq2_s's 16 sub-block scales: d * (0.5 + 4-bit scale) / 4, shaped to broadcast."""
     n = b.shape[0]
     d = b["d"].astype(float32)[:, None]
     sc = nibbles(b["scales"].reshape(n, 8, 1)).reshape(n, 16)
-    db = (d * (float32(0.5) + sc.astype(float32)) * float32(0.25)).reshape(n, 16, 1, 1)
+    return n, (d * (float32(0.5) + sc.astype(float32)) * float32(0.25)).reshape(n, 16, 1, 1)
+
+
+def dequantize_iq2_xs(b):
+    n, db = _iq2_scales(b)
     qs = b["qs"]
     g = grid("iq2xs")[qs & 511].reshape(n, 16, 2, 8)
     signs = ksigns()[qs >> 9].reshape(n, 16, 2, 8)
@@ -77,10 +82,7 @@ def dequantize_iq2_xs(b):
 
 
 def dequantize_iq2_s(b):
-    n = b.shape[0]
-    d = b["d"].astype(float32)[:, None]
-    sc = nibbles(b["scales"].reshape(n, 8, 1)).reshape(n, 16)
-    db = (d * (float32(0.5) + sc.astype(float32)) * float32(0.25)).reshape(n, 16, 1, 1)
+    n, db = _iq2_scales(b)
     qs, sbytes = b["qs"][:, :32], b["qs"][:, 32:]
     hi = (b["qh"][..., None] >> np.array([0, 2, 4, 6], np.uint8)) & 3
     idx = qs.astype(np.uint16) | (hi.reshape(n, 32).astype(np.uint16) << 8)

@@ -303,11 +303,18 @@ def quantize_q2_k(x):
     return out
 
 
-def quantize_q3_k(x):
+def _sixteen_sub_blocks(x, make_quants, nmax: int):
+    """q3_K's and q6_K's first step: each super-block's 16 sub-blocks of 16 values get a scale and codes
+    (``make_quants(rows, nmax)``); then the signed scale of largest magnitude (first_absmax), from which
+    the scales are quantized. Returns (n, scales (n, 16), codes (n, 16, 16) int32, max_abs, max_scale)."""
     n = x.shape[0]
-    scales, L = make_q3_quants(x.reshape(n * 16, 16), 4)
+    scales, L = make_quants(x.reshape(n * 16, 16), nmax)
     scales, L = scales.reshape(n, 16), L.reshape(n, 16, 16).astype(np.int32)
-    _, max_scale = first_absmax(scales)
+    return (n, scales, L, *first_absmax(scales))
+
+
+def quantize_q3_k(x):
+    n, scales, L, _, max_scale = _sixteen_sub_blocks(x, make_q3_quants, 4)
     nz = max_scale != 0
     with np.errstate(divide="ignore", invalid="ignore"):
         iscale = (float32(-32) / max_scale).astype(float32)
@@ -370,10 +377,7 @@ def quantize_q5_k(x):
 
 
 def quantize_q6_k(x):
-    n = x.shape[0]
-    scales, L = make_qx_quants(x.reshape(n * 16, 16), 32)
-    scales, L = scales.reshape(n, 16), L.reshape(n, 16, 16).astype(np.int32)
-    max_abs, max_scale = first_absmax(scales)
+    n, scales, L, max_abs, max_scale = _sixteen_sub_blocks(x, make_qx_quants, 32)
     zero = max_abs < GROUP_MAX_EPS
     with np.errstate(divide="ignore", invalid="ignore"):
         iscale = (float32(-128) / max_scale).astype(float32)
