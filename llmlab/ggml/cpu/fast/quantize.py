@@ -35,36 +35,10 @@ def _code(v):
     return np.int32(-2147483648) if r != r else np.int32(r)
 
 
-@njit(inline="always", **NOPYTHON)
-def _block_codes(x, t, o, qs):
-    """One 32-value block of row t at o (quantize_row_q8_0/q8_1): its codes rint(x * 127/amax) written
-    into qs; returns the unrounded scale amax/127 and the codes' sum (q8_1's s)."""
-    amax, iscale = _amax_iscale(x, t, o)
-    total = 0
-    for i in range(32):
-        q = _code(x[t, o + i] * iscale)
-        qs[t, o + i] = np.int8(q)
-        total += q
-    return amax / np.float32(127.0), total
-
-
-@njit(**NOPYTHON)
-def quantize_q8_0(x):
-    """x (T, K) float32 -> (qs (T, K) int8, d (T, K/32) float32): d = f16(amax/127), q = rint(x * 127/amax)."""
-    T, K = x.shape
-    nb = K // 32
-    qs = np.empty((T, K), np.int8)
-    d = np.empty((T, nb), np.float32)
-    for t in range(T):
-        for b in range(nb):
-            dd, _ = _block_codes(x, t, b * 32, qs)
-            d[t, b] = f16_round(dd)
-    return qs, d
-
-
 @njit(**NOPYTHON)
 def quantize_q8_1(x):
-    """As q8_0, plus s = f16(d * sum(q)) with the unrounded float32 d."""
+    """x (T, K) float32 -> (qs (T, K) int8, d (T, K/32) float32, s (T, K/32) float32): quantize_row_q8_1,
+    d = f16(amax/127), q = rint(x * 127/amax), s = f16(d * sum(q)) with the unrounded float32 d."""
     T, K = x.shape
     nb = K // 32
     qs = np.empty((T, K), np.int8)
@@ -72,10 +46,25 @@ def quantize_q8_1(x):
     s = np.empty((T, nb), np.float32)
     for t in range(T):
         for b in range(nb):
-            dd, total = _block_codes(x, t, b * 32, qs)
+            o = b * 32
+            amax, iscale = _amax_iscale(x, t, o)
+            dd = amax / np.float32(127.0)
+            total = 0
+            for i in range(32):
+                q = _code(x[t, o + i] * iscale)
+                qs[t, o + i] = np.int8(q)
+                total += q
             d[t, b] = f16_round(dd)
             s[t, b] = f16_round(dd * np.float32(total))
     return qs, d, s
+
+
+@njit(**NOPYTHON)
+def quantize_q8_0(x):
+    """x (T, K) float32 -> (qs (T, K) int8, d (T, K/32) float32): quantize_row_q8_0, which is q8_1
+    without its sums s (the same codes and scales)."""
+    qs, d, _ = quantize_q8_1(x)
+    return qs, d
 
 
 @njit(**NOPYTHON)
