@@ -58,32 +58,22 @@ def assert_bit_identical(r: dict) -> None:
 # SmolLM2 (q4_1 weights, q8_0 tied head): every path reproduces ggml-cpu's order of float
 # operations, so the logits are bit-identical to llama.cpp's on each CPU profile (all 5 ref prompts,
 # every position's top 32 and the whole last row), whatever CPU runs the test.
-@pytest.mark.parametrize("cpu", REF_PROFILES)
-def test_smollm2_matches_llama_cpp_prompt0(smollm2, cpu):
-    assert_bit_identical(agreement(smollm2, "smollm2", 0, cpu))
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("cpu", REF_PROFILES)
-@pytest.mark.parametrize("i", [1, 2, 3, 4])
-def test_smollm2_matches_llama_cpp_all_prompts(smollm2, i, cpu):
-    assert_bit_identical(agreement(smollm2, "smollm2", i, cpu))
-
-
 # Gemma 3 (q5_0/q8_0 plain, q4_K repacked, q6_K plain): bit-identical too (measured on all 5 ref
 # prompts, 9-30 tokens). From 8 activation rows on, ggml-cpu sends the plain q6_K products through its
 # tiled K-quant kernels (one float step per super-block), which llmlab reproduces; prompt 0 (9 tokens)
 # takes that path.
 @pytest.mark.parametrize("cpu", REF_PROFILES)
-def test_gemma3_matches_llama_cpp_prompt0(gemma3, cpu):
-    assert_bit_identical(agreement(gemma3, "gemma3", 0, cpu))
+@pytest.mark.parametrize("name", ["smollm2", "gemma3"])
+def test_matches_llama_cpp_prompt0(request, name, cpu):
+    assert_bit_identical(agreement(request.getfixturevalue(name), name, 0, cpu))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("cpu", REF_PROFILES)
 @pytest.mark.parametrize("i", [1, 2, 3, 4])
-def test_gemma3_matches_llama_cpp_all_prompts(gemma3, i, cpu):
-    assert_bit_identical(agreement(gemma3, "gemma3", i, cpu))
+@pytest.mark.parametrize("name", ["smollm2", "gemma3"])
+def test_matches_llama_cpp_all_prompts(request, name, i, cpu):
+    assert_bit_identical(agreement(request.getfixturevalue(name), name, i, cpu))
 
 
 def test_the_two_cpus_disagree_and_each_profile_reproduces_its_own(smollm2):
