@@ -128,3 +128,23 @@ def test_no_import_cycle():
 def test_find_cycle_reports_one():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def guarded_imports() -> list[str]:
+    """``file:line`` of every import of llmlab's own code inside a ``try`` body: such a guard hides a
+    broken module behind a fallback. Optional third-party packages are checked with find_spec instead."""
+    found = []
+    for name, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.Try):
+                continue
+            for sub in (s for st in node.body for s in ast.walk(st)):
+                own = (isinstance(sub, ast.ImportFrom) and (sub.level > 0 or (sub.module or "").split(".")[0] == "llmlab")
+                       or isinstance(sub, ast.Import) and any(a.name.split(".")[0] == "llmlab" for a in sub.names))
+                if own:
+                    found.append(f"{path.relative_to(ROOT.parent)}:{sub.lineno}")
+    return found
+
+
+def test_no_import_of_llmlab_is_guarded():
+    assert guarded_imports() == []
