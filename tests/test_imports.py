@@ -134,7 +134,7 @@ def guarded_imports() -> list[str]:
     """``file:line`` of every import of llmlab's own code inside a ``try`` body: such a guard hides a
     broken module behind a fallback. Optional third-party packages are checked with find_spec instead."""
     found = []
-    for name, path in _modules().items():
+    for path in _modules().values():
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if not isinstance(node, ast.Try):
                 continue
