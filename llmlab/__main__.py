@@ -16,11 +16,12 @@ import sys  # noqa: E402
 from .cli import main  # noqa: E402
 
 code = main()
-if code == 130:     # interrupted: do not wait for worker threads or run exit handlers
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    os._exit(code)
-sys.exit(code)
+# Leave at once, whatever the code: Python's own shutdown restores the default SIGINT action, so a Ctrl-C in
+# its last milliseconds would kill the process with no line; nothing of llmlab's runs at exit (no atexit),
+# and an interrupted run must not wait for worker threads.
+for stream in (sys.stdout, sys.stderr):
+    try:
+        stream.flush()
+    except (OSError, ValueError):
+        pass
+os._exit(code)

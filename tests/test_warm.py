@@ -19,8 +19,8 @@ def test_summary_says_compiled_or_loaded():
 def test_warm_loads_every_kernel_a_generation_takes(smollm2_path):
     from llmlab.llama import Batch, Context, Model
     m = Model(smollm2_path)
-    w = warm(m)
-    assert w.compiled + w.loaded > 0 and w.seconds > 0
+    w = warm(m)            # in a process that ran the engine before, nothing is left to load: both may be 0
+    assert w.seconds > 0
     before = cache_counts()
     ctx = Context(m, n_ctx=64, n_batch=64)
     ctx.decode(Batch.from_tokens(list(range(10, 25))))
