@@ -21,6 +21,7 @@ into the user's own folder (``~/.cache/llmlab/numba``, under ``LLMLAB_HOME``) on
 """
 from __future__ import annotations
 
+import functools
 import glob
 import hashlib
 import os
@@ -85,13 +86,14 @@ def _writable(folder: Path) -> bool:
         return False
 
 
+@functools.cache
 def _kernel_folders() -> list[Path]:
-    """llmlab's source folders that hold ``cache=True`` kernels."""
+    """llmlab's source folders that hold numba kernels (njit-decorated functions; this module, which
+    names the decorator, aside). Read once per process."""
     found = set()
-    for f in glob.glob(str(PACKAGE / "**" / "*.py"), recursive=True):
-        text = Path(f).read_text(encoding="utf-8")
-        if "cache=True" in text or "**NOPYTHON" in text:
-            found.add(Path(f).parent)
+    for f in map(Path, glob.glob(str(PACKAGE / "**" / "*.py"), recursive=True)):
+        if f != Path(__file__).resolve() and "@njit" in f.read_text(encoding="utf-8"):
+            found.add(f.parent)
     return sorted(found)
 
 
