@@ -307,21 +307,32 @@ def _numpy_loaded(pid: int) -> bool:
 def test_ctrl_c_at_any_moment(delay):
     """From the moment llmlab's code runs (here: as soon as numpy is mapped, early in the imports),
     SIGINT gives exit 130 and the one line ``interrupted``. (Before that, Python's own start-up,
-    ``site`` and .pth files, is outside llmlab's reach.) "compute": 3 s into a real model's forward
-    pass, a prompt long enough to still be running then (doubled until it is, on a fast machine)."""
-    for words in (100, 200, 400):
-        if delay == "compute":
-            from llmlab import models
-            models.resolve("smollm2")                # fetched once (make test fetches it first)
-            args = ["logits", "-m", "smollm2", "-p", "hello " * words]
-        else:
-            args = ["logits", "-m", BASE, "-p", "hello"]
+    ``site`` and .pth files, is outside llmlab's reach.) "compute": in the middle of a real model's
+    forward pass, timed from an uninterrupted run of the same command on this machine."""
+    if delay == "compute":
+        from llmlab import models
+        models.resolve("smollm2")                # fetched once (make test fetches it first)
+        args = ["logits", "-m", "smollm2", "-p", "hello " * 400]
+    else:
+        args = ["logits", "-m", BASE, "-p", "hello"]
+
+    def start():
         p = subprocess.Popen([sys.executable, "-m", "llmlab", *map(str, args)], cwd=ROOT, env=ENV,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         t0 = time.monotonic()
         while not _numpy_loaded(p.pid) and p.poll() is None and time.monotonic() - t0 < 60:
             time.sleep(0.002)
-        time.sleep(3.0 if delay == "compute" else delay)
+        return p, time.monotonic()
+
+    waits = [delay]
+    if delay == "compute":
+        p, t0 = start()
+        assert p.wait(timeout=300) == 0, p.stderr.read()
+        total = time.monotonic() - t0           # from numpy mapped to the end: load, then the forward pass
+        waits = [0.7 * total, 0.5 * total, 0.3 * total]
+    for wait in waits:
+        p, _ = start()
+        time.sleep(wait)
         p.send_signal(signal.SIGINT)
         out, err = p.communicate(timeout=60)
         if p.returncode != 0:
