@@ -54,7 +54,7 @@ class Governor:
         if len(self.counts) == 1:
             return self.counts[0]
         if kind not in self.current:
-            self.current[kind] = self.current.get("token", self.counts[0])
+            self.current[kind] = self.counts[0]
             self.wait[kind], self.since[kind] = PROBE_MIN, 0
         if kind != "token" and not any((kind, n) in self.times for n in self.counts):
             self.current[kind] = self.current.get("token", self.counts[0])   # no timings yet: the one-token choice
