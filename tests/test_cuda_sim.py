@@ -267,7 +267,7 @@ def test_launch_against_reference(name, ncols_dst):
     rng = np.random.default_rng(ncols_dst)
     w = Q.quantize(rng.standard_normal(nrows * k).astype(np.float32), name.lower()).reshape(nrows, -1)
     x = rng.standard_normal((ncols_dst, k)).astype(np.float32)
-    _check_launch(name, w, x, ncols_dst, "pascal")                  # plain float32 scale products
+    _check_launch(name, w, x, ncols_dst, "sm_61")                  # plain float32 scale products
     if name != "q4_1":                                               # the only type using half products (tested above)
         _check_launch(name, w, x, ncols_dst, "generic")
 
@@ -281,9 +281,9 @@ def test_launch_real_layers(real_files, model, tensor, name):
     rows, k = _real_rows(real_files, model, tensor)
     x = np.random.default_rng(9).standard_normal(k).astype(np.float32)
     t0 = time.perf_counter()
-    launch = _check_launch(name, rows, x[None], 1, "pascal")
+    launch = _check_launch(name, rows, x[None], 1, "sm_61")
     assert time.perf_counter() - t0 < 20
-    assert np.array_equal(cs.mul_mat_vec_q(rows, name, x, arch="pascal"), launch.dst[0])
+    assert np.array_equal(cs.mul_mat_vec_q(rows, name, x, arch="sm_61"), launch.dst[0])
     # generic: same integers; q4_1's half products move the floats by about 1e-3 of the output scale at most
     fast = cs.mul_mat_vec_q(rows, name.lower(), x)
     assert np.abs(fast - launch.dst[0]).max() <= 2e-3 * np.abs(launch.dst).max()

@@ -29,7 +29,7 @@ within 2 ulp of a rounding boundary, in one q8_1 code). Source: the llama.cpp th
 >>> cs.launch_params("q4_K", 4096, 4096)["threads"]
 524288
 """
-from .dp4a import Memory, dp4a, get_int_b2, get_int_b4, vsub4
+from .dp4a import Memory, dp4a, get_int_b2, get_int_b4, vsub4, vsubss4
 from . import fastdiv, launch, load
 from .launch import (ARCHS, blocks_per_iter, calc_nwarps, calc_rows_per_block, launch_bounds, launch_params, mmid_max_batch,
                      moe_launch_params, mul_mat_kernel, should_use_mmq, should_use_mmvq, small_k)
@@ -38,7 +38,7 @@ from .q8_1 import MATRIX_ROW_PADDING, quantize_q8_1
 from .vecdotq import (CUDA_TYPES, cuda_type, vec_dot_q4_0_q8_1, vec_dot_q4_1_q8_1, vec_dot_q4_K_q8_1, vec_dot_q5_0_q8_1,
                       vec_dot_q6_K_q8_1, vec_dot_q8_0_q8_1)
 
-__all__ = ["dp4a", "vsub4", "get_int_b2", "get_int_b4", "Memory", "quantize_q8_1", "MATRIX_ROW_PADDING",
+__all__ = ["dp4a", "vsub4", "vsubss4", "get_int_b2", "get_int_b4", "Memory", "quantize_q8_1", "MATRIX_ROW_PADDING",
            "vec_dot_q4_0_q8_1", "vec_dot_q4_1_q8_1", "vec_dot_q5_0_q8_1", "vec_dot_q8_0_q8_1", "vec_dot_q4_K_q8_1",
            "vec_dot_q6_K_q8_1", "CUDA_TYPES", "cuda_type", "ARCHS", "should_use_mmvq", "calc_nwarps",
            "calc_rows_per_block", "blocks_per_iter", "small_k", "launch_params", "mul_mat_kernel", "should_use_mmq",
