@@ -607,7 +607,7 @@ print(f"routed experts alone: grid {p['grid']}; with the shared expert as one mo
 from llmlab.cuda_sim import fastdiv as fd
 n = np.random.default_rng(3).integers(0, 2**31, 1_000_000, dtype=np.uint64)
 rows = []
-for d in (3, 7, 12, 640, 151_936):
+for d in (3, 7, 12, 640, 65_537):
     mp, L, _ = fd.init_fastdiv_values(d)
     ok = np.array_equal(fd.fastdiv(n, (mp, L, d)), n // np.uint64(d))
     ok &= np.array_equal(fd.fastmodulo(n, (mp, L, d)), n % np.uint64(d))
@@ -723,8 +723,10 @@ print("bad_padding_clear, padded view in a compute buffer:", cs.load.bad_padding
 # multiplies small tiles of int8 by int8 (or int4) into int32 accumulators. ggml-cpu's `spacemit/` plug-in
 # registers an extra buffer type: when the loader writes a weight into it, `set_tensor` calls `repack`, which
 # interleaves 16 rows (IME1, rows must be a multiple of 16) or 32 rows (IME2) so that one vector load feeds
-# one tile, and `supports_op` claims `MUL_MAT` for those weights (plus `NORM` and `RMS_NORM` with vector code).
-# The seed describes an older version with `Q4_0`, `Q4_1` and `Q4_K` only; in 0.3.36's copy, IME2 also takes
+# one tile. `supports_op` claims `MUL_MAT` and `MUL_MAT_ID` for weights in that buffer (F32 activations in host
+# memory); `get_tensor_traits` also sends `NORM`, `RMS_NORM`, element-wise ops, `FLASH_ATTN_EXT`, copies and a few
+# others to RISC-V vector (RVV) code. The seed describes an older version with `Q4_0`, `Q4_1` and `Q4_K` only, in
+# 16 x 8 tiles; in 0.3.36's copy, IME1 tiles are 16 x 32 and IME2 also takes
 # q2_K, q3_K, q5_0, q5_1, q5_K, q6_K and q8_0. Some repacks change the format: q4_K becomes eight q4_1 blocks
 # per super-block, and q6_K eight q8_0 blocks, which means re-rounding the codes (notebook 05 measures the
 # error). The size change, for Gemma 3's layer-0 tensors of those types:
