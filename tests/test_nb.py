@@ -124,11 +124,20 @@ def test_function_and_launch_checkers():
         probs /= probs.sum()
         return order[:min(int(np.searchsorted(np.cumsum(probs), p)) + 1, len(order))]
     assert ex.check_top_p(top_p) == ex.Verdict(True, "correct")
-    assert ex.check_launch({"iters": 3}, "q6_K", 640, 2048).message == "not yet: iters = 3, expected 2"
+    # a wrong answer gets the rule and a direction, never the expected number
+    msg = ex.check_launch({"iters": 3}, "q6_K", 640, 2048).message
+    assert msg.startswith("not yet: iters = 3 (too large): trips of the K loop") and "2" not in msg
+    msg = ex.check_launch({"blocks_per_iter": 8}, "q6_K", 640, 2048).message
+    assert "(too large)" in msg and "4" not in msg
     assert ex.check_launch({"iters": 2, "blocks_per_row": 8}, "q6_K", 640, 2048)
-    assert ex.check_dp4a(lambda a, b, c: c).message.startswith("not yet: fn(0x7f7f7f7f, 0x7f7f7f7f, 2147483647) = ")
+    assert ex.check_launch({"iters": None}, "q6_K", 640, 2048).message.startswith("no answer yet")
+    assert ex.check_dp4a(lambda a, b, c: c).message == \
+        "not yet: fn(0x01020304, 0x01010101, 0) = 0 is off: check this case: small positive bytes"
+    assert ex.check_dp4a(lambda a, b, c: None).message.startswith("not yet: your function returned None")
     assert ex.check_lanes("q4_K", list(range(16, 32)), {5: 10, 21: 10})
-    assert ex.check_lanes("q4_K", [1], {5: 3}).message == "not yet: block 1 is read by lanes 16..31; lane 5: kqs = 10, not 3"
+    msg = ex.check_lanes("q4_K", [1], {5: 3}).message
+    assert msg.startswith("not yet: the lanes on block 1") and "16" not in msg and "10" not in msg
+    assert ex.check_lanes("q4_K", [], {5: None}).message.startswith("no answer yet")
 
 
 def test_tensor_groups(smollm2_path):
