@@ -485,3 +485,31 @@ def test_spacemit_requantization(real_files):
     zero = raw[:210].copy()
     zero[:] = 0
     assert not load.repack_q6_k_to_q8_0(zero).view(np.int8)[2:34].any()   # all-zero group: zeros, no NaN
+
+
+def _vendored_llama_cpp():
+    """The llama.cpp source llama-cpp-python 0.3.36 vendors, where the oracle build left it (or None)."""
+    from pathlib import Path
+    hits = sorted(Path.home().glob(".cache/llmlab/*/src/llama_cpp_python-0.3.36/vendor/llama.cpp"))
+    return hits[0] if hits else None
+
+
+def test_tables_match_the_vendored_source():
+    import re
+    src = _vendored_llama_cpp()
+    if src is None:
+        pytest.skip("the vendored llama.cpp source is not unpacked here (make oracle)")
+    cuda = src / "ggml/src/ggml-cuda"
+    mmvq = (cuda / "mmvq.cu").read_text()
+    for table_name, table in cs.launch.MMID_MAX_BATCH.items():
+        body = re.search(rf"get_mmvq_mmid_max_batch_{table_name}\(ggml_type type\) \{{(.*?)\n\}}", mmvq, re.S).group(1)
+        got = {m[0].lower().replace("_k", "_K"): int(m[1]) for m in re.findall(r"GGML_TYPE_(\w+):\s+return (\d+);", body)}
+        assert got == table, table_name
+    assert re.search(r"#define GGML_CUDA_CC_DP4A\s+610", (cuda / "common.cuh").read_text())
+    assert re.search(r"#define MMQ_DP4A_MAX_BATCH_SIZE (\d+)", (cuda / "mmq.cuh").read_text())[1] == \
+        str(cs.launch.MMQ_DP4A_MAX_BATCH_SIZE)
+    assert re.search(r"#define MMF_ROWS_PER_BLOCK (\d+)", (cuda / "mmf.cuh").read_text())[1] == str(cs.launch.MMF_ROWS_PER_BLOCK)
+    assert "__vsub4((vil | vih), 0x20202020)" in (cuda / "vecdotq.cuh").read_text()
+    assert "init_fastdiv_values" in (cuda / "common.cuh").read_text()
+    loader = (src / "src/llama-model-loader.cpp").read_text()
+    assert "constexpr size_t n_buffers = 4;" in loader and "64 * 1024 * 1024 + 2 * alignment : 1 * 1024 * 1024" in loader
