@@ -327,6 +327,39 @@ print(f"\nequal to llama.cpp's first 3 greedy tokens: {gres.ids == grefs['p0_gre
 print(repr(ChatTemplate.from_model(gpath, gtok).apply(messages)))
 
 # %% [markdown]
+# ## 9. The call chain of `llama_decode`, drawn
+#
+# Every `decode` in this notebook went through one llama.cpp function, `llama_decode`. Below is what it calls
+# in the llama.cpp that llama-cpp-python 0.3.36 vendors, with llmlab's counterpart in green where there is
+# one (each name is checked against that source by `tests/test_callchain.py`). First the llama side: the batch
+# is validated, split into micro-batches that each get KV slots, and each micro-batch gets a graph (reused when
+# its shapes did not change), inputs, and a compute call:
+
+# %%
+from llmlab.viz import callchain as cc
+display(cc.chain_graph("api", cut=("gcompute",), rankdir="LR"))
+
+# %% [markdown]
+# Then the ggml side: the scheduler runs the graph's splits, each on its backend. A CUDA backend walks the nodes
+# (or replays a captured CUDA graph) and sends a matrix product to one of the kernels of notebook 07's appendix;
+# the CPU backend has every thread walk every node, and gives the CPU plug-ins (the repack of notebook 06, AMX,
+# KleidiAI, SpacemiT IME) the first chance at each node:
+
+# %%
+display(cc.chain_graph("gcompute"))
+print(f"{len(cc.DECODE_CHAIN)} steps, {sum(bool(s.llmlab) for s in cc.DECODE_CHAIN)} with an llmlab counterpart")
+
+# %% [markdown]
+# **Encoders and cross-attention.** The dashed branch is for the other kind of model. A decoder-only model
+# (SmolLM2, Gemma 3, Llama) has one stack of layers and a KV cache. An encoder-decoder model such as T5 has two:
+# the *encoder* reads the whole input at once, without a causal mask and without a cache, and
+# `llama_encode` runs it; the *decoder* then generates with `llama_decode`, and each of its layers has, besides
+# self-attention over its own past tokens, a **cross-attention** whose keys and values come from the encoder's
+# output (`llm_graph_input_attn_cross`, `build_inp_cross_embd` in src/llama-graph.cpp; the encoder's output is
+# kept in the context between the two calls). A context without memory (an encoder-only model such as BERT,
+# or T5's encoder alone) sends `llama_decode` straight to `encode`. llmlab implements neither.
+
+# %% [markdown]
 # ## Summary
 #
 # - `simple.cpp`'s path is five steps: map the model, tokenize, create a context, decode the prompt once,
