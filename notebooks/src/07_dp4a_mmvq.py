@@ -524,7 +524,8 @@ exercises.check_lanes("q8_0", [l for l in range(32) if l // tpb8 == 1], {5: 2 * 
 # 3. **MMF** (`mul_mat_f`): float weights on tensor cores, up to 16 columns, rows a multiple of 32;
 # 4. **MMVQ**: quantized weights, up to 8 columns (fewer for K-quants on some GPUs, section 8);
 # 5. **MMQ** (`mul_mat_q`): quantized weights in tiles through shared memory, on int8 tensor cores from
-#    Turing on, or with dp4a below 64 columns on sm_61 and Volta;
+#    Turing on, with dp4a on sm_61 (any number of columns) and on Volta (below 64 columns, where cuBLAS on
+#    its FP16 tensor cores takes over);
 # 6. otherwise **cuBLAS**, after converting the weights to F16 or F32.
 #
 # `cs.mul_mat_kernel` runs the same chain for NVIDIA GPUs. Below, each panel is one weight type, each row a
@@ -559,7 +560,7 @@ print("sm_60 (P100, no dp4a), q4_0 with 9 columns:", cs.mul_mat_kernel("q4_0", 9
 # expert's weights again, which is why the limits are lower than for dense products on older GPUs.
 #
 # The seed article quotes Turing-and-newer limits of 5 for q4_K and q6_K; in this llama.cpp that table lists only
-# q2_K (7), q3_K (5) and some IQ types, and q4_K/q6_K keep 8. Each cell: MoE limit / dense limit.
+# q2_K (7), q3_K (5), some IQ types and the FP4 types, and q4_K/q6_K keep 8. Each cell: MoE limit / dense limit.
 
 # %%
 display(vm.moe_table())
