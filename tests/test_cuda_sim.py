@@ -513,3 +513,12 @@ def test_tables_match_the_vendored_source():
     assert "init_fastdiv_values" in (cuda / "common.cuh").read_text()
     loader = (src / "src/llama-model-loader.cpp").read_text()
     assert "constexpr size_t n_buffers = 4;" in loader and "64 * 1024 * 1024 + 2 * alignment : 1 * 1024 * 1024" in loader
+
+
+def test_coalescing_counts():
+    from llmlab.viz import mmvq as vm
+    pats = vm.coalescing_patterns()
+    lines = {k: len(np.unique(np.concatenate([(a + i) // 128 for i in range(4)]))) for k, a in pats.items()}
+    assert list(lines.values()) == [1, 2, 32]
+    html = str(vm.coalescing_table())
+    assert "100%" in html and "80%" in html and "12%" in html

@@ -21,7 +21,7 @@ Floats are float32 in the kernel's order of operations, with IEEE division and w
 multiply-adds; a real build uses ``-use_fast_math`` (approximate ``x / d``) and lets nvcc fuse
 multiply-adds, so a GPU may differ from the simulation in the last bits (and, for an activation sitting
 within 2 ulp of a rounding boundary, in one q8_1 code). Source: the llama.cpp that llama-cpp-python
-0.3.36 vendors (late 2025); NVIDIA parameter tables only.
+0.3.36 vendors; NVIDIA parameter tables only.
 
 >>> import numpy as np, llmlab.cuda_sim as cs
 >>> int(cs.dp4a(0x01020304, 0x01010101, 10))

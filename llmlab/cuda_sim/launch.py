@@ -11,7 +11,7 @@ because MMVQ decodes the weights again for every column. Then the launch shape:
 * ``blocks_per_iter = vdr * nwarps * warp_size / qi``: weight blocks the CUDA block eats per trip of the K loop;
 * grid ``(ceil(nrows / rows_per_block), 1, 1)``, block ``(warp_size, nwarps, 1)``.
 
-Numbers follow the llama.cpp that llama-cpp-python 0.3.36 vendors (late 2025), NVIDIA GPUs only.
+Numbers follow the llama.cpp that llama-cpp-python 0.3.36 vendors, NVIDIA GPUs only.
 """
 from __future__ import annotations
 

@@ -29,8 +29,8 @@
 #
 # **Expected run time**: about half a minute on a laptop CPU; nothing needs a GPU.
 #
-# **Version**: every fact below is checked against the llama.cpp that llama-cpp-python 0.3.36 vendors
-# (late 2026). Where the seed article describes another version, the text says which.
+# **Version**: every fact below is checked against the llama.cpp that llama-cpp-python 0.3.36 vendors.
+# Where the seed article describes another version, the text says which.
 
 # %%
 from llmlab import nb
@@ -73,7 +73,8 @@ def rows_of(f, name):
 #   position inside its warp is its **lane** (0..31). Lanes of a warp can pass registers to each other
 #   directly (`__shfl_xor_sync`), without touching memory;
 # * a **CUDA block** is a few warps (MMVQ uses 1 to 8) that run on one streaming multiprocessor (SM), may
-#   wait for each other (`__syncthreads`) and share a small, fast **shared memory** (tens of KiB per SM);
+#   wait for each other (`__syncthreads`) and share a small, fast **shared memory** (up to a few hundred KiB
+#   per SM, split among the blocks running there);
 #   `threadIdx` numbers the threads inside a block (MMVQ: `threadIdx.x` = lane, `threadIdx.y` = warp);
 # * the **grid** is all the CUDA blocks of one launch. Blocks are independent: they run in any order, on
 #   whichever SM is free, and `blockIdx` tells a block which part of the work is its own (MMVQ: which row).
