@@ -94,6 +94,15 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope="session")
+def llama_cpp_src() -> Path:
+    """The llama.cpp source that llama-cpp-python 0.3.36 vendors, where the oracle build unpacked it."""
+    hits = sorted(Path.home().glob(".cache/llmlab/*/src/llama_cpp_python-0.3.36/vendor/llama.cpp"))
+    if not hits:
+        pytest.skip("the vendored llama.cpp source is not unpacked here (building the oracle unpacks it)")
+    return hits[0]
+
+
+@pytest.fixture(scope="session")
 def smollm2_path() -> Path:
     return models.resolve("smollm2")
 

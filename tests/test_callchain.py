@@ -3,22 +3,12 @@ vendored source, where unpacked), every llmlab counterpart exists, and the drawi
 from __future__ import annotations
 
 import importlib
-from pathlib import Path
-
-import pytest
 
 from llmlab.viz import callchain as cc
 
 
-def _vendored():
-    hits = sorted(Path.home().glob(".cache/llmlab/*/src/llama_cpp_python-0.3.36/vendor/llama.cpp"))
-    return hits[0] if hits else None
-
-
-def test_every_step_is_in_the_file_it_cites():
-    src = _vendored()
-    if src is None:
-        pytest.skip("the vendored llama.cpp source is not unpacked here (make oracle)")
+def test_every_step_is_in_the_file_it_cites(llama_cpp_src):
+    src = llama_cpp_src
     texts = {}
     for s in cc.DECODE_CHAIN:
         text = texts.setdefault(s.file, (src / s.file).read_text(errors="replace"))

@@ -487,18 +487,9 @@ def test_spacemit_requantization(real_files):
     assert not load.repack_q6_k_to_q8_0(zero).view(np.int8)[2:34].any()   # all-zero group: zeros, no NaN
 
 
-def _vendored_llama_cpp():
-    """The llama.cpp source llama-cpp-python 0.3.36 vendors, where the oracle build left it (or None)."""
-    from pathlib import Path
-    hits = sorted(Path.home().glob(".cache/llmlab/*/src/llama_cpp_python-0.3.36/vendor/llama.cpp"))
-    return hits[0] if hits else None
-
-
-def test_tables_match_the_vendored_source():
+def test_tables_match_the_vendored_source(llama_cpp_src):
     import re
-    src = _vendored_llama_cpp()
-    if src is None:
-        pytest.skip("the vendored llama.cpp source is not unpacked here (make oracle)")
+    src = llama_cpp_src
     cuda = src / "ggml/src/ggml-cuda"
     mmvq = (cuda / "mmvq.cu").read_text()
     for table_name, table in cs.launch.MMID_MAX_BATCH.items():
