@@ -1,8 +1,6 @@
 """Pictures and tables for notebook 07 (the MMVQ decode kernel). Every function takes its data as parameters."""
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
 from .. import cuda_sim as cs
@@ -12,22 +10,6 @@ LINE = 128     # bytes of one L2 cache line / coalesced transaction
 
 
 # ---------------------------------------------------------------- roofline
-
-
-def measure_cpu(seconds: float = 0.3) -> tuple[float, float]:
-    """(FLOP/s of a float32 matmul, bytes/s of a large array copy) on this machine: rough peak and bandwidth."""
-    a = np.random.default_rng(0).standard_normal((768, 768)).astype(np.float32)
-    big = np.ones(32 << 20, np.uint8)
-    out = big.copy()                                  # touched once, so the timing sees no page faults
-
-    def best(fn, work):
-        rate, t_end = 0.0, time.perf_counter() + seconds
-        while time.perf_counter() < t_end:
-            t0 = time.perf_counter()
-            fn()
-            rate = max(rate, work / (time.perf_counter() - t0))
-        return rate
-    return best(lambda: a @ a, 2 * 768**3), best(lambda: np.copyto(out, big), 2 * big.nbytes)
 
 
 def plot_roofline(machines: dict[str, tuple[float, float]], kernels: dict[str, float], ax=None):
