@@ -66,9 +66,37 @@ def test_setup_helpers(capsys):
 
 def test_fallback_fonts_are_a_family_chain():
     import matplotlib
+    from llmlab.viz import fonts
     found = nb.set_matplotlib_defaults()
+    fonts.set_min_size(0)               # the floor is the next test's subject; other tests draw without it
     assert matplotlib.rcParams["font.family"][1:] == found
     assert matplotlib.rcParams["figure.dpi"] == nb.FIGURE_DPI
+
+
+def test_setup_puts_a_floor_under_font_sizes():
+    """After the set-up no text is drawn under FIGURE_MIN_FONT points, however small a plot asks for
+    it, and the floor is what layout measures; the rest keeps its size."""
+    import matplotlib
+    import matplotlib.pyplot as plt
+    from llmlab.viz import fonts
+    try:
+        nb.set_matplotlib_defaults()
+        assert matplotlib.rcParams["font.size"] == nb.FIGURE_FONT and fonts.min_size() == nb.FIGURE_MIN_FONT
+        fig, ax = plt.subplots()
+        tiny = ax.text(0, 0, "17", fontsize=5)
+        big = ax.text(0, 0, "17", fontsize=20)
+        ax.tick_params(labelsize=6)
+        fig.canvas.draw()
+        assert tiny.get_fontsize() == nb.FIGURE_MIN_FONT and big.get_fontsize() == 20
+        assert all(t.get_fontsize() == nb.FIGURE_MIN_FONT for t in ax.get_xticklabels())
+        h = tiny.get_window_extent().height
+        assert h >= nb.FIGURE_MIN_FONT * nb.FIGURE_DPI / 72 * 0.9      # pixels, as measured by layout
+        plt.close(fig)
+        fonts.set_min_size(0)
+        assert matplotlib.font_manager.FontProperties(size=5).get_size_in_points() == 5
+    finally:
+        fonts.set_min_size(0)
+        matplotlib.rcParams["font.size"] = matplotlib.rcParamsDefault["font.size"]
 
 
 def test_wordpiece_and_unigram():

@@ -6,7 +6,8 @@ preference; ``nb.setup`` appends them to the chain. A machine without them (a fr
 Windows, a minimal Linux) would get an empty box ("tofu") for every Chinese character or emoji and
 a "Glyph ... missing" warning for each: :func:`guard_missing_glyphs` instead draws such a character
 as its Python escape (``\\u82f9``) and says once, in one line, which font to install
-(``python -m llmlab doctor`` checks the same).
+(``python -m llmlab doctor`` checks the same). :func:`set_min_size` puts a floor under every font
+size, so that no figure asks for text a projector cannot show.
 """
 from __future__ import annotations
 
@@ -170,3 +171,32 @@ def guard_missing_glyphs(fallbacks=()) -> None:
     Text.draw = draw
     _GUARD.append(original)
     warnings.filterwarnings("ignore", message=r"Glyph \d+ .*missing from", category=UserWarning)
+
+
+# ---------------------------------------------------------------- a floor under font sizes
+
+_MIN_SIZE: list[float] = []
+
+
+def set_min_size(points: float) -> None:
+    """From now on no matplotlib text is smaller than ``points`` (``fontsize=6`` becomes ``points``;
+    0 removes the floor). The floor acts where every size is set, ``FontProperties.set_size``, so
+    layout (``tight_layout``, ``bbox_inches="tight"``) measures the size that is drawn."""
+    from matplotlib.font_manager import FontProperties
+    if not _MIN_SIZE:
+        original = FontProperties.set_size
+
+        def set_size(self, size):
+            original(self, size)
+            if self._size < _MIN_SIZE[0]:
+                self._size = _MIN_SIZE[0]
+
+        set_size.__wrapped__ = original
+        FontProperties.set_size = set_size
+        _MIN_SIZE.append(0.0)
+    _MIN_SIZE[0] = float(points)
+
+
+def min_size() -> float:
+    """The floor :func:`set_min_size` set (0: none)."""
+    return _MIN_SIZE[0] if _MIN_SIZE else 0.0
