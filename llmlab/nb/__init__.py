@@ -245,7 +245,8 @@ def setup(models=("smollm2",), threads: int | None = None, warm: bool = False, q
         print(f"cpu: {p['model']}, {p['cores']} cores, {p['machine']}; SIMD: {' '.join(p['simd']) or 'none found'}")
         print(f"CPU profile: {p['profile']} (from {p['source']}); bit-identical to this machine's llama.cpp: "
               f"{'yes' if p['reproduced'] else 'no'}")
-        print(f"figures: {FIGURE_DPI} dpi, text {FIGURE_FONT} pt (never under {FIGURE_MIN_FONT} pt); fallback fonts: {', '.join(fonts) or 'none installed (python -m llmlab doctor)'}")
+        print(f"figures: {FIGURE_DPI} dpi, text {FIGURE_FONT} pt (never under {FIGURE_MIN_FONT} pt); "
+              f"fallback fonts: {', '.join(fonts) or 'none installed (python -m llmlab doctor)'}")
     set_threads(threads)
     paths = fetch_models(models, quiet=quiet)
     if warm:
