@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -225,3 +226,17 @@ def test_html_export_keeps_the_static_copy(tmp_path):
     page = (tmp_path / "html" / "x.html").read_text()
     assert "<b>static copy</b>" in page and "widget-view+json" not in page and "require.min.js" not in page
     assert "Title" in (tmp_path / "html" / "index.html").read_text() and len(out) == 2
+
+
+def test_graph_carries_its_full_picture():
+    """The full-size picture is in the output itself (a link to a file outside the folder JupyterLab
+    serves would be a 404), fitted above it and at its own size in a section that opens on a click."""
+    from llmlab.ggml.dot import has_dot
+    if not has_dot():
+        pytest.skip("Graphviz's dot is not installed")
+    html = nb.graph("digraph { a -> b; b -> c; }", "full-picture-test", folder="test").data
+    assert "href" not in html and html.count("<svg") == 2
+    fitted, full = html.split("<details>")
+    assert '<svg width="100%"' in fitted and re.search(r'<svg width="[\d.]+pt"', full)
+    assert "</details>" in full and "full picture" in full
+    assert (nb.build_dir("test") / "full-picture-test.svg").is_file()

@@ -201,9 +201,12 @@ def build_dir(*parts: str) -> Path:
 
 def graph(dot, name: str, folder: str = "graphs", max_height: int = 640):
     """A Graphviz graph (DOT text or a ``graphviz.Source``) sized to the notebook's width, in a box
-    that scrolls when the graph is tall, with a link to the full-size SVG, which is written to
-    ``build_dir(folder)/<name>.svg``. Returns an HTML object (or a message when Graphviz's ``dot``
-    program is missing: the one-line message and a simplified static drawing)."""
+    that scrolls when the graph is tall, and below it the full-size picture in a section that opens
+    on a click. Both live in the output itself, so they show wherever the notebook does (JupyterLab
+    serving only ``notebooks/``, the HTML export, a copied notebook): a link to a file outside the
+    served folder would not. The SVG is also written to ``build_dir(folder)/<name>.svg`` for use
+    outside the notebook. Returns an HTML object (or a message when Graphviz's ``dot`` program is
+    missing: the one-line message and a simplified static drawing)."""
     import re
 
     from IPython.display import HTML
@@ -220,13 +223,11 @@ def graph(dot, name: str, folder: str = "graphs", max_height: int = 640):
     m = re.search(r'<svg width="([\d.]+)pt" height="([\d.]+)pt"', svg)
     size = f"{float(m.group(1)) * 4 / 3:.0f} x {float(m.group(2)) * 4 / 3:.0f} px" if m else "full size"
     fitted = re.sub(r'<svg width="[\d.]+pt" height="[\d.]+pt"', '<svg width="100%" style="height:auto"', svg, count=1)
-    try:
-        link = os.path.relpath(path, Path.cwd())
-    except ValueError:
-        link = str(path)
-    return HTML(f"<div style='max-width:100%;max-height:{max_height}px;overflow:auto;border:1px solid #ddd'>"
-                f"{fitted}</div><div style='font-size:90%'>fitted to the page; the full picture ({size}): "
-                f"<a href='{link}' target='_blank'>{path.name}</a> (<code>{link}</code>)</div>")
+    box = "max-width:100%;overflow:auto;border:1px solid #ddd"
+    return HTML(f"<div style='{box};max-height:{max_height}px'>{fitted}</div>"
+                f"<details><summary style='cursor:pointer;font-size:90%'>fitted to the page; click for the full "
+                f"picture ({size}), which scrolls</summary><div style='{box};max-height:{2 * max_height}px'>{svg}</div>"
+                f"</details>")
 
 
 # ---------------------------------------------------------------- the one call
