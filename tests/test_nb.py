@@ -240,3 +240,27 @@ def test_graph_carries_its_full_picture():
     assert '<svg width="100%"' in fitted and re.search(r'<svg width="[\d.]+pt"', full)
     assert "</details>" in full and "full picture" in full
     assert (nb.build_dir("test") / "full-picture-test.svg").is_file()
+
+
+def test_rare_characters_drawn_from_an_outline(gemma3_path):
+    """02's table draws each character from a font's outline (the hieroglyph from the one-glyph font
+    llmlab ships), so no browser shows a box, and says how the tokenizer took it."""
+    from llmlab.llama.vocab import Tokenizer
+    from llmlab.viz import fonts
+    from llmlab.viz import tokens as vt
+    assert fonts.font_with("\U00013000").startswith(str(fonts.SHIPPED_DIR))
+    svg = fonts.glyph_svg("\U00013000")
+    assert svg.startswith("<svg") and "<path d='M" in svg and "Egyptian" in svg
+    assert fonts.glyph_svg("\U000e0100") is None            # a variation selector: no font here has it
+    html = vt.characters_html(Tokenizer.from_model(gemma3_path), "\U00013000 \U0001d538").markup
+    assert html.count("<tr>") == 3 and html.count("<svg") == 2          # a header and two characters
+    assert "byte fallback: 4 byte tokens" in html and "one vocabulary entry" in html
+    assert "egyptian hieroglyph a001" in html
+
+
+def test_whitespace_is_visible_in_token_boxes(gemma3_path):
+    from llmlab.llama.vocab import Tokenizer
+    from llmlab.viz import tokens as vt
+    assert vt.visible(" a\n\tb") == "␣a↵→b"
+    html = vt.fragments_html(Tokenizer.from_model(gemma3_path), "Hello\n\nworld", special=False).markup
+    assert "↵↵ = " in html

@@ -20,8 +20,17 @@ FAMILIES = [   # the four algorithm families of llama.cpp (llama_vocab_type), as
 ]
 
 
+# whitespace drawn as a visible sign (an invisible space or newline would leave a blank box)
+VISIBLE_WHITESPACE = {" ": "\u2423", "\n": "\u21b5", "\t": "\u2192", "\r": "\u240d"}      # ␣ ↵ → ␍
+
+
+def visible(s: str) -> str:
+    """``s`` with each space, newline, tab and carriage return written as ␣, ↵, →, ␍."""
+    return "".join(VISIBLE_WHITESPACE.get(c, c) for c in s)
+
+
 def _visible(s: str) -> str:
-    return _html.escape(s).replace(" ", "&middot;").replace("\n", "&crarr;").replace("\t", "&rarr;")
+    return _html.escape(visible(s))
 
 
 def piece_label(tok: Tokenizer, i: int) -> str:
@@ -35,7 +44,7 @@ def piece_label(tok: Tokenizer, i: int) -> str:
 
 def tokens_html(tok: Tokenizer, text: str, add_bos: bool = False, special: bool = False,
                 ids: list[int] | None = None) -> HTML:
-    """The tokens of ``text`` as coloured boxes (hover: id and vocabulary entry). Spaces show as ·,
+    """The tokens of ``text`` as coloured boxes (hover: id and vocabulary entry). Spaces show as ␣,
     newlines as ↵, special tokens in bold, bytes of a split character as <XX>."""
     ids = tok.tokenize(text, add_bos=add_bos, special=special) if ids is None else ids
     spans = []
@@ -70,7 +79,7 @@ def fragments_html(tok: Tokenizer, text: str, special: bool) -> HTML:
     out = []
     for f in tok.fragments(text, special):
         if isinstance(f, int):
-            out.append(f"<b style='background:#f6cde0;padding:1px 3px'>{_html.escape(tok.vocab.tokens[f])}"
+            out.append(f"<b style='background:#f6cde0;padding:1px 3px'>{_visible(tok.vocab.tokens[f])}"
                        f" = {f}</b>")
         else:
             out.append(f"<span style='background:#eee;padding:1px 3px;font-family:monospace'>{_visible(f)}</span>")
@@ -134,6 +143,32 @@ def byte_fallback_rows(tok: Tokenizer, text: str) -> list[list]:
         kind = next((n for a, n in names.items() if attr & a), "other")
         rows.append([i, repr(tok.vocab.tokens[i]), kind, tok.token_to_piece(i).hex(" ")])
     return rows
+
+
+def characters_html(tok: Tokenizer, text: str, px: int = 36) -> HTML:
+    """Each character of ``text`` (spaces left out): drawn from a font outline (``fonts.glyph_svg``,
+    so it shows even where the browser has no font for it), its code point, Unicode name, UTF-8
+    bytes, and the tokens it became: one vocabulary entry, or byte fallback's <0xXX> tokens."""
+    import unicodedata
+
+    from . import fonts
+    head = "".join(f"<th style='text-align:left'>{h}</th>" for h in
+                   ("character", "code point", "Unicode name", "UTF-8", "tokens", "how"))
+    rows = []
+    for ch in dict.fromkeys(c for c in text if not c.isspace()):
+        ids = tok.tokenize(ch)
+        if ids and tok.vocab.tokens[ids[0]] == "\u2581":       # a word-initial ▁ SentencePiece put in front
+            ids = ids[1:]
+        how = ("one vocabulary entry" if len(ids) == 1 else
+               f"byte fallback: {len(ids)} byte tokens" if all(int(tok.vocab.attrs[i]) & Attr.BYTE for i in ids) else
+               f"{len(ids)} tokens, pieces of its UTF-8 bytes")
+        glyph = fonts.glyph_svg(ch, px) or f"<span style='font-size:{px * 0.6:.0f}px'>{_html.escape(ch)}</span>"
+        entries = " ".join(_html.escape(tok.vocab.tokens[i]) for i in ids)
+        cells = [glyph, f"U+{ord(ch):04X}", unicodedata.name(ch, "?").lower(), ch.encode("utf-8").hex(" "),
+                 f"{ids}<br><code>{entries}</code>",
+                 how]
+        rows.append("<tr>" + "".join(f"<td style='text-align:left;vertical-align:middle'>{c}</td>" for c in cells) + "</tr>")
+    return HTML(f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>")
 
 
 def stream_rows(tok: Tokenizer, text: str) -> list[list]:
