@@ -114,18 +114,18 @@ def plot_replay(symbols0: list[str], steps, title: str = "", ax=None):
     import matplotlib.pyplot as plt
     rows = [list(symbols0)] + [s.symbols for s in steps]
     if ax is None:
-        _, ax = plt.subplots(figsize=(9, 0.32 * len(rows) + 0.8))
+        _, ax = plt.subplots(figsize=(9, 0.4 * len(rows) + 0.9))
     for y, syms in enumerate(rows):
         x = 0
         for k, s in enumerate(syms):
             w = len(s)
             ax.add_patch(plt.Rectangle((x, -y - 0.4), w, 0.8, facecolor=PALETTE[k % len(PALETTE)], edgecolor="#555"))
-            ax.text(x + w / 2, -y, s, ha="center", va="center", fontsize=8, family="monospace")
+            ax.text(x + w / 2, -y, s, ha="center", va="center", fontsize=11, family="monospace")
             x += w
     n = max(len("".join(r)) for r in rows)
     ax.set_xlim(0, n)
     ax.set_ylim(-len(rows) + 0.5, 0.5)
-    ax.set_yticks([-y for y in range(len(rows))], ["start"] + [f"step {k}" for k in range(1, len(rows))], fontsize=8)
+    ax.set_yticks([-y for y in range(len(rows))], ["start"] + [f"step {k}" for k in range(1, len(rows))])
     ax.set_xticks([])
     ax.set_title(title)
     for side in ("top", "right", "bottom"):
@@ -214,27 +214,29 @@ def vocab_stats(tok: Tokenizer) -> dict:
     return {"types": types, "lengths": np.array(lengths), "scripts": scripts}
 
 
-def plot_vocab_stats(stats: dict[str, dict], figsize=(12, 3.8)):
+def plot_vocab_stats(stats: dict[str, dict], figsize=(10, 4.8)):
     """Left: histogram of token lengths in bytes; right: how many ids each script gets."""
     import matplotlib.pyplot as plt
-    fig, (a, b) = plt.subplots(1, 2, figsize=figsize)
+    fig, (a, b) = plt.subplots(1, 2, figsize=figsize, width_ratios=[1, 1.3])
     bins = np.arange(1, 33) - 0.5
     for name, s in stats.items():
         a.hist(np.minimum(s["lengths"], 31), bins=bins, histtype="step", linewidth=1.8,
                label=f"{name} (mean {s['lengths'].mean():.1f} B)")
     a.set_xlabel("token length in UTF-8 bytes (31 = 31 or more)")
     a.set_ylabel("number of tokens")
-    a.legend()
+    a.legend(loc="upper right", fontsize=10)
     keys = sorted({k for s in stats.values() for k in s["scripts"]})
     x = np.arange(len(keys))
     w = 0.8 / len(stats)
     for k, (name, s) in enumerate(stats.items()):
         vals = [s["scripts"].get(key, 0) for key in keys]
         bars = b.bar(x + k * w, vals, w, label=name)
-        b.bar_label(bars, fontsize=7)
-    b.set_xticks(x + w * (len(stats) - 1) / 2, keys, rotation=20, ha="right", fontsize=8)
+        b.bar_label(bars, fontsize=10, rotation=90, padding=3)
+    short = {"Chinese (CJK ideographs)": "Chinese\n(CJK)", "digits, punctuation, space": "digits,\npunctuation,\nspace"}
+    b.set_xticks(x + w * (len(stats) - 1) / 2, [short.get(k, k.replace(" ", "\n", 1)) for k in keys], fontsize=10)
     b.set_yscale("log")
+    b.set_ylim(0.8, max(max(s["scripts"].values()) for s in stats.values()) * 40)   # room for the numbers
     b.set_ylabel("normal tokens")
-    b.legend()
+    b.legend(loc="upper left", fontsize=10, ncol=2)
     fig.tight_layout()
     return fig
