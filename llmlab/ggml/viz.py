@@ -25,12 +25,12 @@ def plot_passes(schedule, ax=None, title: str = "ggml_backend_sched_split_graph,
     if ax is None:
         _, ax = plt.subplots(figsize=(10, 0.45 * len(rows) + 1.4))
     ax.imshow(data, aspect="auto", cmap=cmap, vmin=0, vmax=len(names), interpolation="nearest")
-    ax.set_yticks(range(len(labels)), labels)
+    ax.set_yticks(range(len(labels)), labels, fontsize=11)
     ax.set_xlabel("node index (topological order)")
     for s in schedule.splits[1:]:
         ax.axvline(s.i_start - 0.5, color="black", lw=0.8)
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in ["#e0e0e0"] + [BACKEND_RGB.get(n, "#bbb") for n in names]]
-    ax.legend(handles, ["unassigned"] + names, loc="lower right", ncol=3, bbox_to_anchor=(1, 1.0), frameon=False)
+    ax.legend(handles, ["unassigned"] + names, loc="upper right", ncol=3, bbox_to_anchor=(1, -0.3), frameon=False)
     ax.set_title(title, fontsize=12, loc="left")
     return ax
 
