@@ -329,7 +329,7 @@ print(gmeta["prompts"][0]["prompt"], end="")
 for _, piece in generate(Context(gmodel, n_ctx=64), gtok, gids, 3, result=gres):
     print(piece, end="", flush=True)
 assert gres.ids == grefs["p0_greedy"][:3].tolist()
-print(f"\nllama.cpp's first 3 greedy tokens; {gres.timings.decode_tokens_per_s:.2f} tok/s")
+print(f"\nthe same first 3 greedy tokens as llama.cpp; {gres.timings.decode_tokens_per_s:.2f} tok/s")
 print(repr(ChatTemplate.from_model(gpath, gtok).apply(messages)))
 
 # %% [markdown]
