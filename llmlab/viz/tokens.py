@@ -164,7 +164,8 @@ def characters_html(tok: Tokenizer, text: str, px: int = 36) -> HTML:
                f"{len(ids)} tokens, pieces of its UTF-8 bytes")
         glyph = fonts.glyph_svg(ch, px) or f"<span style='font-size:{px * 0.6:.0f}px'>{_html.escape(ch)}</span>"
         entries = " ".join(_html.escape(tok.vocab.tokens[i]) for i in ids)
-        cells = [glyph, f"U+{ord(ch):04X}", unicodedata.name(ch, "?").lower(), ch.encode("utf-8").hex(" "),
+        nowrap = "<span style='white-space:nowrap'>{}</span>".format
+        cells = [glyph, nowrap(f"U+{ord(ch):04X}"), unicodedata.name(ch, "?").lower(), nowrap(ch.encode("utf-8").hex(" ")),
                  f"{ids}<br><code>{entries}</code>",
                  how]
         rows.append("<tr>" + "".join(f"<td style='text-align:left;vertical-align:middle'>{c}</td>" for c in cells) + "</tr>")
