@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -66,9 +67,37 @@ def test_setup_helpers(capsys):
 
 def test_fallback_fonts_are_a_family_chain():
     import matplotlib
+    from llmlab.viz import fonts
     found = nb.set_matplotlib_defaults()
+    fonts.set_min_size(0)               # the floor is the next test's subject; other tests draw without it
     assert matplotlib.rcParams["font.family"][1:] == found
     assert matplotlib.rcParams["figure.dpi"] == nb.FIGURE_DPI
+
+
+def test_setup_puts_a_floor_under_font_sizes():
+    """After the set-up no text is drawn under FIGURE_MIN_FONT points, however small a plot asks for
+    it, and the floor is what layout measures; the rest keeps its size."""
+    import matplotlib
+    import matplotlib.pyplot as plt
+    from llmlab.viz import fonts
+    try:
+        nb.set_matplotlib_defaults()
+        assert matplotlib.rcParams["font.size"] == nb.FIGURE_FONT and fonts.min_size() == nb.FIGURE_MIN_FONT
+        fig, ax = plt.subplots()
+        tiny = ax.text(0, 0, "17", fontsize=5)
+        big = ax.text(0, 0, "17", fontsize=20)
+        ax.tick_params(labelsize=6)
+        fig.canvas.draw()
+        assert tiny.get_fontsize() == nb.FIGURE_MIN_FONT and big.get_fontsize() == 20
+        assert all(t.get_fontsize() == nb.FIGURE_MIN_FONT for t in ax.get_xticklabels())
+        h = tiny.get_window_extent().height
+        assert h >= nb.FIGURE_MIN_FONT * nb.FIGURE_DPI / 72 * 0.9      # pixels, as measured by layout
+        plt.close(fig)
+        fonts.set_min_size(0)
+        assert matplotlib.font_manager.FontProperties(size=5).get_size_in_points() == 5
+    finally:
+        fonts.set_min_size(0)
+        matplotlib.rcParams["font.size"] = matplotlib.rcParamsDefault["font.size"]
 
 
 def test_wordpiece_and_unigram():
@@ -206,3 +235,41 @@ def test_html_export_keeps_the_static_copy(tmp_path):
     page = (tmp_path / "html" / "x.html").read_text()
     assert "<b>static copy</b>" in page and "widget-view+json" not in page and "require.min.js" not in page
     assert "Title" in (tmp_path / "html" / "index.html").read_text() and len(out) == 2
+
+
+def test_graph_carries_its_full_picture():
+    """The full-size picture is in the output itself (a link to a file outside the folder JupyterLab
+    serves would be a 404), fitted above it and at its own size in a section that opens on a click."""
+    from llmlab.ggml.dot import has_dot
+    if not has_dot():
+        pytest.skip("Graphviz's dot is not installed")
+    html = nb.graph("digraph { a -> b; b -> c; }", "full-picture-test", folder="test").data
+    assert "href" not in html and html.count("<svg") == 2
+    fitted, full = html.split("<details>")
+    assert '<svg width="100%"' in fitted and re.search(r'<svg width="[\d.]+pt"', full)
+    assert "</details>" in full and "full picture" in full
+    assert (nb.build_dir("test") / "full-picture-test.svg").is_file()
+
+
+def test_rare_characters_drawn_from_an_outline(gemma3_path):
+    """02's table draws each character from a font's outline (the hieroglyph from the one-glyph font
+    llmlab ships), so no browser shows a box, and says how the tokenizer took it."""
+    from llmlab.llama.vocab import Tokenizer
+    from llmlab.viz import fonts
+    from llmlab.viz import tokens as vt
+    assert fonts.font_with("\U00013000").startswith(str(fonts.SHIPPED_DIR))
+    svg = fonts.glyph_svg("\U00013000")
+    assert svg.startswith("<svg") and "<path d='M" in svg and "Egyptian" in svg
+    assert fonts.glyph_svg("\U000e0100") is None            # a variation selector: no font here has it
+    html = vt.characters_html(Tokenizer.from_model(gemma3_path), "\U00013000 \U0001d538").markup
+    assert html.count("<tr>") == 3 and html.count("<svg") == 2          # a header and two characters
+    assert "byte fallback: 4 byte tokens" in html and "one vocabulary entry" in html
+    assert "egyptian hieroglyph a001" in html
+
+
+def test_whitespace_is_visible_in_token_boxes(gemma3_path):
+    from llmlab.llama.vocab import Tokenizer
+    from llmlab.viz import tokens as vt
+    assert vt.visible(" a\n\tb") == "␣a↵→b"
+    html = vt.fragments_html(Tokenizer.from_model(gemma3_path), "Hello\n\nworld", special=False).markup
+    assert "↵↵ = " in html

@@ -123,6 +123,9 @@ print(f"greedy longest prefix: {greedy} total {td.score(greedy):.1f};  Viterbi: 
 #
 # The seed article's example is "我有一个苹果" ("I have an apple"), which it splits into six one-character
 # tokens. Real tokenizers disagree with that picture and with each other. Hover over a box to see its id.
+# Whitespace is drawn as a sign, so that a token made of spaces is not an empty box: ␣ is a space, ↵ a
+# newline, → a tab. (The vocabularies themselves spell a space differently: byte-level BPE stores it as `Ġ`,
+# SentencePiece as `▁`; the boxes show the text a token stands for.)
 
 # %%
 sentences = ["我有一个苹果", "The quick brown fox jumps over the lazy dog.", "Self-Attention 本质上就是回答一个问题"]
@@ -241,11 +244,15 @@ print("ids:", gemma.tokenize(text), [gemma.vocab.tokens[i] for i in gemma.tokeni
 # different reasons.
 #
 # **Byte fallback.** When a character is not in the vocabulary at all, no merge can produce it, and SPM emits
-# its UTF-8 bytes as the 256 byte tokens `<0x00>`...`<0xFF>`. Gemma 3 knows 𝔸 but not an Egyptian hieroglyph,
-# nor the Cyrillic ꙮ:
+# its UTF-8 bytes as the 256 byte tokens `<0x00>`...`<0xFF>`. Gemma 3 knows the double-struck A (U+1D538)
+# but neither an Egyptian hieroglyph nor the rare Cyrillic multiocular O. Few computers have a font for
+# the hieroglyph, so the code writes the characters as escapes and the table draws each one from a font's
+# outline, which any browser shows (the hieroglyph comes from a one-glyph cut of Noto Sans Egyptian
+# Hieroglyphs that llmlab ships, `llmlab/viz/font_files/`):
 
 # %%
-table(["id", "vocabulary entry", "type", "bytes"], vt.byte_fallback_rows(gemma, "𓀀 ꙮ 𝔸"))
+rare = "\U00013000 \ua66e \U0001d538"
+vt.characters_html(gemma, rare)
 
 # %% [markdown]
 # ## 6. Back to text, one token at a time

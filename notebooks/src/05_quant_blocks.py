@@ -171,11 +171,8 @@ for name, raw in blocks.items():
     plt.show()
 
 # %%
-fig, axes = plt.subplots(1, 3, figsize=(13, 5.2))
-vq.draw_bit_map("q4_0", ax=axes[0])
-vq.draw_bit_map("q4_1", ax=axes[1])
-vq.draw_bit_map("q8_0", count=18, ax=axes[2])
-plt.tight_layout(); plt.show()
+vq.plot_bit_maps([("q4_0", 0, 18), ("q4_1", 0, 20), ("q8_0", 0, 18)])
+plt.show()
 
 # %% [markdown]
 # q4_1 adds a second f16, the block minimum `m`: `x = d q + m` with `q` in 0..15 (so all 16 codes are spent
@@ -186,12 +183,10 @@ plt.tight_layout(); plt.show()
 # code in `ql` and the top 2 bits in `qh`, four weights per `qh` byte:
 
 # %%
-fig, axes = plt.subplots(1, 3, figsize=(13, 6))
-vq.draw_bit_map("q4_k", start=14, count=20, ax=axes[0])
-vq.draw_bit_map("q6_k", start=0, count=20, ax=axes[1])
-vq.draw_bit_map("q6_k", start=128, count=20, ax=axes[2])
-axes[2].set_title("q6_k qh: 2 bits for each of 4 weights", fontsize=9)
-plt.tight_layout(); plt.show()
+fig = vq.plot_bit_maps([("q4_k", 14, 20), ("q6_k", 0, 20), ("q6_k", 128, 20)])
+fig.axes[1].set_title("q6_k ql")
+fig.axes[2].set_title("q6_k qh")
+plt.show()
 
 # %% [markdown]
 # ## 4. q4_k's 12 packed scale bytes, decoded step by step

@@ -88,7 +88,8 @@ meta, refs = ref_logits("smollm2-135m-instruct-q4_1")
 prompt = meta["prompts"][0]["prompt"]
 ids = tok.tokenize(prompt, add_bos=True, special=True)
 display(tokens_html(tok, prompt, ids=ids))
-print(ids, "== llama.cpp's:", ids == refs["p0_ids"].tolist())
+assert ids == refs["p0_ids"].tolist()
+print(ids, "(llama.cpp's ids for this prompt)")
 
 # %% [markdown]
 # ## 3. Context: the workbench
@@ -133,7 +134,8 @@ while n_pos + len(batch) < len(ids) + N_PREDICT:
     batch = Batch.get_one([token])                       # the token, reborn as the next batch
 print()
 display(table(["step", "batch tokens", "positions", "cache cells used", "sampled", "piece", "ms"], steps))
-print("llama.cpp's greedy continuation starts the same:", out == refs["p0_greedy"][:len(out)].tolist())
+assert out == refs["p0_greedy"][:len(out)].tolist()
+print(f"llama.cpp's greedy continuation starts with the same {len(out)} tokens")
 
 # %% [markdown]
 # The first row is the prefill (all prompt tokens at positions 0..7), every later row one token at the next
@@ -149,7 +151,8 @@ for token, text in generate(Context(model, n_ctx=64), tok, ids, N_PREDICT, resul
     print(text, end="", flush=True)
 print()
 timings = res.timings
-print(f"same tokens as the hand-written loop: {res.ids == out}; stopped by: {res.stop_reason}")
+assert res.ids == out
+print(f"the same tokens as the hand-written loop; stopped by: {res.stop_reason}")
 print(f"prompt: {timings.prompt_tokens_per_s:.1f} tok/s, decode: {timings.decode_tokens_per_s:.2f} tok/s, "
       f"first token after {timings.t_first:.2f} s")
 
@@ -205,12 +208,14 @@ chain = common_sampler_init(params)
 draws = [chain.sample(first_logits) for _ in range(8)]
 print("8 draws from the same logits, seed 42:", draws, [tok.detokenize([d]) for d in draws])
 again = common_sampler_init(params)
-print("seed 42 again gives the same:", [again.sample(first_logits) for _ in range(8)] == draws)
+assert [again.sample(first_logits) for _ in range(8)] == draws
+print("seed 42 again: the same 8 draws")
 if ORACLE:
     from llmlab.llamacpp.sampling import LlamaCppChain
     with LlamaCppChain(params, len(first_logits)) as theirs:
         their_draws = [theirs.sample(first_logits) for _ in range(8)]
-    print("llama.cpp's chain, seed 42:", their_draws, "equal:", their_draws == draws)
+    assert their_draws == draws
+    print("llama.cpp's chain, seed 42:", their_draws, "(the same draws)")
 
 # %% [markdown]
 # Sampling inside the loop: the chain sees every token (prompt included, for the penalties), and the text
@@ -290,7 +295,8 @@ for name, side in sides.items():
     assert side.ids[:len(out)] == out[:len(side.ids)], name     # the same greedy tokens as the loop above
 if ORACLE:
     sides["llama.cpp"] = bench.run_llama_cpp(path, ids, N_GEN["fast"], threads)
-    print("llama.cpp's greedy tokens equal llmlab's:", sides["llama.cpp"].ids == sides["llmlab fast"].ids)
+    assert sides["llama.cpp"].ids == sides["llmlab fast"].ids
+    print(f"llama.cpp's {len(sides['llama.cpp'].ids)} greedy tokens are llmlab's")
 display(table(["engine", "prompt tok/s (pp)", "decode tok/s (tg)"],
               [[k, f"{v.prefill_tokens_per_s:.1f}", f"{v.decode_tokens_per_s:.2f}"] for k, v in sides.items()]))
 bench.plot_speeds(sides, title=f"SmolLM2-135M, {len(ids)}-token prompt, {threads} thread(s)")
@@ -322,8 +328,8 @@ gres = Generation()
 print(gmeta["prompts"][0]["prompt"], end="")
 for _, piece in generate(Context(gmodel, n_ctx=64), gtok, gids, 3, result=gres):
     print(piece, end="", flush=True)
-print(f"\nequal to llama.cpp's first 3 greedy tokens: {gres.ids == grefs['p0_greedy'][:3].tolist()}; "
-      f"{gres.timings.decode_tokens_per_s:.2f} tok/s")
+assert gres.ids == grefs["p0_greedy"][:3].tolist()
+print(f"\nthe same first 3 greedy tokens as llama.cpp; {gres.timings.decode_tokens_per_s:.2f} tok/s")
 print(repr(ChatTemplate.from_model(gpath, gtok).apply(messages)))
 
 # %% [markdown]
