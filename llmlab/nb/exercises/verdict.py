@@ -52,6 +52,11 @@ class Verdict:
         sys.stdout.write(f"{self.message}\n")     # one write: one stream output, never split at the newline
 
 
+def is_correct(line: str) -> bool:
+    """Whether a line of a cell's output is the verdict on a correct answer."""
+    return line == CORRECT or line.startswith(CORRECT + ": ")
+
+
 def is_not_yet(line: str) -> bool:
     """Whether a line of a cell's output is a verdict that is not "correct"."""
     return line.startswith(NOT_YET)
