@@ -43,10 +43,10 @@ from .mmvq import check_dp4a, check_lanes, check_launch
 from .overview import check_arithmetic_intensity, check_decode_tokens_per_s, check_kv_cache_bytes
 from .quant import check_bits_per_weight, check_q4_1_block, check_q8_0_decode
 from .tokenizers import check_next_bpe_merge, check_segmentation, check_unigram, check_wordpiece
-from .verdict import SOLUTION_TAG, Verdict, is_not_yet
+from .verdict import SOLUTION_TAG, Verdict, is_correct, is_not_yet
 
 __all__ = [
-    "SOLUTION_TAG", "Verdict", "is_not_yet",
+    "SOLUTION_TAG", "Verdict", "is_correct", "is_not_yet",
     "check_kv_cache_bytes", "check_decode_tokens_per_s", "check_arithmetic_intensity",      # 00
     "check_kv_pair", "check_tensor_nbytes", "check_tensor_file_offset",                      # 01
     "check_next_bpe_merge", "check_segmentation", "check_wordpiece", "check_unigram",        # 02
