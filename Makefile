@@ -25,7 +25,7 @@ HTML_DIR ?= build/html
 TEACHER_HTML_DIR ?= build/html-teacher
 IS_ROOT := $(shell [ "$$(id -u)" = 0 ] && echo 1)
 
-.PHONY: setup setup-dev system-deps browser-deps demo lint test test-slow test-browser test-all bench lab notebooks teacher html clean oracle-avx2 test-avx2 arm64-deps oracle-arm64
+.PHONY: setup setup-dev system-deps browser-deps demo lint test test-slow test-browser test-all bench lab notebooks teacher html handout clean oracle-avx2 test-avx2 arm64-deps oracle-arm64
 
 setup: system-deps $(STAMP_LAB)
 setup-dev: system-deps $(STAMP_DEV)
@@ -181,6 +181,15 @@ $(TEACHER_DIR)/%.ipynb: notebooks/src/%.py | setup
 html: setup $(TEACHER_NOTEBOOKS)
 	$(PY) -m llmlab.nb.runner --html $(HTML_DIR) $(NOTEBOOKS)
 	$(PY) -m llmlab.nb.runner --html $(TEACHER_HTML_DIR) --guide docs/teachers-guide.md $(TEACHER_NOTEBOOKS)
+
+# what a teacher hands a room without a set-up (Colab, a bare Jupyter): llmlab's wheel, to host where
+# the room can reach it, and the learner's notebooks, their set-up cell installing llmlab from
+# LLMLAB_PIP (llmlab is not on PyPI: the hosted wheel's URL, or a git+https URL of the repository)
+HANDOUT_DIR ?= build/handout
+handout: setup
+	@[ -n "$(LLMLAB_PIP)" ] || { echo "error: set LLMLAB_PIP, the address pip installs llmlab from (make handout LLMLAB_PIP=https://.../llmlab-0.1.0-py3-none-any.whl)"; exit 2; }
+	$(PY) -m pip wheel -q --no-deps . -w $(HANDOUT_DIR)
+	$(PY) -m llmlab.nb.colab --pip "$(LLMLAB_PIP)" -o $(HANDOUT_DIR) $(NOTEBOOKS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -231,3 +232,27 @@ def test_html_export_keeps_the_static_copy(tmp_path):
     assert [p.name for p in out] == ["x.html", "guide.html", "index.html"]
     assert "<table>" in (tmp_path / "teacher" / "guide.html").read_text()
     assert "guide.html" in (tmp_path / "teacher" / "index.html").read_text()
+
+
+def test_handout(tmp_path, capsys):
+    """The learner's notebooks with the address in their set-up cell; bad input is one error line, exit 2."""
+    import nbformat
+    from llmlab.nb import colab
+    root = Path(__file__).parent.parent / "notebooks"
+    assert colab.main(["--pip", "https://example.org/llmlab-0.1.0-py3-none-any.whl", "-o", str(tmp_path / "out"),
+                       str(root / "00_overview.ipynb"), str(root / "08_full_generation.ipynb")]) == 0
+    nb = nbformat.read(tmp_path / "out" / "00_overview.ipynb", as_version=4)
+    first = next(c for c in nb.cells if c.cell_type == "code")
+    assert 'LLMLAB_PIP = "https://example.org/llmlab-0.1.0-py3-none-any.whl"' in first.source.replace("'", '"')
+    assert first.source == colab.with_pip(colab.SETUP_CELL, "https://example.org/llmlab-0.1.0-py3-none-any.whl")
+    capsys.readouterr()
+    teacher = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(colab.SETUP_CELL),
+                                              nbformat.v4.new_code_cell("x", metadata={"tags": ["solution"]})])
+    nbformat.write(teacher, str(tmp_path / "t.ipynb"))
+    for argv, said in [(["--pip", " ", str(root / "00_overview.ipynb")], "address"),
+                       (["--pip", "x", str(tmp_path / "t.ipynb")], "solution cells"),
+                       (["--pip", "x", str(tmp_path / "missing.ipynb")], "missing.ipynb")]:
+        assert colab.main(argv + ["-o", str(tmp_path / "bad")]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and said in err and err.count("\n") == 1
+    assert not (tmp_path / "bad").exists()
