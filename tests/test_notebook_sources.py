@@ -94,6 +94,16 @@ def test_notebook_starts_with_the_setup_cell(path):
     assert first.source == SETUP_CELL, f"{source_of(path).name}: the first code cell is not llmlab.nb.colab.SETUP_CELL"
 
 
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_reads_no_path_into_a_checkout(path):
+    """A notebook copied anywhere runs: its code reads data through the package (llmlab.data), never
+    a path relative to the checkout (../data, ../tests/data) nor the checkout's root."""
+    for i, c in enumerate(read_source(path).cells):
+        if c.cell_type == "code":
+            found = re.findall(r"""["']\.\./|tests/data|nb\.ROOT|nb\.CHECKOUT""", c.source)
+            assert not found, f"{source_of(path).name} cell {i} reads {found[0]!r}: use llmlab.data"
+
+
 def test_setup_cell(monkeypatch):
     """Where llmlab is importable the set-up cell does nothing; where it is not, it asks for the
     address or installs from it."""
