@@ -324,7 +324,7 @@ plt.show()
 # %%
 gpath = paths["gemma3"]
 gmodel, gtok = Model(gpath), Tokenizer.from_model(gpath)
-gmeta, grefs = ref_logits("gemma-3-270m-q4_k_m")
+gmeta, grefs = data.ref_logits("gemma3")
 gids = gtok.tokenize(gmeta["prompts"][0]["prompt"], add_bos=True, special=True)
 gres = Generation()
 print(gmeta["prompts"][0]["prompt"], end="")
