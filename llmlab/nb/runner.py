@@ -164,7 +164,7 @@ def solution_dependencies(nb) -> list[tuple[int, str]]:
     return found
 
 
-SOURCE_METADATA = ("jupyter", "tags")     # the cell metadata a source holds (notebooks/jupytext.toml)
+SOURCE_METADATA = ("jupyter", "tags")     # the cell metadata a source holds: collapsed, and the solution tag
 
 
 def sync_from_source(path: str | Path):
