@@ -13,9 +13,10 @@ An exercise in a notebook's source (``notebooks/src/NN_name.py``) is two cells:
 * the solution cell, tagged ``solution`` (:data:`SOLUTION_TAG`) and collapsed
   (``jupyter.source_hidden``), which ends with the same checker call on the answer.
 
-``make notebooks`` fails when a solution cell shows a verdict that is not ``correct``. A notebook
-without its solutions (a learner's edition) is the notebook without the cells tagged ``solution``:
-its checker cells then show ``no answer yet``.
+``make notebooks`` runs the source, solutions included, and fails when a solution cell does not show
+``correct``. It stores the teacher's edition (every cell) in ``build/teacher/`` and commits the
+learner's edition, the notebook without the cells tagged ``solution`` (``llmlab.nb.runner``): its
+checker cells show ``no answer yet``, and no later cell may need a name only a solution defines.
 
 =============  ===============================
 module         notebook
