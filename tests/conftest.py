@@ -23,13 +23,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from llmlab import models
+from llmlab import data, models
 from llmlab.ggml.cpu import profiles
 
 DATA = Path(__file__).parent / "data"
-REFS = DATA / "refs"
-REF_STEMS = {"smollm2": "smollm2-135m-instruct-q4_1", "gemma3": "gemma-3-270m-q4_k_m"}
-REF_DIRS = {"avx512": REFS, "avx2": REFS / "avx2"}          # the logits of llama.cpp built for each CPU
+REFS = data.ref_dir()                                        # llama.cpp's references ship in the package
+REF_STEMS = data.REF_STEMS
+REF_DIRS = {cpu: data.ref_dir(cpu) for cpu in data.REF_DIRS}   # the logits of llama.cpp built for each CPU
 REF_PROFILES = [p for p, d in REF_DIRS.items() if (d / f"{REF_STEMS['smollm2']}.logits.npz").exists()]
 LIVE = profiles.detect()                                     # the profile of this machine's llama.cpp
 

@@ -65,8 +65,7 @@ def lab(tmp_path_factory):
         if (source / p.name).exists():
             p = source / p.name
         shutil.copy2(p, served / "notebooks" / p.name)
-    for d in ("data", "tests", "llmlab"):           # relative paths the notebooks read (../data, ../tests/data)
-        (served / d).symlink_to(ROOT / d)
+    (served / "llmlab").symlink_to(ROOT / "llmlab")  # a checkout's layout; the notebooks' data come through the package
     port, token = _free_port(), uuid.uuid4().hex
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
                JUPYTER_CONFIG_DIR=str(served / ".jupyter-config"))

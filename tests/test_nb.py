@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -113,6 +114,9 @@ def test_checkers(smollm2_path, capsys):
     from llmlab.ggml import quant as Q
     v = ex.check_bits_per_weight("q4_0", 0)
     assert v.ok is False and v.message.startswith("no answer yet") and not v
+    assert v.message == ("no answer yet: the cell still holds its placeholder (0); put your answer in its place, "
+                         "then run the cell again")          # what the cell shows (my_answer = 0), not the parameter
+    assert "(...)" in ex.check_q8_0_decode(b"\0" * 34, ...).message and "argument" not in v.message
     assert ex.check_bits_per_weight("q4_k", 4.5)
     x = np.linspace(-1, 2, 32).astype(np.float32)
     good = Q.quantize(x, "q4_1")
@@ -212,12 +216,37 @@ def test_runner_fails_on_a_solution_its_checker_rejects(tmp_path):
     notebook = nbformat.read(path, as_version=4)
     notebook.cells[1].metadata = {"jupyter": {"source_hidden": True}, "tags": [ex.SOLUTION_TAG]}
     nbformat.write(notebook, str(path))
-    with pytest.raises(NotebookCellError, match="cell 1 is a solution, but its checker says: not yet: KV head 1"):
+    with pytest.raises(NotebookCellError, match="cell 1 is a solution, but its checker does not say correct: not yet: KV head 1"):
+        run_notebook(path, timeout=120)
+    notebook.cells[1].source = "x = 2"                 # a solution that shows no verdict proves nothing
+    nbformat.write(notebook, str(path))
+    with pytest.raises(NotebookCellError, match="cell 1 is a solution, but its checker does not say correct: no verdict"):
         run_notebook(path, timeout=120)
     notebook.cells[1].source = "from llmlab.nb import exercises as ex\nex.check_kv_head(9, 3, 7, 2)"
     nbformat.write(notebook, str(path))
     out = run_notebook(path, timeout=120).cells[1].outputs
     assert [(o.output_type, o.text) for o in out] == [("stream", "correct: query head 7 reads KV head 2\n")]
+
+
+def test_one_run_writes_both_editions(tmp_path):
+    """--write stores the learner's edition (no solution, counts renumbered), --teacher the whole run."""
+    pytest.importorskip("nbclient")
+    import nbformat
+    from llmlab.nb.runner import main
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "00_x.py").write_text(
+        '# %% [markdown]\n# # Title\n\n# %%\nfrom llmlab.nb import exercises as ex\nmy_answer = None\n'
+        'ex.check_kv_head(9, 3, 7, my_answer)\n\n# %% jupyter={"source_hidden": true} tags=["solution"]\n'
+        'ex.check_kv_head(9, 3, 7, 2)\n\n# %%\n1 + 1\n')
+    path = tmp_path / "00_x.ipynb"
+    assert main(["--write", "--teacher", str(tmp_path / "teacher"), str(path)]) == 0
+    learner, teacher = nbformat.read(path, as_version=4), nbformat.read(tmp_path / "teacher" / "00_x.ipynb", as_version=4)
+    assert [c.source for c in learner.cells] == [c.source for c in teacher.cells if "solution" not in c.metadata.get("tags", [])]
+    assert len(teacher.cells) == 4 and len(learner.cells) == 3
+    assert learner.cells[1].outputs[0].text.startswith("no answer yet: the cell still holds its placeholder (None)")
+    assert teacher.cells[2].outputs[0].text == "correct: query head 7 reads KV head 2\n"
+    assert [c.execution_count for c in learner.cells[1:]] == [1, 2] and learner.cells[2].outputs[0].execution_count == 2
+    assert [c.execution_count for c in teacher.cells[1:]] == [1, 2, 3]
 
 
 def test_html_export_keeps_the_static_copy(tmp_path):
@@ -235,6 +264,36 @@ def test_html_export_keeps_the_static_copy(tmp_path):
     page = (tmp_path / "html" / "x.html").read_text()
     assert "<b>static copy</b>" in page and "widget-view+json" not in page and "require.min.js" not in page
     assert "Title" in (tmp_path / "html" / "index.html").read_text() and len(out) == 2
+    guide = tmp_path / "guide.md"
+    guide.write_text("# The guide\n\n| a | b |\n|---|---|\n| 1 | 2 |\n")
+    out = export_html([path], tmp_path / "teacher", guide=guide)
+    assert [p.name for p in out] == ["x.html", "guide.html", "index.html"]
+    assert "<table>" in (tmp_path / "teacher" / "guide.html").read_text()
+    assert "guide.html" in (tmp_path / "teacher" / "index.html").read_text()
+
+
+def test_handout(tmp_path, capsys):
+    """The learner's notebooks with the address in their set-up cell; bad input is one error line, exit 2."""
+    import nbformat
+    from llmlab.nb import colab
+    root = Path(__file__).parent.parent / "notebooks"
+    assert colab.main(["--pip", "https://example.org/llmlab-0.1.0-py3-none-any.whl", "-o", str(tmp_path / "out"),
+                       str(root / "00_overview.ipynb"), str(root / "08_full_generation.ipynb")]) == 0
+    nb = nbformat.read(tmp_path / "out" / "00_overview.ipynb", as_version=4)
+    first = next(c for c in nb.cells if c.cell_type == "code")
+    assert 'LLMLAB_PIP = "https://example.org/llmlab-0.1.0-py3-none-any.whl"' in first.source.replace("'", '"')
+    assert first.source == colab.with_pip(colab.SETUP_CELL, "https://example.org/llmlab-0.1.0-py3-none-any.whl")
+    capsys.readouterr()
+    teacher = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(colab.SETUP_CELL),
+                                              nbformat.v4.new_code_cell("x", metadata={"tags": ["solution"]})])
+    nbformat.write(teacher, str(tmp_path / "t.ipynb"))
+    for argv, said in [(["--pip", " ", str(root / "00_overview.ipynb")], "address"),
+                       (["--pip", "x", str(tmp_path / "t.ipynb")], "solution cells"),
+                       (["--pip", "x", str(tmp_path / "missing.ipynb")], "missing.ipynb")]:
+        assert colab.main(argv + ["-o", str(tmp_path / "bad")]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and said in err and err.count("\n") == 1
+    assert not (tmp_path / "bad").exists()
 
 
 def test_graph_carries_its_full_picture():

