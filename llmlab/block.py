@@ -129,13 +129,14 @@ def gelu_f64(x):
 
 # the node that adds the attention output to the residual stream, by architecture (its builder's name for it)
 RESIDUAL_MID = {"llama": "ffn_inp", "qwen2": "ffn_inp", "gemma3": "sa_out"}
-_NAME = re.compile(r"^(attn_norm|Qcur|ffn_swiglu|ffn_geglu|ffn_inp|sa_out|l_out)-(\d+)$")
+_NAME = re.compile(r"^(attn_norm|Qcur|Kcur|ffn_swiglu|ffn_geglu|ffn_inp|sa_out|l_out)-(\d+)$")
 
 
 @dataclass
 class LayerBlock:
     """One layer's view of the stream (rows = tokens). ``x``: the layer's input; ``normed``: rms_norm(x),
-    ``attn_norm``: normed * ``norm_w``; ``q_pre``/``q``: Q before and after RoPE ``(n_tokens, n_head, d)``;
+    ``attn_norm``: normed * ``norm_w``; ``q_pre``/``q``: Q before and after RoPE ``(n_tokens, n_head, d)``, ``k_pre``/``k`` the same of K,
+    ``pos`` their positions;
     ``gate``/``up``/``glu``: the FFN's two projections and act(gate) * up; ``attn``/``ffn``: what the
     attention and FFN add to the stream; ``mid`` = x + attn; ``out`` = mid + ffn (``l_out``)."""
     layer: int
@@ -145,6 +146,8 @@ class LayerBlock:
     attn_norm: np.ndarray | None = None
     q_pre: np.ndarray | None = None
     q: np.ndarray | None = None
+    k_pre: np.ndarray | None = None
+    k: np.ndarray | None = None
     pos: np.ndarray | None = None
     gate: np.ndarray | None = None
     up: np.ndarray | None = None
@@ -212,6 +215,8 @@ def trace(model, tokens) -> BlockTrace:
         elif kind == "Qcur" and t.op == "ROPE":
             L.q_pre, L.q = f32(t.src[0])[0].copy(), f32(t)[0].copy()
             L.pos = t.src[1].array().reshape(-1).copy()
+        elif kind == "Kcur" and t.op == "ROPE":
+            L.k_pre, L.k = f32(t.src[0])[0].copy(), f32(t)[0].copy()
         elif kind in ("ffn_swiglu", "ffn_geglu"):
             L.gate, L.up, L.glu = _rows(t.src[0]), _rows(t.src[1]), _rows(t)
         elif kind == mid_name:
