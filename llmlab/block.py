@@ -167,6 +167,7 @@ class BlockTrace:
     eps: float
     embd: np.ndarray | None = None          # the stream entering layer 0 (Gemma 3: after its sqrt(n_embd) scale)
     layers: dict[int, LayerBlock] = field(default_factory=dict)
+    names: dict[str, str] = field(default_factory=dict)    # every named node of the graph -> its op, in order
 
     def __getitem__(self, il: int) -> LayerBlock:
         return self.layers[il]
@@ -202,6 +203,8 @@ def trace(model, tokens) -> BlockTrace:
     mid_name = RESIDUAL_MID[model.arch]
 
     def on_node(t) -> None:
+        if t.name:
+            out.names.setdefault(t.name, t.op)
         m = _NAME.match(t.name or "")
         if m is None:
             return
