@@ -239,7 +239,9 @@ fig = vb.plot_rope_freqs({"SmolLM2": (hp.n_rot, hp.rope_freq_base),
 # Why rotations? Rotating $q$ by $m\theta$ and $k$ by $n\theta$ leaves their dot product depending only on
 # $m - n$: $(R_m q)^\top (R_n k) = q^\top R_{n-m}\, k$. A score therefore sees *how far apart* two tokens are,
 # not where they are. Take the real Q of **它** and the real K of **机** (the end of 手机, *phone*) of head 0,
-# before RoPE, and place them at every pair of positions 0..47: the scores are constant along every diagonal.
+# before RoPE, and place them at every pair of positions 0..47: the scores are constant along every diagonal. At
+# distance 0 the two rotations cancel and the score is the plain $q \cdot k$ (the dashed line); for this pair of
+# vectors it is also the largest, and it falls off, with ripples from the fast pairs, as the tokens move apart.
 
 # %%
 m_tok = va.find_token(texts[key], "机")
