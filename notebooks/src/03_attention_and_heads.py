@@ -123,8 +123,8 @@ for key in ids:
 # Attention is the only place where tokens exchange information; the feed-forward network (FFN) works on each
 # token's row alone. The picture is SmolLM2's block as llama.cpp's `llm_build_llama` builds it; the names in the
 # boxes are the names of the graph's nodes. llama.cpp names every node `name-layer` as it builds the graph
-# (`cb(cur, "Qcur", il)`), so `Qcur-0` is layer 0's query after RoPE, `kq-0` its attention scores and `l_out-0`
-# the row that leaves layer 0. This notebook, the next ones and llama.cpp's own debugging tools all use these
+# (`cb(cur, "Qcur", il)`), so `Qcur-0` is layer 0's query (the name is given to the projection and again to the
+# result of RoPE), `kq-0` its attention scores and `l_out-0` the row that leaves layer 0. This notebook, the next ones and llama.cpp's own debugging tools all use these
 # names; notebook 06 builds the whole graph.
 #
 # `B.trace(model, tokens)` decodes once, like `A.trace`, and keeps what these nodes computed in every layer: the
@@ -225,15 +225,19 @@ fig = vb.plot_rope_pairing(16)
 
 # %% [markdown]
 # The frequencies fall geometrically: the first pair turns by one radian per position (a full turn every 6
-# tokens), the last almost not at all (SmolLM2's base of 100 000 makes its slowest pair turn once in about
-# 400 000 positions). Fast pairs tell neighbours apart, slow ones encode coarse distance. Gemma 3 uses two bases:
+# tokens), the last almost not at all (its wavelength is printed below). Fast pairs tell neighbours apart, slow
+# ones encode coarse distance. Gemma 3 uses two bases:
 # 10 000 in its sliding-window layers, which never look further than 512 tokens back, and 1 000 000 in its global
 # layers.
 
 # %%
-fig = vb.plot_rope_freqs({"SmolLM2": (hp.n_rot, hp.rope_freq_base),
-                          "Gemma 3 local": (ghp.n_rot, ghp.rope_base(0)),
-                          "Gemma 3 global": (ghp.n_rot, ghp.rope_base(5))})
+rope_models = {"SmolLM2": (hp.n_rot, hp.rope_freq_base), "Gemma 3 local": (ghp.n_rot, ghp.rope_base(0)),
+               "Gemma 3 global": (ghp.n_rot, ghp.rope_base(5))}
+assert ghp.is_swa(0) and not ghp.is_swa(5)
+for name, (d, base) in rope_models.items():
+    wl = 2 * np.pi / B.rope_freqs(d, base)
+    print(f"{name:15} base {base:>9g}: pair 0 turns once every {wl[0]:.2f} positions, pair {d // 2 - 1} once every {wl[-1]:,.0f}")
+fig = vb.plot_rope_freqs(rope_models)
 
 # %% [markdown]
 # Why rotations? Rotating $q$ by $m\theta$ and $k$ by $n\theta$ leaves their dot product depending only on
@@ -248,6 +252,9 @@ m_tok = va.find_token(texts[key], "机")
 qv, kvec = L0.q_pre[q, 0], L0.k_pre[m_tok, 0]              # query head 0 reads KV head 0
 sc = B.rope_scores(qv, kvec, range(48), range(48), "norm", hp.rope_freq_base)
 assert all(np.allclose(np.diagonal(sc, d), np.diagonal(sc, d)[0], rtol=1e-9) for d in range(-47, 48))
+dist = np.arange(-47, 48)
+by_dist = B.rope_scores(qv, kvec, [0], -dist, "norm", hp.rope_freq_base)[0]     # query at 0, key at -d
+assert dist[by_dist.argmax()] == 0 and np.isclose(by_dist[47], qv.astype(np.float64) @ kvec)
 fig = vb.plot_rope_relative(qv, kvec, "norm", hp.rope_freq_base,
                             title=f"SmolLM2, layer 0, head 0: Q of {labels[key][q]}, K of {labels[key][m_tok]}")
 # the same in the engine's float32 RoPE: shift both positions by 100 and the score moves only by rounding
