@@ -35,7 +35,7 @@ NOTEBOOKS = {
     "01_gguf_bytes": {"control": "select", "svg": False},
     "02_tokenizer": {"control": None, "svg": False},      # Chinese text and emoji need the Noto fonts
     "03_attention_and_heads": {"control": "slider", "svg": True},   # the block diagram; the layer/head sliders
-    "04_kv_cache": {"control": "slider", "svg": False},  # find_slot's ring
+    "04_kv_cache": {"control": "slider", "svg": False, "key": "ArrowLeft"},   # find_slot's ring starts at its last step
     "05_quant_blocks": {"control": "slider", "svg": False},
     "06_cgraph_and_scheduler": {"control": "slider", "svg": True},
     "08_full_generation": {"control": "slider", "svg": False},   # the sampler chain's sliders
@@ -182,7 +182,7 @@ def test_notebook_in_browser(lab, name):
             else ".jp-OutputArea-output .noUi-handle"
         control = page.locator(sel).first
         control.scroll_into_view_if_needed()
-        cell = page.locator(".jp-Cell", has=page.locator(sel)).last
+        cell = page.locator(".jp-Cell", has=control).last       # the cell of the control moved, not the last one
         before = _view_signature(cell)
         if want["control"] == "select":
             control.click()
@@ -190,7 +190,7 @@ def test_notebook_in_browser(lab, name):
             page.keyboard.press("Enter")
         else:
             control.focus()
-            page.keyboard.press("ArrowRight")
+            page.keyboard.press(want.get("key", "ArrowRight"))
         t_end = time.time() + 180
         while time.time() < t_end and _view_signature(cell) == before:
             time.sleep(1.0)

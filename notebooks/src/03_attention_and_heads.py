@@ -124,8 +124,8 @@ for key in ids:
 # token's row alone. The picture is SmolLM2's block as llama.cpp's `llm_build_llama` builds it; the names in the
 # boxes are the names of the graph's nodes. llama.cpp names every node `name-layer` as it builds the graph
 # (`cb(cur, "Qcur", il)`), so `Qcur-0` is layer 0's query (the name is given to the projection and again to the
-# result of RoPE), `kq-0` its attention scores and `l_out-0` the row that leaves layer 0. This notebook, the next ones and llama.cpp's own debugging tools all use these
-# names; notebook 06 builds the whole graph.
+# result of RoPE), `kq-0` its attention scores and `l_out-0` the row that leaves layer 0. This notebook, the next
+# ones and llama.cpp's own debugging tools all use these names; notebook 06 builds the whole graph.
 #
 # `B.trace(model, tokens)` decodes once, like `A.trace`, and keeps what these nodes computed in every layer: the
 # stream entering it, the norm, Q and K before and after RoPE, the FFN's projections and the two additions.
@@ -236,7 +236,8 @@ rope_models = {"SmolLM2": (hp.n_rot, hp.rope_freq_base), "Gemma 3 local": (ghp.n
 assert ghp.is_swa(0) and not ghp.is_swa(5)
 for name, (d, base) in rope_models.items():
     wl = 2 * np.pi / B.rope_freqs(d, base)
-    print(f"{name:15} base {base:>9g}: pair 0 turns once every {wl[0]:.2f} positions, pair {d // 2 - 1} once every {wl[-1]:,.0f}")
+    print(f"{name:15} base {base:>9g}: pair 0 turns once every {wl[0]:.2f} positions, "
+          f"pair {d // 2 - 1} once every {wl[-1]:,.0f}")
 fig = vb.plot_rope_freqs(rope_models)
 
 # %% [markdown]
@@ -587,8 +588,8 @@ assert all((r[:, 0] / np.median(r[:, 1:], axis=1)).max() > 10 for r in streams.v
 #   for the branches, because each one normalises what it reads (section 3), and it is why the final
 #   `result_norm` comes before the output matrix.
 # - **The first token is different.** From layer 1 on in Gemma 3 (its `<bos>`), from layer 12 on in SmolLM2, its row
-#   becomes tens to hundreds of times larger than any other token's. It is the attention sink of section 6: heads that have nothing to gather put their weight on it, and its huge,
-#   nearly constant row changes little what they return.
+#   becomes tens to hundreds of times larger than any other token's. It is the token that section 6's attention
+#   sinks point at: many heads put most of their weight on it when they have nothing else to gather.
 # - **Late layers write more.** The additions grow with depth, and in the last layers the FFN writes the largest
 #   terms: what becomes the logits is assembled there.
 
