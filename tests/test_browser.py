@@ -182,7 +182,7 @@ def test_notebook_in_browser(lab, name):
             else ".jp-OutputArea-output .noUi-handle"
         control = page.locator(sel).first
         control.scroll_into_view_if_needed()
-        cell = page.locator(".jp-Cell", has=control).last       # the cell of the control moved, not the last one
+        cell = page.locator(".jp-Cell", has=page.locator(sel)).first    # the cell of the control moved (the first)
         before = _view_signature(cell)
         if want["control"] == "select":
             control.click()

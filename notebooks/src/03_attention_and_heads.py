@@ -28,8 +28,8 @@
 # - the residual stream (§11): what every layer adds to each token's row, through the 30 layers.
 #
 # Two appendices go deeper into exactness, for after the workshop: **A**, llama.cpp in the loop (the error
-# between llmlab and llama.cpp along the depth of both models, and what ggml's 8-bit activation quantization
-# does to it); **B**, why the bits differ from one CPU to another (the same llama.cpp on AVX2 and on AVX-512,
+# between llmlab and llama.cpp along the depth of both models, and what ggml's 8-bit activation quantization,
+# the rounding of activations to 8-bit integers before each quantized matmul, does to it); **B**, why the bits differ from one CPU to another (the same llama.cpp on AVX2 and on AVX-512,
 # and llmlab reproducing each).
 #
 # Every number comes from `llmlab`: `llmlab.attention.trace` records what the engine's attention nodes
