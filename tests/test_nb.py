@@ -34,6 +34,11 @@ def test_live_view_renders_once_and_updates(capsys):
     assert "data:image/png;base64," in bundle["text/html"] and "<b>3</b>" in bundle["text/html"]
     assert [type(p).__name__ for p in view.panes_box.children] == ["Image", "HTML"]
     png = view.panes_box.children[0].value
+    # drawn at twice the resolution, shown at the figure's own size (not stretched to the cell's width)
+    from llmlab.nb.live import HIDPI, png_size
+    css = -(-png_size(png)[0] // HIDPI)
+    assert png_size(png)[0] >= 2 * 80 * 1.5 and view.panes_box.children[0].layout.width == f"{css}px"
+    assert f"width='{css}'" in bundle["text/html"]
     view.controls["n"].value = 5
     assert calls == [3, 5]
     assert view.panes_box.children[1].value == "<b>5</b>" and view.panes_box.children[0].value != png

@@ -35,7 +35,8 @@ module         notebook
     from llmlab.nb import exercises as ex
     ex.check_kv_head(9, 3, 7, my_answer)      # shows "correct: ..." or "not yet: ..."
 """
-from .attention import check_attention_row, check_kv_bytes_per_token, check_kv_head
+from .attention import (check_attention_row, check_kv_bytes_per_token, check_kv_head, check_rms_norm, check_rope,
+                        check_stream, check_swiglu)
 from .generation import check_greedy_loop, check_repeat_penalty, check_top_p
 from .gguf import check_kv_pair, check_tensor_file_offset, check_tensor_nbytes
 from .graph import check_mul_mat_flops, check_splits
@@ -52,6 +53,7 @@ __all__ = [
     "check_kv_pair", "check_tensor_nbytes", "check_tensor_file_offset",                      # 01
     "check_next_bpe_merge", "check_segmentation", "check_wordpiece", "check_unigram",        # 02
     "check_attention_row", "check_kv_head", "check_kv_bytes_per_token",                      # 03
+    "check_rms_norm", "check_rope", "check_swiglu", "check_stream",                          # 03
     "check_find_slot", "check_context_shift",                                                # 04
     "check_q4_1_block", "check_bits_per_weight", "check_q8_0_decode",                        # 05
     "check_splits", "check_mul_mat_flops",                                                   # 06
