@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
+import numpy as np
 
 from ..cgraph import CGraph
 from ..cpu.cplan import CPlan, graph_plan
@@ -48,6 +49,24 @@ class Backend:
 
     def compute(self, nodes: Iterable[Tensor], capture=None, replace=None, callback=None) -> dict:
         return run_nodes(nodes, capture, replace, callback, self.dispatch, self.cpu)
+
+    # memory: host backends share the process's NumPy arrays, so these are plain array operations; a backend
+    # with memory of its own (llmlab.ggml.rpc.RPCBackend) overrides them
+    def load(self, tensors: list[Tensor], weights: set[int]) -> None:
+        """The weights (ids in ``weights``) and KV cache placed on this backend's buffer type, once per model
+        (llama_model_load_tensors's buffers): already in place here."""
+
+    def alloc_graph(self, sch, b: int) -> None:
+        """Memory for what this backend (index ``b``) computes or receives in ``sch`` (ggml_gallocr): the
+        executor allocates as it goes."""
+
+    def get_tensor(self, t: Tensor) -> np.ndarray:
+        """``t``'s bytes (ggml_backend_tensor_get)."""
+        return np.ndarray((t.nbytes(),), np.uint8, t.root().data, t.view_offs)
+
+    def set_tensor(self, t: Tensor, raw: np.ndarray) -> None:
+        """Fill ``t`` (a copy the scheduler made for a split input) with ``raw`` (ggml_backend_tensor_set)."""
+        t.data = raw.copy()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name})"
@@ -131,7 +150,7 @@ class AccelBackend(Backend):
 INTERFACE = [
     ("ggml_backend_i", "get_name", "name"),
     ("ggml_backend_i", "graph_compute", "compute(nodes)"),
-    ("ggml_backend_i", "set_tensor_async, get_tensor_async, cpy_tensor_async", "(the scheduler's copies)"),
+    ("ggml_backend_i", "set_tensor_async, get_tensor_async, cpy_tensor_async", "set_tensor, get_tensor"),
     ("ggml_backend_i", "synchronize", "(none: compute returns when done)"),
     ("ggml_backend_i", "event_record, event_wait", "(none: splits run one after another)"),
     ("ggml_backend_device_i", "supports_op", "supports_op(node)"),
