@@ -7,6 +7,7 @@
 # The binary is kept in CACHE_DIR/rpc-server/VERSION-CPUKEY/rpc-server, where CPUKEY names the
 # compiler's -march=native and a hash of the CPU flags (a binary built with -march=native is only
 # valid on the CPU it was built for); an existing one is kept. The last line printed is its path.
+# With RPC_SERVER_NO_BUILD=1 it only prints the path of an existing build, or fails (the tests ask so).
 set -euo pipefail
 cache=$1; version=$2
 py=${PYTHON:-python3}
@@ -15,6 +16,7 @@ flags=$(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2 | tr ' ' '\n' | sort | tr 
 key="$version-$(uname -m)-${march:-unknown}-$flags"
 dest="$cache/rpc-server/$key"
 if [ -x "$dest/rpc-server" ]; then echo "$dest/rpc-server"; exit 0; fi
+[ "${RPC_SERVER_NO_BUILD:-0}" = 1 ] && { echo "no rpc-server built for $key (make rpc-server)" >&2; exit 1; }
 # the sdist: our own cache, or the one the arm64 oracle build already unpacked
 srcroot="$cache/sdist"
 for d in "$cache/sdist" "$cache/oracle-arm64/src"; do

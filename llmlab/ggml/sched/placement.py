@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import bisect
 
-from ..tensor import Tensor
 
 
 def layer_device(il: int, n_gpu_layers: int, n_layer: int) -> bool:
