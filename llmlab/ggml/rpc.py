@@ -19,7 +19,6 @@ and round trips per command, per split.
 """
 from __future__ import annotations
 
-import os
 import socket
 import struct
 import time
@@ -27,7 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .. import LLMLabError
+from .. import LLMLabError, config
 from .sched.backend import Backend
 from .tensor import GGML_MAX_SRC, Tensor
 
@@ -171,11 +170,6 @@ def parse_endpoint(endpoint: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def _timeout() -> float:
-    from ..config import parse_float
-    return parse_float(os.environ.get("LLMLAB_RPC_TIMEOUT", "120"))
-
-
 class RPCConnection:
     """One socket to one rpc-server, after HELLO (ggml's rpc_dispatcher, synchronously). The server serves one
     client at a time, so every device of the endpoint shares this connection (``connect`` keeps one per endpoint)."""
@@ -183,7 +177,7 @@ class RPCConnection:
     def __init__(self, endpoint: str, timeout: float | None = None, connect_timeout: float = 10.0):
         self.endpoint = endpoint
         self.host, self.port = parse_endpoint(endpoint)
-        self.timeout = _timeout() if timeout is None else timeout
+        self.timeout = config.rpc_timeout() if timeout is None else timeout
         self.traffic = Traffic()
         self.sock: socket.socket | None = None
         try:

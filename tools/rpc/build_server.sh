@@ -11,7 +11,7 @@
 set -euo pipefail
 cache=$1; version=$2
 py=${PYTHON:-python3}
-march=$(${CC:-cc} -march=native -Q --help=target 2>/dev/null | awk '$1 == "-march=" {print $2; exit}')
+march=$(${CC:-cc} -march=native -Q --help=target 2>/dev/null | awk '$1 == "-march=" && !m {m = $2} END {print m}')
 flags=$(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2 | tr ' ' '\n' | sort | tr '\n' ' ' | sha256sum | cut -c1-8)
 key="$version-$(uname -m)-${march:-unknown}-$flags"
 dest="$cache/rpc-server/$key"
