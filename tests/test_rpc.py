@@ -86,6 +86,7 @@ def servers(server_bin):
     for s in started:
         s.stop()
     rpc._CONNECTIONS.clear()
+    rpc._DEVICES.clear()
 
 
 def _generate(path, *extra, n: int = 16, prompt: str, timeout: int = 900) -> subprocess.CompletedProcess:

@@ -107,7 +107,8 @@ def load_context(args, path, n_ctx: int):
                   **rpc_options(args))
     if ctx.sched is not None and args.tensor_split is not None and len(args.tensor_split) != len(ctx.sched.backends) - 1:
         raise LLMLabError(f"--tensor-split has {len(args.tensor_split)} values for {len(ctx.sched.backends) - 1} devices")
-    return ctx, cpu.name, warm(model, cpu) if args.kernels == "fast" else None
+    # with --rpc the graph runs through the scheduler, whose CPU splits use the reference ops: nothing to compile
+    return ctx, cpu.name, warm(model, cpu) if args.kernels == "fast" and ctx.sched is None else None
 
 
 def register(sub) -> None:

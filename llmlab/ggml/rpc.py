@@ -133,7 +133,10 @@ class RPCError(LLMLabError):
 @dataclass
 class Traffic:
     """What went over one connection: per command, messages, bytes out (header included) and in, round trips
-    (commands the client waited on); ``log`` keeps one row per message for a breakdown by split or token."""
+    (commands the client waited on); ``log`` keeps one row per message, labelled with ``phase`` (set it, e.g.
+    to "prompt" or "token 3", before a decode) for a breakdown by step. A backend's ``split_log`` has one row
+    per split it computed: the messages since the connection's previous split (that split's inputs
+    going up and the outputs earlier splits left there coming down) and its GRAPH_COMPUTE."""
     calls: dict[str, int] = field(default_factory=dict)
     bytes_out: dict[str, int] = field(default_factory=dict)
     bytes_in: dict[str, int] = field(default_factory=dict)
@@ -179,6 +182,7 @@ class RPCConnection:
         self.host, self.port = parse_endpoint(endpoint)
         self.timeout = config.rpc_timeout() if timeout is None else timeout
         self.traffic = Traffic()
+        self.split_mark = 0          # the traffic log's length after the last split computed over this connection
         self.sock: socket.socket | None = None
         try:
             self.sock = socket.create_connection((self.host, self.port), timeout=connect_timeout)
@@ -347,6 +351,7 @@ class RPCConnection:
 
 
 _CONNECTIONS: dict[str, RPCConnection] = {}
+_DEVICES: dict[tuple[str, int], "RPCBackend"] = {}
 
 
 def connect(endpoint: str, timeout: float | None = None) -> RPCConnection:
@@ -355,6 +360,20 @@ def connect(endpoint: str, timeout: float | None = None) -> RPCConnection:
     if c is None or c.sock is None:
         c = _CONNECTIONS[endpoint] = RPCConnection(endpoint, timeout)
     return c
+
+
+def device(endpoint: str, index: int = 0) -> "RPCBackend":
+    """The backend of device ``index`` of the server at ``endpoint``, one per device and connection, so that the
+    weights it holds serve every context on it (llama.cpp's buffer types are per endpoint and device too)."""
+    b = _DEVICES.get((endpoint, index))
+    if b is None or b.conn.sock is None or b.conn is not _CONNECTIONS.get(endpoint):
+        b = _DEVICES[(endpoint, index)] = RPCBackend(endpoint, index)
+    return b
+
+
+def devices(endpoint: str) -> list["RPCBackend"]:
+    """Every device of the server at ``endpoint`` (what llama.cpp's ``--rpc`` adds)."""
+    return [device(endpoint, i) for i in range(connect(endpoint).n_devices)]
 
 
 def fnv_hash(data: np.ndarray) -> int:
@@ -418,6 +437,7 @@ class RPCBackend(Backend):
         self.buffers: list[_Buffer] = []                    # weights and KV cache
         self.compute_buf: _Buffer | None = None
         self._graph_key = None
+        self._alloc_sizes: dict[tuple, int] = {}
         self.split_log: list[dict] = []                     # per split run: nodes, bytes out/in, round trips
 
     def supports_op(self, node: Tensor) -> bool:
@@ -440,6 +460,26 @@ class RPCBackend(Backend):
             raise RPCError(f"{self.name}: a buffer of {size} bytes exceeds the device's maximum of {self.max_size}")
         handle, got = self.conn.alloc_buffer(self.device, size)
         return _Buffer(handle, self.conn.buffer_get_base(handle, got), got)
+
+    def alloc_size(self, t: Tensor) -> int:
+        """ggml_backend_rpc_buffer_type_get_alloc_size: the server is asked (once per shape and op) only for
+        quantized tensors whose rows are not a multiple of 512 (CUDA pads them) and for ops whose size may
+        grow (ggml_op_alloc_size_may_expand); never less than ggml_nbytes."""
+        ask = (t.type.is_quantized and t.ne[0] % 512 != 0 and t.view_src is None) or \
+            t.op in ("MUL_MAT", "FLASH_ATTN_EXT")
+        if not ask:
+            return t.nbytes()
+        op, params = op_record(t)
+        k = (t.type.id, op, tuple(params), t.ne, t.nb)
+        if k not in self._alloc_sizes:
+            self._alloc_sizes[k] = self.conn.get_alloc_size(self.device, self.record(t),
+                                                            [self.record(x) for x in t.src])
+        return max(self._alloc_sizes[k], t.nbytes())
+
+    @staticmethod
+    def needs_init(t: Tensor) -> bool:
+        """ggml_backend_rpc_buffer_init_tensor calls the server only where CUDA pads: the same rule."""
+        return t.type.is_quantized and t.ne[0] % 512 != 0 and t.view_src is None
 
     def address(self, t: Tensor) -> tuple[int, int] | None:
         """(buffer handle, remote data address) of ``t``: a view's is its root's plus the offset."""
@@ -480,7 +520,7 @@ class RPCBackend(Backend):
             offs, total = [], 0
             for t in group:
                 offs.append(total)
-                total = self._align(total + t.nbytes())
+                total = self._align(total + self.alloc_size(t))
             buf = self._alloc(max(total, self.alignment))
             self.buffers.append(buf)
             if not is_weight:
@@ -488,6 +528,8 @@ class RPCBackend(Backend):
             for t, o in zip(group, offs):
                 self.where[self.key(t)] = (buf.handle, buf.base + o)
                 self.keep[id(t)] = t
+                if self.needs_init(t):
+                    self.conn.init_tensor(self.record(t))
                 if is_weight:
                     self._upload(t, self.record(t), hashed=True)
 
@@ -517,7 +559,7 @@ class RPCBackend(Backend):
         offs, total = [], 0
         for t in need:
             offs.append(total)
-            total = self._align(total + t.nbytes())
+            total = self._align(total + self.alloc_size(t))
         if self.compute_buf is None or self.compute_buf.size < total:
             if self.compute_buf is not None:
                 self.conn.free_buffer(self.compute_buf.handle)
@@ -544,7 +586,7 @@ class RPCBackend(Backend):
             raise RPCError(f"{self.name}: replace and callback hooks need the nodes in local memory; "
                            "run without an RPC device")
         nodes = list(nodes)
-        t0, mark = time.perf_counter(), len(self.conn.traffic.log)
+        t0 = time.perf_counter()
         ids: dict = {}
         recs: list[bytes] = []
         seen: set = set()
@@ -573,8 +615,10 @@ class RPCBackend(Backend):
         for n in nodes:      # nothing comes back by itself: the scheduler and the context read what they need
             if capture is not None and n.name in capture:
                 got[n.name] = self.get_tensor(n).view(n.type.name == "f32" and np.float32 or np.uint8).copy()
-        log = self.conn.traffic.log[mark:]
-        self.split_log.append(dict(nodes=len(nodes), records=len(recs), bytes_out=sum(r[1] for r in log),
+        log = self.conn.traffic.log[self.conn.split_mark:]     # its input copies, the graph, its captures
+        self.conn.split_mark = len(self.conn.traffic.log)
+        self.split_log.append(dict(nodes=len(nodes), records=len(recs), phase=self.conn.traffic.phase,
+                                   messages=len(log), bytes_out=sum(r[1] for r in log),
                                    bytes_in=sum(r[2] for r in log), round_trips=sum(r[3] for r in log),
                                    seconds=time.perf_counter() - t0))
         return got
