@@ -297,3 +297,17 @@ def test_op_table_matches_ggml():
     assert (rpc.GGML_OP["MUL_MAT"], rpc.GGML_OP["FLASH_ATTN_EXT"], rpc.GGML_OP["UNARY"], rpc.GGML_OP["GLU"]) == (
         29, 74, 91, 100)
     assert rpc.GGML_UNARY_OP["SILU"] == 10 and rpc.GGML_GLU_OP["SWIGLU"] == 2 and rpc.CMD["GRAPH_COMPUTE"] == 10
+
+
+def test_layer_devices_follow_llama_cpp():
+    """llama_model::load_tensors: the last n_gpu_layers slots (the output layer is slot n_layer) are offloaded,
+    split between devices at the cumulative, normalised tensor_split."""
+    from llmlab.ggml.sched.placement import layer_devices
+    slots = layer_devices(30, 10, [1.0])
+    assert slots[:21] == [None] * 21 and slots[21:] == [0] * 10
+    two = layer_devices(30, 99, [1, 1])
+    assert two == [0] * 16 + [1] * 15                 # slot 15: 15/31 < 0.5; slot 16: 16/31 >= 0.5
+    assert layer_devices(30, 0, [1, 1]) == [None] * 31
+    assert layer_devices(4, 5, [3, 1]) == [0, 0, 0, 0, 1]    # 3/5 = 0.6 < 0.75 -> device 0
+    with pytest.raises(ValueError):
+        layer_devices(4, 5, [0, 0])
