@@ -376,6 +376,18 @@ def devices(endpoint: str) -> list["RPCBackend"]:
     return [device(endpoint, i) for i in range(connect(endpoint).n_devices)]
 
 
+def server_profile(cpu=None):
+    """The arithmetic of a CPU rpc-server built for this machine: the CPU profile's kernels without CPU_REPACK.
+    The server allocates every buffer from its device's default buffer type (rpc_server::alloc_buffer), so no
+    weight is repacked there, while llama.cpp's local CPU run repacks q4_0/q4_K/iq4_nl/q8_0 weights: a
+    prompt's products of those types round differently through RPC than on the local CPU, in llama.cpp as here."""
+    import dataclasses
+
+    from .cpu import profiles
+    p = profiles.resolve(cpu)
+    return p if not p.repack_types else dataclasses.replace(p, name=f"{p.name}-norepack", repack_types=frozenset())
+
+
 def fnv_hash(data: np.ndarray) -> int:
     """FNV-1a 64 of the bytes (ggml-rpc's fnv_hash, the key of rpc-server's weight cache)."""
     from numba import njit     # the one loop here that sees hundreds of MB
