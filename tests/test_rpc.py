@@ -324,4 +324,5 @@ def test_repacked_weights_round_differently_through_rpc(servers, gemma3_path):
     b = Batch.from_tokens(ids, logits="all")
     remote = Context(model, n_ctx=64, devices=[srv.endpoint]).decode(b)
     local = Context(model, n_ctx=64).decode(Batch.from_tokens(ids, logits="all"))
-    assert not np.array_equal(remote, local) and np.abs(remote - local).max() < 0.5
+    assert not np.array_equal(remote, local)
+    assert remote[-1].argmax() == local[-1].argmax()                     # the same next token nonetheless
