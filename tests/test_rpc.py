@@ -326,3 +326,11 @@ def test_repacked_weights_round_differently_through_rpc(servers, gemma3_path):
     local = Context(model, n_ctx=64).decode(Batch.from_tokens(ids, logits="all"))
     assert not np.array_equal(remote, local)
     assert remote[-1].argmax() == local[-1].argmax()                     # the same next token nonetheless
+
+
+def test_fnv_hash_is_fnv1a_64():
+    """rpc-server's cache key: FNV-1a 64 (published test vectors)."""
+    h = rpc.fnv_hash
+    assert h(np.zeros(0, np.uint8)) == 0xcbf29ce484222325
+    assert h(np.frombuffer(b"a", np.uint8)) == 0xaf63dc4c8601ec8c
+    assert h(np.frombuffer(b"foobar", np.uint8)) == 0x85944171f73967e8

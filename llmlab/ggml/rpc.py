@@ -388,24 +388,25 @@ def server_profile(cpu=None):
     return p if not p.repack_types else dataclasses.replace(p, name=f"{p.name}-norepack", repack_types=frozenset())
 
 
-def fnv_hash(data: np.ndarray) -> int:
-    """FNV-1a 64 of the bytes (ggml-rpc's fnv_hash, the key of rpc-server's weight cache)."""
-    from numba import njit     # the one loop here that sees hundreds of MB
-
-    global _fnv
-    if _fnv is None:
-        @njit(cache=True)
-        def f(b):
-            h = np.uint64(0xcbf29ce484222325)
-            p = np.uint64(0x100000001b3)
-            for x in b:
-                h = (h ^ np.uint64(x)) * p
-            return h
-        _fnv = f
-    return int(_fnv(np.ascontiguousarray(data).view(np.uint8).reshape(-1)))
+def _fnv1a(b):
+    h = np.uint64(0xcbf29ce484222325)
+    p = np.uint64(0x100000001b3)
+    for x in b:
+        h = (h ^ np.uint64(x)) * p
+    return h
 
 
 _fnv = None
+
+
+def fnv_hash(data: np.ndarray) -> int:
+    """FNV-1a 64 of the bytes (ggml-rpc's fnv_hash, the key of rpc-server's weight cache), compiled on first use:
+    it walks every byte of each weight over 10 MiB."""
+    global _fnv
+    if _fnv is None:
+        from numba import njit
+        _fnv = njit(_fnv1a)
+    return int(_fnv(np.ascontiguousarray(data).view(np.uint8).reshape(-1)))
 
 
 def decode_record(raw: bytes) -> dict:
@@ -432,8 +433,8 @@ class RPCBackend(Backend):
 
     Its buffer type is ``RPC<device>[endpoint]``, as llama.cpp names it. Weights and KV cache placed on it are
     uploaded once (:meth:`load`); each graph gets one compute buffer for everything its splits on this device
-    make (:meth:`alloc_graph`, as ggml_gallocr); a split is sent as one GRAPH_COMPUTE and only its outputs
-    (and what later splits copy) come back with GET_TENSOR."""
+    make or receive (:meth:`alloc_graph`, as ggml_gallocr); a split is sent as one GRAPH_COMPUTE, and nothing
+    comes back by itself: the scheduler reads (GET_TENSOR) what a later split copies, the context the logits."""
 
     def __init__(self, endpoint: str, device: int = 0, timeout: float | None = None):
         self.endpoint = endpoint
