@@ -344,6 +344,9 @@ class RPCConnection:
             self._fail(f"rpc-server {self.endpoint} wants {n} bytes for one tensor")
         return n
 
+    def graph_recompute(self, device: int) -> None:
+        self.call("GRAPH_RECOMPUTE", struct.pack("<I", device))
+
     def graph_compute(self, device: int, node_ids: list[int], records: list[bytes]) -> None:
         payload = b"".join([struct.pack("<II", device, len(node_ids)), struct.pack(f"<{len(node_ids)}Q", *node_ids),
                             struct.pack("<I", len(records))] + records)
@@ -451,6 +454,7 @@ class RPCBackend(Backend):
         self.compute_buf: _Buffer | None = None
         self._graph_key = None
         self._alloc_sizes: dict[tuple, int] = {}
+        self._last_uid = None                               # the split the server holds as its stored graph
         self.split_log: list[dict] = []                     # per split run: nodes, bytes out/in, round trips
 
     def supports_op(self, node: Tensor) -> bool:
@@ -575,7 +579,8 @@ class RPCBackend(Backend):
             total = self._align(total + self.alloc_size(t))
         if self.compute_buf is None or self.compute_buf.size < total:
             if self.compute_buf is not None:
-                self.conn.free_buffer(self.compute_buf.handle)
+                self.conn.free_buffer(self.compute_buf.handle)    # the server drops its stored graphs too
+                self._last_uid = None
             self.compute_buf = self._alloc(max(total, self.alignment))
         for t, o in zip(need, offs):
             self.where[self.key(t)] = (self.compute_buf.handle, self.compute_buf.base + o)
@@ -600,6 +605,13 @@ class RPCBackend(Backend):
                            "run without an RPC device")
         nodes = list(nodes)
         t0 = time.perf_counter()
+        # ggml_backend_rpc_graph_compute: the split this device ran last, again (a reused graph: same nodes, same
+        # addresses, new inputs already sent) is GRAPH_RECOMPUTE of the server's stored graph
+        uid = (id(self._graph_key), self.key(nodes[0]), len(nodes)) if nodes else None
+        if uid is not None and uid == self._last_uid:
+            self.conn.graph_recompute(self.device)
+            return self._finish(nodes, 0, capture, t0)
+        self._last_uid = uid
         ids: dict = {}
         recs: list[bytes] = []
         seen: set = set()
@@ -624,13 +636,18 @@ class RPCBackend(Backend):
             add(n)
         node_ids = [ids[self.key(n)] for n in nodes]
         self.conn.graph_compute(self.device, node_ids, recs)
+        return self._finish(nodes, len(recs), capture, t0)
+
+    def _finish(self, nodes, n_records: int, capture, t0: float) -> dict:
         got = {}
         for n in nodes:      # nothing comes back by itself: the scheduler and the context read what they need
             if capture is not None and n.name in capture:
-                got[n.name] = self.get_tensor(n).view(n.type.name == "f32" and np.float32 or np.uint8).copy()
+                t = n.reading(n.src)                 # the node over the bytes read back, for its numpy view
+                t.view_src, t.view_offs, t.data = None, 0, self.get_tensor(n)
+                got[n.name] = t.numpy()
         log = self.conn.traffic.log[self.conn.split_mark:]     # its input copies, the graph, its captures
         self.conn.split_mark = len(self.conn.traffic.log)
-        self.split_log.append(dict(nodes=len(nodes), records=len(recs), phase=self.conn.traffic.phase,
+        self.split_log.append(dict(nodes=len(nodes), records=n_records, phase=self.conn.traffic.phase,
                                    messages=len(log), bytes_out=sum(r[1] for r in log),
                                    bytes_in=sum(r[2] for r in log), round_trips=sum(r[3] for r in log),
                                    seconds=time.perf_counter() - t0))
@@ -643,5 +660,5 @@ class RPCBackend(Backend):
         for b in self.buffers + ([self.compute_buf] if self.compute_buf else []):
             self.conn.free_buffer(b.handle)
         self.buffers, self.compute_buf, self.where, self.keep = [], None, {}, {}
-        self._graph_key = None
+        self._graph_key = self._last_uid = None
 
