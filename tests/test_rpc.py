@@ -335,3 +335,16 @@ def test_fnv_hash_is_fnv1a_64():
     assert h(np.zeros(0, np.uint8)) == 0xcbf29ce484222325
     assert h(np.frombuffer(b"a", np.uint8)) == 0xaf63dc4c8601ec8c
     assert h(np.frombuffer(b"foobar", np.uint8)) == 0x85944171f73967e8
+
+
+@pytest.mark.slow
+def test_server_dying_mid_generation_is_one_error(servers, smollm2_path):
+    """A server killed between two steps: the next decode raises RPCError (one line for the CLI), promptly."""
+    (srv,) = servers(1)
+    ctx = Context(Model(smollm2_path), n_ctx=64, devices=[srv.endpoint], n_gpu_layers=10)
+    ctx.decode(Batch.from_tokens([1, 2, 3], logits="last"))
+    srv.stop()
+    t0 = time.monotonic()
+    with pytest.raises(rpc.RPCError, match="rpc-server 127.0.0.1:[0-9]+ (closed the connection|dropped)"):
+        ctx.decode(Batch.from_tokens([4], pos0=3, logits="last"))
+    assert time.monotonic() - t0 < 30
