@@ -173,7 +173,8 @@ PLATFORMS = [
 ]
 
 _MEMBER_METHOD = {"get_name": "name", "graph_compute": "compute", "supports_op": "supports_op",
-                  "offload_op": "offload_op", "get_buffer_type": "buffer_type"}
+                  "offload_op": "offload_op", "get_buffer_type": "buffer_type",
+                  "set_tensor_async, get_tensor_async, cpy_tensor_async": "set_tensor"}
 
 
 def interface_rows(backends) -> list[list[str]]:
