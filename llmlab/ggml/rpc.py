@@ -455,6 +455,7 @@ class RPCBackend(Backend):
         self._graph_key = None
         self._alloc_sizes: dict[tuple, int] = {}
         self._last_uid = None                               # the split the server holds as its stored graph
+        self._uses: dict = {}                               # tensor key -> readers in the graph (ggml's use_counts)
         self.split_log: list[dict] = []                     # per split run: nodes, bytes out/in, round trips
 
     def supports_op(self, node: Tensor) -> bool:
@@ -584,6 +585,12 @@ class RPCBackend(Backend):
             self.compute_buf = self._alloc(max(total, self.alignment))
         for t, o in zip(need, offs):
             self.where[self.key(t)] = (self.compute_buf.handle, self.compute_buf.base + o)
+        # use counts over the whole graph, as a split's graph view shares the full graph's (ggml-cpu fuses
+        # RMS_NORM + MUL only where the norm has a single reader)
+        self._uses = {}
+        for n in sch.graph.nodes:
+            for s in n.src:
+                self._uses[self.key(s)] = self._uses.get(self.key(s), 0) + 1
         self._graph_key = sch
 
     def set_tensor(self, t: Tensor, raw: np.ndarray) -> None:
@@ -615,10 +622,7 @@ class RPCBackend(Backend):
         ids: dict = {}
         recs: list[bytes] = []
         seen: set = set()
-        uses: dict = {}
-        for n in nodes:
-            for s in n.src:
-                uses[self.key(s)] = uses.get(self.key(s), 0) + 1
+        uses = self._uses
 
         def add(t: Tensor) -> None:                     # add_tensor: sources first, each tensor once
             k = self.key(t)
