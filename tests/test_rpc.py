@@ -348,3 +348,29 @@ def test_server_dying_mid_generation_is_one_error(servers, smollm2_path):
     with pytest.raises(rpc.RPCError, match="rpc-server 127.0.0.1:[0-9]+ (closed the connection|dropped)"):
         ctx.decode(Batch.from_tokens([4], pos0=3, logits="last"))
     assert time.monotonic() - t0 < 30
+
+
+def test_request_layouts_on_the_wire():
+    """Each command's request has the size of ggml-rpc.cpp's packed struct; the answers are read as its replies."""
+    seen = []
+
+    def script(c):
+        _hello(c)
+        _device_count(c, 2)
+        for reply in (struct.pack("<B", 1), struct.pack("<Q", 4096), struct.pack("<QQ", 1 << 30, 2 << 30), b"", b""):
+            cmd, body = _read_cmd(c)
+            seen.append((rpc.RPC_CMDS[cmd], len(body)))
+            if reply:
+                c.sendall(struct.pack("<Q", len(reply)) + reply)
+    conn = rpc.RPCConnection(_fake(script), timeout=2.0)
+    rec = bytes(rpc.RPC_TENSOR.size)
+    assert conn.n_devices == 2 and conn.version == (7, 0, 0)
+    assert conn.copy_tensor(rec, rec) is True
+    assert conn.get_alloc_size(1, rec, [rec]) == 4096
+    assert conn.get_device_memory(1) == (1 << 30, 2 << 30)
+    conn.buffer_clear(0x1234, 0)
+    conn.graph_recompute(1)
+    time.sleep(0.3)
+    assert seen == [("COPY_TENSOR", 592), ("GET_ALLOC_SIZE", 4 + 296 * 11), ("GET_DEVICE_MEMORY", 4),
+                    ("BUFFER_CLEAR", 9), ("GRAPH_RECOMPUTE", 4)]
+    assert conn.traffic.round_trips == 5 and conn.traffic.calls["BUFFER_CLEAR"] == 1   # HELLO, DEVICE_COUNT + 3
