@@ -145,9 +145,10 @@ oracle-arm64: setup-dev arm64-deps
 	  $(PY) -c "import json, sys; print(sys.argv[1] + ':', json.load(open(sys.argv[2]))['system_info'])" $$a $$d/o.json; \
 	  rc=$$?; rm -rf $$d; [ $$rc -eq 0 ] || exit $$rc; done
 
-# llama.cpp's own rpc-server (tools/rpc) for the RPC backend (llmlab.ggml.rpc), built once per llama.cpp
-# version and CPU from the sdist on PyPI (CPU backend, GGML_NATIVE like the oracle wheel), kept in
-# $(RPC_CACHE)/rpc-server/<version>-<cpu>/; the last line printed is its path (the tests find it there)
+# llama.cpp's own rpc-server (tools/rpc) for the RPC backend (llmlab.ggml.rpc), and llama-completion with
+# llama.cpp's RPC client as its oracle, built once per llama.cpp version and CPU from the sdist on PyPI
+# (CPU backend, GGML_NATIVE like the oracle wheel; ~15 min on 2 cores), kept in
+# $(RPC_CACHE)/rpc-server/<version>-<cpu>/; the last line printed is the server's path (the tests find it there)
 RPC_CACHE ?= $(HOME)/.cache/llmlab
 rpc-server: setup-dev
 	@PYTHON=$(PY) tools/rpc/build_server.sh $(RPC_CACHE) \

@@ -374,3 +374,25 @@ def test_request_layouts_on_the_wire():
     assert seen == [("COPY_TENSOR", 592), ("GET_ALLOC_SIZE", 4 + 296 * 11), ("GET_DEVICE_MEMORY", 4),
                     ("BUFFER_CLEAR", 9), ("GRAPH_RECOMPUTE", 4)]
     assert conn.traffic.round_trips == 5 and conn.traffic.calls["BUFFER_CLEAR"] == 1   # HELLO, DEVICE_COUNT + 3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, prompt", [("gemma3", "Water boils at a temperature of"),
+                                          ("gemma3", "My favourite recipe for pancakes is"),
+                                          ("smollm2", "The three primary colours are")])
+def test_same_text_as_llama_cpps_own_rpc_client(servers, server_bin, name, prompt):
+    """llama.cpp's llama-completion --rpc on the same server (built beside it by make rpc-server) and llmlab's
+    RPC backend generate the same greedy text, Gemma 3's included, where both part from the local CPU run."""
+    completion = Path(server_bin).with_name("llama-completion")
+    if not completion.exists():
+        pytest.skip("llama-completion is not built beside rpc-server: make rpc-server")
+    from llmlab import models
+    path = models.resolve(name)
+    (srv,) = servers(1)
+    want = subprocess.run([str(completion), "-m", str(path), "--rpc", srv.endpoint, "-ngl", "99", "-fa", "off",
+                           "-c", "256", "--temp", "0", "-n", "24", "-p", prompt, "-no-cnv", "--no-warmup", "-t", "2"],
+                          capture_output=True, text=True, timeout=600)
+    assert want.returncode == 0, want.stderr[-2000:]
+    r = _generate(path, "--rpc", srv.endpoint, "-ngl", "99", prompt=prompt, n=24)
+    assert r.returncode == 0, r.stderr
+    assert (prompt + json.loads(r.stdout)["text"]).rstrip("\n") == want.stdout.rstrip("\n")
