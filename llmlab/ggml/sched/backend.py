@@ -10,6 +10,9 @@
 - ``AccelBackend``: a simulated accelerator. It runs the same NumPy code but owns a
   separate buffer type, so every input living elsewhere must be copied in, and
   only the ops in ``supported_ops`` run there.
+- ``llmlab.ggml.rpc.RPCBackend``: a device of llama.cpp's rpc-server, a real memory of its own: it fills
+  the memory hooks (``load``, ``alloc_graph``, ``get_tensor``, ``set_tensor``) that host backends leave
+  as plain NumPy.
 """
 from __future__ import annotations
 
