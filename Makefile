@@ -25,7 +25,11 @@ HTML_DIR ?= build/html
 TEACHER_HTML_DIR ?= build/html-teacher
 IS_ROOT := $(shell [ "$$(id -u)" = 0 ] && echo 1)
 
+<<<<<<< HEAD
 .PHONY: setup setup-dev system-deps browser-deps demo lint test test-slow test-browser test-all bench lab notebooks teacher html handout clean oracle-avx2 test-avx2 arm64-deps oracle-arm64
+=======
+.PHONY: setup setup-dev system-deps browser-deps demo lint test test-slow test-browser test-all bench lab notebooks html clean oracle-avx2 test-avx2 arm64-deps oracle-arm64 rpc-server
+>>>>>>> rpc
 
 setup: system-deps $(STAMP_LAB)
 setup-dev: system-deps $(STAMP_DEV)
@@ -87,8 +91,8 @@ test: setup-dev lint
 	$(PY) -m llmlab fetch gemma3 --quiet
 	LLMLAB_REQUIRE_ORACLES=1 $(PY) -m pytest -q -rs $(PYTEST_ARGS)
 
-# long suites: notebooks top to bottom, whole-model llama.cpp comparisons
-test-slow: setup-dev
+# long suites: notebooks top to bottom, whole-model llama.cpp comparisons, generation through rpc-server
+test-slow: setup-dev rpc-server
 	LLMLAB_REQUIRE_ORACLES=1 $(PY) -m pytest -q -rs --slow -m "slow and not browser" $(PYTEST_ARGS); rc=$$?; [ $$rc -eq 5 ] && rc=0; exit $$rc
 
 # JupyterLab in headless chromium: runs notebooks 00, 01, 05, 06, 08, screenshots in build/browser/
@@ -149,6 +153,15 @@ oracle-arm64: setup-dev arm64-deps
 	  qemu-aarch64-static -cpu max $(ARM64_ORACLE)/$$a/llmlab-oracle "$$($(PY) -m llmlab fetch smollm2 --quiet)" $$d/o --ids 1,2,3 -n 2 && \
 	  $(PY) -c "import json, sys; print(sys.argv[1] + ':', json.load(open(sys.argv[2]))['system_info'])" $$a $$d/o.json; \
 	  rc=$$?; rm -rf $$d; [ $$rc -eq 0 ] || exit $$rc; done
+
+# llama.cpp's own rpc-server (tools/rpc) for the RPC backend (llmlab.ggml.rpc), and llama-completion with
+# llama.cpp's RPC client as its oracle, built once per llama.cpp version and CPU from the sdist on PyPI
+# (CPU backend, GGML_NATIVE like the oracle wheel; ~15 min on 2 cores), kept in
+# $(RPC_CACHE)/rpc-server/<version>-<cpu>/; the last line printed is the server's path (the tests find it there)
+RPC_CACHE ?= $(HOME)/.cache/llmlab
+rpc-server: setup-dev
+	@PYTHON=$(PY) tools/rpc/build_server.sh $(RPC_CACHE) \
+	  "$$($(PY) -c 'import importlib.metadata as m; print(m.version("llama-cpp-python"))')"
 
 bench: setup-dev
 	$(PY) -m llmlab bench -m smollm2 --vs-llama-cpp

@@ -18,6 +18,7 @@ LLMLAB_PARALLEL_MIN_WORK   multiply-adds of a quantized product from which it ru
 LLMLAB_DOT4                dot4's byte-dot kernels: unset (the best the host runs),     unset
                            ``0`` (off: the generic kernels), ``vnni`` or ``avx2``
 LLMLAB_DEBUG               any non-empty value: the CLI prints tracebacks (``--debug``)  off
+LLMLAB_RPC_TIMEOUT         seconds an rpc-server may take to answer (a positive number)  120
 =========================  ===========================================================  ==============
 
 The test suite has knobs of its own (``LLMLAB_REQUIRE_ORACLES`` and the browser test's); they
@@ -100,6 +101,21 @@ def dot4() -> str | None:
 def debug() -> bool:
     """LLMLAB_DEBUG: any non-empty value shows tracebacks on CLI errors."""
     return bool(_env("LLMLAB_DEBUG"))
+
+
+def rpc_timeout() -> float:
+    """LLMLAB_RPC_TIMEOUT: seconds the RPC client waits for an rpc-server's reply (a prompt's graph included)
+    before it gives up with one error line."""
+    text = _env("LLMLAB_RPC_TIMEOUT")
+    if not text:
+        return 120.0
+    try:
+        v = parse_float(text)
+    except ValueError as e:
+        raise ValueError(f"LLMLAB_RPC_TIMEOUT: {e}") from None
+    if v <= 0:
+        raise ValueError(f"LLMLAB_RPC_TIMEOUT: {v:g} must be > 0")
+    return v
 
 
 def parallel_min_work() -> int:

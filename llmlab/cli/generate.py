@@ -5,6 +5,7 @@ The options shared with ``chat`` (model, sampling, context, CPU) live here too.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 
@@ -36,6 +37,48 @@ def add_engine_args(p) -> None:
     add_cpu_argument(p)
     add_kernels_argument(p)
     add_flash_attn(p)
+    add_rpc_args(p)
+
+
+def _endpoints(text: str) -> list[str]:
+    from ..ggml.rpc import RPCError, parse_endpoint
+    eps = [e.strip() for e in text.split(",")]
+    try:
+        for e in eps:
+            parse_endpoint(e)
+    except RPCError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return eps
+
+
+def _split(text: str) -> list[float]:
+    try:
+        vals = [parse_float(x) for x in text.replace("/", ",").split(",")]
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"bad tensor split {text!r}: expected numbers like 3,1") from None
+    if any(v < 0 for v in vals) or sum(vals) <= 0:
+        raise argparse.ArgumentTypeError(f"bad tensor split {text!r}: weights must be >= 0, not all 0")
+    return vals
+
+
+def add_rpc_args(p) -> None:
+    """llama.cpp's ``--rpc``, ``-ngl`` and ``-ts`` (common/arg.cpp): offload layers to llama.cpp's rpc-server."""
+    p.add_argument("--rpc", type=_endpoints, default=None, metavar="HOST:PORT[,HOST:PORT...]",
+                   help="offload to these rpc-servers (make rpc-server), every device of each")
+    p.add_argument("-ngl", "--gpu-layers", "--n-gpu-layers", dest="n_gpu_layers", type=parse_int, default=None,
+                   metavar="N", help="layers to offload, counted from the last, the output layer included "
+                                     "(default: all; needs --rpc)")
+    p.add_argument("-ts", "--tensor-split", type=_split, default=None, metavar="N0,N1,...",
+                   help="share of the offloaded layers per device (default: by each device's free memory)")
+
+
+def rpc_options(args) -> dict:
+    """Context's ``devices``, ``n_gpu_layers`` and ``tensor_split`` from the options."""
+    if not getattr(args, "rpc", None):
+        if getattr(args, "n_gpu_layers", None) is not None or getattr(args, "tensor_split", None) is not None:
+            raise LLMLabError("-ngl and --tensor-split place layers on devices: give them with --rpc HOST:PORT")
+        return {}
+    return dict(devices=args.rpc, n_gpu_layers=args.n_gpu_layers, tensor_split=args.tensor_split)
 
 
 def sampling_params(args):
@@ -60,8 +103,12 @@ def load_context(args, path, n_ctx: int):
     if n_ctx <= 0 or n_ctx > model.hparams.n_ctx_train:
         raise LLMLabError(f"a context of {n_ctx} tokens is outside 1..{model.hparams.n_ctx_train} (the model's "
                           f"context_length); lower -n or --n-ctx")
-    ctx = Context(model, n_ctx=n_ctx, n_batch=n_ctx, flash_attn=flash_attn(args), kernels=args.kernels, cpu=cpu)
-    return ctx, cpu.name, warm(model, cpu) if args.kernels == "fast" else None
+    ctx = Context(model, n_ctx=n_ctx, n_batch=n_ctx, flash_attn=flash_attn(args), kernels=args.kernels, cpu=cpu,
+                  **rpc_options(args))
+    if ctx.sched is not None and args.tensor_split is not None and len(args.tensor_split) != len(ctx.sched.backends) - 1:
+        raise LLMLabError(f"--tensor-split has {len(args.tensor_split)} values for {len(ctx.sched.backends) - 1} devices")
+    # with --rpc the graph runs through the scheduler, whose CPU splits use the reference ops: nothing to compile
+    return ctx, cpu.name, warm(model, cpu) if args.kernels == "fast" and ctx.sched is None else None
 
 
 def register(sub) -> None:

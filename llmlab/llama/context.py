@@ -38,12 +38,30 @@ def _as_tensor(arr: np.ndarray, type_, n_embd: int, name: str) -> Tensor:
     return t
 
 
+def device_scheduler(devices, n_layer: int, n_gpu_layers: int | None, tensor_split, cpu, kernels: str):
+    """The scheduler of ``Context(devices=...)``: the devices in order, then this CPU, with llama.cpp's
+    ``n_gpu_layers`` (None: every layer and the output) and ``tensor_split`` (None: by each device's free
+    memory, as llama.cpp). A device is a backend, or "HOST:PORT" for every device of that rpc-server."""
+    from ..ggml import rpc
+    from ..ggml.sched import Scheduler
+    backends = []
+    for d in devices:
+        backends += rpc.devices(d) if isinstance(d, str) else [d]
+    if tensor_split is None:
+        free = [b.memory()[0] if hasattr(b, "memory") else 1 for b in backends]
+        tensor_split = free if sum(free) > 0 else [1] * len(backends)
+    ngl = n_layer + 1 if n_gpu_layers is None or n_gpu_layers < 0 else n_gpu_layers
+    return Scheduler(backends + [CPUBackend(cpu=cpu, kernels=kernels)], n_gpu_layers=ngl,
+                     tensor_split=list(tensor_split))
+
+
 class Context:
     """Per-session state over a shared Model: KV cache, batch sizes, logits, optional scheduler."""
 
     def __init__(self, model: Model, n_ctx: int = 512, n_batch: int = 512, n_ubatch: int = 512,
                  flash_attn: bool = False, type_k: str = "f16", type_v: str = "f16", n_seq_max: int = 1,
-                 sched=None, graph_reuse: bool = True, kernels: str = "fast", cpu=None):
+                 sched=None, graph_reuse: bool = True, kernels: str = "fast", cpu=None, devices=None,
+                 n_gpu_layers: int | None = None, tensor_split: list[float] | None = None):
         for name, v in (("n_ctx", n_ctx), ("n_batch", n_batch), ("n_ubatch", n_ubatch), ("n_seq_max", n_seq_max)):
             if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
                 raise ValueError(f"{name} must be an integer, not {v!r}")
@@ -78,6 +96,10 @@ class Context:
         # NumPy), each graph's plan kept while the graph is reused
         self.backend = CPUBackend(cpu=self.cpu, kernels=kernels)
         self.threadpool: Governor | None = None    # the thread count of each step (made on first use)
+        if devices:
+            if sched is not None:
+                raise ValueError("give either devices or sched, not both")
+            self.sched = device_scheduler(devices, hp.n_layer, n_gpu_layers, tensor_split, self.cpu, kernels)
 
     # ---- one micro-batch: place it, build its graph, fill the inputs
     def _graph(self, ub: UBatch, placement):
@@ -156,7 +178,11 @@ class Context:
             if not wanted:
                 continue
             out_ids = np.flatnonzero(ub.output)
-            rows.append(g.t_logits.numpy().reshape(len(out_ids), -1))
+            if self.sched is not None:     # from the backend that computed them (another machine, for RPC)
+                logits = self.sched.get_tensor(g.t_logits).view(np.float32)
+            else:
+                logits = g.t_logits.numpy()
+            rows.append(logits.reshape(len(out_ids), -1))
             order.append(ub.batch_idxs[out_ids])
         if not rows:
             return np.zeros((0, self.model.hparams.n_vocab), np.float32)

@@ -10,11 +10,15 @@
 - ``AccelBackend``: a simulated accelerator. It runs the same NumPy code but owns a
   separate buffer type, so every input living elsewhere must be copied in, and
   only the ops in ``supported_ops`` run there.
+- ``llmlab.ggml.rpc.RPCBackend``: a device of llama.cpp's rpc-server, a real memory of its own: it fills
+  the memory hooks (``load``, ``alloc_graph``, ``get_tensor``, ``set_tensor``) that host backends leave
+  as plain NumPy.
 """
 from __future__ import annotations
 
 from typing import Iterable
 
+import numpy as np
 
 from ..cgraph import CGraph
 from ..cpu.cplan import CPlan, graph_plan
@@ -48,6 +52,24 @@ class Backend:
 
     def compute(self, nodes: Iterable[Tensor], capture=None, replace=None, callback=None) -> dict:
         return run_nodes(nodes, capture, replace, callback, self.dispatch, self.cpu)
+
+    # memory: host backends share the process's NumPy arrays, so these are plain array operations; a backend
+    # with memory of its own (llmlab.ggml.rpc.RPCBackend) overrides them
+    def load(self, tensors: list[Tensor], weights: set[int]) -> None:
+        """The weights (ids in ``weights``) and KV cache placed on this backend's buffer type, once per model
+        (llama_model_load_tensors's buffers): already in place here."""
+
+    def alloc_graph(self, sch, b: int) -> None:
+        """Memory for what this backend (index ``b``) computes or receives in ``sch`` (ggml_gallocr): the
+        executor allocates as it goes."""
+
+    def get_tensor(self, t: Tensor) -> np.ndarray:
+        """``t``'s bytes (ggml_backend_tensor_get)."""
+        return np.ndarray((t.nbytes(),), np.uint8, t.root().data, t.view_offs)
+
+    def set_tensor(self, t: Tensor, raw: np.ndarray) -> None:
+        """Fill ``t`` (a copy the scheduler made for a split input) with ``raw`` (ggml_backend_tensor_set)."""
+        t.data = raw.copy()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name})"
@@ -131,7 +153,7 @@ class AccelBackend(Backend):
 INTERFACE = [
     ("ggml_backend_i", "get_name", "name"),
     ("ggml_backend_i", "graph_compute", "compute(nodes)"),
-    ("ggml_backend_i", "set_tensor_async, get_tensor_async, cpy_tensor_async", "(the scheduler's copies)"),
+    ("ggml_backend_i", "set_tensor_async, get_tensor_async, cpy_tensor_async", "set_tensor, get_tensor"),
     ("ggml_backend_i", "synchronize", "(none: compute returns when done)"),
     ("ggml_backend_i", "event_record, event_wait", "(none: splits run one after another)"),
     ("ggml_backend_device_i", "supports_op", "supports_op(node)"),
@@ -154,7 +176,8 @@ PLATFORMS = [
 ]
 
 _MEMBER_METHOD = {"get_name": "name", "graph_compute": "compute", "supports_op": "supports_op",
-                  "offload_op": "offload_op", "get_buffer_type": "buffer_type"}
+                  "offload_op": "offload_op", "get_buffer_type": "buffer_type",
+                  "set_tensor_async, get_tensor_async, cpy_tensor_async": "set_tensor"}
 
 
 def interface_rows(backends) -> list[list[str]]:

@@ -5,10 +5,17 @@
 - the output layer (output_norm, output) follows: on the accelerator only when
   n_gpu_layers > n_layer (so ``n_layer + 1`` offloads everything);
 - a layer's KV cache sits with the layer.
+
+With several devices (``tensor_split`` given: ``Context(devices=...)``, the CLI's ``--rpc``) the rule is
+llama.cpp's own (llama_model::load_tensors): the *last* ``n_gpu_layers`` of the n_layer + 1 layer slots
+(the output layer is slot n_layer) are offloaded, and device i takes the slots whose fraction of them falls
+below the i-th cumulative, normalised split. The single simulated accelerator of notebook 06 keeps the
+first-layers rule above.
 """
 from __future__ import annotations
 
-from ..tensor import Tensor
+import bisect
+
 
 
 def layer_device(il: int, n_gpu_layers: int, n_layer: int) -> bool:
@@ -18,29 +25,60 @@ def layer_device(il: int, n_gpu_layers: int, n_layer: int) -> bool:
     return il < n_gpu_layers
 
 
-def place_model(model, kv, n_gpu_layers: int, backends) -> tuple[dict[int, str], set[int]]:
-    accel = backends[0].buffer_type if len(backends) > 1 else None
-    cpu = backends[-1].buffer_type
+def layer_devices(n_layer: int, n_gpu_layers: int, tensor_split: list[float]) -> list[int | None]:
+    """llama.cpp's get_layer_buft_list for slots 0..n_layer (n_layer: the output layer): the device index of
+    each slot, None for the CPU. ``tensor_split``: one weight per device (llama.cpp normalises them)."""
+    total = float(sum(tensor_split))
+    if not tensor_split or total <= 0 or any(x < 0 for x in tensor_split):
+        raise ValueError(f"tensor split {tensor_split} needs one non-negative weight per device, not all zero")
+    splits, acc = [], 0.0
+    for x in tensor_split:
+        acc += x
+        splits.append(acc / total)
+    i_gpu_start = max(n_layer + 1 - n_gpu_layers, 0)
+    act = min(n_gpu_layers, n_layer + 1)
+    out: list[int | None] = []
+    for il in range(n_layer + 1):
+        if il < i_gpu_start or il - i_gpu_start >= act:
+            out.append(None)
+        else:
+            out.append(min(bisect.bisect_right(splits, (il - i_gpu_start) / act), len(splits) - 1))
+    return out
+
+
+def placed_tensors(model, kv):
+    """(tensor, layer slot, is a weight) for every weight and KV tensor: the input layer is slot -1."""
     hp = model.hparams
-    buffers: dict[int, str] = {}
-    weights: set[int] = set()
-
-    def put(t: Tensor, il: int, weight: bool = True):
-        buffers[id(t)] = accel if (accel and layer_device(il, n_gpu_layers, hp.n_layer)) else cpu
-        if weight:
-            weights.add(id(t))
-
-    buffers[id(model.tok_embd)] = cpu
-    weights.add(id(model.tok_embd))
+    yield model.tok_embd, -1, True
     for t in (model.output_norm, model.output, getattr(model, "output_b", None)):   # the output layer
         if t is not None:
-            put(t, hp.n_layer)
+            yield t, hp.n_layer, True
     for il, L in enumerate(model.layers):
         for t in vars(L).values():
             if t is not None:
-                put(t, il)
+                yield t, il, True
     if kv is not None:
         for il in range(hp.n_layer):
-            put(kv.k_l[il], il, weight=False)
-            put(kv.v_l[il], il, weight=False)
+            yield kv.k_l[il], il, False
+            yield kv.v_l[il], il, False
+
+
+def place_model(model, kv, n_gpu_layers: int, backends, tensor_split=None) -> tuple[dict[int, str], set[int]]:
+    cpu = backends[-1].buffer_type
+    hp = model.hparams
+    if tensor_split is not None:
+        if len(tensor_split) != len(backends) - 1:
+            raise ValueError(f"tensor split has {len(tensor_split)} values for {len(backends) - 1} devices")
+        slots = layer_devices(hp.n_layer, n_gpu_layers, tensor_split)
+        device = [cpu if d is None else backends[d].buffer_type for d in slots]
+    else:
+        accel = backends[0].buffer_type if len(backends) > 1 else None
+        device = [accel if (accel and layer_device(il, n_gpu_layers, hp.n_layer)) else cpu
+                  for il in range(hp.n_layer + 1)]
+    buffers: dict[int, str] = {}
+    weights: set[int] = set()
+    for t, il, weight in placed_tensors(model, kv):
+        buffers[id(t)] = cpu if il < 0 else device[il]
+        if weight:
+            weights.add(id(t))
     return buffers, weights

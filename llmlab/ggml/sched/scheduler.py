@@ -271,12 +271,14 @@ PASSES = ("1: pre-allocated tensors, inputs and weights", "2: expand accelerator
 
 
 class Scheduler:
-    def __init__(self, backends: list[Backend], n_gpu_layers: int = 0, op_offload: bool = True):
+    def __init__(self, backends: list[Backend], n_gpu_layers: int = 0, op_offload: bool = True,
+                 tensor_split: list[float] | None = None):
         if not backends or not isinstance(backends[-1], CPUBackend):
             raise ValueError("the scheduler needs the CPU backend last (lowest priority)")
         self.backends = backends
         self.op_offload = op_offload
         self.n_gpu_layers = n_gpu_layers
+        self.tensor_split = tensor_split     # None: notebook 06's single accelerator; else llama.cpp's layer split
         self.cpu = len(backends) - 1
         self.last: Schedule | None = None
 
@@ -302,12 +304,14 @@ class Scheduler:
     def compute_schedule(self, sch: Schedule, capture=None, replace=None, callback=None) -> dict:
         got = {}
         total = 0
+        for b, be in enumerate(self.backends):                     # ggml_backend_sched_alloc_splits
+            be.alloc_graph(sch, b)
         for s in sch.splits:
             be = self.backends[s.backend]
-            for src in s.inputs:                                   # ggml_backend_tensor_copy
+            for src in s.inputs:                                   # ggml_backend_tensor_copy: get, then set
                 c = sch.copies[(id(src), s.backend)]
-                raw = np.ndarray((src.nbytes(),), np.uint8, src.root().data, src.view_offs)
-                c.data = raw.copy()
+                have = sch.assignment.get(id(src), self.cpu)
+                be.set_tensor(c, self.backends[have].get_tensor(src))
                 total += src.nbytes()
             nodes = sch.run_nodes(s)
             for n, orig in zip(nodes, sch.split_nodes(s)):   # results land in the graph's own tensors
@@ -330,6 +334,12 @@ class Scheduler:
                 if b != -1 and not be.supports_buft(self.backends[b].buffer_type):
                     raise RuntimeError(f"{be.name} would read {src.name} from {self.backends[b].name} memory without a copy")
 
+    def get_tensor(self, t: Tensor) -> np.ndarray:
+        """``t``'s bytes from the backend that computed it in the last run (ggml_backend_sched_get_tensor_backend,
+        then ggml_backend_tensor_get: how llama_context reads the logits)."""
+        b = self.last.assignment.get(id(t), self.cpu) if self.last is not None else self.cpu
+        return self.backends[b].get_tensor(t)
+
     def schedule(self, g) -> Schedule:
         """Place and split an LLMGraph without running it."""
         buffers, weights = self.placement(g)
@@ -338,10 +348,24 @@ class Scheduler:
     def compute(self, g, capture=None, replace=None, callback=None) -> dict:
         """Schedule and run an LLMGraph (a builder's result); placement comes from its model and KV view.
         The same graph run again (a reused graph: same shapes, same placement) keeps its schedule."""
-        sch = self.last if self.last is not None and self.last.graph is g.gf else self.schedule(g)
+        sch = self.last if self.last is not None and self.last.graph is g.gf else None
+        if sch is None:
+            buffers, weights = self.placement(g)
+            self.load(g, buffers, weights)
+            sch = self.split_graph(g.gf, buffers, weights)
         return self.compute_schedule(sch, capture, replace, callback)
+
+    def load(self, g, buffers: dict[int, str], weights: set[int]) -> None:
+        """Hand each backend the weights and KV cache placed on its buffer type (it keeps what it already has)."""
+        from .placement import placed_tensors
+        by_buft: dict[str, list[Tensor]] = {}
+        for t, _, _ in placed_tensors(g.model, g.kv):
+            by_buft.setdefault(buffers[id(t)], []).append(t)
+        for be in self.backends:
+            if by_buft.get(be.buffer_type):
+                be.load(by_buft[be.buffer_type], weights)
 
     # ---- placement of weights and KV cache by n_gpu_layers
     def placement(self, g) -> tuple[dict[int, str], set[int]]:
         from .placement import place_model
-        return place_model(g.model, g.kv, self.n_gpu_layers, self.backends)
+        return place_model(g.model, g.kv, self.n_gpu_layers, self.backends, self.tensor_split)
