@@ -25,11 +25,7 @@ HTML_DIR ?= build/html
 TEACHER_HTML_DIR ?= build/html-teacher
 IS_ROOT := $(shell [ "$$(id -u)" = 0 ] && echo 1)
 
-<<<<<<< HEAD
-.PHONY: setup setup-dev system-deps browser-deps demo lint test test-slow test-browser test-all bench lab notebooks teacher html handout clean oracle-avx2 test-avx2 arm64-deps oracle-arm64
-=======
-.PHONY: setup setup-dev system-deps browser-deps demo lint test test-slow test-browser test-all bench lab notebooks html clean oracle-avx2 test-avx2 arm64-deps oracle-arm64 rpc-server
->>>>>>> rpc
+.PHONY: setup setup-dev system-deps browser-deps demo lint test test-slow test-browser test-all bench lab notebooks teacher html handout clean oracle-avx2 test-avx2 arm64-deps oracle-arm64 rpc-server
 
 setup: system-deps $(STAMP_LAB)
 setup-dev: system-deps $(STAMP_DEV)
