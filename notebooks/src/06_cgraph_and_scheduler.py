@@ -493,6 +493,198 @@ if cap is not None:
     display(nb.graph(vl.capture_dot(cap, 0, report), "llamacpp-layer0", folder="06"))
 
 # %% [markdown]
+# ## 9. Beyond one machine: llama.cpp's own `rpc-server`
+#
+# When a model does not fit one machine, llama.cpp spreads its layers over several with the **RPC
+# backend**. Each remote machine runs `rpc-server`, a small program from llama.cpp's `tools/rpc` that
+# owns one ggml backend (CPU, CUDA, Metal...) and obeys commands arriving over TCP: allocate a buffer,
+# store these bytes in a tensor, compute this graph, send me that tensor. On the client, every server's
+# device is one more backend in the list the scheduler splits the graph over, exactly like `ACCEL` above.
+# llmlab speaks the client side of that protocol (`llmlab.ggml.rpc`), so here the splits run on the real
+# llama.cpp code, in other processes, and we can watch every byte that crosses the socket.
+#
+# **Safety first.** `rpc-server` has no authentication and no encryption: whoever can reach its port can
+# make it allocate memory, read and overwrite it, and keep its CPU busy. That is why it listens on
+# 127.0.0.1 (this machine only) unless started with `-H 0.0.0.0` or another address, and why llama.cpp's
+# README says never to expose it on an open network: use it on a network you trust, or through an SSH
+# tunnel. The client side does not trust the server either: llmlab checks every size and count in a
+# reply before it reads or allocates anything, every socket has a timeout, and a refused, dropped, silent
+# or lying server becomes one `RPCError` line, never a hang.
+#
+# Two servers started below, on two free ports of 127.0.0.1, stand for two machines. `rpc_lab` starts
+# them (one compute thread each, this machine has few cores), kills them when the notebook's kernel
+# exits, and finds the binary that `make rpc-server` built. Without it, this section says so and skips.
+
+# %%
+from llmlab.ggml import rpc, rpc_lab
+from llmlab.viz import rpc as vrpc
+from llmlab.llama.vocab import Tokenizer
+
+rpc_bin = rpc_lab.binary()
+live = rpc_bin is not None
+if live:
+    servers = rpc_lab.start(2, rpc_bin)
+    print(f"{rpc_bin}\n" + "\n".join(map(repr, servers)))
+else:
+    print(f"rpc-server is not built on this machine: run `{rpc_lab.BUILD_HINT}` (about 15 minutes), "
+          "then run this section again; its live cells are skipped.")
+
+# %% [markdown]
+# ### The split graph over two servers
+#
+# `Context(model, devices=[...])` puts the servers' devices in front of the CPU, and `n_gpu_layers` and
+# `tensor_split` mean what llama.cpp's `-ngl` and `--tensor-split` mean: here 20 of the 31 layers
+# (30 blocks and the output layer) are offloaded and shared equally by the two servers, so the CPU keeps
+# the embedding lookup and the first blocks. We decode a prompt and a few greedy tokens; the first decode
+# also uploads the weights each server holds and clears its part of the KV cache.
+
+# %%
+if live:
+    cpu_before = [s.cpu_seconds() for s in servers]
+    rctx = Context(model, n_ctx=64, devices=[s.endpoint for s in servers], n_gpu_layers=20, tensor_split=[1, 1])
+    devs = rctx.sched.backends[:-1]                      # the two RPC devices; the CPU comes last
+    vrpc.color_devices([b.name for b in rctx.sched.backends])
+    prompt_ids = Tokenizer.from_model(paths["smollm2"]).tokenize(
+        "The printing press changed Europe because", add_bos=True, special=True)
+    rpc_tokens, rpc_secs = rpc_lab.greedy(rctx, prompt_ids, 5, devs)
+    print("devices:", [b.name for b in rctx.sched.backends])
+    print(viz.split_lines(rctx.sched.last))
+    viz.plot_passes(rctx.sched.last, title="one decode step, placed over two rpc-servers and the CPU")
+    plt.tight_layout(); plt.show()
+
+# %% [markdown]
+# The same scheduler drawing as before, now with the two servers' colours. The boundary between the
+# servers falls inside layer 20 (a weightless norm follows its neighbours), and the last server ends with
+# the LM head, so the logits are computed remotely and read back:
+
+# %%
+if live:
+    display(nb.graph(to_dot(rctx.last_graph, layers=[20], color_by="backend", schedule=rctx.sched.last,
+                            show_leafs=False), "smollm2-rpc-layer20", folder="06"))
+
+# %% [markdown]
+# ### The same tokens, and the servers really computed
+#
+# The servers run ggml's own CPU kernels, so the tokens must be those of a local run. Each server's CPU
+# time, read from `/proc`, grew while it computed its layers.
+
+# %%
+if live:
+    local_tokens, local_secs = rpc_lab.greedy(Context(model, n_ctx=64), prompt_ids, 5)
+    cpu_used = [s.cpu_seconds() - c for s, c in zip(servers, cpu_before)]
+    print("through RPC:", rpc_tokens, repr(tok_text := Tokenizer.from_model(paths["smollm2"]).detokenize(rpc_tokens)))
+    print("local run:  ", local_tokens)
+    print("server CPU seconds used:", [round(c, 2) for c in cpu_used])
+    assert rpc_tokens == local_tokens
+    assert all(c > 0 for c in cpu_used)
+
+# %% [markdown]
+# ### Bytes on the wire: the weights once, then a few kilobytes per token
+#
+# Every connection counts its messages per command (`Traffic`). The first decode carries the weights
+# (`SET_TENSOR`; above 10 MiB a weight first tries `SET_TENSOR_HASH`, in case the server's cache has it),
+# the buffer allocations and the first graph (`GRAPH_COMPUTE`: one `rpc_tensor` record per tensor the
+# split touches). A later token only sends the split's inputs, asks the server to run its stored graph
+# again (`GRAPH_RECOMPUTE`, 13 bytes), and reads back what the next split needs (`GET_TENSOR`).
+
+# %%
+if live:
+    first = rpc_lab.phase_rows(devs, "prompt")
+    one = rpc_lab.phase_rows(devs, "token 2")
+    print("first decode (weights, KV cache, prompt), both servers:")
+    print(format_table(first))
+    print("\none decoded token, both servers:")
+    print(format_table(one))
+    up_first = sum(r["bytes_out"] + r["bytes_in"] for r in first)
+    per_token = sum(r["bytes_out"] + r["bytes_in"] for r in one)
+    print(f"\n{up_first / 1e6:.1f} MB for the first decode, {per_token / 1e3:.1f} kB per token after it")
+    assert all(r["bytes_out"] < 16_000 for r in one if r["command"] == "SET_TENSOR")   # no weight goes up again
+    vrpc.plot_traffic({"first decode": first, "one token": one}); plt.tight_layout(); plt.show()
+
+# %% [markdown]
+# Per token, the biggest item is the logits coming back: 49,152 floats, 196 kB, for a vocabulary of 49,152
+# tokens. The activations crossing a split boundary are one row of `n_embd = 576` floats per token
+# (2.3 kB) plus the positions, the KV cells to write and the mask.
+#
+# ### Round trips per split
+#
+# Only commands with a reply make the client wait. `SET_TENSOR`, `GRAPH_COMPUTE` and `GRAPH_RECOMPUTE`
+# are sent and forgotten (TCP keeps them in order, so the server computes after the inputs arrived); each
+# `GET_TENSOR` is a full round trip: the request goes out, the server finishes everything before it,
+# and only then does the answer come back. One row per split computed by a server during one token:
+
+# %%
+if live:
+    srows = rpc_lab.split_rows(devs, "token 2")
+    print(format_table(srows))
+    rt_token = sum(r["round_trips"] for r in one)
+    print(f"\n{rt_token} round trips per token: the inputs of the next split and the logits come back once each")
+
+# %% [markdown]
+# ### Why decode over a network is latency-bound
+#
+# A simple model of one decode step's time on the wire: every round trip waits one round-trip time (RTT),
+# every byte crosses at the link's bandwidth. We measure both on this machine's loopback (a tiny
+# `GET_ALIGNMENT` for the RTT, reading back a 4.5 MB weight for the bandwidth) and put in assumed numbers
+# for real networks. The assumed rows are what-ifs, not measurements.
+
+# %%
+if live:
+    rtt = rpc_lab.measure_rtt(devs[0].conn)
+    big = max(devs[0].keep.values(), key=lambda t: t.nbytes())
+    bw = rpc_lab.measure_bandwidth(devs[0], big)
+    links = [rpc_lab.Link("localhost (this machine)", rtt, bw, measured=True),
+             rpc_lab.Link("wired LAN, 1 Gbit/s", 0.3e-3, 117e6),
+             rpc_lab.Link("Wi-Fi", 3e-3, 40e6),
+             rpc_lab.Link("across a city (VPN)", 15e-3, 12e6)]
+    wt = [rpc_lab.wire_time(lk, rt_token, per_token) for lk in links]
+    print(f"measured here: RTT {rtt * 1e6:.0f} µs, {bw / 1e9:.2f} GB/s ({big.name}, {big.nbytes() / 1e6:.1f} MB)")
+    print(format_table(wt))
+    vrpc.plot_wire_time(wt, compute_ms=1e3 * float(np.median(rpc_secs[1:])))
+    plt.tight_layout(); plt.show()
+
+# %% [markdown]
+# On loopback the wire costs a fraction of a millisecond and the compute dominates. On a network the
+# picture turns: the round trips cost milliseconds each while the few hundred kilobytes are cheap, and it
+# gets worse with distance, because an RTT cannot be bought down the way bandwidth can. The round trips
+# grow with the number of splits (every server boundary reads its output back and sends it on), not
+# with the model's size, so a bigger model on the same servers pays the same latency and a bigger share
+# of compute. The honest caveats: this model ignores TCP's slow start and the time the server needs to
+# parse a first graph, and llama.cpp overlaps nothing here either (one decode step waits for the last
+# split). Prompt processing, with hundreds of tokens per step, is bandwidth-bound instead.
+#
+# ### One `rpc_tensor` record, byte by byte
+#
+# A graph travels as records of 296 bytes, one per tensor, packed without padding (`#pragma pack(1)` in
+# `ggml-rpc.cpp`). The pointers are replaced: `id` is a number the client picks for the tensor (sources
+# refer to it), `buffer` is the server's handle of the remote buffer and `data` the address inside the
+# server's memory that `BUFFER_GET_BASE` returned. Note the 32-bit `ne` and `nb` of this protocol version.
+# Here is the record of layer 21's RoPE on Q, as the client serialises it for `GRAPH_COMPUTE`:
+
+# %%
+if live:
+    dev = next(d for d in devs if any(n.name == "Qcur-21" and n.op == "ROPE" for n in rctx.last_graph.gf.nodes
+                                       if d.address(n) is not None))
+    node = next(n for n in rctx.last_graph.gf.nodes if n.name == "Qcur-21" and n.op == "ROPE")
+    raw = dev.record(node, ids={})
+    display(table(["field", "offset", "bytes", "hex", "value"],
+                  [[r["field"], r["offset"], r["size"], r["hex"], str(r["value"])] for r in rpc_lab.record_rows(raw)]))
+    rec = rpc.decode_record(raw)
+    assert len(raw) == 296 and rec["op_name"] == "ROPE" and rec["ne"][:3] == list(node.ne[:3])
+    assert (rec["buffer"], rec["data"]) == dev.address(node)
+
+# %% [markdown]
+# The `op_params` words are RoPE's parameters as `ggml_rope_ext` stores them (the head size, the mode,
+# the context size the model was trained on, then the frequency base and scale as float bits); the server
+# copies them into its own `ggml_tensor` and ggml-cpu reads them as a local run would. Finally the
+# servers are stopped (and their connections closed):
+
+# %%
+if live:
+    rpc_lab.stop_all(servers)
+    print(servers)
+
+# %% [markdown]
 # ## Summary
 #
 # - A graph is built, not stored: op constructors only record nodes; `build_forward_expand`
@@ -508,6 +700,9 @@ if cap is not None:
 #   three ways; plug-ins get the first say on every node.
 # - Every backend fills in one interface (`ggml_backend_i`, `ggml_backend_device_i`); the scheduler only
 #   asks it `supports_op`, `offload_op` and where its buffers live.
+# - llama.cpp's `rpc-server` is one more such backend: the weights go up once, then each token sends a few
+#   kB of inputs and waits a round trip per value read back, so decode over a network is latency-bound.
+#   The server trusts nobody and is trusted by nobody: keep it on localhost or a network you trust.
 
 # %% [markdown]
 # ## Exercises
@@ -549,3 +744,17 @@ ex.check_mul_mat_flops(g, "Qcur-0", my_answer)
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
 ex.check_mul_mat_flops(g, "Qcur-0", 2 * 576 * 576 * 8)
+
+# %% [markdown]
+# **4. One token's activations on the wire.** When the residual stream of one token (a row of `n_embd` f32)
+# crosses from one rpc-server to the next, the client sends it with one `SET_TENSOR` message: the 9-byte
+# header (command, payload size), the tensor's `rpc_tensor` record, a one-byte cache flag, the 8-byte offset
+# into the tensor, then the data. How many bytes is that message for SmolLM2 (`n_embd` = 576)?
+
+# %%
+my_answer = 0
+ex.check_set_tensor_bytes(model.hparams.n_embd, my_answer)
+
+# %% jupyter={"source_hidden": true} tags=["solution"]
+# header 1 + 8, the record 296, cache flag 1, offset 8, then 576 floats of 4 bytes
+ex.check_set_tensor_bytes(model.hparams.n_embd, 1 + 8 + 296 + 1 + 8 + 576 * 4)

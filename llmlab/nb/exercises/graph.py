@@ -1,4 +1,4 @@
-"""Checkers of notebook 06_cgraph_and_scheduler: the scheduler's splits, a MUL_MAT's FLOPs."""
+"""Checkers of notebook 06_cgraph_and_scheduler: the scheduler's splits, a MUL_MAT's FLOPs, a SET_TENSOR's bytes."""
 from __future__ import annotations
 
 from .verdict import Verdict, needs_answer
@@ -36,3 +36,22 @@ def check_mul_mat_flops(graph, name: str, answer: int) -> Verdict:
     hint = ("count a multiply-add as 2 FLOPs" if answer * 2 == want else
             "one multiply-add per weight per token: rows x columns x tokens, times 2")
     return Verdict.not_yet(f"{answer:,}", hint)
+
+
+@needs_answer("answer")
+def check_set_tensor_bytes(n_embd: int, answer: int) -> Verdict:
+    """Bytes of the SET_TENSOR message carrying one token's row of ``n_embd`` f32 to an rpc-server: the header,
+    the rpc_tensor record, the cache flag, the offset, the data (ggml-rpc.cpp's set_tensor request)."""
+    from ...ggml.rpc import RPC_TENSOR
+    header, flag_offset, data = 1 + 8, 1 + 8, 4 * n_embd
+    want = header + RPC_TENSOR.size + flag_offset + data
+    if answer == want:
+        return Verdict.correct(f"{want:,} bytes, of which {data:,} are the activations")
+    if answer == want - header:
+        return Verdict.not_yet(f"{answer:,}", "the message starts with a header: 1 byte of command, 8 of payload size")
+    if answer == want - flag_offset:
+        return Verdict.not_yet(f"{answer:,}", "after the record come a cache flag (1 byte) and an offset (8 bytes)")
+    if answer in (want - data + n_embd, want - data + 2 * n_embd):
+        return Verdict.not_yet(f"{answer:,}", "the row is f32: 4 bytes per value")
+    return Verdict.not_yet(f"{answer:,}", f"add up 9 (header) + {RPC_TENSOR.size} (record) + 9 (flag, offset) "
+                           "+ the data")

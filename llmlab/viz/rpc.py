@@ -1,0 +1,70 @@
+"""Pictures of RPC traffic for notebook 06 (matplotlib; imported on demand): bytes per command, load against
+one token, and the time a decode step spends on the wire."""
+from __future__ import annotations
+
+RPC_RGB = ["#a1d99b", "#fdae6b", "#bcbddc", "#c7e9c0"]     # one per RPC device, beside CPU's blue and ACCEL's red
+
+
+def color_devices(names) -> dict[str, str]:
+    """Give each RPC device a colour in both scheduler drawings (llmlab.ggml.viz, llmlab.ggml.dot), which look
+    backends up by name; returns name -> colour."""
+    from ..ggml import dot, viz
+    out = {}
+    for i, n in enumerate(n for n in names if n.startswith("RPC")):
+        out[n] = viz.BACKEND_RGB[n] = dot.BACKEND_COLORS[n] = RPC_RGB[i % len(RPC_RGB)]
+    return out
+
+
+def plot_traffic(phases: dict[str, list[dict]], ax=None, title: str = "bytes on the wire, per command"):
+    """Grouped horizontal bars: for each phase (e.g. "load", "one token"), bytes out + in of each command, on
+    a log scale (the weights' upload and one token's copies differ by four orders of magnitude)."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+    cmds = []
+    for rows in phases.values():
+        for r in rows:
+            if r["command"] not in cmds:
+                cmds.append(r["command"])
+    if ax is None:
+        _, ax = plt.subplots(figsize=(10, 0.42 * len(cmds) * max(1, len(phases)) / 1.4 + 1.5))
+    h = 0.8 / len(phases)
+    y = np.arange(len(cmds))
+    for k, (label, rows) in enumerate(phases.items()):
+        by = {r["command"]: r["bytes_out"] + r["bytes_in"] for r in rows}
+        vals = [by.get(c, 0) for c in cmds]
+        bars = ax.barh(y + k * h, [max(v, 0.5) for v in vals], height=h, label=label)
+        for b, v in zip(bars, vals):
+            if v:
+                ax.text(b.get_width() * 1.15, b.get_y() + h / 2, f"{v:,}", va="center", fontsize=10)
+    ax.set_xscale("log")
+    ax.set_yticks(y + h * (len(phases) - 1) / 2, cmds, fontsize=11)
+    ax.invert_yaxis()
+    ax.set_xlabel("bytes (request + reply, headers included), log scale")
+    ax.set_xlim(1, ax.get_xlim()[1] * 30)
+    ax.legend(loc="lower right", fontsize=11)
+    ax.set_title(title, fontsize=12, loc="left")
+    return ax
+
+
+def plot_wire_time(rows: list[dict], compute_ms: float | None = None, ax=None):
+    """Stacked bars per link: round trips x RTT (latency) and bytes / bandwidth (transfer), in ms per token;
+    a dashed line at the measured compute time per token if given."""
+    import matplotlib.pyplot as plt
+    if ax is None:
+        _, ax = plt.subplots(figsize=(10, 0.55 * len(rows) + 1.4))
+    names = [f"{r['link']} ({r['measured']})" for r in rows]
+    lat = [r["latency_ms"] for r in rows]
+    tr = [r["transfer_ms"] for r in rows]
+    ax.barh(names, lat, color="#e15759", label="round trips x RTT")
+    ax.barh(names, tr, left=lat, color="#4e79a7", label="bytes / bandwidth")
+    for i, r in enumerate(rows):
+        ax.text(r["wire_ms"] * 1.02, i, f"{r['wire_ms']:.2f} ms", va="center", fontsize=10)
+    if compute_ms is not None:
+        ax.axvline(compute_ms, color="black", ls="--", lw=1)
+        ax.text(compute_ms, len(rows) - 0.4, f" compute per token here: {compute_ms:.0f} ms", fontsize=10)
+    ax.invert_yaxis()
+    ax.set_xlabel("ms on the wire per decoded token")
+    ax.set_xlim(0, max(max(r["wire_ms"] for r in rows), compute_ms or 0) * 1.25)
+    ax.legend(loc="lower right", fontsize=11)
+    ax.set_title("one decode step: waiting against transferring", fontsize=12, loc="left")
+    return ax
