@@ -56,7 +56,7 @@ __all__ = [
     "check_rms_norm", "check_rope", "check_swiglu", "check_stream",                          # 03
     "check_find_slot", "check_context_shift",                                                # 04
     "check_q4_1_block", "check_bits_per_weight", "check_q8_0_decode",                        # 05
-    "check_splits", "check_mul_mat_flops",                                                   # 06
+    "check_splits", "check_mul_mat_flops", "check_set_tensor_bytes",                         # 06
     "check_launch", "check_dp4a", "check_lanes",                                             # 07
     "check_top_p", "check_repeat_penalty", "check_greedy_loop",                              # 08
 ]
