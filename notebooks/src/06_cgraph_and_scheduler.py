@@ -572,7 +572,7 @@ if live:
 if live:
     local_tokens, local_secs = rpc_lab.greedy(Context(model, n_ctx=64), prompt_ids, 5)
     cpu_used = [s.cpu_seconds() - c for s, c in zip(servers, cpu_before)]
-    print("through RPC:", rpc_tokens, repr(tok_text := Tokenizer.from_model(paths["smollm2"]).detokenize(rpc_tokens)))
+    print("through RPC:", rpc_tokens, repr(Tokenizer.from_model(paths["smollm2"]).detokenize(rpc_tokens)))
     print("local run:  ", local_tokens)
     print("server CPU seconds used:", [round(c, 2) for c in cpu_used])
     assert rpc_tokens == local_tokens
@@ -663,9 +663,8 @@ if live:
 
 # %%
 if live:
-    dev = next(d for d in devs if any(n.name == "Qcur-21" and n.op == "ROPE" for n in rctx.last_graph.gf.nodes
-                                       if d.address(n) is not None))
     node = next(n for n in rctx.last_graph.gf.nodes if n.name == "Qcur-21" and n.op == "ROPE")
+    dev = next(d for d in devs if d.address(node) is not None)      # the server that computes it
     raw = dev.record(node, ids={})
     display(table(["field", "offset", "bytes", "hex", "value"],
                   [[r["field"], r["offset"], r["size"], r["hex"], str(r["value"])] for r in rpc_lab.record_rows(raw)]))
