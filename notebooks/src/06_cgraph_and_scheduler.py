@@ -533,9 +533,11 @@ else:
 # ### The split graph over two servers
 #
 # `Context(model, devices=[...])` puts the servers' devices in front of the CPU, and `n_gpu_layers` and
-# `tensor_split` mean what llama.cpp's `-ngl` and `--tensor-split` mean: here 20 of the 31 layers
-# (30 blocks and the output layer) are offloaded and shared equally by the two servers, so the CPU keeps
-# the embedding lookup and the first blocks. We decode a prompt and a few greedy tokens; the first decode
+# `tensor_split` mean what llama.cpp's `-ngl` and `--tensor-split` mean. llama.cpp counts the output
+# layer as layer 30, after the 30 blocks, and offloads the *last* `n_gpu_layers` layers
+# (`i_gpu_start = n_layer + 1 - n_gpu_layers` in `llama-model.cpp`): with 20, blocks 11-29 and the output
+# layer go to the servers, shared equally (`tensor_split = [1, 1]`), and the CPU keeps the embedding
+# lookup and blocks 0-10. We decode a prompt and a few greedy tokens; the first decode
 # also uploads the weights each server holds and clears its part of the KV cache.
 
 # %%
@@ -553,14 +555,15 @@ if live:
     plt.tight_layout(); plt.show()
 
 # %% [markdown]
-# The same scheduler drawing as before, now with the two servers' colours. The boundary between the
-# servers falls inside layer 20 (a weightless norm follows its neighbours), and the last server ends with
-# the LM head, so the logits are computed remotely and read back:
+# The same scheduler drawing as before, now with the two servers' colours. Block 21 is the first of the
+# second server, but its weightless `norm-21` (RMS_NORM before the multiplication by `attn_norm.weight`)
+# stays with its input on the first server, and the residual `l_out-20` crosses separately. The second
+# server ends with the LM head, so the logits are computed remotely and read back:
 
 # %%
 if live:
-    display(nb.graph(to_dot(rctx.last_graph, layers=[20], color_by="backend", schedule=rctx.sched.last,
-                            show_leafs=False), "smollm2-rpc-layer20", folder="06"))
+    display(nb.graph(to_dot(rctx.last_graph, layers=[21], color_by="backend", schedule=rctx.sched.last,
+                            show_leafs=False), "smollm2-rpc-layer21", folder="06"))
 
 # %% [markdown]
 # ### The same tokens, and the servers really computed
@@ -625,8 +628,8 @@ if live:
 #
 # A simple model of one decode step's time on the wire: every round trip waits one round-trip time (RTT),
 # every byte crosses at the link's bandwidth. We measure both on this machine's loopback (a tiny
-# `GET_ALIGNMENT` for the RTT, reading back a 4.5 MB weight for the bandwidth) and put in assumed numbers
-# for real networks. The assumed rows are what-ifs, not measurements.
+# `GET_ALIGNMENT` for the RTT, reading back the largest weight the first server holds for the bandwidth)
+# and put in typical numbers for real networks. Those rows are what-ifs, not measurements.
 
 # %%
 if live:
@@ -639,19 +642,26 @@ if live:
              rpc_lab.Link("across a city (VPN)", 15e-3, 12e6)]
     wt = [rpc_lab.wire_time(lk, rt_token, per_token) for lk in links]
     print(f"measured here: RTT {rtt * 1e6:.0f} µs, {bw / 1e9:.2f} GB/s ({big.name}, {big.nbytes() / 1e6:.1f} MB)")
-    print(format_table(wt))
+    display(table(["link", "RTT", "bandwidth", "round trips x RTT", "bytes / bandwidth", "latency share"],
+                  [[f"{r['link']} ({r['measured']})", f"{r['rtt_ms']:.3f} ms", f"{r['mbytes_per_s']:,.0f} MB/s",
+                    f"{r['latency_ms']:.2f} ms", f"{r['transfer_ms']:.2f} ms", f"{100 * r['latency_share']:.0f}%"]
+                   for r in wt]))
     vrpc.plot_wire_time(wt, compute_ms=1e3 * float(np.median(rpc_secs[1:])))
     plt.tight_layout(); plt.show()
 
 # %% [markdown]
-# On loopback the wire costs a fraction of a millisecond and the compute dominates. On a network the
-# picture turns: the round trips cost milliseconds each while the few hundred kilobytes are cheap, and it
-# gets worse with distance, because an RTT cannot be bought down the way bandwidth can. The round trips
-# grow with the number of splits (every server boundary reads its output back and sends it on), not
-# with the model's size, so a bigger model on the same servers pays the same latency and a bigger share
-# of compute. The honest caveats: this model ignores TCP's slow start and the time the server needs to
-# parse a first graph, and llama.cpp overlaps nothing here either (one decode step waits for the last
-# split). Prompt processing, with hundreds of tokens per step, is bandwidth-bound instead.
+# On loopback the wire costs a fraction of a millisecond and the compute dominates. Off this machine,
+# read the table honestly. On a wired 1 Gbit/s LAN the 196 kB of logits still take longer to cross than
+# the three round trips take to wait: SmolLM2's vocabulary (49,152) is large next to its width (576), and
+# the logits are the one big thing a decode step reads back. Everything else per token is a few kB, and
+# from Wi-Fi on the waiting wins: each round trip costs milliseconds whatever its size, and an RTT cannot
+# be bought down the way bandwidth can. The round trips grow with the number of boundaries between
+# machines (each one reads a split's output back and sends it on), not with the model's size, while a
+# bigger model computes longer per token; the fixed cost of the waits is what limits decode over a
+# network. The caveats: the model ignores TCP's slow start and the server's time to parse a new graph,
+# and the client waits for each split before sending the next. Prompt processing, with hundreds of
+# tokens per step, moves hundreds of times more activations at the same number of round trips, and is
+# bandwidth-bound instead.
 #
 # ### One `rpc_tensor` record, byte by byte
 #
