@@ -26,7 +26,7 @@ def plot_traffic(phases: dict[str, list[dict]], ax=None, title: str = "bytes on 
             if r["command"] not in cmds:
                 cmds.append(r["command"])
     if ax is None:
-        _, ax = plt.subplots(figsize=(10, 0.42 * len(cmds) * max(1, len(phases)) / 1.4 + 1.5))
+        _, ax = plt.subplots(figsize=(10, 0.3 * len(cmds) * len(phases) + 1.2))
     h = 0.8 / len(phases)
     y = np.arange(len(cmds))
     for k, (label, rows) in enumerate(phases.items()):
@@ -46,25 +46,23 @@ def plot_traffic(phases: dict[str, list[dict]], ax=None, title: str = "bytes on 
     return ax
 
 
-def plot_wire_time(rows: list[dict], compute_ms: float | None = None, ax=None):
-    """Stacked bars per link: round trips x RTT (latency) and bytes / bandwidth (transfer), in ms per token;
-    a dashed line at the measured compute time per token if given."""
+def plot_wire_time(rows: list[dict], ax=None):
+    """Stacked bars per link: round trips x RTT (latency) and bytes / bandwidth (transfer), in ms per token."""
     import matplotlib.pyplot as plt
     if ax is None:
-        _, ax = plt.subplots(figsize=(10, 0.55 * len(rows) + 1.4))
+        _, ax = plt.subplots(figsize=(10, 0.55 * len(rows) + 1.6))
     names = [f"{r['link']} ({r['measured']})" for r in rows]
     lat = [r["latency_ms"] for r in rows]
     tr = [r["transfer_ms"] for r in rows]
     ax.barh(names, lat, color="#e15759", label="round trips x RTT")
     ax.barh(names, tr, left=lat, color="#4e79a7", label="bytes / bandwidth")
+    top = max(r["wire_ms"] for r in rows)
     for i, r in enumerate(rows):
-        ax.text(r["wire_ms"] * 1.02, i, f"{r['wire_ms']:.2f} ms", va="center", fontsize=10)
-    if compute_ms is not None:
-        ax.axvline(compute_ms, color="black", ls="--", lw=1)
-        ax.text(compute_ms, len(rows) - 0.4, f" compute per token here: {compute_ms:.0f} ms", fontsize=10)
+        ax.text(r["wire_ms"] + top * 0.01, i, f"{r['wire_ms']:.2f} ms", va="center", fontsize=11)
     ax.invert_yaxis()
-    ax.set_xlabel("ms on the wire per decoded token")
-    ax.set_xlim(0, max(max(r["wire_ms"] for r in rows), compute_ms or 0) * 1.25)
-    ax.legend(loc="lower right", fontsize=11)
+    ax.tick_params(labelsize=11)
+    ax.set_xlabel("ms on the wire per decoded token", fontsize=11)
+    ax.set_xlim(0, top * 1.2)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=2, frameon=False, fontsize=11)
     ax.set_title("one decode step: waiting against transferring", fontsize=12, loc="left")
     return ax

@@ -646,8 +646,10 @@ if live:
                   [[f"{r['link']} ({r['measured']})", f"{r['rtt_ms']:.3f} ms", f"{r['mbytes_per_s']:,.0f} MB/s",
                     f"{r['latency_ms']:.2f} ms", f"{r['transfer_ms']:.2f} ms", f"{100 * r['latency_share']:.0f}%"]
                    for r in wt]))
-    vrpc.plot_wire_time(wt, compute_ms=1e3 * float(np.median(rpc_secs[1:])))
-    plt.tight_layout(); plt.show()
+    vrpc.plot_wire_time(wt); plt.tight_layout(); plt.show()
+    step = float(np.median(rpc_secs[1:]))
+    print(f"one decode step through the servers took {1e3 * step:.0f} ms here, most of it llmlab's Python "
+          f"(the CPU's split and the client); the wire's share on loopback: {100 * wt[0]['wire_ms'] / 1e3 / step:.2f}%")
 
 # %% [markdown]
 # On loopback the wire costs a fraction of a millisecond and the compute dominates. Off this machine,
