@@ -81,7 +81,7 @@ def test_traffic_tables_and_tokens_through_two_servers(rpc_bin, smollm2_path):
         splits = rpc_lab.split_rows(devs, "token 2")
         assert len(splits) == 2 and all(r["records"] == 0 for r in splits)     # recomputed, no records sent
         node = next(n for n in ctx.last_graph.gf.nodes if n.op == "ROPE" and devs[1].address(n) is not None)
-        rows = rpc_lab.record_rows(devs[1].record(node, ids={}))
+        rows = rpc_lab.record_rows(rpc_lab.sent_record(devs[1], node))
         assert [r["field"] for r in rows][:3] == ["id", "type", "buffer"] and rows[-1]["offset"] == 292
         assert sum(r["size"] for r in rows) == 296
     finally:

@@ -276,3 +276,10 @@ def greedy(ctx, ids: list[int], n: int, backends=()) -> tuple[list[int], list[fl
         batch = Batch.from_tokens([out[-1]], pos0=len(ids) + i, logits="all")
     set_phase(backends, "")
     return out, secs
+
+
+def sent_record(backend, node) -> bytes:
+    """``node``'s rpc_tensor record as ``backend``'s GRAPH_COMPUTE sends it (its remote buffer and address, its
+    readers in the graph as use count), with the ids numbered for this record alone (in a real message
+    they number every tensor of the split)."""
+    return backend.record(node, ids={}, use_count=backend._uses.get(backend.key(node), 0))

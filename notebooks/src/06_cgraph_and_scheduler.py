@@ -671,24 +671,29 @@ if live:
 # `ggml-rpc.cpp`). The pointers are replaced: `id` is a number the client picks for the tensor (sources
 # refer to it), `buffer` is the server's handle of the remote buffer and `data` the address inside the
 # server's memory that `BUFFER_GET_BASE` returned. Note the 32-bit `ne` and `nb` of this protocol version.
-# Here is the record of layer 21's RoPE on Q, as the client serialises it for `GRAPH_COMPUTE`:
+# Here is the record of layer 21's RoPE on Q as the client serialises it for `GRAPH_COMPUTE` (the ids
+# numbered for this record alone; in the real message they number every tensor of the split):
 
 # %%
 if live:
     node = next(n for n in rctx.last_graph.gf.nodes if n.name == "Qcur-21" and n.op == "ROPE")
     dev = next(d for d in devs if d.address(node) is not None)      # the server that computes it
-    raw = dev.record(node, ids={})
+    raw = rpc_lab.sent_record(dev, node)
     display(table(["field", "offset", "bytes", "hex", "value"],
                   [[r["field"], r["offset"], r["size"], r["hex"], str(r["value"])] for r in rpc_lab.record_rows(raw)]))
     rec = rpc.decode_record(raw)
     assert len(raw) == 296 and rec["op_name"] == "ROPE" and rec["ne"][:3] == list(node.ne[:3])
     assert (rec["buffer"], rec["data"]) == dev.address(node)
+    words = np.array(rec["op_params"], np.int32)
+    print("op_params as ggml_rope_impl stores them: n_dims", words[1], "mode", words[2], "n_ctx_orig", words[4],
+          "| freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow =", words[5:11].view(np.float32))
 
 # %% [markdown]
-# The `op_params` words are RoPE's parameters as `ggml_rope_ext` stores them (the head size, the mode,
-# the context size the model was trained on, then the frequency base and scale as float bits); the server
-# copies them into its own `ggml_tensor` and ggml-cpu reads them as a local run would. Finally the
-# servers are stopped (and their connections closed):
+# The 16 `op_params` words are RoPE's parameters as `ggml_rope_impl` stores them: integers first (the
+# rotated dimensions, the mode, the training context), then six floats stored as their bits (SmolLM2's
+# frequency base is 100,000). The server copies them into its own `ggml_tensor` and ggml-cpu reads them
+# as a local run would. `flags` 16 is `GGML_TENSOR_FLAG_COMPUTE`: without it ggml-cpu would skip the node.
+# Finally the servers are stopped (and their connections closed):
 
 # %%
 if live:
