@@ -14,13 +14,18 @@ STAMP_BROWSER := $(VENV)/.llmlab-browser
 MODEL  ?= smollm2
 PYTEST_ARGS ?=
 LAB_ARGS ?=
-# the notebooks' sources are jupytext percent scripts, notebooks/src/NN_name.py (notebooks/jupytext.toml)
+# the notebooks' sources are jupytext percent scripts, notebooks/src/NN_name.py, solutions included; the
+# runner makes from one run of each the learner's edition (notebooks/NN_name.ipynb, committed, no solution)
+# and the teacher's (build/teacher/NN_name.ipynb, every solution executed and checked)
 SOURCES   := $(sort $(wildcard notebooks/src/[0-9][0-9]_*.py))
 NOTEBOOKS := $(patsubst notebooks/src/%.py,notebooks/%.ipynb,$(SOURCES))
+TEACHER_DIR ?= build/teacher
+TEACHER_NOTEBOOKS := $(patsubst notebooks/src/%.py,$(TEACHER_DIR)/%.ipynb,$(SOURCES))
 HTML_DIR ?= build/html
+TEACHER_HTML_DIR ?= build/html-teacher
 IS_ROOT := $(shell [ "$$(id -u)" = 0 ] && echo 1)
 
-.PHONY: setup setup-dev system-deps browser-deps demo lint test test-slow test-browser test-all bench lab notebooks html clean oracle-avx2 test-avx2 arm64-deps oracle-arm64 rpc-server
+.PHONY: setup setup-dev system-deps browser-deps demo lint test test-slow test-browser test-all bench lab notebooks teacher html handout clean oracle-avx2 test-avx2 arm64-deps oracle-arm64 rpc-server
 
 setup: system-deps $(STAMP_LAB)
 setup-dev: system-deps $(STAMP_DEV)
@@ -168,14 +173,32 @@ lab: setup
 	$(VENV)/bin/jupyter lab $(if $(IS_ROOT),--allow-root) $(LAB_ARGS) notebooks/
 
 # take each notebook's cells from its source (notebooks/src/NN_name.py), run it top to bottom in order
-# (fresh kernel each), store its outputs, stop at the first error; the committed outputs include the
-# llama.cpp comparisons, so this uses the dev extras
+# (fresh kernel each, solutions included), store the learner's edition (outputs, no solution cells) and
+# the teacher's, stop at the first error; the committed outputs include the llama.cpp comparisons, so
+# this uses the dev extras
 notebooks: setup-dev
-	$(PY) -m llmlab.nb.runner --write $(NOTEBOOKS)
+	$(PY) -m llmlab.nb.runner --write --teacher $(TEACHER_DIR) $(NOTEBOOKS)
 
-# the executed notebooks as static HTML a teacher can host or hand out (no kernel, no network)
-html: setup
+# the teacher's edition alone (not committed): each notebook whose source changed since, run with its solutions
+teacher: setup $(TEACHER_NOTEBOOKS)
+
+$(TEACHER_DIR)/%.ipynb: notebooks/src/%.py | setup
+	$(PY) -m llmlab.nb.runner --teacher $(TEACHER_DIR) notebooks/$*.ipynb
+
+# static HTML (no kernel, no network): the learner's edition in $(HTML_DIR), to host or hand out; the
+# teacher's edition with the teacher's guide in $(TEACHER_HTML_DIR), for the teacher only
+html: setup $(TEACHER_NOTEBOOKS)
 	$(PY) -m llmlab.nb.runner --html $(HTML_DIR) $(NOTEBOOKS)
+	$(PY) -m llmlab.nb.runner --html $(TEACHER_HTML_DIR) --guide docs/teachers-guide.md $(TEACHER_NOTEBOOKS)
+
+# what a teacher hands a room without a set-up (Colab, a bare Jupyter): llmlab's wheel, to host where
+# the room can reach it, and the learner's notebooks, their set-up cell installing llmlab from
+# LLMLAB_PIP (llmlab is not on PyPI: the hosted wheel's URL, or a git+https URL of the repository)
+HANDOUT_DIR ?= build/handout
+handout: setup
+	@[ -n "$(LLMLAB_PIP)" ] || { echo "error: set LLMLAB_PIP, the address pip installs llmlab from (make handout LLMLAB_PIP=https://.../llmlab-0.1.0-py3-none-any.whl)"; exit 2; }
+	$(PY) -m pip wheel -q --no-deps . -w $(HANDOUT_DIR)
+	$(PY) -m llmlab.nb.colab --pip "$(LLMLAB_PIP)" -o $(HANDOUT_DIR) $(NOTEBOOKS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info

@@ -19,7 +19,7 @@ from llmlab import models
 from llmlab.ggml.gguf import GGUFFile
 from llmlab.llama.vocab import Tokenizer, Vocab
 
-DATA = Path(__file__).resolve().parent.parent / "data"
+DATA = Path(__file__).resolve().parent.parent / "llmlab" / "data"
 TEXTS = {"English (Python docs)": DATA / "english_python_docs.txt",
          "Chinese (course notes)": DATA / "zh_inference_notes.txt"}
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-TEXT = Path(__file__).resolve().parent.parent / "data" / "english_python_docs.txt"
+TEXT = Path(__file__).resolve().parent / "data" / "english_python_docs.txt"
 
 
 def prompt_tokens(tokenizer, n: int) -> list[int]:

@@ -23,13 +23,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from llmlab import models
+from llmlab import data, models
 from llmlab.ggml.cpu import profiles
 
 DATA = Path(__file__).parent / "data"
-REFS = DATA / "refs"
-REF_STEMS = {"smollm2": "smollm2-135m-instruct-q4_1", "gemma3": "gemma-3-270m-q4_k_m"}
-REF_DIRS = {"avx512": REFS, "avx2": REFS / "avx2"}          # the logits of llama.cpp built for each CPU
+REFS = data.ref_dir()                                        # llama.cpp's references ship in the package
+REF_STEMS = data.REF_STEMS
+REF_DIRS = {cpu: data.ref_dir(cpu) for cpu in data.REF_DIRS}   # the logits of llama.cpp built for each CPU
 REF_PROFILES = [p for p, d in REF_DIRS.items() if (d / f"{REF_STEMS['smollm2']}.logits.npz").exists()]
 LIVE = profiles.detect()                                     # the profile of this machine's llama.cpp
 
@@ -91,6 +91,15 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def llama_cpp_src() -> Path:
+    """The llama.cpp source that llama-cpp-python 0.3.36 vendors, where the oracle build unpacked it."""
+    hits = sorted(Path.home().glob(".cache/llmlab/*/src/llama_cpp_python-0.3.36/vendor/llama.cpp"))
+    if not hits:
+        pytest.skip("the vendored llama.cpp source is not unpacked here (building the oracle unpacks it)")
+    return hits[0]
 
 
 @pytest.fixture(scope="session")

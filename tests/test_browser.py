@@ -34,6 +34,8 @@ NOTEBOOKS = {
     "00_overview": {"control": None, "svg": True},
     "01_gguf_bytes": {"control": "select", "svg": False},
     "02_tokenizer": {"control": None, "svg": False},      # Chinese text and emoji need the Noto fonts
+    "03_attention_and_heads": {"control": "slider", "svg": True},   # the block diagram; the layer/head sliders
+    "04_kv_cache": {"control": "slider", "svg": False, "key": "ArrowLeft"},   # find_slot's ring starts at its last step
     "05_quant_blocks": {"control": "slider", "svg": False},
     "06_cgraph_and_scheduler": {"control": "slider", "svg": True},
     "08_full_generation": {"control": "slider", "svg": False},   # the sampler chain's sliders
@@ -65,8 +67,7 @@ def lab(tmp_path_factory):
         if (source / p.name).exists():
             p = source / p.name
         shutil.copy2(p, served / "notebooks" / p.name)
-    for d in ("data", "tests", "llmlab"):           # relative paths the notebooks read (../data, ../tests/data)
-        (served / d).symlink_to(ROOT / d)
+    (served / "llmlab").symlink_to(ROOT / "llmlab")  # a checkout's layout; the notebooks' data come through the package
     port, token = _free_port(), uuid.uuid4().hex
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
                JUPYTER_CONFIG_DIR=str(served / ".jupyter-config"))
@@ -156,6 +157,12 @@ def test_notebook_in_browser(lab, name):
     broken = page.locator(".jp-OutputArea-output:has-text('Error displaying widget')")
     assert broken.count() == 0, f"{name}: a widget failed to display"
 
+    # a live view's image is shown at its own size (drawn at twice the resolution), never stretched to the cell
+    stretched = page.evaluate("""() => [...document.querySelectorAll('.jp-OutputArea-output .jupyter-widgets img')]
+        .filter(i => i.naturalWidth > 0 && i.getBoundingClientRect().width > Math.ceil(i.naturalWidth / 2) + 1)
+        .map(i => `${i.naturalWidth} px drawn ${Math.round(i.getBoundingClientRect().width)} px wide`)""")
+    assert not stretched, f"{name}: live images stretched beyond their size: {stretched}"
+
     views = page.locator(".jp-Cell", has=page.locator(".jp-OutputArea-output .jupyter-widgets"))
     if views.count():
         views.first.scroll_into_view_if_needed()
@@ -174,7 +181,7 @@ def test_notebook_in_browser(lab, name):
             else ".jp-OutputArea-output .noUi-handle"
         control = page.locator(sel).first
         control.scroll_into_view_if_needed()
-        cell = page.locator(".jp-Cell", has=page.locator(sel)).last
+        cell = page.locator(".jp-Cell", has=page.locator(sel)).first    # the cell of the control moved (the first)
         before = _view_signature(cell)
         if want["control"] == "select":
             control.click()
@@ -182,7 +189,7 @@ def test_notebook_in_browser(lab, name):
             page.keyboard.press("Enter")
         else:
             control.focus()
-            page.keyboard.press("ArrowRight")
+            page.keyboard.press(want.get("key", "ArrowRight"))
         t_end = time.time() + 180
         while time.time() < t_end and _view_signature(cell) == before:
             time.sleep(1.0)

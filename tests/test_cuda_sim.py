@@ -267,7 +267,7 @@ def test_launch_against_reference(name, ncols_dst):
     rng = np.random.default_rng(ncols_dst)
     w = Q.quantize(rng.standard_normal(nrows * k).astype(np.float32), name.lower()).reshape(nrows, -1)
     x = rng.standard_normal((ncols_dst, k)).astype(np.float32)
-    _check_launch(name, w, x, ncols_dst, "pascal")                  # plain float32 scale products
+    _check_launch(name, w, x, ncols_dst, "sm_61")                  # plain float32 scale products
     if name != "q4_1":                                               # the only type using half products (tested above)
         _check_launch(name, w, x, ncols_dst, "generic")
 
@@ -281,9 +281,9 @@ def test_launch_real_layers(real_files, model, tensor, name):
     rows, k = _real_rows(real_files, model, tensor)
     x = np.random.default_rng(9).standard_normal(k).astype(np.float32)
     t0 = time.perf_counter()
-    launch = _check_launch(name, rows, x[None], 1, "pascal")
+    launch = _check_launch(name, rows, x[None], 1, "sm_61")
     assert time.perf_counter() - t0 < 20
-    assert np.array_equal(cs.mul_mat_vec_q(rows, name, x, arch="pascal"), launch.dst[0])
+    assert np.array_equal(cs.mul_mat_vec_q(rows, name, x, arch="sm_61"), launch.dst[0])
     # generic: same integers; q4_1's half products move the floats by about 1e-3 of the output scale at most
     fast = cs.mul_mat_vec_q(rows, name.lower(), x)
     assert np.abs(fast - launch.dst[0]).max() <= 2e-3 * np.abs(launch.dst).max()
@@ -367,3 +367,149 @@ def test_dispatch_thresholds():
     assert [limit(t, "blackwell") for t in ("q4_K", "q5_K", "q6_K", "q4_0")] == [5, 6, 7, 8]
     assert all(limit(t, "generic") == 8 for t in cs.CUDA_TYPES)
     assert limit("q6_K", "orin") == 1 and limit("q8_0", "orin") == 8
+
+
+# ---------------------------------------------------------------- appendix: dispatch, MoE, bounds, fastdiv, loading
+
+
+def test_vsub4_and_vsubss4_agree_on_q6_codes_only():
+    codes = np.arange(64, dtype=np.int32) * 0x01010101
+    assert np.array_equal(cs.vsub4(codes, 0x20202020), cs.vsubss4(codes, 0x20202020))
+    from llmlab.cuda_sim.dp4a import bytes_s8
+    assert bytes_s8(cs.vsub4(0x7F, 0xE0)).tolist()[0] == -97          # 127 - (-32) wraps
+    assert bytes_s8(cs.vsubss4(0x7F, 0xE0)).tolist()[0] == 127        # ... or saturates
+
+
+def test_arch_names_follow_compute_capability():
+    assert not cs.ARCHS["sm_60"].dp4a and cs.ARCHS["sm_60"].fast_fp16      # P100: half math, no dp4a
+    assert cs.ARCHS["sm_61"].dp4a and not cs.ARCHS["sm_61"].fast_fp16      # GTX 10x0: dp4a, slow half math
+    assert "pascal" not in cs.ARCHS
+
+
+def test_mul_mat_kernel_chain():
+    k = cs.mul_mat_kernel
+    assert [k("q4_K", n, "ada") for n in (1, 8, 9, 512)] == ["MMVQ", "MMVQ", "MMQ", "MMQ"]
+    assert [k("q4_K", n, "blackwell") for n in (5, 6)] == ["MMVQ", "MMQ"]
+    assert [k("q4_0", n, "volta") for n in (8, 9, 63, 64)] == ["MMVQ", "MMQ", "MMQ", "cuBLAS"]
+    assert [k("q4_0", n, "sm_61") for n in (8, 64, 4096)] == ["MMVQ", "MMQ", "MMQ"]   # no FP16 tensor cores
+    assert k("q4_0", 9, "sm_60") == "cuBLAS"                      # no dp4a: no MMQ for dense products
+    assert cs.should_use_mmq("q4_0", 9, "sm_60", n_experts=8)       # ... but yes for MoE
+    assert [k("f16", n, "ampere") for n in (1, 2, 16, 17)] == ["MMVF", "MMF", "MMF", "cuBLAS"]
+    assert [k("f16", n, "ampere", nrows=4096) for n in (1,)] == ["MMVF"]
+    assert [k("f16", n, "volta") for n in (3, 4)] == ["MMVF", "MMF"]
+    assert [k("f16", n, "sm_61") for n in (8, 9)] == ["MMVF", "cuBLAS"]
+    assert k("f32", 1, "ampere") == "MMVF" and k("f32", 4, "ampere") == "MMF"
+    assert k("q4_K", 1, "ampere") == "MMVQ"
+
+
+def test_mmid_limits_and_moe_launch():
+    assert [cs.mmid_max_batch(t, "sm_61") for t in ("q4_0", "q4_K", "q6_K", "q8_0")] == [6, 5, 4, 4]
+    assert [cs.mmid_max_batch(t, "turing") for t in ("q2_K", "q3_K", "q4_K", "q6_K")] == [7, 5, 8, 8]
+    assert cs.mmid_max_batch("q2_K", "volta") == cs.mmid_max_batch("q2_K", "ada") == 8
+    one = cs.moe_launch_params("q4_K", 768, 2048, 1, 8)
+    assert one["kernel"] == "mul_mat_vec_q" and one["grid"] == (768, 8, 1) and one["block"] == (32, 4, 1)
+    four = cs.moe_launch_params("q4_K", 768, 2048, 4, 8)
+    assert four["kernel"] == "mul_mat_vec_q_moe" and four["grid"] == (384, 8, 1) and four["block"] == (32, 4, 1)
+    assert four["blocks_per_iter"] == 2 and four["shared_floats"] == 0
+    assert four["weight_decodes"] == 4 * one["weight_decodes"]
+    with pytest.raises(ValueError):
+        cs.moe_launch_params("q6_K", 768, 2048, 5, 8, "sm_61")
+
+
+def test_launch_bounds_follow_calc_nwarps():
+    assert cs.launch_bounds("q4_K", 1)["max_threads"] == 128
+    assert cs.launch_bounds("q4_K", 6)["max_threads"] == 64
+    assert cs.launch_bounds("q4_K", 1, "gb10", halve_iters=True)["max_threads"] == 256
+    assert cs.launch_bounds("q2_K", 4, "turing", moe=True)["max_threads"] == 7 * 32
+    b = cs.launch_bounds("q4_K", 1, regs_per_sm=16384)
+    assert b["regs_per_thread"] == 128 and b["min_blocks"] == 1
+
+
+def test_fastdiv_equals_integer_division():
+    from llmlab.cuda_sim import fastdiv as fd
+    rng = np.random.default_rng(5)
+    n = np.concatenate([np.arange(5000, dtype=np.uint64), rng.integers(0, 2**31, 200_000, dtype=np.uint64),
+                        np.array([2**31 - 1], np.uint64)])
+    for d in [1, 2, 3, 5, 7, 12, 31, 640, 65_537, 2**31 - 1] + rng.integers(1, 2**31, 20).tolist():
+        v = fd.init_fastdiv_values(int(d))
+        assert np.array_equal(fd.fastdiv(n, v), n // np.uint64(d)), d
+        assert np.array_equal(fd.fastmodulo(n, v), n % np.uint64(d)), d
+    assert fd.init_fastdiv_values(3) == (0x55555556, 2, 3)
+    with pytest.raises(ValueError):
+        fd.init_fastdiv_values(0)
+
+
+def test_upload_chunks_cover_every_byte_once():
+    from llmlab.cuda_sim import load
+    tensors = [("a", 100, 3_000_000), ("b", 3_000_100, 10), ("c", 3_000_200, 2_500_000)]
+    for alignment in (1, 4096):
+        chunks = load.upload_chunks(tensors, alignment=alignment, buffer_size=1 << 20 if alignment == 1 else None)
+        for name, _, n in tensors:
+            mine = [c for c in chunks if c.tensor == name]
+            assert sum(c.copy_bytes for c in mine) == n
+            assert [c.offset for c in mine] == list(np.cumsum([0] + [c.copy_bytes for c in mine[:-1]]))
+        assert [c.buffer for c in chunks] == [i % 4 for i in range(len(chunks))]
+    assert len(load.upload_chunks(tensors)) == 3 + 1 + 3
+    t = load.upload_timeline(load.upload_chunks(tensors), read_bytes_per_s=2e9, upload_bytes_per_s=20e9)
+    assert np.all(t[:, 1] <= t[:, 2]) and np.all(np.diff(t[:, 3]) > 0)
+    assert t[-1, 3] < sum(c.read_bytes / 2e9 + c.copy_bytes / 20e9 for c in load.upload_chunks(tensors))
+
+
+def test_cuda_padding_and_bad_padding_clear():
+    from llmlab.cuda_sim import load
+    assert load.cuda_alloc_size("q4_1", (576, 1536)) == 576 * 1536 // 32 * 20 + (512 - 64) // 32 * 20
+    assert load.cuda_alloc_size("q4_K", (2048, 640)) == 2048 * 640 // 256 * 144        # a multiple of 512: none
+    assert load.cuda_alloc_size("f16", (576, 10)) == 576 * 10 * 2                        # not quantized: none
+    assert load.bad_padding_clear(True, 10, 20, True)
+    assert not load.bad_padding_clear(True, 10, 20, False) and not load.bad_padding_clear(False, 10, 20, True)
+    assert not load.bad_padding_clear(True, 20, 20, True)
+
+
+def test_spacemit_requantization(real_files):
+    from llmlab.cuda_sim import load
+    t = real_files["gemma3"].tensor("blk.0.attn_output.weight")            # q4_K
+    raw = np.asarray(t.data)
+    q41 = load.repack_q4_k_to_q4_1(raw)
+    assert q41.size == raw.size // 144 * 8 * 20
+    a, b = Q.dequantize(raw, "q4_k"), Q.dequantize(q41, "q4_1")
+    assert np.abs(a - b).max() <= 2.0 ** -10 * np.abs(a).max()             # only the f16 rounding of d*sc and dmin*m
+    t = real_files["gemma3"].tensor("blk.0.ffn_down.weight")               # q6_K
+    raw = np.asarray(t.data)
+    q80 = load.repack_q6_k_to_q8_0(raw).reshape(-1).view(ggml_type("q8_0").layout)
+    assert q80.size == raw.size // 210 * 8
+    a, b = Q.dequantize(raw, "q6_k").reshape(-1, 32), Q.dequantize(q80.view(np.uint8), "q8_0").reshape(-1, 32)
+    # per group of 32: the largest magnitude keeps code +-127, every value moves by at most half a new step (+ f16 of d)
+    step = q80["d"].astype(np.float32)[:, None]
+    assert np.all(np.abs(a - b) <= 0.5 * step + 2.0 ** -10 * np.abs(a).max(1, keepdims=True) + 1e-12)
+    assert np.array_equal(np.abs(q80["qs"]).max(1)[np.abs(a).max(1) > 0], np.full((np.abs(a).max(1) > 0).sum(), 127))
+    zero = raw[:210].copy()
+    zero[:] = 0
+    assert not load.repack_q6_k_to_q8_0(zero).view(np.int8)[2:34].any()   # all-zero group: zeros, no NaN
+
+
+def test_tables_match_the_vendored_source(llama_cpp_src):
+    import re
+    src = llama_cpp_src
+    cuda = src / "ggml/src/ggml-cuda"
+    mmvq = (cuda / "mmvq.cu").read_text()
+    for table_name, table in cs.launch.MMID_MAX_BATCH.items():
+        body = re.search(rf"get_mmvq_mmid_max_batch_{table_name}\(ggml_type type\) \{{(.*?)\n\}}", mmvq, re.S).group(1)
+        got = {m[0].lower().replace("_k", "_K"): int(m[1]) for m in re.findall(r"GGML_TYPE_(\w+):\s+return (\d+);", body)}
+        assert got == table, table_name
+    assert re.search(r"#define GGML_CUDA_CC_DP4A\s+610", (cuda / "common.cuh").read_text())
+    assert re.search(r"#define MMQ_DP4A_MAX_BATCH_SIZE (\d+)", (cuda / "mmq.cuh").read_text())[1] == \
+        str(cs.launch.MMQ_DP4A_MAX_BATCH_SIZE)
+    assert re.search(r"#define MMF_ROWS_PER_BLOCK (\d+)", (cuda / "mmf.cuh").read_text())[1] == str(cs.launch.MMF_ROWS_PER_BLOCK)
+    assert "__vsub4((vil | vih), 0x20202020)" in (cuda / "vecdotq.cuh").read_text()
+    assert "init_fastdiv_values" in (cuda / "common.cuh").read_text()
+    loader = (src / "src/llama-model-loader.cpp").read_text()
+    assert "constexpr size_t n_buffers = 4;" in loader and "64 * 1024 * 1024 + 2 * alignment : 1 * 1024 * 1024" in loader
+
+
+def test_coalescing_counts():
+    from llmlab.viz import mmvq as vm
+    pats = vm.coalescing_patterns()
+    lines = {k: len(np.unique(np.concatenate([(a + i) // 128 for i in range(4)]))) for k, a in pats.items()}
+    assert list(lines.values()) == [1, 2, 32]
+    html = str(vm.coalescing_table())
+    assert "100%" in html and "80%" in html and "12%" in html

@@ -79,7 +79,7 @@ def test_matches_llama_cpp_all_prompts(request, name, i, cpu):
 def test_the_two_cpus_disagree_and_each_profile_reproduces_its_own(smollm2):
     """The same prompt on llama.cpp for AVX2 and for AVX-512 gives different logits; llmlab with each
     profile gives each one's, bit for bit, on whatever CPU runs this test."""
-    assert {"avx2", "avx512"} <= set(REF_PROFILES), "tests/data/refs holds both reference sets"
+    assert {"avx2", "avx512"} <= set(REF_PROFILES), "llmlab/data/refs holds both reference sets"
     refs = {cpu: ref_logits("smollm2", cpu)[1]["p0_last_logits"] for cpu in ("avx2", "avx512")}
     assert (refs["avx2"] != refs["avx512"]).any()
     ids = ref_logits("smollm2", "avx2")[1]["p0_ids"]

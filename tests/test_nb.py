@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -32,6 +34,11 @@ def test_live_view_renders_once_and_updates(capsys):
     assert "data:image/png;base64," in bundle["text/html"] and "<b>3</b>" in bundle["text/html"]
     assert [type(p).__name__ for p in view.panes_box.children] == ["Image", "HTML"]
     png = view.panes_box.children[0].value
+    # drawn at twice the resolution, shown at the figure's own size (not stretched to the cell's width)
+    from llmlab.nb.live import HIDPI, png_size
+    css = -(-png_size(png)[0] // HIDPI)
+    assert png_size(png)[0] >= 2 * 80 * 1.5 and view.panes_box.children[0].layout.width == f"{css}px"
+    assert f"width='{css}'" in bundle["text/html"]
     view.controls["n"].value = 5
     assert calls == [3, 5]
     assert view.panes_box.children[1].value == "<b>5</b>" and view.panes_box.children[0].value != png
@@ -66,9 +73,37 @@ def test_setup_helpers(capsys):
 
 def test_fallback_fonts_are_a_family_chain():
     import matplotlib
+    from llmlab.viz import fonts
     found = nb.set_matplotlib_defaults()
+    fonts.set_min_size(0)               # the floor is the next test's subject; other tests draw without it
     assert matplotlib.rcParams["font.family"][1:] == found
     assert matplotlib.rcParams["figure.dpi"] == nb.FIGURE_DPI
+
+
+def test_setup_puts_a_floor_under_font_sizes():
+    """After the set-up no text is drawn under FIGURE_MIN_FONT points, however small a plot asks for
+    it, and the floor is what layout measures; the rest keeps its size."""
+    import matplotlib
+    import matplotlib.pyplot as plt
+    from llmlab.viz import fonts
+    try:
+        nb.set_matplotlib_defaults()
+        assert matplotlib.rcParams["font.size"] == nb.FIGURE_FONT and fonts.min_size() == nb.FIGURE_MIN_FONT
+        fig, ax = plt.subplots()
+        tiny = ax.text(0, 0, "17", fontsize=5)
+        big = ax.text(0, 0, "17", fontsize=20)
+        ax.tick_params(labelsize=6)
+        fig.canvas.draw()
+        assert tiny.get_fontsize() == nb.FIGURE_MIN_FONT and big.get_fontsize() == 20
+        assert all(t.get_fontsize() == nb.FIGURE_MIN_FONT for t in ax.get_xticklabels())
+        h = tiny.get_window_extent().height
+        assert h >= nb.FIGURE_MIN_FONT * nb.FIGURE_DPI / 72 * 0.9      # pixels, as measured by layout
+        plt.close(fig)
+        fonts.set_min_size(0)
+        assert matplotlib.font_manager.FontProperties(size=5).get_size_in_points() == 5
+    finally:
+        fonts.set_min_size(0)
+        matplotlib.rcParams["font.size"] = matplotlib.rcParamsDefault["font.size"]
 
 
 def test_wordpiece_and_unigram():
@@ -84,6 +119,9 @@ def test_checkers(smollm2_path, capsys):
     from llmlab.ggml import quant as Q
     v = ex.check_bits_per_weight("q4_0", 0)
     assert v.ok is False and v.message.startswith("no answer yet") and not v
+    assert v.message == ("no answer yet: the cell still holds its placeholder (0); put your answer in its place, "
+                         "then run the cell again")          # what the cell shows (my_answer = 0), not the parameter
+    assert "(...)" in ex.check_q8_0_decode(b"\0" * 34, ...).message and "argument" not in v.message
     assert ex.check_bits_per_weight("q4_k", 4.5)
     x = np.linspace(-1, 2, 32).astype(np.float32)
     good = Q.quantize(x, "q4_1")
@@ -124,11 +162,20 @@ def test_function_and_launch_checkers():
         probs /= probs.sum()
         return order[:min(int(np.searchsorted(np.cumsum(probs), p)) + 1, len(order))]
     assert ex.check_top_p(top_p) == ex.Verdict(True, "correct")
-    assert ex.check_launch({"iters": 3}, "q6_K", 640, 2048).message == "not yet: iters = 3, expected 2"
+    # a wrong answer gets the rule and a direction, never the expected number
+    msg = ex.check_launch({"iters": 3}, "q6_K", 640, 2048).message
+    assert msg.startswith("not yet: iters = 3 (too large): trips of the K loop") and "2" not in msg
+    msg = ex.check_launch({"blocks_per_iter": 8}, "q6_K", 640, 2048).message
+    assert "(too large)" in msg and "4" not in msg
     assert ex.check_launch({"iters": 2, "blocks_per_row": 8}, "q6_K", 640, 2048)
-    assert ex.check_dp4a(lambda a, b, c: c).message.startswith("not yet: fn(0x7f7f7f7f, 0x7f7f7f7f, 2147483647) = ")
+    assert ex.check_launch({"iters": None}, "q6_K", 640, 2048).message.startswith("no answer yet")
+    assert ex.check_dp4a(lambda a, b, c: c).message == \
+        "not yet: fn(0x01020304, 0x01010101, 0) = 0 is off: check this case: small positive bytes"
+    assert ex.check_dp4a(lambda a, b, c: None).message.startswith("not yet: your function returned None")
     assert ex.check_lanes("q4_K", list(range(16, 32)), {5: 10, 21: 10})
-    assert ex.check_lanes("q4_K", [1], {5: 3}).message == "not yet: block 1 is read by lanes 16..31; lane 5: kqs = 10, not 3"
+    msg = ex.check_lanes("q4_K", [1], {5: 3}).message
+    assert msg.startswith("not yet: the lanes on block 1") and "16" not in msg and "10" not in msg
+    assert ex.check_lanes("q4_K", [], {5: None}).message.startswith("no answer yet")
 
 
 def test_tensor_groups(smollm2_path):
@@ -174,12 +221,37 @@ def test_runner_fails_on_a_solution_its_checker_rejects(tmp_path):
     notebook = nbformat.read(path, as_version=4)
     notebook.cells[1].metadata = {"jupyter": {"source_hidden": True}, "tags": [ex.SOLUTION_TAG]}
     nbformat.write(notebook, str(path))
-    with pytest.raises(NotebookCellError, match="cell 1 is a solution, but its checker says: not yet: KV head 1"):
+    with pytest.raises(NotebookCellError, match="cell 1 is a solution, but its checker does not say correct: not yet: KV head 1"):
+        run_notebook(path, timeout=120)
+    notebook.cells[1].source = "x = 2"                 # a solution that shows no verdict proves nothing
+    nbformat.write(notebook, str(path))
+    with pytest.raises(NotebookCellError, match="cell 1 is a solution, but its checker does not say correct: no verdict"):
         run_notebook(path, timeout=120)
     notebook.cells[1].source = "from llmlab.nb import exercises as ex\nex.check_kv_head(9, 3, 7, 2)"
     nbformat.write(notebook, str(path))
     out = run_notebook(path, timeout=120).cells[1].outputs
     assert [(o.output_type, o.text) for o in out] == [("stream", "correct: query head 7 reads KV head 2\n")]
+
+
+def test_one_run_writes_both_editions(tmp_path):
+    """--write stores the learner's edition (no solution, counts renumbered), --teacher the whole run."""
+    pytest.importorskip("nbclient")
+    import nbformat
+    from llmlab.nb.runner import main
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "00_x.py").write_text(
+        '# %% [markdown]\n# # Title\n\n# %%\nfrom llmlab.nb import exercises as ex\nmy_answer = None\n'
+        'ex.check_kv_head(9, 3, 7, my_answer)\n\n# %% jupyter={"source_hidden": true} tags=["solution"]\n'
+        'ex.check_kv_head(9, 3, 7, 2)\n\n# %%\n1 + 1\n')
+    path = tmp_path / "00_x.ipynb"
+    assert main(["--write", "--teacher", str(tmp_path / "teacher"), str(path)]) == 0
+    learner, teacher = nbformat.read(path, as_version=4), nbformat.read(tmp_path / "teacher" / "00_x.ipynb", as_version=4)
+    assert [c.source for c in learner.cells] == [c.source for c in teacher.cells if "solution" not in c.metadata.get("tags", [])]
+    assert len(teacher.cells) == 4 and len(learner.cells) == 3
+    assert learner.cells[1].outputs[0].text.startswith("no answer yet: the cell still holds its placeholder (None)")
+    assert teacher.cells[2].outputs[0].text == "correct: query head 7 reads KV head 2\n"
+    assert [c.execution_count for c in learner.cells[1:]] == [1, 2] and learner.cells[2].outputs[0].execution_count == 2
+    assert [c.execution_count for c in teacher.cells[1:]] == [1, 2, 3]
 
 
 def test_html_export_keeps_the_static_copy(tmp_path):
@@ -197,3 +269,71 @@ def test_html_export_keeps_the_static_copy(tmp_path):
     page = (tmp_path / "html" / "x.html").read_text()
     assert "<b>static copy</b>" in page and "widget-view+json" not in page and "require.min.js" not in page
     assert "Title" in (tmp_path / "html" / "index.html").read_text() and len(out) == 2
+    guide = tmp_path / "guide.md"
+    guide.write_text("# The guide\n\n| a | b |\n|---|---|\n| 1 | 2 |\n")
+    out = export_html([path], tmp_path / "teacher", guide=guide)
+    assert [p.name for p in out] == ["x.html", "guide.html", "index.html"]
+    assert "<table>" in (tmp_path / "teacher" / "guide.html").read_text()
+    assert "guide.html" in (tmp_path / "teacher" / "index.html").read_text()
+
+
+def test_handout(tmp_path, capsys):
+    """The learner's notebooks with the address in their set-up cell; bad input is one error line, exit 2."""
+    import nbformat
+    from llmlab.nb import colab
+    root = Path(__file__).parent.parent / "notebooks"
+    assert colab.main(["--pip", "https://example.org/llmlab-0.1.0-py3-none-any.whl", "-o", str(tmp_path / "out"),
+                       str(root / "00_overview.ipynb"), str(root / "08_full_generation.ipynb")]) == 0
+    nb = nbformat.read(tmp_path / "out" / "00_overview.ipynb", as_version=4)
+    first = next(c for c in nb.cells if c.cell_type == "code")
+    assert 'LLMLAB_PIP = "https://example.org/llmlab-0.1.0-py3-none-any.whl"' in first.source.replace("'", '"')
+    assert first.source == colab.with_pip(colab.SETUP_CELL, "https://example.org/llmlab-0.1.0-py3-none-any.whl")
+    capsys.readouterr()
+    teacher = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(colab.SETUP_CELL),
+                                              nbformat.v4.new_code_cell("x", metadata={"tags": ["solution"]})])
+    nbformat.write(teacher, str(tmp_path / "t.ipynb"))
+    for argv, said in [(["--pip", " ", str(root / "00_overview.ipynb")], "address"),
+                       (["--pip", "x", str(tmp_path / "t.ipynb")], "solution cells"),
+                       (["--pip", "x", str(tmp_path / "missing.ipynb")], "missing.ipynb")]:
+        assert colab.main(argv + ["-o", str(tmp_path / "bad")]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and said in err and err.count("\n") == 1
+    assert not (tmp_path / "bad").exists()
+
+
+def test_graph_carries_its_full_picture():
+    """The full-size picture is in the output itself (a link to a file outside the folder JupyterLab
+    serves would be a 404), fitted above it and at its own size in a section that opens on a click."""
+    from llmlab.ggml.dot import has_dot
+    if not has_dot():
+        pytest.skip("Graphviz's dot is not installed")
+    html = nb.graph("digraph { a -> b; b -> c; }", "full-picture-test", folder="test").data
+    assert "href" not in html and html.count("<svg") == 2
+    fitted, full = html.split("<details>")
+    assert '<svg width="100%"' in fitted and re.search(r'<svg width="[\d.]+pt"', full)
+    assert "</details>" in full and "full picture" in full
+    assert (nb.build_dir("test") / "full-picture-test.svg").is_file()
+
+
+def test_rare_characters_drawn_from_an_outline(gemma3_path):
+    """02's table draws each character from a font's outline (the hieroglyph from the one-glyph font
+    llmlab ships), so no browser shows a box, and says how the tokenizer took it."""
+    from llmlab.llama.vocab import Tokenizer
+    from llmlab.viz import fonts
+    from llmlab.viz import tokens as vt
+    assert fonts.font_with("\U00013000").startswith(str(fonts.SHIPPED_DIR))
+    svg = fonts.glyph_svg("\U00013000")
+    assert svg.startswith("<svg") and "<path d='M" in svg and "Egyptian" in svg
+    assert fonts.glyph_svg("\U000e0100") is None            # a variation selector: no font here has it
+    html = vt.characters_html(Tokenizer.from_model(gemma3_path), "\U00013000 \U0001d538").markup
+    assert html.count("<tr>") == 3 and html.count("<svg") == 2          # a header and two characters
+    assert "byte fallback: 4 byte tokens" in html and "one vocabulary entry" in html
+    assert "egyptian hieroglyph a001" in html
+
+
+def test_whitespace_is_visible_in_token_boxes(gemma3_path):
+    from llmlab.llama.vocab import Tokenizer
+    from llmlab.viz import tokens as vt
+    assert vt.visible(" a\n\tb") == "␣a↵→b"
+    html = vt.fragments_html(Tokenizer.from_model(gemma3_path), "Hello\n\nworld", special=False).markup
+    assert "↵↵ = " in html

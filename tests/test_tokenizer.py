@@ -1,4 +1,4 @@
-"""Tokenizers against llama.cpp's reference ids (tests/data/refs) and their own invariants."""
+"""Tokenizers against llama.cpp's reference ids (llmlab/data/refs) and their own invariants."""
 from __future__ import annotations
 
 import json

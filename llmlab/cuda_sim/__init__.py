@@ -10,6 +10,10 @@ weights with a few packed bytes of activations using ``dp4a``, a four-way int8 d
 ``vecdotq``    ``vec_dot_<type>_q8_1`` of vecdotq.cuh and the type traits (qk, qi, vdr)
 ``launch``     ``should_use_mmvq``, ``calc_nwarps``, ``calc_rows_per_block``, small_k, ``launch_params``
 ``mmvq``       the whole-grid simulator (``simulate``), ``mul_mat_vec_q``, the float64 ``reference``
+``launch``     also: ``mul_mat_kernel`` (MMVF -> MMF -> MMVQ -> MMQ -> cuBLAS), MUL_MAT_ID limits and
+               ``moe_launch_params``, ``launch_bounds``
+``fastdiv``    division by a launch constant with a multiply-high and a shift
+``load``       the pinned-buffer upload ring, padding behind quantized tensors, load-time requantization
 =============  =================================================================
 
 What is exact: every integer (codes, dp4a sums, which thread reads which byte) and the q8_1 bytes.
@@ -17,7 +21,7 @@ Floats are float32 in the kernel's order of operations, with IEEE division and w
 multiply-adds; a real build uses ``-use_fast_math`` (approximate ``x / d``) and lets nvcc fuse
 multiply-adds, so a GPU may differ from the simulation in the last bits (and, for an activation sitting
 within 2 ulp of a rounding boundary, in one q8_1 code). Source: the llama.cpp that llama-cpp-python
-0.3.36 vendors (late 2025); NVIDIA parameter tables only.
+0.3.36 vendors; NVIDIA parameter tables only.
 
 >>> import numpy as np, llmlab.cuda_sim as cs
 >>> int(cs.dp4a(0x01020304, 0x01010101, 10))
@@ -25,15 +29,18 @@ within 2 ulp of a rounding boundary, in one q8_1 code). Source: the llama.cpp th
 >>> cs.launch_params("q4_K", 4096, 4096)["threads"]
 524288
 """
-from .dp4a import Memory, dp4a, get_int_b2, get_int_b4, vsub4
-from .launch import ARCHS, calc_nwarps, calc_rows_per_block, blocks_per_iter, launch_params, should_use_mmvq, small_k
+from .dp4a import Memory, dp4a, get_int_b2, get_int_b4, vsub4, vsubss4
+from . import fastdiv, launch, load
+from .launch import (ARCHS, blocks_per_iter, calc_nwarps, calc_rows_per_block, launch_bounds, launch_params, mmid_max_batch,
+                     moe_launch_params, mul_mat_kernel, should_use_mmq, should_use_mmvq, small_k)
 from .mmvq import Launch, mul_mat_vec_q, reference, simulate
 from .q8_1 import MATRIX_ROW_PADDING, quantize_q8_1
 from .vecdotq import (CUDA_TYPES, cuda_type, vec_dot_q4_0_q8_1, vec_dot_q4_1_q8_1, vec_dot_q4_K_q8_1, vec_dot_q5_0_q8_1,
                       vec_dot_q6_K_q8_1, vec_dot_q8_0_q8_1)
 
-__all__ = ["dp4a", "vsub4", "get_int_b2", "get_int_b4", "Memory", "quantize_q8_1", "MATRIX_ROW_PADDING",
+__all__ = ["dp4a", "vsub4", "vsubss4", "get_int_b2", "get_int_b4", "Memory", "quantize_q8_1", "MATRIX_ROW_PADDING",
            "vec_dot_q4_0_q8_1", "vec_dot_q4_1_q8_1", "vec_dot_q5_0_q8_1", "vec_dot_q8_0_q8_1", "vec_dot_q4_K_q8_1",
            "vec_dot_q6_K_q8_1", "CUDA_TYPES", "cuda_type", "ARCHS", "should_use_mmvq", "calc_nwarps",
-           "calc_rows_per_block", "blocks_per_iter", "small_k", "launch_params", "simulate", "Launch",
+           "calc_rows_per_block", "blocks_per_iter", "small_k", "launch_params", "mul_mat_kernel", "should_use_mmq",
+           "mmid_max_batch", "moe_launch_params", "launch_bounds", "fastdiv", "launch", "load", "simulate", "Launch",
            "mul_mat_vec_q", "reference"]

@@ -56,6 +56,12 @@ def vsub4(a, b):
     return d[()] if d.ndim == 0 else d
 
 
+def vsubss4(a, b):
+    """CUDA's ``__vsubss4``: byte-wise signed ``a - b``, each byte saturating to -128..127 (older llama.cpp's q6_K)."""
+    d = pack_s8(np.clip(bytes_s8(a).astype(np.int64) - bytes_s8(b), -128, 127))
+    return d[()] if d.ndim == 0 else d
+
+
 # ---------------------------------------------------------------- device memory
 
 

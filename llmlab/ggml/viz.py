@@ -23,58 +23,69 @@ def plot_passes(schedule, ax=None, title: str = "ggml_backend_sched_split_graph,
     data = np.array(rows) + 1                              # -1 -> 0 (unassigned)
     cmap = ListedColormap(["#e0e0e0"] + [BACKEND_RGB.get(n, "#bbbbbb") for n in names])
     if ax is None:
-        _, ax = plt.subplots(figsize=(12, 0.45 * len(rows) + 1.2))
+        _, ax = plt.subplots(figsize=(10, 0.45 * len(rows) + 1.4))
     ax.imshow(data, aspect="auto", cmap=cmap, vmin=0, vmax=len(names), interpolation="nearest")
-    ax.set_yticks(range(len(labels)), labels, fontsize=8)
+    ax.set_yticks(range(len(labels)), labels, fontsize=11)
     ax.set_xlabel("node index (topological order)")
     for s in schedule.splits[1:]:
         ax.axvline(s.i_start - 0.5, color="black", lw=0.8)
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in ["#e0e0e0"] + [BACKEND_RGB.get(n, "#bbb") for n in names]]
-    ax.legend(handles, ["unassigned"] + names, loc="upper right", fontsize=8, ncol=3, bbox_to_anchor=(1, 1.35))
-    ax.set_title(title, fontsize=10, loc="left")
+    ax.legend(handles, ["unassigned"] + names, loc="upper right", ncol=3, bbox_to_anchor=(1, -0.3), frameon=False)
+    ax.set_title(title, fontsize=12, loc="left")
     return ax
 
 
-def plot_partitions(traces, nth: int, axes=None):
-    """The three intra-node partitions from a traced run: interleaved rows, blocks of rows, mul_mat chunks."""
+def plot_partitions(traces, nth: int, width: float = 10.0):
+    """The three intra-node partitions from a traced run: interleaved rows and blocks of rows on
+    top, the mul_mat chunks below across the whole width (output rows along x), each chunk numbered
+    by its place in the atomic counter's order where the number fits. Returns the figure."""
     import matplotlib.pyplot as plt
+    from matplotlib.colors import ListedColormap
+
+    from ..viz.layout import label_boxes
     pick = {}
     for t in traces:
         if t.kind not in pick and t.kind in ("interleaved", "blocks", "chunks"):
             pick[t.kind] = t
-    if axes is None:
-        _, axes = plt.subplots(1, 3, figsize=(13, 3.6))
-    for ax, kind, title in zip(axes, ["interleaved", "blocks", "chunks"],
-                               ["interleaved rows (SOFT_MAX, RMS_NORM)", "contiguous blocks (ADD, MUL, ...)",
-                                "atomic-counter chunks (MUL_MAT)"]):
+    fig = plt.figure(figsize=(width, 6.2))
+    grid = fig.add_gridspec(2, 2, height_ratios=[1, 1.25])
+    axes = {"interleaved": fig.add_subplot(grid[0, 0]), "blocks": fig.add_subplot(grid[0, 1]),
+            "chunks": fig.add_subplot(grid[1, :])}
+    titles = {"interleaved": "interleaved rows (SOFT_MAX, RMS_NORM)", "blocks": "contiguous blocks (ADD, MUL, ...)",
+              "chunks": "atomic-counter chunks (MUL_MAT), numbered in the order they were taken"}
+    boxes, labels = [], []
+    for kind, ax in axes.items():
         t = pick.get(kind)
         if t is None:
             ax.set_axis_off()
             continue
+        ax.set_title(f"{titles[kind]}\n{t.name} ({t.op})" if kind != "chunks" else f"{titles[kind]}: {t.name}", fontsize=11)
         if kind == "chunks":
             for ith, work in enumerate(t.work):
                 for chunk, r0, r1, c0, c1 in work:
-                    ax.add_patch(plt.Rectangle((c0, r0), c1 - c0, r1 - r0, color=THREAD_COLORS[ith % 8], alpha=0.85))
-                    ax.text((c0 + c1) / 2, (r0 + r1) / 2, str(chunk), ha="center", va="center", fontsize=6)
+                    ax.add_patch(plt.Rectangle((r0, c0), r1 - r0, c1 - c0, facecolor=THREAD_COLORS[ith % 8],
+                                               edgecolor="white", lw=0.8))
+                    boxes.append((r0, c0, r1, c1))
+                    labels.append(str(chunk))
             allw = [w for per in t.work for w in per]
-            ax.set_xlim(0, max(w[4] for w in allw))
-            ax.set_ylim(max(w[2] for w in allw), 0)
-            ax.set_xlabel("token (src1 row)")
-            ax.set_ylabel("output row (weight row)")
+            ax.set_xlim(0, max(w[2] for w in allw))
+            ax.set_ylim(max(w[4] for w in allw), 0)
+            ax.set_xlabel("output row (weight row)")
+            ax.set_ylabel("token\n(src1 row)")
         else:
             nr = max((max(w) for w in t.work if w), default=0) + 1
-            grid = np.full((nr, 1), -1)
+            grid_rows = np.full((nr, 1), -1)
             for ith, rows in enumerate(t.work):
-                grid[rows, 0] = ith
-            from matplotlib.colors import ListedColormap
-            ax.imshow(grid.T, aspect="auto", cmap=ListedColormap(THREAD_COLORS[:nth]), vmin=0, vmax=nth - 1)
+                grid_rows[rows, 0] = ith
+            ax.imshow(grid_rows.T, aspect="auto", cmap=ListedColormap(THREAD_COLORS[:nth]), vmin=0, vmax=nth - 1)
             ax.set_yticks([])
             ax.set_xlabel("row")
-        ax.set_title(f"{title}\n{t.name} ({t.op})", fontsize=9)
     handles = [plt.Rectangle((0, 0), 1, 1, color=THREAD_COLORS[i]) for i in range(nth)]
-    axes[0].figure.legend(handles, [f"thread {i}" for i in range(nth)], loc="lower center", ncol=nth, fontsize=8)
-    axes[0].figure.subplots_adjust(bottom=0.25)
-    return axes
+    fig.legend(handles, [f"thread {i}" for i in range(nth)], loc="lower center", ncol=nth)
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    if boxes:
+        label_boxes(axes["chunks"], boxes, labels, color="white", fontsize=10)
+    return fig
 
 
 def plot_op_share(rows, ax=None, top: int = 8):
@@ -82,10 +93,10 @@ def plot_op_share(rows, ax=None, top: int = 8):
     import matplotlib.pyplot as plt
     rows = rows[:top]
     if ax is None:
-        _, ax = plt.subplots(figsize=(7, 3))
+        _, ax = plt.subplots(figsize=(8, 3.4))
     ax.barh([r["op"] for r in rows][::-1], [100 * r["share"] for r in rows][::-1], color="#f4a582")
     for i, r in enumerate(rows[::-1]):
-        ax.text(100 * r["share"] + 0.5, i, f"{100 * r['share']:.2f}%  ({r['nodes']} nodes)", va="center", fontsize=8)
+        ax.text(100 * r["share"] + 0.5, i, f"{100 * r['share']:.2f}%  ({r['nodes']} nodes)", va="center", fontsize=10)
     ax.set_xlabel("share of the graph's FLOPs (%)")
     ax.set_xlim(0, 115)
     return ax

@@ -5,7 +5,8 @@
 
 ``setup`` fetches the models it is given (a progress bar on first use, then the cache), sets the
 engine's thread count, optionally warms the compiled kernels with one visible line, sets
-matplotlib's defaults (a modest dpi, CJK and emoji fallback fonts) and prints the versions and the
+matplotlib's defaults (a dpi and text sizes that a projector shows legibly, CJK and emoji
+fallback fonts) and prints the versions and the
 CPU's SIMD profile. ``has_oracle`` lets a cell that compares with llama.cpp say in one line that it
 skips when llama-cpp-python is missing. ``live`` wires widgets to a view that renders once, in
 one place, whether a widget front-end is present or not (see its docstring).
@@ -24,21 +25,29 @@ from .. import config
 from ..viz import fonts as _fonts
 from .live import figure_png, live  # noqa: F401  (re-exported)
 
-ROOT = Path(__file__).resolve().parent.parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent          # the folder llmlab is imported from
+# the checkout llmlab runs from, or None where it is installed (site-packages: Colab, a hub, a wheel)
+CHECKOUT = ROOT if (ROOT / "pyproject.toml").is_file() and (ROOT / "notebooks").is_dir() else None
 
 # fonts tried after matplotlib's default, so Chinese text and emoji do not print as boxes (Linux, macOS, Windows)
 FALLBACK_FONTS = list(_fonts.FALLBACK_FONTS)
-FIGURE_DPI = 80
+# Projector-sized figures: a figure of at most 10 inches is at most 1000 px wide, so a 1024 px projector
+# shows it (nearly) 1:1, and text of FIGURE_MIN_FONT points is about 14 px high, whatever a plot asked for.
+FIGURE_DPI = 100
+FIGURE_FONT = 12            # rcParams["font.size"]: titles, labels, ticks and legends are relative to it
+FIGURE_MIN_FONT = 10        # the floor under every text size (llmlab.viz.fonts.set_min_size)
 
 ORACLES = {"llama_cpp": "llama-cpp-python", "gguf": "gguf (gguf-py)"}
 
 
 # ---------------------------------------------------------------- figures and fonts
 
-def set_matplotlib_defaults(dpi: int = FIGURE_DPI) -> list[str]:
-    """A modest dpi (notebooks stay small) and a fallback list of installed CJK/emoji fonts (only
-    fonts that exist); a character none of them has is drawn as its escape, not a box, and said once.
-    Returns the fallback fonts found on this machine."""
+def set_matplotlib_defaults(dpi: int = FIGURE_DPI, font_size: float = FIGURE_FONT,
+                            min_font_size: float = FIGURE_MIN_FONT) -> list[str]:
+    """A dpi and text sizes a projector shows legibly (no text under ``min_font_size`` points,
+    whatever a plot asks for), and a fallback list of installed CJK/emoji fonts (only fonts that exist);
+    a character none of them has is drawn as its escape, not a box, and said once. Returns the
+    fallback fonts found on this machine."""
     import matplotlib
     import matplotlib.pyplot as plt  # noqa: F401  (activates the inline backend first, then our rc wins)
 
@@ -50,6 +59,8 @@ def set_matplotlib_defaults(dpi: int = FIGURE_DPI) -> list[str]:
     # a list of families is a per-glyph fallback chain (a generic "sans-serif" would resolve to one font)
     matplotlib.rcParams["font.family"] = [base[0]] + found
     matplotlib.rcParams["figure.dpi"] = dpi
+    matplotlib.rcParams["font.size"] = font_size
+    _fonts.set_min_size(min_font_size)
     matplotlib.rcParams["savefig.dpi"] = dpi
     matplotlib.rcParams["figure.max_open_warning"] = 0
     return found
@@ -174,7 +185,7 @@ def has_oracle(purpose: str = "the comparison with llama.cpp", module: str = "ll
 def build_dir(*parts: str) -> Path:
     """A scratch folder for files a notebook writes (``build/notebooks/...`` in the checkout when
     it is writable, else the system's temporary folder), never the working directory."""
-    base = ROOT / "build" / "notebooks"
+    base = CHECKOUT / "build" / "notebooks" if CHECKOUT else Path(tempfile.gettempdir()) / "llmlab-notebooks"
     try:
         base.mkdir(parents=True, exist_ok=True)
         probe = base / ".write-test"
@@ -192,9 +203,12 @@ def build_dir(*parts: str) -> Path:
 
 def graph(dot, name: str, folder: str = "graphs", max_height: int = 640):
     """A Graphviz graph (DOT text or a ``graphviz.Source``) sized to the notebook's width, in a box
-    that scrolls when the graph is tall, with a link to the full-size SVG, which is written to
-    ``build_dir(folder)/<name>.svg``. Returns an HTML object (or a message when Graphviz's ``dot``
-    program is missing: the one-line message and a simplified static drawing)."""
+    that scrolls when the graph is tall, and below it the full-size picture in a section that opens
+    on a click. Both live in the output itself, so they show wherever the notebook does (JupyterLab
+    serving only ``notebooks/``, the HTML export, a copied notebook): a link to a file outside the
+    served folder would not. The SVG is also written to ``build_dir(folder)/<name>.svg`` for use
+    outside the notebook. Returns an HTML object (or a message when Graphviz's ``dot`` program is
+    missing: the one-line message and a simplified static drawing)."""
     import re
 
     from IPython.display import HTML
@@ -211,13 +225,11 @@ def graph(dot, name: str, folder: str = "graphs", max_height: int = 640):
     m = re.search(r'<svg width="([\d.]+)pt" height="([\d.]+)pt"', svg)
     size = f"{float(m.group(1)) * 4 / 3:.0f} x {float(m.group(2)) * 4 / 3:.0f} px" if m else "full size"
     fitted = re.sub(r'<svg width="[\d.]+pt" height="[\d.]+pt"', '<svg width="100%" style="height:auto"', svg, count=1)
-    try:
-        link = os.path.relpath(path, Path.cwd())
-    except ValueError:
-        link = str(path)
-    return HTML(f"<div style='max-width:100%;max-height:{max_height}px;overflow:auto;border:1px solid #ddd'>"
-                f"{fitted}</div><div style='font-size:90%'>fitted to the page; the full picture ({size}): "
-                f"<a href='{link}' target='_blank'>{path.name}</a> (<code>{link}</code>)</div>")
+    box = "max-width:100%;overflow:auto;border:1px solid #ddd"
+    return HTML(f"<div style='{box};max-height:{max_height}px'>{fitted}</div>"
+                f"<details><summary style='cursor:pointer;font-size:90%'>fitted to the page; click for the full "
+                f"picture ({size}), which scrolls</summary><div style='{box};max-height:{2 * max_height}px'>{svg}</div>"
+                f"</details>")
 
 
 # ---------------------------------------------------------------- the one call
@@ -236,7 +248,8 @@ def setup(models=("smollm2",), threads: int | None = None, warm: bool = False, q
         print(f"cpu: {p['model']}, {p['cores']} cores, {p['machine']}; SIMD: {' '.join(p['simd']) or 'none found'}")
         print(f"CPU profile: {p['profile']} (from {p['source']}); bit-identical to this machine's llama.cpp: "
               f"{'yes' if p['reproduced'] else 'no'}")
-        print(f"figures: {FIGURE_DPI} dpi; fallback fonts: {', '.join(fonts) or 'none installed (python -m llmlab doctor)'}")
+        print(f"figures: {FIGURE_DPI} dpi, text {FIGURE_FONT} pt (never under {FIGURE_MIN_FONT} pt); "
+              f"fallback fonts: {', '.join(fonts) or 'none installed (python -m llmlab doctor)'}")
     set_threads(threads)
     paths = fetch_models(models, quiet=quiet)
     if warm:

@@ -16,16 +16,31 @@ from __future__ import annotations
 import base64
 import html as _html
 import io
+import struct
 
 
-def figure_png(fig, close: bool = True) -> bytes:
-    """PNG bytes of a matplotlib figure at its own dpi (the notebooks' default is modest)."""
+# PNG pixels per CSS pixel of a live view's image: it is shown at its figure's own size (never stretched
+# to the cell's width) and drawn at twice the resolution, so it stays sharp on a dense screen or a projector
+HIDPI = 2
+
+
+def figure_png(fig, close: bool = True, scale: float = 1) -> bytes:
+    """PNG bytes of a matplotlib figure at its own dpi times ``scale`` (the notebooks' default dpi is modest)."""
     import matplotlib.pyplot as plt
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=fig.dpi, bbox_inches="tight", facecolor="white")
+    fig.savefig(buf, format="png", dpi=fig.dpi * scale, bbox_inches="tight", facecolor="white")
     if close:
         plt.close(fig)
     return buf.getvalue()
+
+
+def png_size(png: bytes) -> tuple[int, int]:
+    """(width, height) in pixels, from the PNG's IHDR chunk."""
+    return struct.unpack(">II", png[16:24])
+
+
+def _css_width(png: bytes) -> int:
+    return -(-png_size(png)[0] // HIDPI)
 
 
 def _figure_of(obj):
@@ -56,7 +71,7 @@ def _parts(result) -> list[tuple[str, object]]:
     for it in items:
         fig = _figure_of(it)
         if fig is not None:
-            out.append(("png", figure_png(fig)))
+            out.append(("png", figure_png(fig, scale=HIDPI)))
         elif hasattr(it, "_repr_svg_") and callable(it._repr_svg_):   # graphviz sources
             out.append(("html", f"<div style='max-width:100%;overflow:auto'>{it._repr_svg_()}</div>"))
         elif hasattr(it, "_repr_html_"):
@@ -73,7 +88,8 @@ def _static_html(parts) -> str:
     chunks = []
     for kind, val in parts:
         if kind == "png":
-            chunks.append(f"<img style='max-width:100%' src='data:image/png;base64,{base64.b64encode(val).decode()}'/>")
+            chunks.append(f"<img width='{_css_width(val)}' style='max-width:100%;height:auto' "
+                          f"src='data:image/png;base64,{base64.b64encode(val).decode()}'/>")
         else:
             chunks.append(val)
     return "<div>" + "".join(chunks) + "</div>"
@@ -124,7 +140,9 @@ class LiveView:
                 p._llmlab_kind = kind
                 panes.append(p)
             self.panes_box.children = panes
-        for p, (_, val) in zip(panes, parts):
+        for p, (kind, val) in zip(panes, parts):
+            if kind == "png":        # its own size in CSS pixels: a flex box would otherwise stretch it
+                p.layout.width = f"{_css_width(val)}px"
             p.value = val
         return parts
 

@@ -1,24 +1,36 @@
 """Run notebooks top to bottom headless (nbclient), as CI and `make notebooks` do; export them.
 
-    python -m llmlab.nb.runner [--write] [--timeout S] [--keep-going] notebooks/01_gguf_bytes.ipynb ...
+    python -m llmlab.nb.runner --write [--teacher build/teacher] notebooks/01_gguf_bytes.ipynb ...
+    python -m llmlab.nb.runner --teacher build/teacher notebooks/*.ipynb
     python -m llmlab.nb.runner --html build/html notebooks/*.ipynb
 
 Each notebook runs in its own folder with a fresh kernel. A run fails at the first cell that
 raises, writes to stderr or shows a warning (a notebook that prints a warning is broken for a
-learner too), or at a solution cell whose checker says anything but "correct"; the message names
-the cell. A cell tagged ``allow-stderr`` may write to stderr.
+learner too), or at a solution cell whose checker does not say "correct"; the message names the
+cell. A cell tagged ``allow-stderr`` may write to stderr.
 
-A notebook's cells come from its source, a jupytext percent script paired with it
-(``notebooks/jupytext.toml``: ``notebooks/src/NN_name.py``). ``--write`` first takes the cells from
-the source (creating the notebook if it does not exist yet), runs them, and stores the outputs into
-the ``.ipynb`` exactly as JupyterLab saves a notebook after running it: widget state included (so a
-reopened notebook shows its widgets' last view), the same JSON layout, the kernel's
+A notebook's cells come from its source, the jupytext percent script ``notebooks/src/NN_name.py``
+(:func:`source_of`): the teacher's edition, solutions included. The source and the notebook are not
+paired through jupytext (no ``jupytext.toml``): a learner who saves a notebook in JupyterLab would
+otherwise rewrite the source without its solutions, and JupyterLab would show them the source's
+cells, solutions included. This runner is the one way from a source to its notebooks.
+
+One run of the source makes two editions (:func:`run_notebook`):
+
+* the learner's, ``notebooks/NN_name.ipynb`` (``--write``): the source's cells and outputs minus
+  the cells tagged ``solution``, so Run All never executes a solution and the committed outputs
+  under each exercise are the checker's "no answer yet";
+* the teacher's, ``DIR/NN_name.ipynb`` (``--teacher DIR``, not committed): every cell, every
+  solution executed and accepted by its checker.
+
+``--write`` stores a notebook exactly as JupyterLab saves one after running it: widget state
+included (so a reopened notebook shows its widgets' last view), the same JSON layout, the kernel's
 ``language_info``. The run stops at the first failing notebook unless ``--keep-going``.
 
 ``--html DIR`` runs nothing: it exports the (executed) notebooks as static HTML pages that need
 no kernel, each live widget replaced by the static copy of its first view, plus an
-``index.html``. Images are embedded; only MathJax comes from a CDN (offline, formulas show as
-TeX source).
+``index.html`` (``--guide FILE.md`` adds a Markdown page, the teacher's guide, to it). Images are
+embedded; only MathJax comes from a CDN (offline, formulas show as TeX source).
 """
 from __future__ import annotations
 
@@ -30,7 +42,7 @@ import sys
 import time
 from pathlib import Path
 
-from .exercises.verdict import SOLUTION_TAG, is_not_yet
+from .exercises.verdict import SOLUTION_TAG, is_correct, is_not_yet
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WARNING_RE = re.compile(r"^\S*(Warning|warning): |^\S+Warning\b", re.M)
@@ -43,11 +55,11 @@ class NotebookCellError(RuntimeError):
 def _cell_problem(cell) -> str | None:
     tags = cell.get("metadata", {}).get("tags", [])
     if SOLUTION_TAG in tags:
-        for out in cell.get("outputs", []):
-            text = out.get("text", "") if out.get("output_type") == "stream" else ""
-            bad = next((line for line in "".join(text).splitlines() if is_not_yet(line)), None)
-            if bad:
-                return f"is a solution, but its checker says: {bad[:400]}"
+        lines = [line for out in cell.get("outputs", []) if out.get("output_type") == "stream"
+                 for line in "".join(out.get("text", "")).splitlines()]
+        if not any(is_correct(line) for line in lines):
+            said = next((line for line in lines if is_not_yet(line)), "no verdict")
+            return f"is a solution, but its checker does not say correct: {said[:400]}"
     if "allow-stderr" in tags:
         return None
     for out in cell.get("outputs", []):
@@ -76,32 +88,83 @@ def _checkout_on_path(path: Path) -> None:
 
 # ---------------------------------------------------------------- the notebooks' sources
 
-def source_of(path: str | Path) -> Path | None:
-    """The jupytext percent script paired with the notebook ``path`` (by the ``formats`` of the
-    jupytext configuration above it, ``notebooks/jupytext.toml``), or None when it has none."""
-    from jupytext.config import load_jupytext_config
-    from jupytext.paired_paths import InconsistentPath, paired_paths
+SOURCE_DIR = "src"
 
+
+def source_of(path: str | Path) -> Path | None:
+    """The source of the notebook ``path`` (``notebooks/NN_name.ipynb`` -> ``notebooks/src/NN_name.py``),
+    or None when there is none."""
     path = Path(path).absolute()
-    config = load_jupytext_config(str(path.parent))
-    formats = config.default_formats(str(path)) if config else None
-    if not formats:
-        return None
-    try:
-        pairs = paired_paths(str(path), "ipynb", formats)
-    except InconsistentPath:
-        return None
-    return next((Path(p) for p, fmt in pairs if fmt.get("extension") == ".py"), None)
+    src = path.parent / SOURCE_DIR / f"{path.stem}.py"
+    return src if src.exists() else None
 
 
 def read_source(path: str | Path):
-    """The cells of the notebook ``path``'s source (:func:`source_of`), as a notebook."""
+    """The cells of the notebook ``path``'s source (:func:`source_of`), as a notebook: the teacher's
+    edition, solutions included."""
     import jupytext
 
     return jupytext.read(source_of(path), fmt="py:percent")
 
 
-SOURCE_METADATA = ("jupyter", "tags")     # the cell metadata a source holds (notebooks/jupytext.toml)
+def is_solution(cell) -> bool:
+    return SOLUTION_TAG in cell.get("metadata", {}).get("tags", [])
+
+
+def learner_edition(nb):
+    """``nb`` without its solution cells, execution counts renumbered 1, 2, ... as a Run All of the
+    learner's notebook numbers them. ``nb`` itself is left as it is."""
+    import copy
+    nb = copy.deepcopy(nb)
+    nb.cells = [c for c in nb.cells if not is_solution(c)]
+    n = 0
+    for cell in nb.cells:
+        if cell.cell_type == "code" and cell.get("execution_count") is not None:
+            n += 1
+            cell.execution_count = n
+            for out in cell.get("outputs", []):
+                if out.get("output_type") == "execute_result":
+                    out["execution_count"] = n
+    return nb
+
+
+def _names(source: str) -> tuple[set[str], set[str]]:
+    """The names a cell binds and the names it reads (IPython magics and shell lines are skipped)."""
+    import ast
+    code = "\n".join("" if line.lstrip().startswith(("%", "!")) else line for line in source.splitlines())
+    bound, read = set(), set()
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, ast.Name):
+            (read if isinstance(node.ctx, ast.Load) else bound).add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+    return bound, read
+
+
+def solution_dependencies(nb) -> list[tuple[int, str]]:
+    """(cell index, name) for each name a cell reads that, at that point of the notebook, only a
+    solution cell has bound: the learner's edition (no solutions) would fail or differ there. The
+    executed learner's edition is cut from the teacher's run (:func:`run_notebook`), so this is what
+    proves it runs on its own."""
+    seen, only_solutions, found = set(), set(), []
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        bound, read = _names(cell.source)
+        if is_solution(cell):
+            only_solutions |= bound - seen
+            continue
+        found += [(i, name) for name in sorted(read & only_solutions - bound)]
+        seen |= bound
+        only_solutions -= bound
+    return found
+
+
+SOURCE_METADATA = ("jupyter", "tags")     # the cell metadata a source holds: collapsed, and the solution tag
 
 
 def sync_from_source(path: str | Path):
@@ -147,10 +210,12 @@ def sync_from_source(path: str | Path):
 # ---------------------------------------------------------------- running
 
 def run_notebook(path: str | Path, timeout: int = 600, write: bool = False, check_stderr: bool = True,
-                 from_source: bool = False):
+                 from_source: bool = False, teacher: str | Path | None = None):
     """Execute ``path`` in a fresh kernel; raise at the first failing cell. ``from_source``: take
-    the cells from the notebook's source first (:func:`sync_from_source`). ``write``: store the
-    executed notebook into ``path``. Returns the executed notebook."""
+    the cells from the notebook's source first (:func:`sync_from_source`), solutions included.
+    ``write``: store the learner's edition of the executed notebook (:func:`learner_edition`) into
+    ``path``; ``teacher``: store the whole executed notebook into that folder. Returns the executed
+    notebook."""
     import nbformat
     from nbclient import NotebookClient
 
@@ -172,8 +237,11 @@ def run_notebook(path: str | Path, timeout: int = 600, write: bool = False, chec
     client.on_cell_executed = on_cell_executed
     client.execute()
     _kernelspec_as_jupyterlab(nb, "python3")
+    if teacher is not None:
+        Path(teacher).mkdir(parents=True, exist_ok=True)
+        save_like_jupyterlab(nb, Path(teacher) / path.name)
     if write:
-        save_like_jupyterlab(nb, path)
+        save_like_jupyterlab(learner_edition(nb), path)
     return nb
 
 
@@ -218,7 +286,36 @@ def _strip_widgets(nb):
     return nb
 
 
-def export_html(paths, outdir: str | Path) -> list[Path]:
+INDEX_INTRO = {
+    "learner": "<p>Static copies of the executed notebooks, the learner's edition (exercises without "
+               "their solutions). To run and change them, open the repository in JupyterLab "
+               "(<code>make lab</code>).</p>",
+    "teacher": "<p>The teacher's edition: each exercise's solution executed, under its checker's "
+               "\"correct\". Not for learners (their pages are the learner's edition, "
+               "<code>make html</code>'s other folder).</p>",
+}
+
+
+def _page(title: str, body: str) -> str:
+    return (f"<!doctype html><meta charset='utf-8'><title>{_html.escape(title)}</title>"
+            "<style>body{font-family:sans-serif;max-width:60em;margin:2em auto;line-height:1.45}"
+            "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:.2em .5em}"
+            "code,pre{background:#f4f4f4}</style>" + body)
+
+
+def export_guide(md: str | Path, outdir: str | Path) -> Path:
+    """A Markdown page (the teacher's guide) as HTML, with nbconvert's Markdown renderer."""
+    from nbconvert.filters.markdown import markdown2html
+
+    md = Path(md)
+    dest = Path(outdir) / (md.stem + ".html")
+    dest.write_text(_page(md.stem, markdown2html(md.read_text(encoding="utf-8"))), encoding="utf-8")
+    return dest
+
+
+def export_html(paths, outdir: str | Path, guide: str | Path | None = None) -> list[Path]:
+    """The notebooks ``paths`` as static pages in ``outdir`` with an index; with ``guide`` (a
+    Markdown file), the teacher's edition's index, which links the guide as a page too."""
     import nbformat
     from nbconvert import HTMLExporter
 
@@ -240,12 +337,14 @@ def export_html(paths, outdir: str | Path) -> list[Path]:
         title = next((c.source.splitlines()[0].lstrip("# ").strip() for c in nb.cells
                       if c.cell_type == "markdown" and c.source.strip()), p.stem)
         rows.append(f"<li><a href='{_html.escape(dest.name)}'>{_html.escape(title)}</a></li>")
+    intro = INDEX_INTRO["teacher" if guide else "learner"]
+    if guide:
+        page = export_guide(guide, outdir)
+        written.append(page)
+        intro += f"<p><a href='{_html.escape(page.name)}'>The teacher's guide</a>: agendas, set-up, answers.</p>"
     index = outdir / "index.html"
-    index.write_text("<!doctype html><meta charset='utf-8'><title>llmlab course</title>"
-                     "<h1>llmlab: how llama.cpp runs an LLM, layer by layer</h1>"
-                     "<p>Static copies of the executed notebooks. To run and change them, open the "
-                     "repository in JupyterLab (<code>make lab</code>).</p><ol>" + "".join(rows) + "</ol>",
-                     encoding="utf-8")
+    index.write_text(_page("llmlab course", "<h1>llmlab: how llama.cpp runs an LLM, layer by layer</h1>"
+                           + intro + "<ol>" + "".join(rows) + "</ol>"), encoding="utf-8")
     return written + [index]
 
 
@@ -255,20 +354,25 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("notebooks", nargs="+")
     ap.add_argument("--write", action="store_true",
-                    help="take the cells from each notebook's source (notebooks/src/), run, store the outputs")
+                    help="take the cells from each notebook's source (notebooks/src/), run, store the learner's edition")
+    ap.add_argument("--teacher", metavar="DIR",
+                    help="take the cells from each notebook's source, run, store the teacher's edition (solutions) in DIR")
     ap.add_argument("--timeout", type=int, default=600, help="seconds per cell")
     ap.add_argument("--keep-going", action="store_true", help="run every notebook even after a failure")
     ap.add_argument("--html", metavar="DIR", help="export the notebooks as static HTML into DIR (runs nothing)")
+    ap.add_argument("--guide", metavar="FILE.md", help="with --html: the teacher's edition's index, with this guide as a page")
     args = ap.parse_args(argv)
+    if args.guide and not args.html:
+        ap.error("--guide goes with --html")
     if args.html:
-        for p in export_html(args.notebooks, args.html):
+        for p in export_html(args.notebooks, args.html, args.guide):
             print(f"wrote {p} ({p.stat().st_size / 1e3:.0f} kB)")
         return 0
     failed = 0
     for p in args.notebooks:
         t0 = time.perf_counter()
         try:
-            run_notebook(p, args.timeout, args.write, from_source=args.write)
+            run_notebook(p, args.timeout, args.write, from_source=args.write or bool(args.teacher), teacher=args.teacher)
             size = f", {Path(p).stat().st_size / 1e3:.0f} kB" if args.write else ""
             print(f"ok     {p} ({time.perf_counter() - t0:.1f} s{size})", flush=True)
         except Exception as e:   # report, then stop (or go on with --keep-going)

@@ -66,10 +66,16 @@ def _ticks(n: int, max_labels: int | None, keep: Sequence[int] = ()) -> list[int
     return sorted(set(range(0, n, k)) | {i for i in keep if 0 <= i < n})
 
 
+MASKED = "#b0b0b0"   # the colour of a masked (-inf) score in every heatmap
+
+
 def _heat(ax, m, title, xl=None, yl=None, cmap="viridis", fs=LABEL_PT, max_labels=None, keep=(), **kw):
+    """A heatmap with token labels; -inf (masked) cells are drawn grey, not left blank."""
+    import matplotlib
     m = np.asarray(m, np.float64)
     shown = np.where(np.isfinite(m), m, np.nan)
-    im = ax.imshow(shown, cmap=cmap, aspect="auto", interpolation="nearest", **kw)
+    cm = matplotlib.colormaps[cmap].with_extremes(bad=MASKED)
+    im = ax.imshow(shown, cmap=cm, aspect="auto", interpolation="nearest", **kw)
     ax.set_title(title, fontsize=10)
     for axis, lab, n in ((ax.xaxis, xl, m.shape[1]), (ax.yaxis, yl, m.shape[0])):
         if lab is not None and len(lab) == n:
@@ -108,8 +114,9 @@ def plot_steps(L, labels: Sequence[str], head: int = 0):
         m, title, cmap = panels[order[i]]
         lim = np.nanmax(np.abs(np.where(np.isfinite(m), m, np.nan)))
         kw = {"vmin": -lim, "vmax": lim} if cmap == "RdBu_r" else {"vmin": 0, "vmax": 1}
-        _heat(ax, m, title, labels if m.shape[1] == n else None, labels if i % 4 == 0 else None, cmap,
-              fs=8, max_labels=16, **kw)
+        im = _heat(ax, m, title, labels if m.shape[1] == n else None, labels if i % 4 == 0 else None, cmap,
+                   fs=8, max_labels=16, **kw)
+        fig.colorbar(im, ax=ax, fraction=0.046, pad=0.03)
     fig.suptitle(f"layer {L.layer}, head {head}: one attention, step by step (grey = -inf, masked)", fontsize=11)
     fig.tight_layout()
     return fig
@@ -146,11 +153,12 @@ def plot_heads(probs: np.ndarray, labels: Sequence[str] | None = None, query: in
         if i >= h:
             ax.axis("off")
             continue
-        _heat(ax, probs[i], f"head {i}", None, None, "viridis", vmin=0, vmax=1)
+        im = _heat(ax, probs[i], f"head {i}", None, None, "viridis", vmin=0, vmax=1)
         if query is not None:
             ax.axhline(query, color="red", lw=0.8)
     fig.suptitle(title, fontsize=11)
     fig.tight_layout()
+    fig.colorbar(im, ax=axes, fraction=0.02, pad=0.01, label="probability")
     return fig
 
 
@@ -163,7 +171,8 @@ def plot_query(probs: np.ndarray, labels: Sequence[str], query: int, heads: Sequ
     n = query + 1
     m = np.stack([probs[h, query, :n] for h in heads])
     fig, ax = plt.subplots(figsize=(11, 1.2 + 0.42 * len(heads) + 0.09 * max(len(x) for x in labels[:n])))
-    _heat(ax, m, "", labels[:n], [f"head {h}" for h in heads], "Blues", vmin=0, vmax=1)
+    im = _heat(ax, m, "", labels[:n], [f"head {h}" for h in heads], "Blues", vmin=0, vmax=1)
+    fig.colorbar(im, ax=ax, fraction=0.03, pad=0.01, label="probability")
     for r in range(len(heads)):
         best = int(np.argmax(m[r]))
         ax.add_patch(plt.Rectangle((best - 0.5, r - 0.5), 1, 1, fill=False, ec="crimson", lw=1.8))

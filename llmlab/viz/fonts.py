@@ -6,7 +6,8 @@ preference; ``nb.setup`` appends them to the chain. A machine without them (a fr
 Windows, a minimal Linux) would get an empty box ("tofu") for every Chinese character or emoji and
 a "Glyph ... missing" warning for each: :func:`guard_missing_glyphs` instead draws such a character
 as its Python escape (``\\u82f9``) and says once, in one line, which font to install
-(``python -m llmlab doctor`` checks the same).
+(``python -m llmlab doctor`` checks the same). :func:`set_min_size` puts a floor under every font
+size, so that no figure asks for text a projector cannot show.
 """
 from __future__ import annotations
 
@@ -21,7 +22,11 @@ CJK_FAMILIES = ("Noto Sans CJK SC", "Noto Sans CJK JP", "Noto Sans SC", "Source 
                 "Droid Sans Fallback", "Hiragino Sans GB", "STHeiti", "Arial Unicode MS", "Microsoft YaHei", "SimHei")
 # emoji as outlines, which matplotlib can draw (colour bitmap fonts such as Noto Color Emoji it cannot)
 EMOJI_FAMILIES = ("Noto Emoji", "Segoe UI Emoji", "Symbola")
-FALLBACK_FONTS = CJK_FAMILIES + EMOJI_FAMILIES
+# fonts that come with llmlab (font_files/, each with its licence): glyphs the lessons show that few
+# machines have a font for, reduced to those glyphs (notebook 02's Egyptian hieroglyph)
+SHIPPED_DIR = Path(__file__).with_name("font_files")
+SHIPPED_FAMILIES = ("Noto Sans EgyptHiero",)
+FALLBACK_FONTS = CJK_FAMILIES + EMOJI_FAMILIES + SHIPPED_FAMILIES
 # colour emoji a browser (JupyterLab's HTML and widgets) shows: file names as installed
 COLOR_EMOJI_FILES = ("NotoColorEmoji", "Apple Color Emoji", "seguiemj")
 
@@ -31,9 +36,13 @@ def matplotlib_families(refresh: bool = True) -> set[str]:
     built its font cache (a CJK font just installed) make it rebuild the cache once."""
     from matplotlib import font_manager
     installed = {f.name for f in font_manager.fontManager.ttflist}
+    if not installed.issuperset(SHIPPED_FAMILIES):
+        for path in sorted(SHIPPED_DIR.glob("*.ttf")):
+            font_manager.fontManager.addfont(str(path))
+        installed = {f.name for f in font_manager.fontManager.ttflist}
     if refresh and not installed & set(CJK_FAMILIES) and any("CJK" in Path(f).name for f in _system_fonts()):
         font_manager.fontManager = font_manager._load_fontmanager(try_read_cache=False)
-        installed = {f.name for f in font_manager.fontManager.ttflist}
+        return matplotlib_families(refresh=False)
     return installed
 
 
@@ -170,3 +179,72 @@ def guard_missing_glyphs(fallbacks=()) -> None:
     Text.draw = draw
     _GUARD.append(original)
     warnings.filterwarnings("ignore", message=r"Glyph \d+ .*missing from", category=UserWarning)
+
+
+# ---------------------------------------------------------------- a floor under font sizes
+
+_MIN_SIZE: list[float] = []
+
+
+def set_min_size(points: float) -> None:
+    """From now on no matplotlib text is smaller than ``points`` (``fontsize=6`` becomes ``points``;
+    0 removes the floor). The floor acts where every size is set, ``FontProperties.set_size``, so
+    layout (``tight_layout``, ``bbox_inches="tight"``) measures the size that is drawn."""
+    from matplotlib.font_manager import FontProperties
+    if not _MIN_SIZE:
+        original = FontProperties.set_size
+
+        def set_size(self, size):
+            original(self, size)
+            if self._size < _MIN_SIZE[0]:
+                self._size = _MIN_SIZE[0]
+
+        set_size.__wrapped__ = original
+        FontProperties.set_size = set_size
+        _MIN_SIZE.append(0.0)
+    _MIN_SIZE[0] = float(points)
+
+
+def min_size() -> float:
+    """The floor :func:`set_min_size` set (0: none)."""
+    return _MIN_SIZE[0] if _MIN_SIZE else 0.0
+
+
+# ---------------------------------------------------------------- a glyph drawn from its outline
+
+def font_with(ch: str) -> str | None:
+    """The file of a font here that has ``ch``: matplotlib's default, the fallback chain, then
+    llmlab's shipped fonts; None when none has it."""
+    from matplotlib import font_manager
+    from matplotlib.font_manager import FontProperties
+    installed = matplotlib_families(refresh=False)
+    families = [FontProperties().get_family()[0]] + [f for f in FALLBACK_FONTS if f in installed]
+    for path in _font_paths(FontProperties(family=families)):
+        try:
+            if ord(ch) in font_manager.get_font(path).get_charmap():
+                return path
+        except Exception:
+            continue
+    return None
+
+
+def glyph_svg(ch: str, px: int = 40) -> str | None:
+    """``ch`` as an inline SVG of its outline, ``px`` pixels high, from a font here that has it: it
+    shows in any browser, even one without such a font (an Egyptian hieroglyph, a rare script).
+    None when no font here has it."""
+    from matplotlib.font_manager import FontProperties, get_font
+    from matplotlib.path import Path as MPath
+    from matplotlib.textpath import TextPath
+    path = font_with(ch)
+    if path is None:
+        return None
+    tp = TextPath((0, 0), ch, size=px * 0.75, prop=FontProperties(fname=path))
+    d = []
+    for verts, code in tp.iter_segments(simplify=False, curves=True):
+        xy = " ".join(f"{x:.1f},{px * 0.8 - y:.1f}" for x, y in zip(verts[::2], verts[1::2]))
+        d.append({MPath.MOVETO: "M", MPath.LINETO: "L", MPath.CURVE3: "Q", MPath.CURVE4: "C"}.get(code, "Z") +
+                 ("" if code == MPath.CLOSEPOLY else xy))
+    width = max(tp.get_extents().x1 + px * 0.1, px * 0.5)
+    name = get_font(path).family_name
+    return (f"<svg xmlns='http://www.w3.org/2000/svg' width='{width:.0f}' height='{px}' viewBox='0 0 {width:.0f} {px}' "
+            f"role='img' aria-label='{ch}'><title>{name}</title><path d='{''.join(d)}'/></svg>")

@@ -101,7 +101,8 @@ def plot_ring(cache: KVCache, trace=None, step: int | None = None, ax=None, titl
     _, plt = _plt()
     n = cache.size
     if ax is None:
-        fig, ax = plt.subplots(figsize=(4.6, 4.6))
+        fig, ax = plt.subplots(figsize=(6.4, 6.4))
+    fs = max(6.0, 1.4 * ax.get_position().width * ax.figure.get_figwidth())   # labels grow with the drawing
     ang = np.pi / 2 - 2 * np.pi * np.arange(n) / n       # cell 0 at the top, clockwise
     r = 1.0
     w = min(0.5, 2.6 / n ** 0.85)
@@ -112,8 +113,8 @@ def plot_ring(cache: KVCache, trace=None, step: int | None = None, ax=None, titl
         seqs = sorted(cache.seq_ids(i))
         _fill_cell(ax, x - w / 2, y - w / 2, w, w, seqs)
         if cache.pos[i] >= 0:
-            ax.text(x, y, str(int(cache.pos[i])), ha="center", va="center", fontsize=6, color="white")
-        ax.text(1.22 * np.cos(ang[i]), 1.22 * np.sin(ang[i]), str(i), ha="center", va="center", fontsize=6, color="#666")
+            ax.text(x, y, str(int(cache.pos[i])), ha="center", va="center", fontsize=fs, color="white")
+        ax.text(1.22 * np.cos(ang[i]), 1.22 * np.sin(ang[i]), str(i), ha="center", va="center", fontsize=fs, color="#666")
         if i in tested:
             circ = plt.Circle((x, y), w * 0.78, fill=False, lw=2, color="#2a9d2a" if tested[i] else "#d62728")
             ax.add_patch(circ)
@@ -122,7 +123,7 @@ def plot_ring(cache: KVCache, trace=None, step: int | None = None, ax=None, titl
     ax.annotate("", xy=(0.72 * np.cos(a), 0.72 * np.sin(a)), xytext=(0, 0),
                 arrowprops=dict(arrowstyle="->", color="red", lw=2))
     taken = sum(ok for _, ok in shown)
-    ax.set_title(title or f"{len(shown)} cells tested, {taken} taken", fontsize=9)
+    ax.set_title(title or f"{len(shown)} cells tested, {taken} taken", fontsize=fs + 2)
     ax.set_xlim(-1.4, 1.4)
     ax.set_ylim(-1.4, 1.4)
     ax.set_aspect("equal")

@@ -1,8 +1,6 @@
 """Pictures and tables for notebook 07 (the MMVQ decode kernel). Every function takes its data as parameters."""
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
 from .. import cuda_sim as cs
@@ -12,22 +10,6 @@ LINE = 128     # bytes of one L2 cache line / coalesced transaction
 
 
 # ---------------------------------------------------------------- roofline
-
-
-def measure_cpu(seconds: float = 0.3) -> tuple[float, float]:
-    """(FLOP/s of a float32 matmul, bytes/s of a large array copy) on this machine: rough peak and bandwidth."""
-    a = np.random.default_rng(0).standard_normal((768, 768)).astype(np.float32)
-    big = np.ones(32 << 20, np.uint8)
-    out = big.copy()                                  # touched once, so the timing sees no page faults
-
-    def best(fn, work):
-        rate, t_end = 0.0, time.perf_counter() + seconds
-        while time.perf_counter() < t_end:
-            t0 = time.perf_counter()
-            fn()
-            rate = max(rate, work / (time.perf_counter() - t0))
-        return rate
-    return best(lambda: a @ a, 2 * 768**3), best(lambda: np.copyto(out, big), 2 * big.nbytes)
 
 
 def plot_roofline(machines: dict[str, tuple[float, float]], kernels: dict[str, float], ax=None):
@@ -146,3 +128,151 @@ def plot_reduction(launch: cs.Launch, block: int = 0, column: int = 0, row: int 
         ax.set_xticks([])
     fig.tight_layout()
     return fig
+
+
+# ---------------------------------------------------------------- a CUDA primer
+
+
+def plot_cuda_hierarchy(nwarps: int = 4, nblocks: int = 6, lanes_shown: int = 32):
+    """Grid -> CUDA blocks -> warps -> lanes, with each block's shared memory and the global memory all share,
+    labelled with the names MMVQ gives them (blockIdx.x = row, threadIdx.y = warp, threadIdx.x = lane)."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import FancyBboxPatch, Rectangle
+    fig, ax = plt.subplots(figsize=(11, 5.2))
+    ax.set_xlim(0, 118)
+    ax.set_ylim(-12, 52)
+    ax.axis("off")
+    # the grid: a row of CUDA blocks
+    for b in range(nblocks):
+        x = 2 + b * 9
+        ax.add_patch(Rectangle((x, 40), 8, 8, fc="#2a9d8f" if b == 1 else "#cfe8e4", ec="k"))
+        ax.text(x + 4, 44, f"block\n{b}", ha="center", va="center", fontsize=9)
+    ax.text(2, 50, "grid: one CUDA block per output row (blockIdx.x); blocks run in any order, on any SM",
+            fontsize=10, va="bottom")
+    # block 1, enlarged: warps x lanes
+    x0, y0, cw, ch = 14, 6, 2.6, 6
+    ax.add_patch(FancyBboxPatch((x0 - 1.5, y0 - 1.5), lanes_shown * cw + 3, nwarps * ch + 3 + 2,
+                                boxstyle="round,pad=0.3", fc="#f4faf9", ec="#2a9d8f", lw=2))
+    ax.plot([11, x0 - 1.5], [40, y0 + nwarps * ch + 3.5], color="#2a9d8f", lw=1)
+    ax.plot([19, x0 + lanes_shown * cw + 1.5], [40, y0 + nwarps * ch + 3.5], color="#2a9d8f", lw=1)
+    for w in range(nwarps):
+        for lane in range(lanes_shown):
+            ax.add_patch(Rectangle((x0 + lane * cw, y0 + (nwarps - 1 - w) * ch), cw, ch - 0.8,
+                                   fc="#e9c46a" if w == 0 else "#f6e3b4", ec="#8a6d1f", lw=0.4))
+        ax.text(x0 - 2, y0 + (nwarps - 1 - w) * ch + ch / 2 - 0.4, f"warp {w}", ha="right", va="center", fontsize=9)
+    for lane in (0, 15, 31):
+        ax.text(x0 + lane * cw + cw / 2, y0 + nwarps * ch + 0.3, str(lane), ha="center", va="bottom", fontsize=8)
+    ax.text(x0 + lanes_shown * cw / 2, y0 + nwarps * ch + 2.2,
+            f"CUDA block = {nwarps} warps x 32 lanes = {32 * nwarps} threads (threadIdx.y = warp, threadIdx.x = lane)",
+            ha="center", fontsize=9.5)
+    # shared memory of the block, global memory of the GPU
+    ax.add_patch(Rectangle((x0, y0 - 5), lanes_shown * cw, 3, fc="#e76f51", ec="k", alpha=0.85))
+    ax.text(x0 + lanes_shown * cw / 2, y0 - 3.5, "shared memory: on the SM, visible to this block only, fast; "
+            "MMVQ uses it once, to add the warps' partial sums", ha="center", va="center", fontsize=9, color="w")
+    ax.add_patch(Rectangle((2, -11), 114, 6, fc="#264653", ec="k"))
+    ax.text(59, -8, "global memory (HBM or GDDR), shared by all blocks: weights, activations, outputs.\n"
+            "It moves 32-byte sectors of 128-byte lines: a warp's loads are cheap when its lanes read neighbouring bytes",
+            ha="center", va="center", fontsize=9, color="w")
+    ax.text(x0 + lanes_shown * cw + 2, y0 + 12, "a warp runs\none instruction\nfor its 32 lanes\nat once",
+            fontsize=9, va="center")
+    fig.tight_layout()
+    return fig
+
+
+def coalescing_patterns(block_bytes: int = 144) -> dict[str, np.ndarray]:
+    """Byte addresses that 32 lanes load with one 4-byte instruction, for three access patterns."""
+    lanes = np.arange(32)
+    return {"lane i reads word i (adjacent)": 4 * lanes,
+            "16 lanes per q4_K block, 2 blocks (MMVQ)": 16 + (lanes // 16) * block_bytes + 4 * (lanes % 16),
+            f"one {block_bytes}-byte block per lane": lanes * block_bytes}
+
+
+def coalescing_table(width: int = 4) -> HTML:
+    """For each pattern: 128-byte lines and 32-byte sectors one warp-wide load touches, and the share of moved bytes used."""
+    rows = []
+    for name, addr in coalescing_patterns().items():
+        lines = np.unique(np.concatenate([(addr + k) // LINE for k in range(width)]))
+        sectors = np.unique(np.concatenate([(addr + k) // 32 for k in range(width)]))
+        rows.append([name, len(lines), len(sectors), f"{32 * width / (32 * len(sectors)):.0%}"])
+    return table(["pattern", "128-byte lines", "32-byte sectors", "bytes used / bytes moved"], rows)
+
+
+def plot_coalescing(width: int = 4):
+    """Which bytes each lane loads, per pattern: adjacent lanes on adjacent words share a few lines."""
+    import matplotlib.pyplot as plt
+    pats = coalescing_patterns()
+    fig, axes = plt.subplots(len(pats), 1, figsize=(10, 1.5 * len(pats) + 0.6))
+    for ax, (name, addr) in zip(axes, pats.items()):
+        top = int(addr.max()) + width
+        for lane, a in enumerate(addr):
+            ax.add_patch(plt.Rectangle((a, lane), width, 1, color="#e76f51"))
+        for x in range(0, top + LINE, LINE):
+            ax.axvline(x, color="k", ls="--", lw=0.7)
+        nl = len(np.unique(np.concatenate([(addr + k) // LINE for k in range(width)])))
+        ax.set_xlim(0, max(top, LINE))
+        ax.set_ylim(32, 0)
+        ax.set_ylabel("lane")
+        ax.set_title(f"{name}: {nl} line{'s' if nl > 1 else ''} of 128 bytes", fontsize=10)
+    axes[-1].set_xlabel("byte address (dashed: 128-byte lines)")
+    fig.tight_layout()
+    return fig
+
+
+# ---------------------------------------------------------------- appendix: dispatch, MoE, bounds, halve_iters
+
+KERNEL_COLORS = {"MMVF": "#8ecae6", "MMF": "#219ebc", "MMVQ": "#e9c46a", "MMQ": "#e76f51", "cuBLAS": "#6d6875"}
+
+
+def plot_kernel_choice(type_names=("q4_0", "q4_K", "q6_K", "f16"), archs=("sm_61", "volta", "turing", "ampere", "ada",
+                                                                          "hopper", "blackwell"),
+                       ncols=(1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 32, 63, 64, 512)):
+    """One panel per weight type: which kernel ``ggml_cuda_mul_mat`` runs, per GPU and number of activation columns."""
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import ListedColormap
+    from matplotlib.patches import Patch
+    names = list(KERNEL_COLORS)
+    fig, axes = plt.subplots(len(type_names), 1, figsize=(10, 1.9 * len(type_names) + 0.8), sharex=True)
+    for ax, t in zip(np.atleast_1d(axes), type_names):
+        grid = np.array([[names.index(cs.mul_mat_kernel(t, n, a)) for n in ncols] for a in archs])
+        ax.imshow(grid, cmap=ListedColormap(list(KERNEL_COLORS.values())), vmin=0, vmax=len(names) - 1, aspect="auto")
+        ax.set_yticks(range(len(archs)), archs, fontsize=8)
+        ax.set_title(f"{t} weights", fontsize=10)
+    ax.set_xticks(range(len(ncols)), ncols, fontsize=8)
+    ax.set_xlabel("activation columns (tokens in the batch)")
+    fig.legend(handles=[Patch(color=c, label=k) for k, c in KERNEL_COLORS.items()], loc="upper center", ncol=5, fontsize=9)
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
+    return fig
+
+
+def moe_table(type_names=("q4_0", "q4_K", "q6_K", "q2_K", "q3_K"), archs=("sm_61", "volta", "turing", "ampere", "ada")) -> HTML:
+    """Most tokens per expert product that stay on MMVQ (``get_mmvq_mmid_max_batch``), with the ordinary MUL_MAT limit beside it."""
+    rows = [[a, cs.launch.mmid_table(a) or "(none: 8)"] +
+            [f"{cs.launch.mmid_max_batch(t, a)} / {max(n for n in range(1, 9) if cs.should_use_mmvq(t, n, a) or n == 1)}"
+             for t in type_names] for a in archs]
+    return table(["arch", "MUL_MAT_ID table"] + [f"{t}: experts / dense" for t in type_names], rows)
+
+
+def launch_bounds_table(cases=(("q4_K", 1, "ampere", False), ("q4_K", 6, "ampere", False), ("q4_K", 1, "gb10", True),
+                               ("q4_K", 4, "ampere", "moe"), ("q2_K", 4, "turing", "moe"), ("q2_K", 4, "sm_61", "moe"))) -> HTML:
+    """``__launch_bounds__`` of MMVQ kernels and the per-thread register budget it leaves the compiler."""
+    rows = []
+    for t, n, a, flag in cases:
+        moe = flag == "moe"
+        b = cs.launch.launch_bounds(t, n, a, halve_iters=flag is True, moe=moe)
+        rows.append(["mul_mat_vec_q_moe" if moe else "mul_mat_vec_q" + (" (halve_iters)" if flag is True else ""),
+                     t, n, a, b["max_threads"], b["regs_per_thread"]])
+    return table(["kernel", "type", "columns", "arch", "max threads per block (the bound)",
+                  "register ceiling per thread (65536 / threads, at most 255)"], rows)
+
+
+def halve_iters_table(type_name: str = "q4_K", ks=(2048, 2304, 3072, 4096, 5120, 8192, 14336)) -> HTML:
+    """GB10, one column: K, trips of the K loop with 4 and 8 warps, idle tail, and the choice."""
+    rows = []
+    for k in ks:
+        t = cs.cuda_type(type_name)
+        bpr, bpi = k // t.qk, cs.calc_nwarps(t.name, 1, "gb10") * cs.blocks_per_iter(t.name, 1)
+        iters, wide = -(-bpr // bpi), -(-bpr // (2 * bpi))
+        p = cs.launch_params(type_name, 4096, k, 1, "gb10")
+        rows.append([k, bpr, iters, wide, wide * 2 - iters, "small_k" if p["small_k"] else
+                     ("yes: 8 warps" if p["halve_iters"] else "no: 4 warps")])
+    return table(["K", "blocks per row", "trips, 4 warps", "trips, 8 warps", "idle half-trips", "halve_iters"], rows)

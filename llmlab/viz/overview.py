@@ -43,7 +43,11 @@ def pipeline_dot() -> str:
 def pipeline_graph() -> HTML:
     """The pipeline as inline SVG scaled to the notebook's width (without Graphviz's ``dot``: a
     one-line message, a simplified static drawing and the Graphviz source)."""
-    src = pipeline_dot()
+    return dot_html(pipeline_dot())
+
+
+def dot_html(src: str) -> HTML:
+    """Graphviz source as inline SVG scaled to the notebook's width (the simplified drawing without ``dot``)."""
     if shutil.which("dot") is None:
         from ..ggml import dot_fallback
         return HTML(dot_fallback.html(src) + "<details><summary>Graphviz source</summary><pre>"

@@ -44,7 +44,7 @@ def layout_table(qtype) -> HTML:
 def plot_block_idea(row: np.ndarray, block_size: int = 32, n_blocks: int = 8, ax=None):
     """A stretch of a weight row with block boundaries, each block's max |x| (what its scale stores)."""
     import matplotlib.pyplot as plt
-    ax = ax or plt.subplots(figsize=(11, 3.2))[1]
+    ax = ax or plt.subplots(figsize=(10, 3.4))[1]
     x = np.asarray(row[: block_size * n_blocks], np.float32)
     ax.plot(np.arange(x.size), x, ".", ms=4, color="#264653")
     for b in range(n_blocks):
@@ -60,29 +60,33 @@ def plot_block_idea(row: np.ndarray, block_size: int = 32, n_blocks: int = 8, ax
 
 # ---------------------------------------------------------------- bytes and bits of a block
 
-def draw_block_bytes(qtype, raw: np.ndarray | None = None, per_row: int = 36, ax=None):
-    """The bytes of one block as cells coloured by field (the struct laid out in memory), with hex values."""
+def draw_block_bytes(qtype, raw: np.ndarray | None = None, per_row: int = 24, ax=None):
+    """The bytes of one block as cells coloured by field (the struct laid out in memory), with hex
+    values; a legend names each field and its first byte."""
     import matplotlib.pyplot as plt
     t = ggml_type(qtype)
     n = t.type_size
     rows = -(-n // per_row)
-    ax = ax or plt.subplots(figsize=(min(per_row, n) * 0.36 + 1, rows * 0.55 + 0.9))[1]
-    spans = []
+    cols = min(per_row, n)
+    ax = ax or plt.subplots(figsize=(cols * 0.4 + 0.4, rows * 0.36 + 1.3))[1]
+    handles = []
     for k, name in enumerate(t.layout.names or ("value",)):
         dt, off = t.layout.fields[name] if t.layout.names else (t.layout, 0)
-        spans.append((off, off + dt.itemsize, name, FIELD_COLORS[k % len(FIELD_COLORS)]))
-    for off, end, name, color in spans:
-        for i in range(off, end):
+        color = FIELD_COLORS[k % len(FIELD_COLORS)]
+        for i in range(off, off + dt.itemsize):
             r, c = divmod(i, per_row)
             ax.add_patch(plt.Rectangle((c, -r), 0.95, 0.9, color=color, alpha=0.85))
             if raw is not None:
-                ax.text(c + 0.47, -r + 0.45, f"{int(raw[i]):02x}", ha="center", va="center", fontsize=6.5, family="monospace")
-        r, c = divmod(off, per_row)
-        ax.text(c, -r + 1.0, f"{name} [{off}]", fontsize=7, va="bottom")
-    ax.set_xlim(-0.2, min(per_row, n) + 0.2)
-    ax.set_ylim(-rows + 0.8, 1.8)
+                ax.text(c + 0.47, -r + 0.45, f"{int(raw[i]):02x}", ha="center", va="center", fontsize=10,
+                        family="monospace")
+        handles.append(plt.Rectangle((0, 0), 1, 1, color=color, alpha=0.85, label=f"{name} [{off}..{off + dt.itemsize - 1}]"))
+    ax.set_xlim(-0.1, cols + 0.05)
+    ax.set_ylim(-rows + 0.9, 1.0)
     ax.axis("off")
-    ax.set_title(f"block_{t.name}: {n} bytes for {t.block_size} weights = {t.bits_per_weight:.4g} bits per weight", fontsize=10)
+    ax.legend(handles=handles, loc="lower left", bbox_to_anchor=(0, 1.0), ncol=min(len(handles), 4), frameon=False,
+              fontsize=10, handlelength=1.2, borderaxespad=0.2)
+    ax.set_title(f"block_{t.name}: {n} bytes for {t.block_size} weights = {t.bits_per_weight:.4g} bits per weight",
+                 pad=28, fontsize=12)
     return ax
 
 
@@ -108,24 +112,42 @@ def bit_map(qtype, seed: int = 0) -> np.ndarray:
 
 
 def draw_bit_map(qtype, bmap: np.ndarray | None = None, start: int = 0, count: int | None = None, ax=None):
-    """Bits of a block (rows: bytes, columns: bit 7..0) coloured by the weight they hold; grey = scale bits."""
+    """Bits of a block (rows: bytes, columns: bit 7..0) coloured by the weight they hold, the weight's
+    index written in each cell; grey = scale bits."""
     import matplotlib.pyplot as plt
     from matplotlib.colors import ListedColormap
     t = ggml_type(qtype)
     bmap = bit_map(qtype) if bmap is None else bmap
     count = count or t.type_size - start
     m = bmap[start:start + count, ::-1].astype(float)           # bit 7 on the left, like a byte is written
-    ax = ax or plt.subplots(figsize=(4.2, 0.24 * count + 1))[1]
+    ax = ax or plt.subplots(figsize=(3.4, 0.26 * count + 1))[1]
     weights = np.where(m >= 0, m, np.nan)
     ax.imshow(np.where(m == -1, 1, np.nan), cmap=ListedColormap(["#999999"]), aspect="auto", vmin=0, vmax=1)
     ax.imshow(weights, cmap="viridis", aspect="auto", vmin=0, vmax=t.block_size - 1)
     for (i, j), v in np.ndenumerate(m):
         if v >= 0:
-            ax.text(j, i, int(v), ha="center", va="center", fontsize=6, color="white" if v < t.block_size * 0.6 else "black")
-    ax.set_xticks(range(8), [f"b{7 - k}" for k in range(8)], fontsize=7)
-    ax.set_yticks(range(count), [f"byte {start + i}" for i in range(count)], fontsize=7)
-    ax.set_title(f"{t.name}: which weight each bit belongs to (grey: scale bits)", fontsize=9)
+            ax.text(j, i, int(v), ha="center", va="center", fontsize=10, color="white" if v < t.block_size * 0.6 else "black")
+    ax.set_xticks(range(8), [str(7 - k) for k in range(8)])
+    ax.set_yticks(range(count), [str(start + i) for i in range(count)])
+    ax.tick_params(length=2, pad=2)
+    ax.set_xlabel("bit")
+    ax.set_ylabel("byte")
+    ax.set_title(t.name)
     return ax
+
+
+def plot_bit_maps(maps: list[tuple], title: str = "which weight each bit belongs to (grey: scale bits)",
+                  width: float = 10.0):
+    """Several :func:`draw_bit_map` panels side by side, sized for a projector: ``maps`` holds
+    (qtype, start, count) per panel."""
+    import matplotlib.pyplot as plt
+    count = max(c for _, _, c in maps)
+    fig, axes = plt.subplots(1, len(maps), figsize=(width, 0.27 * count + 1.5))
+    for ax, (qtype, start, cnt) in zip(np.atleast_1d(axes), maps):
+        draw_bit_map(qtype, start=start, count=cnt, ax=ax)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
 
 
 # ---------------------------------------------------------------- q4_k's 12 packed scale bytes
@@ -167,15 +189,16 @@ def draw_k4_scales(scales: np.ndarray | None = None, ax=None):
                     byte, pos = (j - 4 if kind == "s" else j), 6 + bit - 4
                 label[byte][pos] = f"{kind}{j}.{bit}"
                 owner[byte, pos] = j + (0 if kind == "s" else 8)
-    ax = ax or plt.subplots(figsize=(7.5, 4.4))[1]
+    ax = ax or plt.subplots(figsize=(8.5, 7))[1]
     ax.imshow(owner[:, ::-1], cmap="tab20", aspect="auto", vmin=0, vmax=19)
     for i in range(12):
         for p in range(8):
-            txt = label[i][p] + ("" if scales is None else f"\n{(int(scales[i]) >> p) & 1}")
-            ax.text(7 - p, i, txt, ha="center", va="center", fontsize=6.5)
-    ax.set_xticks(range(8), [f"b{7 - k}" for k in range(8)], fontsize=7)
-    ax.set_yticks(range(12), [f"scales[{i}]" for i in range(12)], fontsize=7)
-    ax.set_title("q4_k scales: 8 six-bit scales (s) and 8 six-bit mins (m) in 12 bytes", fontsize=9)
+            txt = label[i][p] + ("" if scales is None else f" = {(int(scales[i]) >> p) & 1}")
+            ax.text(7 - p, i, txt, ha="center", va="center", fontsize=10)
+    ax.set_xticks(range(8), [str(7 - k) for k in range(8)])
+    ax.set_yticks(range(12), [f"scales[{i}]" for i in range(12)])
+    ax.set_xlabel("bit")
+    ax.set_title("q4_k scales: 8 six-bit scales (s) and 8 six-bit mins (m) in 12 bytes")
     return ax
 
 
@@ -188,11 +211,11 @@ def plot_reconstruction(row: np.ndarray, qtype, n: int = 128, ax=None):
     x = np.asarray(row, np.float32)
     x = x[: x.size // t.block_size * t.block_size]
     y = Q.dequantize(Q.quantize(x, t), t)
-    axes = ax if ax is not None else plt.subplots(2, 1, figsize=(11, 4.6), sharex=True, height_ratios=[2, 1])[1]
+    axes = ax if ax is not None else plt.subplots(2, 1, figsize=(10, 4.8), sharex=True, height_ratios=[2, 1])[1]
     k = min(n, x.size)
     axes[0].plot(x[:k], ".-", lw=0.6, ms=3, label="original", color="#264653")
     axes[0].plot(y[:k], ".", ms=4, label=f"{t.name} reconstructed", color="#e76f51")
-    axes[0].legend(loc="upper right", fontsize=8)
+    axes[0].legend(loc="upper right")
     rel = float(np.sqrt(np.mean((x.astype(np.float64) - y) ** 2) / np.mean(x.astype(np.float64) ** 2)))
     axes[0].set_title(f"{t.name}: {t.bits_per_weight:.4g} bpw, relative RMS error {rel:.4f} (over the whole row)")
     axes[1].bar(np.arange(k), (y - x)[:k], color="#2a9d8f", width=1.0)
@@ -214,17 +237,33 @@ def error_vs_bpw(x: np.ndarray, names: list[str]) -> list[tuple[str, float, floa
     return out
 
 
-def plot_error_vs_bpw(rows: list[tuple[str, float, float]], ax=None):
+def plot_error_vs_bpw(rows: list[tuple[str, float, float]], wide_from: float = 9.0):
+    """Relative RMS error against bits per weight, one labelled point per type. The axis is broken
+    before ``wide_from`` bits (f16, bf16, f32 on a narrow panel of their own), so the 4-5 bit types
+    that crowd together get the room their labels need."""
     import matplotlib.pyplot as plt
-    ax = ax or plt.subplots(figsize=(8, 4.5))[1]
-    for k, (name, bpw, err) in enumerate(sorted(rows, key=lambda r: (r[1], r[0]))):
-        fam = "K" if name.endswith("_k") else "legacy" if name.startswith("q") else "other"
-        color = {"K": "#e76f51", "legacy": "#264653", "other": "#2a9d8f"}[fam]
-        ax.scatter(bpw, err, color=color)
-        ax.annotate(name, (bpw, err), textcoords="offset points", xytext=(5, 4 if k % 2 else -10), fontsize=8)
-    ax.set_yscale("log")
-    ax.set_xlabel("bits per weight")
-    ax.set_ylabel("relative RMS error")
-    ax.set_title("error versus size (red: K-quants, dark: legacy, green: others)")
-    ax.grid(alpha=0.3)
-    return ax
+    from .layout import place_labels
+    wide = [r for r in rows if r[1] >= wide_from]
+    fig, axes = plt.subplots(1, 2 if wide else 1, figsize=(10, 6), squeeze=False,
+                             width_ratios=[6, 1] if wide else None)
+    axes = axes[0]
+    colors = {"K": "#e76f51", "legacy": "#264653", "other": "#2a9d8f"}
+    for ax, part in zip(axes, ([r for r in rows if r[1] < wide_from], wide)):
+        for name, bpw, err in part:
+            fam = "K" if name.endswith("_k") else "legacy" if name.startswith("q") else "other"
+            ax.scatter(bpw, err, color=colors[fam], zorder=3)
+        ax.set_yscale("log")
+        ax.grid(alpha=0.3)
+    axes[0].set_xlabel("bits per weight")
+    axes[0].set_ylabel("relative RMS error")
+    if wide:                                   # its own error scale too: f16's error is far below the rest
+        lo, hi = min(r[1] for r in wide), max(r[1] for r in wide)
+        axes[1].set_xlim(lo - 1, hi + 1)
+        axes[1].set_xticks(sorted({r[1] for r in wide}))
+        axes[1].yaxis.tick_right()
+        axes[1].yaxis.set_minor_formatter(plt.NullFormatter())
+    fig.suptitle("error versus size (red: K-quants, dark: legacy, green: others)")
+    fig.tight_layout()
+    for ax, part in zip(axes, ([r for r in rows if r[1] < wide_from], wide)):
+        place_labels(ax, [r[1] for r in part], [r[2] for r in part], [r[0] for r in part], fontsize=10)
+    return fig

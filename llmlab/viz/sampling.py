@@ -13,33 +13,41 @@ def _label(tokenizer, i: int) -> str:
     return repr(s)[1:-1].replace(" ", "␣") or "∅"
 
 
-def plot_chain(steps: list[tuple[str, TokenDataArray]], tokenizer, top: int = 12, title: str = ""):
-    """One panel per stage of ``SamplerChain.trace``: the probabilities the surviving candidates
-    stand for (log scale), over the ``top`` most likely tokens of the start; a grey x marks a token
-    the stage removed, the red bar the token ``dist`` drew."""
+def plot_chain(steps: list[tuple[str, TokenDataArray]], tokenizer, top: int = 12, title: str = "",
+               columns: int = 4, width: float = 10.0):
+    """One panel per stage of ``SamplerChain.trace``, ``columns`` to a row: the probabilities the
+    surviving candidates stand for (log scale), over the ``top`` most likely tokens of the start; a
+    grey x marks a token the stage removed, the red bar the token ``dist`` drew."""
     import matplotlib.pyplot as plt
     first = steps[0][1]
     ids = first.id[np.argsort(-first.logit, kind="stable")[:top]]
     floor = 1e-4
-    fig, axes = plt.subplots(1, len(steps), figsize=(1.75 * len(steps), 0.22 * top + 1.2), sharey=True)
-    axes = np.atleast_1d(axes)
-    for ax, (name, cur) in zip(axes, steps):
+    nrows = -(-len(steps) // columns)
+    fig, axes = plt.subplots(nrows, columns, figsize=(width, nrows * (0.27 * top + 1.1) + 0.6), sharey=True,
+                             squeeze=False)
+    y = np.arange(len(ids))
+    for k, ax in enumerate(axes.flat):
+        if k >= len(steps):
+            ax.set_axis_off()
+            continue
+        name, cur = steps[k]
         probs = dict(zip(cur.id.tolist(), cur.probs().tolist())) if len(cur) else {}
-        y = np.arange(len(ids))
         alive = np.array([int(i) in probs for i in ids])
         p = np.array([max(probs.get(int(i), 0.0), floor) for i in ids])
         picked = cur.token if 0 <= cur.selected < len(cur) else None
         colors = ["tab:red" if int(i) == picked else "tab:blue" for i in ids]
         ax.barh(y[alive], p[alive] - floor, left=floor, color=[c for c, a in zip(colors, alive) if a])
-        ax.plot(np.full((~alive).sum(), 2 * floor), y[~alive], "x", color="grey", ms=4)
+        ax.plot(np.full((~alive).sum(), 2 * floor), y[~alive], "x", color="grey", ms=6)
         ax.set_xscale("log")
         ax.set_xlim(floor, 1)
-        ax.set_title(f"{name}\n{len(cur)} left", fontsize=8)
-        ax.tick_params(labelsize=7)
-    axes[0].set_yticks(range(len(ids)), [_label(tokenizer, i) for i in ids])
-    axes[0].invert_yaxis()
-    fig.suptitle(title or f"the {top} most likely next tokens through the chain: probability of what is left",
-                 fontsize=9)
+        ax.set_xticks([1e-4, 1e-2, 1], ["10⁻⁴", "0.01", "1"])
+        ax.minorticks_off()
+        ax.set_title(f"{name}: {len(cur)} left", fontsize=11)
+    axes[0, 0].set_yticks(range(len(ids)), [_label(tokenizer, i) for i in ids])
+    axes[0, 0].invert_yaxis()
+    for row in axes:
+        row[0].tick_params(labelleft=True)
+    fig.suptitle(title or f"the {top} most likely next tokens through the chain: probability of what is left")
     fig.tight_layout()
     return fig
 

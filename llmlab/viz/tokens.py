@@ -20,8 +20,17 @@ FAMILIES = [   # the four algorithm families of llama.cpp (llama_vocab_type), as
 ]
 
 
+# whitespace drawn as a visible sign (an invisible space or newline would leave a blank box)
+VISIBLE_WHITESPACE = {" ": "\u2423", "\n": "\u21b5", "\t": "\u2192", "\r": "\u240d"}      # ␣ ↵ → ␍
+
+
+def visible(s: str) -> str:
+    """``s`` with each space, newline, tab and carriage return written as ␣, ↵, →, ␍."""
+    return "".join(VISIBLE_WHITESPACE.get(c, c) for c in s)
+
+
 def _visible(s: str) -> str:
-    return _html.escape(s).replace(" ", "&middot;").replace("\n", "&crarr;").replace("\t", "&rarr;")
+    return _html.escape(visible(s))
 
 
 def piece_label(tok: Tokenizer, i: int) -> str:
@@ -35,7 +44,7 @@ def piece_label(tok: Tokenizer, i: int) -> str:
 
 def tokens_html(tok: Tokenizer, text: str, add_bos: bool = False, special: bool = False,
                 ids: list[int] | None = None) -> HTML:
-    """The tokens of ``text`` as coloured boxes (hover: id and vocabulary entry). Spaces show as ·,
+    """The tokens of ``text`` as coloured boxes (hover: id and vocabulary entry). Spaces show as ␣,
     newlines as ↵, special tokens in bold, bytes of a split character as <XX>."""
     ids = tok.tokenize(text, add_bos=add_bos, special=special) if ids is None else ids
     spans = []
@@ -70,7 +79,7 @@ def fragments_html(tok: Tokenizer, text: str, special: bool) -> HTML:
     out = []
     for f in tok.fragments(text, special):
         if isinstance(f, int):
-            out.append(f"<b style='background:#f6cde0;padding:1px 3px'>{_html.escape(tok.vocab.tokens[f])}"
+            out.append(f"<b style='background:#f6cde0;padding:1px 3px'>{_visible(tok.vocab.tokens[f])}"
                        f" = {f}</b>")
         else:
             out.append(f"<span style='background:#eee;padding:1px 3px;font-family:monospace'>{_visible(f)}</span>")
@@ -105,18 +114,18 @@ def plot_replay(symbols0: list[str], steps, title: str = "", ax=None):
     import matplotlib.pyplot as plt
     rows = [list(symbols0)] + [s.symbols for s in steps]
     if ax is None:
-        _, ax = plt.subplots(figsize=(9, 0.32 * len(rows) + 0.8))
+        _, ax = plt.subplots(figsize=(9, 0.4 * len(rows) + 0.9))
     for y, syms in enumerate(rows):
         x = 0
         for k, s in enumerate(syms):
             w = len(s)
             ax.add_patch(plt.Rectangle((x, -y - 0.4), w, 0.8, facecolor=PALETTE[k % len(PALETTE)], edgecolor="#555"))
-            ax.text(x + w / 2, -y, s, ha="center", va="center", fontsize=8, family="monospace")
+            ax.text(x + w / 2, -y, s, ha="center", va="center", fontsize=11, family="monospace")
             x += w
     n = max(len("".join(r)) for r in rows)
     ax.set_xlim(0, n)
     ax.set_ylim(-len(rows) + 0.5, 0.5)
-    ax.set_yticks([-y for y in range(len(rows))], ["start"] + [f"step {k}" for k in range(1, len(rows))], fontsize=8)
+    ax.set_yticks([-y for y in range(len(rows))], ["start"] + [f"step {k}" for k in range(1, len(rows))])
     ax.set_xticks([])
     ax.set_title(title)
     for side in ("top", "right", "bottom"):
@@ -134,6 +143,33 @@ def byte_fallback_rows(tok: Tokenizer, text: str) -> list[list]:
         kind = next((n for a, n in names.items() if attr & a), "other")
         rows.append([i, repr(tok.vocab.tokens[i]), kind, tok.token_to_piece(i).hex(" ")])
     return rows
+
+
+def characters_html(tok: Tokenizer, text: str, px: int = 36) -> HTML:
+    """Each character of ``text`` (spaces left out): drawn from a font outline (``fonts.glyph_svg``,
+    so it shows even where the browser has no font for it), its code point, Unicode name, UTF-8
+    bytes, and the tokens it became: one vocabulary entry, or byte fallback's <0xXX> tokens."""
+    import unicodedata
+
+    from . import fonts
+    head = "".join(f"<th style='text-align:left'>{h}</th>" for h in
+                   ("character", "code point", "Unicode name", "UTF-8", "tokens", "how"))
+    rows = []
+    for ch in dict.fromkeys(c for c in text if not c.isspace()):
+        ids = tok.tokenize(ch)
+        if ids and tok.vocab.tokens[ids[0]] == "\u2581":       # a word-initial ▁ SentencePiece put in front
+            ids = ids[1:]
+        how = ("one vocabulary entry" if len(ids) == 1 else
+               f"byte fallback: {len(ids)} byte tokens" if all(int(tok.vocab.attrs[i]) & Attr.BYTE for i in ids) else
+               f"{len(ids)} tokens, pieces of its UTF-8 bytes")
+        glyph = fonts.glyph_svg(ch, px) or f"<span style='font-size:{px * 0.6:.0f}px'>{_html.escape(ch)}</span>"
+        entries = " ".join(_html.escape(tok.vocab.tokens[i]) for i in ids)
+        nowrap = "<span style='white-space:nowrap'>{}</span>".format
+        cells = [glyph, nowrap(f"U+{ord(ch):04X}"), unicodedata.name(ch, "?").lower(), nowrap(ch.encode("utf-8").hex(" ")),
+                 f"{ids}<br><code>{entries}</code>",
+                 how]
+        rows.append("<tr>" + "".join(f"<td style='text-align:left;vertical-align:middle'>{c}</td>" for c in cells) + "</tr>")
+    return HTML(f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>")
 
 
 def stream_rows(tok: Tokenizer, text: str) -> list[list]:
@@ -179,27 +215,29 @@ def vocab_stats(tok: Tokenizer) -> dict:
     return {"types": types, "lengths": np.array(lengths), "scripts": scripts}
 
 
-def plot_vocab_stats(stats: dict[str, dict], figsize=(12, 3.8)):
+def plot_vocab_stats(stats: dict[str, dict], figsize=(10, 4.8)):
     """Left: histogram of token lengths in bytes; right: how many ids each script gets."""
     import matplotlib.pyplot as plt
-    fig, (a, b) = plt.subplots(1, 2, figsize=figsize)
+    fig, (a, b) = plt.subplots(1, 2, figsize=figsize, width_ratios=[1, 1.3])
     bins = np.arange(1, 33) - 0.5
     for name, s in stats.items():
         a.hist(np.minimum(s["lengths"], 31), bins=bins, histtype="step", linewidth=1.8,
                label=f"{name} (mean {s['lengths'].mean():.1f} B)")
     a.set_xlabel("token length in UTF-8 bytes (31 = 31 or more)")
     a.set_ylabel("number of tokens")
-    a.legend()
+    a.legend(loc="upper right", fontsize=10)
     keys = sorted({k for s in stats.values() for k in s["scripts"]})
     x = np.arange(len(keys))
     w = 0.8 / len(stats)
     for k, (name, s) in enumerate(stats.items()):
         vals = [s["scripts"].get(key, 0) for key in keys]
         bars = b.bar(x + k * w, vals, w, label=name)
-        b.bar_label(bars, fontsize=7)
-    b.set_xticks(x + w * (len(stats) - 1) / 2, keys, rotation=20, ha="right", fontsize=8)
+        b.bar_label(bars, fontsize=10, rotation=90, padding=3)
+    short = {"Chinese (CJK ideographs)": "Chinese\n(CJK)", "digits, punctuation, space": "digits,\npunctuation,\nspace"}
+    b.set_xticks(x + w * (len(stats) - 1) / 2, [short.get(k, k.replace(" ", "\n", 1)) for k in keys], fontsize=10)
     b.set_yscale("log")
+    b.set_ylim(0.8, max(max(s["scripts"].values()) for s in stats.values()) * 40)   # room for the numbers
     b.set_ylabel("normal tokens")
-    b.legend()
+    b.legend(loc="upper left", fontsize=10, ncol=2)
     fig.tight_layout()
     return fig

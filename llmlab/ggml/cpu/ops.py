@@ -172,13 +172,17 @@ def mul_mat(dst: Tensor, cpu=None) -> None:
 
 @register("RMS_NORM")
 def rms_norm(dst: Tensor, cpu=None) -> None:
-    x = f32(dst.src[0])
-    eps = np.float32(dst.op_params["eps"])
+    rms_norm_rows(f32(dst.src[0]), dst.op_params["eps"], out=_out(dst))
+
+
+def rms_norm_rows(x: np.ndarray, eps: float, out: np.ndarray | None = None) -> np.ndarray:
+    """ggml_compute_forward_rms_norm_f32 on the last axis: x / sqrt(mean(x²) + eps), no mean subtracted."""
+    x = np.asarray(x, np.float32)
     sq = (x * x).astype(np.float64)                     # sum += (ggml_float)(x[i]*x[i]): float products,
     total = np.add.accumulate(sq, axis=-1)[..., -1]     # added one after another in double
     mean = (total / x.shape[-1]).astype(np.float32)
-    scale = (np.float32(1.0) / np.sqrt(mean + eps)).astype(np.float32)
-    np.multiply(x, scale[..., None], out=_out(dst))
+    scale = (np.float32(1.0) / np.sqrt(mean + np.float32(eps))).astype(np.float32)
+    return np.multiply(x, scale[..., None], out=out)
 
 
 @register("NORM")

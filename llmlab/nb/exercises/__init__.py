@@ -13,9 +13,10 @@ An exercise in a notebook's source (``notebooks/src/NN_name.py``) is two cells:
 * the solution cell, tagged ``solution`` (:data:`SOLUTION_TAG`) and collapsed
   (``jupyter.source_hidden``), which ends with the same checker call on the answer.
 
-``make notebooks`` fails when a solution cell shows a verdict that is not ``correct``. A notebook
-without its solutions (a learner's edition) is the notebook without the cells tagged ``solution``:
-its checker cells then show ``no answer yet``.
+``make notebooks`` runs the source, solutions included, and fails when a solution cell does not show
+``correct``. It stores the teacher's edition (every cell) in ``build/teacher/`` and commits the
+learner's edition, the notebook without the cells tagged ``solution`` (``llmlab.nb.runner``): its
+checker cells show ``no answer yet``, and no later cell may need a name only a solution defines.
 
 =============  ===============================
 module         notebook
@@ -34,7 +35,8 @@ module         notebook
     from llmlab.nb import exercises as ex
     ex.check_kv_head(9, 3, 7, my_answer)      # shows "correct: ..." or "not yet: ..."
 """
-from .attention import check_attention_row, check_kv_bytes_per_token, check_kv_head
+from .attention import (check_attention_row, check_kv_bytes_per_token, check_kv_head, check_rms_norm, check_rope,
+                        check_stream, check_swiglu)
 from .generation import check_greedy_loop, check_repeat_penalty, check_top_p
 from .gguf import check_kv_pair, check_tensor_file_offset, check_tensor_nbytes
 from .graph import check_mul_mat_flops, check_splits
@@ -43,14 +45,15 @@ from .mmvq import check_dp4a, check_lanes, check_launch
 from .overview import check_arithmetic_intensity, check_decode_tokens_per_s, check_kv_cache_bytes
 from .quant import check_bits_per_weight, check_q4_1_block, check_q8_0_decode
 from .tokenizers import check_next_bpe_merge, check_segmentation, check_unigram, check_wordpiece
-from .verdict import SOLUTION_TAG, Verdict, is_not_yet
+from .verdict import SOLUTION_TAG, Verdict, is_correct, is_not_yet
 
 __all__ = [
-    "SOLUTION_TAG", "Verdict", "is_not_yet",
+    "SOLUTION_TAG", "Verdict", "is_correct", "is_not_yet",
     "check_kv_cache_bytes", "check_decode_tokens_per_s", "check_arithmetic_intensity",      # 00
     "check_kv_pair", "check_tensor_nbytes", "check_tensor_file_offset",                      # 01
     "check_next_bpe_merge", "check_segmentation", "check_wordpiece", "check_unigram",        # 02
     "check_attention_row", "check_kv_head", "check_kv_bytes_per_token",                      # 03
+    "check_rms_norm", "check_rope", "check_swiglu", "check_stream",                          # 03
     "check_find_slot", "check_context_shift",                                                # 04
     "check_q4_1_block", "check_bits_per_weight", "check_q8_0_decode",                        # 05
     "check_splits", "check_mul_mat_flops",                                                   # 06

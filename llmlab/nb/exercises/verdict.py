@@ -39,8 +39,12 @@ class Verdict:
         return cls.correct(what) if ok else cls.not_yet(what, hint)
 
     @classmethod
-    def unanswered(cls, arg: str) -> Verdict:
-        return cls(False, f"no answer yet: put yours in the cell (the `{arg}` argument), then run it again")
+    def unanswered(cls, placeholder) -> Verdict:
+        """Names the placeholder the learner sees in the cell (``my_answer = 0``), never the
+        checker's parameter, whose name the cell does not show."""
+        shown = "..." if placeholder is Ellipsis else repr(placeholder)
+        return cls(False, f"no answer yet: the cell still holds its placeholder ({shown}); "
+                          "put your answer in its place, then run the cell again")
 
     def __bool__(self) -> bool:
         return self.ok
@@ -50,6 +54,11 @@ class Verdict:
 
     def _ipython_display_(self) -> None:
         sys.stdout.write(f"{self.message}\n")     # one write: one stream output, never split at the newline
+
+
+def is_correct(line: str) -> bool:
+    """Whether a line of a cell's output is the verdict on a correct answer."""
+    return line == CORRECT or line.startswith(CORRECT + ": ")
 
 
 def is_not_yet(line: str) -> bool:
@@ -74,8 +83,9 @@ def needs_answer(arg: str):
 
         @functools.wraps(fn)
         def check(*a, **kw) -> Verdict:
-            if _unanswered(sig.bind(*a, **kw).arguments.get(arg)):
-                return Verdict.unanswered(arg)
+            answer = sig.bind(*a, **kw).arguments.get(arg)
+            if _unanswered(answer):
+                return Verdict.unanswered(answer)
             return fn(*a, **kw)
         return check
     return wrap
