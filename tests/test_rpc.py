@@ -202,6 +202,10 @@ def _silent(c):
     time.sleep(5)
 
 
+def _busy(c):
+    time.sleep(5)                                # accepted by the kernel, never served: another client has it
+
+
 def _drops(c):
     _hello(c)
     _read_cmd(c)
@@ -229,6 +233,7 @@ FAKES = {
     "old version": (lambda c: _hello(c, major=6), "speaks RPC protocol 6.0.0"),
     "newer minor": (lambda c: _hello(c, minor=3), "speaks RPC protocol 7.3.0"),
     "silent": (_silent, "no reply from rpc-server"),
+    "busy": (_busy, "within 1 s \\(HELLO\\) \\(it serves one client at a time"),
     "drops": (_drops, "closed the connection during DEVICE_COUNT"),
     "huge reply": (_huge_reply, "answered DEVICE_COUNT with 1152921504606846976 bytes, expected 4"),
     "bad alignment": (_bad_alignment, "reports an alignment of 3"),

@@ -221,7 +221,8 @@ class RPCConnection:
                                f"it finds invalid, or it crashed)")
                 got += k
         except (socket.timeout, TimeoutError):
-            self._fail(f"no reply from rpc-server {self.endpoint} within {self.timeout:g} s ({cmd})")
+            busy = " (it serves one client at a time: is another one connected?)" if cmd == "HELLO" else ""
+            self._fail(f"no reply from rpc-server {self.endpoint} within {self.timeout:g} s ({cmd}){busy}")
         except OSError as e:
             self._fail(f"connection to rpc-server {self.endpoint} dropped during {cmd} ({e.strerror or e})")
         return buf
