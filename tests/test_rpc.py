@@ -202,6 +202,10 @@ def _silent(c):
     time.sleep(5)
 
 
+def _busy(c):
+    time.sleep(5)                                # accepted by the kernel, never served: another client has it
+
+
 def _drops(c):
     _hello(c)
     _read_cmd(c)
@@ -229,6 +233,7 @@ FAKES = {
     "old version": (lambda c: _hello(c, major=6), "speaks RPC protocol 6.0.0"),
     "newer minor": (lambda c: _hello(c, minor=3), "speaks RPC protocol 7.3.0"),
     "silent": (_silent, "no reply from rpc-server"),
+    "busy": (_busy, "within 1 s \\(HELLO\\) \\(it serves one client at a time"),
     "drops": (_drops, "closed the connection during DEVICE_COUNT"),
     "huge reply": (_huge_reply, "answered DEVICE_COUNT with 1152921504606846976 bytes, expected 4"),
     "bad alignment": (_bad_alignment, "reports an alignment of 3"),
@@ -396,3 +401,31 @@ def test_same_text_as_llama_cpps_own_rpc_client(servers, server_bin, name, promp
     r = _generate(path, "--rpc", srv.endpoint, "-ngl", "99", prompt=prompt, n=24)
     assert r.returncode == 0, r.stderr
     assert (prompt + json.loads(r.stdout)["text"]).rstrip("\n") == want.stdout.rstrip("\n")
+
+
+def test_devices_of_one_server_copy_there():
+    """Two devices of one server: a split input goes device to device with COPY_TENSOR (src and dst records
+    carrying their remote buffers and addresses), not through the client; a server answering 0 means "get and
+    set instead"."""
+    from llmlab.ggml.tensor import Tensor
+    seen = []
+
+    def script(c):
+        _hello(c)
+        _device_count(c, 2)
+        for reply in (struct.pack("<Q", 32), struct.pack("<Q", 1 << 40)) * 2 + (b"\1", b"\0"):
+            cmd, body = _read_cmd(c)
+            seen.append((rpc.RPC_CMDS[cmd], body))
+            c.sendall(struct.pack("<Q", len(reply)) + reply)
+    ep = _fake(script)
+    d0, d1 = rpc.RPCBackend(ep, 0, timeout=2.0), rpc.RPCBackend(ep, 1, timeout=2.0)
+    assert d0.conn is d1.conn and d0.buffer_type != d1.buffer_type
+    src, dst = Tensor("f32", (4, 2), name="l_out-9"), Tensor("f32", (4, 2), name="RPC1#l_out-9#0")
+    d0.where[d0.key(src)] = (0xA0, 0x1000)
+    d1.where[d1.key(dst)] = (0xB0, 0x2000)
+    assert d1.cpy_tensor(d0, src, dst) is True and d1.cpy_tensor(d0, src, dst) is False
+    cmd, body = seen[-2]
+    s_rec, d_rec = rpc.decode_record(body[:296]), rpc.decode_record(body[296:])
+    assert cmd == "COPY_TENSOR" and (s_rec["buffer"], s_rec["data"]) == (0xA0, 0x1000)
+    assert (d_rec["buffer"], d_rec["data"], d_rec["name"]) == (0xB0, 0x2000, "RPC1#l_out-9#0")
+    rpc._CONNECTIONS.clear()

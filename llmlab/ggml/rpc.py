@@ -221,7 +221,8 @@ class RPCConnection:
                                f"it finds invalid, or it crashed)")
                 got += k
         except (socket.timeout, TimeoutError):
-            self._fail(f"no reply from rpc-server {self.endpoint} within {self.timeout:g} s ({cmd})")
+            busy = " (it serves one client at a time: is another one connected?)" if cmd == "HELLO" else ""
+            self._fail(f"no reply from rpc-server {self.endpoint} within {self.timeout:g} s ({cmd}){busy}")
         except OSError as e:
             self._fail(f"connection to rpc-server {self.endpoint} dropped during {cmd} ({e.strerror or e})")
         return buf
@@ -598,6 +599,14 @@ class RPCBackend(Backend):
         if self.address(t) is None:
             raise RPCError(f"{self.name}: no remote memory for {t.name}")
         self.conn.set_tensor(self.record(t), raw)
+
+    def cpy_tensor(self, src_backend: Backend, src: Tensor, dst: Tensor) -> bool:
+        """ggml_backend_rpc_buffer_cpy_tensor: between two devices of the same server, COPY_TENSOR copies there."""
+        if not isinstance(src_backend, RPCBackend) or src_backend.conn is not self.conn:
+            return False
+        if src_backend.address(src) is None or self.address(dst) is None:
+            return False
+        return self.conn.copy_tensor(src_backend.record(src), self.record(dst))
 
     def get_tensor(self, t: Tensor) -> np.ndarray:
         """A tensor computed here, read back (ggml_backend_tensor_get)."""

@@ -67,6 +67,11 @@ class Backend:
         """``t``'s bytes (ggml_backend_tensor_get)."""
         return np.ndarray((t.nbytes(),), np.uint8, t.root().data, t.view_offs)
 
+    def cpy_tensor(self, src_backend: "Backend", src: Tensor, dst: Tensor) -> bool:
+        """Copy ``src`` (on ``src_backend``) into ``dst`` here without going through the host, if this backend
+        can (ggml_backend_buffer_copy_tensor); False: the scheduler gets and sets instead."""
+        return False
+
     def set_tensor(self, t: Tensor, raw: np.ndarray) -> None:
         """Fill ``t`` (a copy the scheduler made for a split input) with ``raw`` (ggml_backend_tensor_set)."""
         t.data = raw.copy()

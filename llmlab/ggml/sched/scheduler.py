@@ -308,10 +308,11 @@ class Scheduler:
             be.alloc_graph(sch, b)
         for s in sch.splits:
             be = self.backends[s.backend]
-            for src in s.inputs:                                   # ggml_backend_tensor_copy: get, then set
+            for src in s.inputs:                                   # ggml_backend_tensor_copy
                 c = sch.copies[(id(src), s.backend)]
-                have = sch.assignment.get(id(src), self.cpu)
-                be.set_tensor(c, self.backends[have].get_tensor(src))
+                have = self.backends[sch.assignment.get(id(src), self.cpu)]
+                if not be.cpy_tensor(have, src, c):                # directly, or through the host
+                    be.set_tensor(c, have.get_tensor(src))
                 total += src.nbytes()
             nodes = sch.run_nodes(s)
             for n, orig in zip(nodes, sch.split_nodes(s)):   # results land in the graph's own tensors
