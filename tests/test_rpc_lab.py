@@ -33,6 +33,7 @@ def test_server_that_exits_at_once_is_an_error(tmp_path):
     assert not rpc_lab._RUNNING
 
 
+@pytest.mark.slow
 def test_start_serve_and_stop(rpc_bin):
     servers = rpc_lab.start(2, rpc_bin)
     try:

@@ -19,17 +19,7 @@ key="$version-$(uname -m)-${march:-unknown}-$flags"
 dest="$cache/rpc-server/$key"
 if [ -x "$dest/rpc-server" ] && [ -x "$dest/llama-completion" ]; then echo "$dest/rpc-server"; exit 0; fi
 [ "${RPC_SERVER_NO_BUILD:-0}" = 1 ] && { echo "no rpc-server built for $key (make rpc-server)" >&2; exit 1; }
-# the sdist: our own cache, or the one the arm64 oracle build already unpacked
-srcroot="$cache/sdist"
-for d in "$cache/sdist" "$cache/oracle-arm64/src"; do
-  [ -d "$d/llama_cpp_python-$version/vendor/llama.cpp" ] && { srcroot=$d; break; }
-done
-if [ ! -d "$srcroot/llama_cpp_python-$version/vendor/llama.cpp" ]; then
-  mkdir -p "$srcroot"
-  "$py" -m pip download -q --disable-pip-version-check --no-deps --no-binary :all: -d "$srcroot" "llama-cpp-python==$version"
-  tar -xzf "$srcroot/llama_cpp_python-$version.tar.gz" -C "$srcroot"
-fi
-src="$srcroot/llama_cpp_python-$version/vendor/llama.cpp"
+src=$(PYTHON=$py "$(dirname "$0")/../llama_cpp_source.sh" "$cache" "$version" | tail -n1)
 bld="$cache/rpc-server/build-$key"
 echo "building llama.cpp's rpc-server and llama-completion $version for this CPU ($key), about 15 minutes on 2 cores" >&2
 cmake -S "$src" -B "$bld" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_RPC=ON -DGGML_NATIVE=ON \
