@@ -56,16 +56,16 @@ def quantized_path(qtype, n_rows: int, repacked: bool, cpu) -> str | None:
     activation rows: 'repack' (the REPACK gemv/gemm, for weights in the REPACK buffer), 'tiled' (the
     tiled K-quant matmul from ``tiled_min_batch`` rows on) or 'vec_dot'; None when llmlab has no exact
     kernel for the type. The one choice of path: the fast kernels (``fast.twins``) follow it too."""
-    from .quants import TYPE_TRAITS_CPU
+    from .quants import traits_for
     from .repack_gemm import REPACKED_MUL_MAT
     name = qtype.name
     if repacked and name in cpu.repack_types:
-        path = "repack" if name in REPACKED_MUL_MAT else "vec_dot"
+        path = "repack" if cpu.repack_layout(name) in REPACKED_MUL_MAT else "vec_dot"
     elif n_rows >= cpu.tiled_min_batch and name in cpu.tiled_types:
         path = "tiled"
     else:
         path = "vec_dot"
-    return path if name in TYPE_TRAITS_CPU else None
+    return path if name in traits_for(cpu) else None
 
 
 def quantized_kernel(qtype, n_rows: int, repacked: bool, cpu) -> Callable | None:
@@ -74,7 +74,7 @@ def quantized_kernel(qtype, n_rows: int, repacked: bool, cpu) -> Callable | None
     from .repack_gemm import REPACKED_MUL_MAT
     from .tiled import mul_mat_k_tiled
     path = quantized_path(qtype, n_rows, repacked, cpu)
-    return {"repack": REPACKED_MUL_MAT.get(qtype.name), "tiled": mul_mat_k_tiled, "vec_dot": quant_mul_mat,
+    return {"repack": REPACKED_MUL_MAT.get(cpu.repack_layout(qtype.name)), "tiled": mul_mat_k_tiled, "vec_dot": quant_mul_mat,
             None: None}[path]
 
 

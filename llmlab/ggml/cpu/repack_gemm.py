@@ -67,5 +67,31 @@ def mul_mat_q4_k_repacked(raw: np.ndarray, qtype, x: np.ndarray, cpu=None) -> np
     return out
 
 
-# the repacked types whose kernels llmlab reproduces; the others fall back to the vec_dot order
-REPACKED_MUL_MAT: dict[str, Callable] = {"q4_k": mul_mat_q4_k_repacked}
+def mul_mat_q8_0_4x4(raw: np.ndarray, qtype, x: np.ndarray, cpu=None) -> np.ndarray:
+    """arch/arm/repack.cpp ``ggml_gemv/gemm_q8_0_4x4_q8_0`` (NEON dotprod): per output and block, the
+    32-product integer dot (vdotq_laneq_s32, exact) times d_x*d_w; gemv fuses it into the accumulator
+    (vfmaq_f32), gemm, for activation rows in groups of 4, multiplies then adds (vmlaq_f32: fmul + fadd)."""
+    x = np.asarray(x, float32).reshape(-1, x.shape[-1])
+    w = weight_blocks(raw, qtype, x.shape[1])
+    a = quantize_activations(x, "q8_0", cpu)
+    T, nb = a.shape
+    n_gemm = T - T % 4
+    qa = a["qs"].astype(float64)                                          # (T, nb, 32)
+    da = a["d"].astype(float32)
+    out = np.empty((T, len(w)), float32)
+    for r0 in range(0, len(w), ROW_CHUNK):
+        ws = w[r0:r0 + ROW_CHUNK]
+        qw, dw = ws["qs"].astype(float64), ws["d"].astype(float32)
+        acc = np.zeros((T, len(ws)), float32)
+        for b in range(nb):
+            isum = (qa[:, b] @ qw[:, b].T).astype(float32)                  # (T, n) exact
+            d = (da[:, b, None] * dw[None, :, b]).astype(float32)
+            acc[:n_gemm] = (acc[:n_gemm] + (d[:n_gemm] * isum[:n_gemm]).astype(float32)).astype(float32)
+            acc[n_gemm:] = fma64(isum[n_gemm:].astype(float64), d[n_gemm:], acc[n_gemm:])
+        out[:, r0:r0 + len(ws)] = acc
+    return out
+
+
+# REPACK layouts (the profile's ``repack_layouts``) whose kernels llmlab reproduces; the others fall back
+# to the vec_dot order
+REPACKED_MUL_MAT: dict[str, Callable] = {"q4_K_8x8": mul_mat_q4_k_repacked, "q8_0_4x4": mul_mat_q8_0_4x4}

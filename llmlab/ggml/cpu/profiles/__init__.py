@@ -57,6 +57,14 @@ class CPUProfile:
     repack_types: frozenset
     repack_row_multiple: int
     notes: tuple = field(default=())   # what is special about this profile, for the notebooks
+    # where the ARM builds differ (the defaults are the x86 builds')
+    f16_lanes: int = 0                 # GGML_F16_EPR for ggml_vec_dot_f16 (0: f32_lanes)
+    f16_arr: int = 0                   # GGML_F16_ARR (0: f32_arr)
+    f16_acc: str = "f32"               # its accumulators: "f32" (F16C, plain NEON) or "f16" (FP16 vector arithmetic)
+    f16_reduce_tree: Tree = None       # the lanes' sum after the registers fold (None: vec_reduce_tree)
+    sgemm_acc: str = "f32"             # tinyBLAS f16 accumulators: "f32" or "f16" (float16x8_t with FP16_VA)
+    quant_kernels: str = "x86"         # which arch/<isa>/quants.c (and activation quantizers): "x86" or "neon"
+    repack_layouts: dict = field(default_factory=dict)  # repack.cpp: type -> layout ("q8_0_4x4"); rows % its column count
 
     def __str__(self) -> str:
         return self.name
@@ -67,15 +75,22 @@ class CPUProfile:
     @property
     def f16_step(self) -> int:
         """GGML_F16_STEP: elements per iteration of ggml_vec_dot_f16 (ARR registers of EPR lanes)."""
-        return self.f32_lanes * self.f32_arr
+        return (self.f16_lanes or self.f32_lanes) * (self.f16_arr or self.f32_arr)
+
+    def repack_layout(self, type_name: str) -> str | None:
+        """The REPACK layout of a type on this build ("q4_K_8x8": 8 interleaved rows of 8-byte groups)."""
+        return self.repack_layouts.get(type_name) if type_name in self.repack_types else None
 
     def repacks(self, type_name: str, n_rows: int) -> bool:
         """Would llama.cpp's CPU_REPACK buffer take a weight of this type and row count?"""
-        return type_name in self.repack_types and n_rows % self.repack_row_multiple == 0
+        layout = self.repack_layout(type_name)
+        multiple = int(layout.rsplit("_", 1)[1].split("x")[0]) if layout else self.repack_row_multiple
+        return type_name in self.repack_types and n_rows % multiple == 0
 
     def summary(self) -> dict:
         return {"name": self.name, "title": self.title, "f32_lanes": self.f32_lanes, "f16_step": self.f16_step,
-                "sgemm_lanes": self.sgemm_lanes, "expf": self.expf, "repack_types": sorted(self.repack_types)}
+                "f16_acc": self.f16_acc, "sgemm_lanes": self.sgemm_lanes, "expf": self.expf,
+                "quant_kernels": self.quant_kernels, "repack_types": sorted(self.repack_types)}
 
 
 def _load() -> dict[str, CPUProfile]:
