@@ -33,7 +33,7 @@ from .fast._common import parallel_min_work, threads
 from .journal import reader, writer
 from .fast import ops as fops
 from .fast import vec as fvec
-from .ops import COMPUTE, rope_cache
+from .ops import COMPUTE, rope_cache, rope_vec_pairs
 from .vec import gelu_table
 from .profiles import CPUProfile, resolve
 
@@ -207,6 +207,7 @@ def _rope(node, cpu):
     P = pos.array().reshape(-1)
     n_dims, neox = p["n_dims"], bool(p["mode"] & 2)
     args = (p["freq_base"], p["freq_scale"], p["attn_factor"])
+    vec_pairs = rope_vec_pairs(cpu, n_dims, neox)
 
     key = (n_dims, *args)
 
@@ -215,7 +216,7 @@ def _rope(node, cpu):
         hit = _ROPE_LAST.get(key)
         if hit is None or hit[0] != pb:      # the first ROPE of a step; the other 2 n_layer - 1 reuse it
             hit = _ROPE_LAST[key] = (pb, *rope_cache(P, n_dims, *args))
-        fops.rope(X, hit[1], hit[2], n_dims, neox, O)
+        fops.rope(X, hit[1], hit[2], n_dims, neox, O, vec_pairs)
     return step
 
 

@@ -234,6 +234,17 @@ def rotate(x0: np.ndarray, x1: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> 
     return y0, y1
 
 
+def rope_vec_pairs(cpu, n_dims: int, neox: bool) -> int:
+    """How many leading NORM pairs the profile's build rotates in its auto-vectorized loop (GCC turns
+    rotate_pairs into ld2/st2 steps of ``rope_vec_pairs`` pairs on AArch64, from ``rope_vec_min_pairs``
+    pairs on; the leftover pairs run the scalar loop). 0 where the loop is scalar."""
+    cpu = profiles.resolve(cpu)
+    pairs = n_dims // 2
+    if neox or not cpu.rope_vec_pairs or pairs < cpu.rope_vec_min_pairs:
+        return 0
+    return pairs - pairs % cpu.rope_vec_pairs
+
+
 @register("ROPE")
 def rope(dst: Tensor, cpu=None) -> None:
     a, pos = dst.src[0], dst.src[1]
@@ -253,6 +264,10 @@ def rope(dst: Tensor, cpu=None) -> None:
     else:                                               # NORM: adjacent pairs (2i, 2i+1)
         i0, i1 = slice(0, n_dims, 2), slice(1, n_dims, 2)
     out[..., i0], out[..., i1] = rotate(x[..., i0], x[..., i1], cos, sin)
+    nv = rope_vec_pairs(cpu, n_dims, bool(p["mode"] & 2))
+    if nv:      # the vectorized loop fused the other product of x0*cos - x1*sin (fmls)
+        x0, x1 = x[..., 0:2 * nv:2], x[..., 1:2 * nv:2]
+        out[..., 0:2 * nv:2] = fma(-x1, sin[..., :nv], (x0 * cos[..., :nv]).astype(float32))
 
 
 @register("SOFT_MAX")

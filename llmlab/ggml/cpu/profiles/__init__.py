@@ -63,6 +63,9 @@ class CPUProfile:
     f16_acc: str = "f32"               # its accumulators: "f32" (F16C, plain NEON) or "f16" (FP16 vector arithmetic)
     f16_reduce_tree: Tree = None       # the lanes' sum after the registers fold (None: vec_reduce_tree)
     sgemm_acc: str = "f32"             # tinyBLAS f16 accumulators: "f32" or "f16" (float16x8_t with FP16_VA)
+    rope_vec_pairs: int = 0            # rotate_pairs (NORM) auto-vectorized: pairs a step, x1*sin fused (0: scalar)
+    rope_vec_min_pairs: int = 0        # below this many pairs the compiled loop stays scalar
+    build: str = ""                    # GGML_CPU_ARM_ARCH of the llama.cpp build it is (the arm64 oracle's level)
     quant_kernels: str = "x86"         # which arch/<isa>/quants.c (and activation quantizers): "x86" or "neon"
     repack_layouts: dict = field(default_factory=dict)  # repack.cpp: type -> layout ("q8_0_4x4"); rows % its column count
 

@@ -45,5 +45,8 @@ PROFILE = CPUProfile(
     f16_acc="f16",
     f16_reduce_tree=hadd_tree(8),             # GGML_F16x8_REDUCE: low + high halves as float32, then faddp
     sgemm_acc="f16",
+    rope_vec_pairs=4,                         # GCC vectorizes NORM's rotate_pairs: y0 = fma(-x1, sin, x0*cos)
+    rope_vec_min_pairs=7,
+    build="armv8.2-a+dotprod+fp16",
     quant_kernels="neon",
 )
