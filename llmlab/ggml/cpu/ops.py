@@ -18,7 +18,7 @@ from numpy import float32, float64
 
 from . import profiles
 from .libm import expf as libm_expf
-from .simd import fma, fma64
+from .simd import fma, fma64, fma_f16
 from .journal import rows_written
 from .libm import libm
 from .vec import gelu as gelu_ggml
@@ -386,6 +386,9 @@ def flash_attn_ext(dst: Tensor, cpu=None) -> None:
     n_kv = K.shape[1]
     M = f32(mask)[0, 0, :n_q, :n_kv] if mask is not None else np.zeros((n_q, n_kv), np.float32)
     f16_acc = v.type is F16
+    cpu = profiles.resolve(cpu)
+    half_vec = cpu.f16_acc == "f16"                     # the f16 vector routines compute in half precision
+    nv = V.shape[-1] - V.shape[-1] % cpu.f16_step       # over whole GGML_F16_STEPs; the rest in scalar code
     S = np.zeros((n_head, n_q), np.float32)
     Mx = np.full((n_head, n_q), -np.inf, np.float32)
     acc = np.zeros((n_head, n_q, V.shape[-1]), np.float16 if f16_acc else np.float32)
@@ -404,7 +407,13 @@ def flash_attn_ext(dst: Tensor, cpu=None) -> None:
         ms = np.where(live, ms, np.float32(1))
         vs = np.where(live, vs, np.float32(0))
         Mx = np.where(grow, s, Mx)
-        if f16_acc:
+        if f16_acc and half_vec:            # FP16_VA: vec_scale_f16 / vec_mad_f16 in float16x8_t registers
+            sc = (acc[..., :nv].astype(np.float32) * ms.astype(np.float16).astype(np.float32)[..., None])
+            a16 = fma_f16(V[:, ic][:, None, :nv], vs.astype(np.float16)[..., None], sc.astype(np.float16))
+            a32 = (acc[..., nv:].astype(np.float32) * ms[..., None]).astype(np.float16).astype(np.float32)
+            a32 = fma64(V[:, ic][:, None, nv:].astype(np.float64), vs[..., None], a32).astype(np.float16)
+            acc = np.where(live[..., None], np.concatenate([a16, a32], -1), acc)
+        elif f16_acc:
             a32 = acc.astype(np.float32) * ms[..., None]
             a32 = fma64(V[:, ic][:, None, :].astype(np.float64), vs[..., None], a32.astype(np.float16).astype(np.float32))
             acc = np.where(live[..., None], a32.astype(np.float16), acc)
