@@ -65,7 +65,7 @@ def quantized_path(qtype, n_rows: int, repacked: bool, cpu) -> str | None:
         path = "tiled"
     else:
         path = "vec_dot"
-    return path if name in traits_for(cpu) else None
+    return path if path == "repack" or name in traits_for(cpu) else None
 
 
 def quantized_kernel(qtype, n_rows: int, repacked: bool, cpu) -> Callable | None:

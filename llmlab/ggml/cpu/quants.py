@@ -382,8 +382,14 @@ def vec_dot_q4_1_q8_1_neon(w, a, cpu=None):
                         summs=_neon_summs(w, a, w.shape[1]))
 
 
+def vec_dot_q5_0_q8_0_neon(w, a, cpu=None):
+    cpu = profiles.resolve(cpu)
+    return _neon_legacy(w, a, codes_q5(w) - 16, cpu, lambda sumf, dd, sumi, b: fma(dd, sumi, sumf))
+
+
 NEON_TRAITS: dict[str, CPUTraits] = {
     "q4_0": CPUTraits("q8_0", vec_dot_q4_0_q8_0_neon),
+    "q5_0": CPUTraits("q8_0", vec_dot_q5_0_q8_0_neon),
     "q4_1": CPUTraits("q8_1", vec_dot_q4_1_q8_1_neon),
     "q8_0": CPUTraits("q8_0", vec_dot_q8_0_q8_0_neon),
 }
