@@ -47,6 +47,7 @@ PROFILE = CPUProfile(
     sgemm_acc="f16",
     rope_vec_pairs=4,                         # GCC vectorizes NORM's rotate_pairs: y0 = fma(-x1, sin, x0*cos)
     rope_vec_min_pairs=7,
+    arch="aarch64",
     build="armv8.2-a+dotprod+fp16",
     quant_kernels="neon",
 )
