@@ -21,7 +21,7 @@ from llmlab.llamacpp import arm64
 
 REFS = Path(__file__).resolve().parents[2] / "tests" / "data" / "refs"
 STEMS = {"smollm2": "smollm2-135m-instruct-q4_1", "gemma3": "gemma-3-270m-q4_k_m"}
-N_GREEDY, TOP, THREADS = 48, 32, 2
+N_GREEDY, TOP, THREADS = 48, 32, 1
 
 
 def main(argv: list[str]) -> int:

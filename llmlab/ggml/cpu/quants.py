@@ -93,10 +93,16 @@ def quantize_row_q8_1_neon(x: np.ndarray) -> np.ndarray:
     return out
 
 
+def quantize_row_q8_k_neon(x: np.ndarray) -> np.ndarray:
+    """quantize_row_q8_K_ref as GCC compiles it for AArch64: ``iscale*x[j] + 12582912.f`` fused (fmla),
+    so the exact product is rounded; x86 builds of ggml-base round the product to float first."""
+    return K.quantize_q8_k(np.asarray(x, float32).reshape(-1, QK_K), fused=True)
+
+
 # per kernel family (the profile's ``quant_kernels``): arch/x86/quants.c or arch/arm/quants.c
 ACTIVATION_QUANTIZERS: dict[str, dict[str, Callable]] = {
     "x86": {"q8_0": quantize_row_q8_0, "q8_1": quantize_row_q8_1, "q8_K": quantize_row_q8_k},
-    "neon": {"q8_0": quantize_row_q8_0_neon, "q8_1": quantize_row_q8_1_neon, "q8_K": quantize_row_q8_k},
+    "neon": {"q8_0": quantize_row_q8_0_neon, "q8_1": quantize_row_q8_1_neon, "q8_K": quantize_row_q8_k_neon},
 }
 
 
