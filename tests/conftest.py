@@ -29,7 +29,8 @@ from llmlab.ggml.cpu import profiles
 DATA = Path(__file__).parent / "data"
 REFS = DATA / "refs"
 REF_STEMS = {"smollm2": "smollm2-135m-instruct-q4_1", "gemma3": "gemma-3-270m-q4_k_m"}
-REF_DIRS = {"avx512": REFS, "avx2": REFS / "avx2"}          # the logits of llama.cpp built for each CPU
+REF_DIRS = {"avx512": REFS, "avx2": REFS / "avx2",          # the logits of llama.cpp built for each CPU
+            "arm_dotprod_fp16": REFS / "arm_dotprod_fp16"}   # (ARM: the aarch64 build under qemu-user)
 REF_PROFILES = [p for p, d in REF_DIRS.items() if (d / f"{REF_STEMS['smollm2']}.logits.npz").exists()]
 LIVE = profiles.detect()                                     # the profile of this machine's llama.cpp
 
@@ -76,6 +77,8 @@ def pytest_make_collect_report(collector):
 
 def pytest_addoption(parser):
     parser.addoption("--slow", action="store_true", help="also run the slow suites (notebooks, full-model llama.cpp runs)")
+    parser.addoption("--arm64", action="store_true",
+                     help="also run the live comparisons with the aarch64 llama.cpp under qemu (make test-arm64)")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -85,6 +88,11 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "llamacpp_exact" in item.keywords:
                 item.add_marker(no_exact)
+    if not config.getoption("--arm64"):
+        no_qemu = pytest.mark.skip(reason="live aarch64 llama.cpp under qemu: run with --arm64 (make test-arm64)")
+        for item in items:
+            if "arm64" in item.keywords:
+                item.add_marker(no_qemu)
     if config.getoption("--slow"):
         return
     skip = pytest.mark.skip(reason="slow suite: run with --slow (make test-slow)")
