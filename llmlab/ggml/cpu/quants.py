@@ -104,6 +104,7 @@ ACTIVATION_QUANTIZERS: dict[str, dict[str, Callable]] = {
     "x86": {"q8_0": quantize_row_q8_0, "q8_1": quantize_row_q8_1, "q8_K": quantize_row_q8_k},
     "neon": {"q8_0": quantize_row_q8_0_neon, "q8_1": quantize_row_q8_1_neon, "q8_K": quantize_row_q8_k_neon},
 }
+ACTIVATION_QUANTIZERS["neon_i8mm"] = ACTIVATION_QUANTIZERS["neon"]
 
 
 def quantize_activations(x: np.ndarray, partner: str, cpu=None) -> np.ndarray:
@@ -400,8 +401,40 @@ NEON_TRAITS: dict[str, CPUTraits] = {
     "q8_0": CPUTraits("q8_0", vec_dot_q8_0_q8_0_neon),
 }
 
-# the profile's ``quant_kernels`` picks one table: which arch/<isa>/quants.c the build compiled
-QUANT_KERNELS: dict[str, dict[str, CPUTraits]] = {"x86": TYPE_TRAITS_CPU, "neon": NEON_TRAITS}
+def vec_dot_q4_1_q8_1_mmla(w, a, cpu=None):
+    """ggml_vec_dot_q4_1_q8_1 with MATMUL_INT8 and nrc == 2: vmmlaq_s32 forms 2 rows x 2 columns of
+    whole-block integer dots; ONE accumulator per output, ``acc += (float) isum * d`` block after block
+    (multiply, then add), the min terms in their own lanes as ``summs = fma(m, s, summs)`` (the compiler
+    contracts the products and vaddq_f32 into fmla), and ``acc + summs`` at the end."""
+    dd = _dd(w, a)
+    isum = np.einsum("tbk,rbk->btr", a["qs"].astype(float64), nibbles(w["qs"]).astype(float64)).astype(float32)
+    m, s = w["m"].astype(float32).T[:, None, :], a["s"].astype(float32).T[:, :, None]
+    acc = np.zeros(dd.shape[1:], float32)
+    summs = np.zeros(dd.shape[1:], float32)
+    for b in range(len(dd)):
+        acc = (acc + (isum[b] * dd[b]).astype(float32)).astype(float32)
+        summs = fma(m[b], s[b], summs)
+    return (acc + summs).astype(float32)
+
+
+# nrc == 2 kernels (MATMUL_INT8), for the profile's ``vec_dot_nrows`` types
+MMLA_VEC_DOT: dict[str, Callable] = {"q4_1": vec_dot_q4_1_q8_1_mmla}
+
+# the profile's ``quant_kernels`` picks one table: which arch/<isa>/quants.c the build compiled. The
+# i8mm table holds the types whose every path llmlab reproduces (q4_0 and q8_0 also take 2x2 mmla steps
+# there, not reproduced yet: they are left out, so they run the float stand-in and say so in the path)
+QUANT_KERNELS: dict[str, dict[str, CPUTraits]] = {
+    "x86": TYPE_TRAITS_CPU, "neon": NEON_TRAITS,
+    "neon_i8mm": {k: v for k, v in NEON_TRAITS.items() if k in ("q4_1", "q5_0")},
+}
+
+
+def vec_dot_rows(cpu, tname: str, n_rows: int, n_act: int) -> int:
+    """ggml_compute_forward_mul_mat's num_rows_per_vec_dot: 2 where the type's vec_dot takes 2x2
+    outputs and both counts are even (llama.cpp also needs each thread's chunk even: true for these
+    models' shapes on one or two threads, which llmlab assumes), else 1."""
+    cpu = profiles.resolve(cpu)
+    return 2 if tname in cpu.vec_dot_nrows and n_rows % 2 == 0 and n_act % 2 == 0 else 1
 
 
 def traits_for(cpu) -> dict[str, CPUTraits]:
@@ -444,8 +477,9 @@ def mul_mat(weight_raw, qtype, x: np.ndarray, cpu=None) -> np.ndarray:
     w = weight_blocks(weight_raw, t, x2.shape[-1])
     a = quantize_activations(x2, traits.vec_dot_type, cpu)
     out = np.empty((len(x2), len(w)), float32)
+    vec_dot = MMLA_VEC_DOT[t.name] if vec_dot_rows(cpu, t.name, len(w), len(x2)) == 2 else traits.vec_dot
     for r0 in range(0, len(w), ROW_CHUNK):
-        out[:, r0:r0 + ROW_CHUNK] = traits.vec_dot(w[r0:r0 + ROW_CHUNK], a, cpu)
+        out[:, r0:r0 + ROW_CHUNK] = vec_dot(w[r0:r0 + ROW_CHUNK], a, cpu)
     return out[0] if squeeze else out
 
 

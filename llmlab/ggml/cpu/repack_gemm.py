@@ -92,6 +92,27 @@ def mul_mat_q8_0_4x4(raw: np.ndarray, qtype, x: np.ndarray, cpu=None) -> np.ndar
     return out
 
 
+def mul_mat_q8_0_4x8(raw: np.ndarray, qtype, x: np.ndarray, cpu=None) -> np.ndarray:
+    """arch/arm/repack.cpp ``ggml_gemv/gemm_q8_0_4x8_q8_0`` (MATMUL_INT8): per output and block the
+    integer dot (vdotq_s32 in gemv, vmmlaq_s32 in gemm, exact) and ``acc = fma((float) isum, d_x*d_w,
+    acc)`` in both (vfmaq_f32): the 4x4 gemm's separate multiply and add are gone."""
+    x = np.asarray(x, float32).reshape(-1, x.shape[-1])
+    w = weight_blocks(raw, qtype, x.shape[1])
+    a = quantize_activations(x, "q8_0", cpu)
+    T, nb = a.shape
+    qa, da = a["qs"].astype(float64), a["d"].astype(float32)
+    out = np.empty((T, len(w)), float32)
+    for r0 in range(0, len(w), ROW_CHUNK):
+        ws = w[r0:r0 + ROW_CHUNK]
+        qw, dw = ws["qs"].astype(float64), ws["d"].astype(float32)
+        acc = np.zeros((T, len(ws)), float32)
+        for b in range(nb):
+            isum = (qa[:, b] @ qw[:, b].T).astype(float32)
+            acc = fma64(isum.astype(float64), (da[:, b, None] * dw[None, :, b]).astype(float32), acc)
+        out[:, r0:r0 + len(ws)] = acc
+    return out
+
+
 def mul_mat_q4_k_8x4(raw: np.ndarray, qtype, x: np.ndarray, cpu=None) -> np.ndarray:
     """arch/arm/repack.cpp ``ggml_gemv/gemm_q4_K_8x4_q8_K`` (NEON dotprod; gemv and gemm take the same
     float steps): per 64 values (two sub-blocks) the integer sum sc_lo*dot_lo + sc_hi*dot_hi goes into
@@ -165,4 +186,5 @@ def mul_mat_q6_k_8x4(raw: np.ndarray, qtype, x: np.ndarray, cpu=None) -> np.ndar
 # REPACK layouts (the profile's ``repack_layouts``) whose kernels llmlab reproduces; the others fall back
 # to the vec_dot order
 REPACKED_MUL_MAT: dict[str, Callable] = {"q4_K_8x8": mul_mat_q4_k_repacked, "q8_0_4x4": mul_mat_q8_0_4x4,
-                                         "q4_K_8x4": mul_mat_q4_k_8x4, "q6_K_8x4": mul_mat_q6_k_8x4}
+                                         "q4_K_8x4": mul_mat_q4_k_8x4, "q6_K_8x4": mul_mat_q6_k_8x4,
+                                         "q8_0_4x8": mul_mat_q8_0_4x8}

@@ -29,7 +29,8 @@ from .vec import vec_dot_f16
 def takes(cpu, m: int, n: int, k: int) -> bool:
     """Does llamafile_sgemm accept an f16 product of m weight rows, n activation rows, length k?"""
     cpu = profiles.resolve(cpu)
-    return n >= cpu.sgemm_min_batch and k % cpu.sgemm_lanes == 0 and m % cpu.sgemm_row_multiple == 0
+    return (cpu.llamafile and n >= cpu.sgemm_min_batch and k % cpu.sgemm_lanes == 0
+            and m % cpu.sgemm_row_multiple == 0)
 
 
 def mul_mat_f16(A: np.ndarray, B: np.ndarray, cpu=None) -> np.ndarray:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import re
 import sys
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -69,6 +70,8 @@ class CPUProfile:
     rope_vec_min_pairs: int = 0        # below this many pairs the compiled loop stays scalar
     arch: str = "x86_64"               # the machine (platform.machine(), normalized) whose builds these are
     build: str = ""                    # GGML_CPU_ARM_ARCH of the llama.cpp build it is (the arm64 oracle's level)
+    llamafile: bool = True             # GGML_USE_LLAMAFILE: tinyBLAS offered first (the i8mm ARM build turns it off)
+    vec_dot_nrows: frozenset = frozenset()  # types whose vec_dot takes 2x2 outputs (.nrows = 2: MATMUL_INT8)
     quant_kernels: str = "x86"         # which arch/<isa>/quants.c (and activation quantizers): "x86" or "neon"
     repack_layouts: dict = field(default_factory=dict)  # repack.cpp: type -> layout ("q8_0_4x4"); rows % its column count
 
@@ -90,7 +93,8 @@ class CPUProfile:
     def repacks(self, type_name: str, n_rows: int) -> bool:
         """Would llama.cpp's CPU_REPACK buffer take a weight of this type and row count?"""
         layout = self.repack_layout(type_name)
-        multiple = int(layout.rsplit("_", 1)[1].split("x")[0]) if layout else self.repack_row_multiple
+        cols = re.search(r"_(\d+)x\d+", layout) if layout else None          # "q4_K_8x4": 8 interleaved rows
+        multiple = int(cols.group(1)) if cols else self.repack_row_multiple
         return type_name in self.repack_types and n_rows % multiple == 0
 
     def summary(self) -> dict:
