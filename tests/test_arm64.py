@@ -102,11 +102,35 @@ def test_arm_profile_routes_the_fast_kernels_to_its_own_bits(smollm2_path):
     np.testing.assert_array_equal(out["fast"], out["reference"])
 
 
-@pytest.mark.parametrize("name", ["smollm2", "gemma3"])
-def test_references_record_the_build(name):
-    meta = json.loads((REF_DIRS[ARM] / f"{REF_STEMS[name]}.logits.json").read_text())
-    assert profiles._from_system_info(meta["system_info"]) is profiles.get(ARM)
-    assert meta["build"] == profiles.get(ARM).build and meta["flash_attn"] is False
+@pytest.mark.parametrize("cpu, name", [(ARM, "smollm2"), (ARM, "gemma3"), ("arm_i8mm", "smollm2")])
+def test_references_record_the_build(cpu, name):
+    meta = json.loads((REF_DIRS[cpu] / f"{REF_STEMS[name]}.logits.json").read_text())
+    assert profiles._from_system_info(meta["system_info"]) is profiles.get(cpu)
+    assert meta["build"] == profiles.get(cpu).build and meta["flash_attn"] is False
+
+
+def test_i8mm_takes_2x2_mmla_steps_only_for_even_row_counts():
+    """MATMUL_INT8's q4_1 kernel for 2x2 outputs: one accumulator per output (no even/odd blocks), the
+    min terms fused into their own lanes; ggml uses it only where both row counts are even."""
+    i8 = profiles.get("arm_i8mm")
+    assert Q.vec_dot_rows(i8, "q4_1", 576, 16) == 2 and Q.vec_dot_rows(i8, "q4_1", 576, 17) == 1
+    assert Q.vec_dot_rows(ARM, "q4_1", 576, 16) == 1 and Q.vec_dot_rows(i8, "q5_0", 576, 16) == 1
+    rng = np.random.default_rng(11)
+    w = Q.weight_blocks(quantize(rng.standard_normal(4 * 160).astype(np.float32), "q4_1"), ggml_type("q4_1"), 160)
+    x = rng.standard_normal((2, 160)).astype(np.float32)
+    a = Q.quantize_activations(x, "q8_1", i8)
+    got = Q.vec_dot_q4_1_q8_1_mmla(w, a, i8)
+    f32 = np.float32
+    for t in range(2):
+        for r in range(4):
+            acc, summs = f32(0), f32(0)
+            for b in range(5):
+                q = np.concatenate([w["qs"][r, b] & 15, w["qs"][r, b] >> 4]).astype(np.int64)
+                isum = f32(int(a["qs"][t, b].astype(np.int64) @ q))
+                acc = f32(acc + f32(isum * f32(f32(w["d"][r, b]) * f32(a["d"][t, b]))))
+                summs = fma(f32(w["m"][r, b]), f32(a["s"][t, b]), summs)
+            assert got[t, r] == f32(acc + summs)
+    assert not profiles.get("arm_i8mm").llamafile and profiles.get(ARM).llamafile
 
 
 # ---- live: the aarch64 llama.cpp under qemu-user (make test-arm64) -----------------------------------
@@ -115,9 +139,9 @@ FRESH = {"smollm2": "A lighthouse keeper counted the ships that passed in the ni
          "gemma3": "Die Katze sitzt auf dem Dach und schaut den Vögeln zu, während"}
 
 
-def _oracle():
+def _oracle(cpu=ARM):
     from llmlab.llamacpp import arm64
-    why = arm64.available(ARM)
+    why = arm64.available(cpu)
     if why:
         pytest.fail(f"--arm64 needs the oracle: {why}")
     return arm64
@@ -125,15 +149,18 @@ def _oracle():
 
 @pytest.mark.arm64
 @pytest.mark.parametrize("flash_attn", [False, True], ids=["fa_off", "fa_on"])
-@pytest.mark.parametrize("name", ["smollm2", "gemma3"])
-def test_live_logits_and_greedy_equal_arm64_llama_cpp(request, name, flash_attn):
-    arm64 = _oracle()
+@pytest.mark.parametrize("cpu, name, cut", [(ARM, "smollm2", 0), (ARM, "gemma3", 0),
+                                            ("arm_i8mm", "smollm2", 0), ("arm_i8mm", "smollm2", 1)])
+def test_live_logits_and_greedy_equal_arm64_llama_cpp(request, cpu, name, cut, flash_attn):
+    """Fresh prompts (``cut`` drops tokens: the i8mm build takes other kernels for even and odd counts)."""
+    arm64 = _oracle(cpu)
     from llmlab.llama.vocab.tokenizer import Tokenizer
     path = request.getfixturevalue(f"{name}_path")
     ids = Tokenizer.from_model(path).tokenize(FRESH[name], add_bos=True, special=True)
-    want = arm64.run(path, ids, ARM, flash_attn=flash_attn, n_predict=6)
-    got = arm64.llmlab_run(path, ids, ARM, flash_attn=flash_attn, n_predict=6)
-    assert want.system_info.replace(" ", "").startswith("CPU:NEON=1") and "FP16_VA = 1" in want.system_info
+    ids = ids[:len(ids) - cut]
+    want = arm64.run(path, ids, cpu, flash_attn=flash_attn, n_predict=6)
+    got = arm64.llmlab_run(path, ids, cpu, flash_attn=flash_attn, n_predict=6)
+    assert profiles._from_system_info(want.system_info) is profiles.get(cpu)
     assert got.greedy == want.greedy
     np.testing.assert_array_equal(got.prompt_logits, want.prompt_logits)
     np.testing.assert_array_equal(got.gen_logits, want.gen_logits)
