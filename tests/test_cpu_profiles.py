@@ -130,6 +130,10 @@ def test_machine_names_are_normalized():
 def test_arm_cpuinfo_picks_the_arm_profile_and_never_an_x86_one():
     assert profiles._from_flags(set(NEOVERSE_N1.split()), "aarch64").name == "arm_dotprod_fp16"
     assert profiles._from_flags(set(CORTEX_A72.split()), "aarch64") is None     # no dotprod: no exact profile
+    graviton3 = set(NEOVERSE_N1.split()) | {"i8mm", "bf16", "sve"}
+    assert profiles._from_flags(graviton3, "aarch64").name == "arm_i8mm"
+    assert profiles._from_system_info("NEON = 1 | ARM_FMA = 1 | FP16_VA = 1 | MATMUL_INT8 = 1 | DOTPROD = 1 | "
+                                      "REPACK = 1 |").name == "arm_i8mm"
     assert profiles.nearest("aarch64").arch == "aarch64"
     # qemu-user shows the x86 host's /proc/cpuinfo to an aarch64 process: x86 flags on an ARM machine
     x86_flags = {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512dq", "avx512vl"}
@@ -142,6 +146,8 @@ def test_macos_sysctl_features_map_to_linux_names():
           "hw.optional.AdvSIMD": "1"}
     assert profiles.darwin_flags(m1) == {"asimd", "asimddp", "asimdhp"}
     assert profiles._from_flags(profiles.darwin_flags(m1), "aarch64").name == "arm_dotprod_fp16"
+    m2 = {**m1, "hw.optional.arm.FEAT_I8MM": "1"}
+    assert profiles._from_flags(profiles.darwin_flags(m2), "aarch64").name == "arm_i8mm"
 
 
 def test_auto_detection_on_a_faked_arm_machine():
