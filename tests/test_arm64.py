@@ -113,7 +113,9 @@ def test_i8mm_takes_2x2_mmla_steps_only_for_even_row_counts():
     """MATMUL_INT8's q4_1 kernel for 2x2 outputs: one accumulator per output (no even/odd blocks), the
     min terms fused into their own lanes; ggml uses it only where both row counts are even."""
     i8 = profiles.get("arm_i8mm")
-    assert Q.vec_dot_rows(i8, "q4_1", 576, 16) == 2 and Q.vec_dot_rows(i8, "q4_1", 576, 17) == 1
+    assert (Q.vec_dot_rows(i8, "q4_1", 576, 16) == 2).all() and Q.vec_dot_rows(i8, "q4_1", 576, 17) == 1
+    assert (Q.vec_dot_rows(i8, "q4_1", 576, 18) == 1).all()            # two chunks of 9 tokens
+    assert (Q.vec_dot_rows(i8, "q4_1", 576, 24) == 2).all()            # two chunks of 12
     assert Q.vec_dot_rows(ARM, "q4_1", 576, 16) == 1 and Q.vec_dot_rows(i8, "q5_0", 576, 16) == 1
     rng = np.random.default_rng(11)
     w = Q.weight_blocks(quantize(rng.standard_normal(4 * 160).astype(np.float32), "q4_1"), ggml_type("q4_1"), 160)

@@ -429,12 +429,29 @@ QUANT_KERNELS: dict[str, dict[str, CPUTraits]] = {
 }
 
 
-def vec_dot_rows(cpu, tname: str, n_rows: int, n_act: int) -> int:
-    """ggml_compute_forward_mul_mat's num_rows_per_vec_dot: 2 where the type's vec_dot takes 2x2
-    outputs and both counts are even (llama.cpp also needs each thread's chunk even: true for these
-    models' shapes on one or two threads, which llmlab assumes), else 1."""
+MMLA_THREADS = 1      # llama.cpp's thread count, where it matters (see vec_dot_rows): the references' one
+
+
+def vec_dot_rows(cpu, tname: str, n_rows: int, n_act: int, n_threads: int = MMLA_THREADS) -> np.ndarray | int:
+    """ggml_compute_forward_mul_mat's num_rows_per_vec_dot per output, as (n_act, n_rows) 1s and 2s
+    (or 1 where the type never takes 2x2 steps). The work is cut in chunks of 16 x 16 outputs (64 when
+    a count is 1; by thread when there are fewer than 4 per thread), and a chunk takes 2x2 mmla steps
+    only if both counts and both of its ranges are even: 16 tokens do, 18 (two chunks of 9) do not."""
     cpu = profiles.resolve(cpu)
-    return 2 if tname in cpu.vec_dot_nrows and n_rows % 2 == 0 and n_act % 2 == 0 else 1
+    if tname not in cpu.vec_dot_nrows or n_rows % 2 or n_act % 2:
+        return 1
+    size = 64 if n_rows == 1 or n_act == 1 else 16
+    nc0, nc1 = -(-n_rows // size), -(-n_act // size)
+    if nc0 * nc1 < n_threads * 4:
+        nc0, nc1 = (n_threads, 1) if n_rows > n_act else (1, n_threads)
+    d0, d1 = -(-n_rows // nc0), -(-n_act // nc1)
+    out = np.ones((n_act, n_rows), np.int8)
+    for i0 in range(0, n_rows, d0):
+        for i1 in range(0, n_act, d1):
+            e0, e1 = min(i0 + d0, n_rows), min(i1 + d1, n_act)
+            if (e0 - i0) % 2 == 0 and (e1 - i1) % 2 == 0:
+                out[i1:e1, i0:e0] = 2
+    return out
 
 
 def traits_for(cpu) -> dict[str, CPUTraits]:
@@ -477,9 +494,12 @@ def mul_mat(weight_raw, qtype, x: np.ndarray, cpu=None) -> np.ndarray:
     w = weight_blocks(weight_raw, t, x2.shape[-1])
     a = quantize_activations(x2, traits.vec_dot_type, cpu)
     out = np.empty((len(x2), len(w)), float32)
-    vec_dot = MMLA_VEC_DOT[t.name] if vec_dot_rows(cpu, t.name, len(w), len(x2)) == 2 else traits.vec_dot
+    rows = vec_dot_rows(cpu, t.name, len(w), len(x2))
     for r0 in range(0, len(w), ROW_CHUNK):
-        out[:, r0:r0 + ROW_CHUNK] = vec_dot(w[r0:r0 + ROW_CHUNK], a, cpu)
+        out[:, r0:r0 + ROW_CHUNK] = traits.vec_dot(w[r0:r0 + ROW_CHUNK], a, cpu)
+        if np.any(rows == 2):
+            mm = np.broadcast_to(rows, out.shape)[:, r0:r0 + ROW_CHUNK] == 2
+            out[:, r0:r0 + ROW_CHUNK][mm] = MMLA_VEC_DOT[t.name](w[r0:r0 + ROW_CHUNK], a, cpu)[mm]
     return out[0] if squeeze else out
 
 
