@@ -25,7 +25,7 @@ HTML_DIR ?= build/html
 TEACHER_HTML_DIR ?= build/html-teacher
 IS_ROOT := $(shell [ "$$(id -u)" = 0 ] && echo 1)
 
-.PHONY: setup setup-dev system-deps browser-deps demo lint test test-slow test-browser test-all bench lab notebooks teacher html handout clean oracle-avx2 test-avx2 arm64-deps oracle-arm64 rpc-server
+.PHONY: setup setup-dev system-deps browser-deps demo lint test test-slow test-browser test-all bench lab notebooks teacher html handout clean oracle-avx2 test-avx2 arm64-deps oracle-arm64 test-arm64 refs-arm64 rpc-server
 
 setup: system-deps $(STAMP_LAB)
 setup-dev: system-deps $(STAMP_DEV)
@@ -158,6 +158,19 @@ RPC_CACHE ?= $(HOME)/.cache/llmlab
 rpc-server: setup-dev
 	@PYTHON=$(PY) tools/rpc/build_server.sh $(RPC_CACHE) \
 	  "$$($(PY) -c 'import importlib.metadata as m; print(m.version("llama-cpp-python"))')"
+
+# the ARM profiles against their oracle: live comparisons on fresh prompts under qemu (logits, greedy
+# tokens and nodes; both models, flash attention on and off), then the stored-reference suites of the
+# ARM profile (all prompts, 48 greedy tokens). The default suite never needs qemu (--arm64 gates it).
+ARM64_TESTS ?= tests/test_arm64.py tests/test_forward.py tests/test_forward_decode.py
+test-arm64: oracle-arm64
+	$(PY) -m llmlab fetch smollm2 --quiet
+	$(PY) -m llmlab fetch gemma3 --quiet
+	$(PY) -m pytest -q --arm64 --slow $(ARM64_TESTS) -k "arm" $(PYTEST_ARGS)
+
+# regenerate llmlab/data/refs/<arm profile>/ from the oracle (~30 min under qemu for both models)
+refs-arm64: oracle-arm64
+	$(PY) tools/arm64/make_refs.py arm_dotprod_fp16
 
 bench: setup-dev
 	$(PY) -m llmlab bench -m smollm2 --vs-llama-cpp

@@ -35,13 +35,16 @@ def test_reduction_trees():
 def test_system_info_decides_the_profile():
     avx512 = "CPU : SSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | AVX512 = 1 | AVX512_VNNI = 1 |"
     avx2 = "CPU : SSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | BMI2 = 1 | LLAMAFILE = 1 |"
-    neon = "CPU : NEON = 1 | ARM_FMA = 1 | FP16_VA = 1 | DOTPROD = 1 |"
+    neon = "CPU : NEON = 1 | ARM_FMA = 1 | FP16_VA = 1 | DOTPROD = 1 | LLAMAFILE = 1 | REPACK = 1 |"
+    plain_neon = "CPU : NEON = 1 | ARM_FMA = 1 | LLAMAFILE = 1 | REPACK = 1 |"
     assert profiles._from_system_info(avx512).name == "avx512"
     assert profiles._from_system_info(avx2).name == "avx2"            # ggml omits "AVX512 = 0"
-    assert profiles._from_system_info(neon) is None
-    assert profiles._from_flags({"avx2", "fma", "f16c"}).name == "avx2"
-    assert profiles._from_flags({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512dq", "avx512vl"}).name == "avx512"
-    assert profiles._from_flags({"neon", "asimd"}) is None
+    assert profiles._from_system_info(neon).name == "arm_dotprod_fp16"
+    assert profiles._from_system_info(plain_neon) is None             # no profile for NEON without DOTPROD/FP16
+    x86 = "x86_64"
+    assert profiles._from_flags({"avx2", "fma", "f16c"}, x86).name == "avx2"
+    assert profiles._from_flags({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512dq", "avx512vl"}, x86).name == "avx512"
+    assert profiles._from_flags({"neon", "asimd"}, "aarch64") is None
 
 
 def _run(code: str, **env) -> subprocess.CompletedProcess:
@@ -106,6 +109,59 @@ def test_repack_types_follow_the_instruction_set():
     for name in ("avx2", "avx512"):
         p = profiles.get(name)
         assert p.repacks("q4_k", 1024) and not p.repacks("q4_k", 1028) and not p.repacks("q6_k", 1024)
+        assert p.repack_layout("q4_k") == "q4_K_8x8" and not p.repacks("q8_0", 1024)
+    arm = profiles.get("arm_dotprod_fp16")          # ggml_repack_get_optimal_repack_type with dotprod
+    assert arm.repack_layout("q4_k") == "q4_K_8x4" and arm.repacks("q6_k", 640) and not arm.repacks("q4_k", 1028)
+    assert arm.repack_layout("q8_0") == "q8_0_4x4" and arm.repacks("q8_0", 1028) and not arm.repacks("q8_0", 1030)
+    assert not arm.repacks("q4_1", 1024) and not arm.tiled_types            # tiled/ is x86 only
+
+
+# ---- detection on ARM machines: the machine first, then its own features (faked here) ----------------
+
+NEOVERSE_N1 = "fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm lrcpc dcpop asimddp ssbs"
+CORTEX_A72 = "fp asimd evtstrm crc32 cpuid"
+
+
+def test_machine_names_are_normalized():
+    assert profiles.machine("AMD64") == profiles.machine("x86_64") == "x86_64"
+    assert profiles.machine("arm64") == profiles.machine("aarch64") == "aarch64"
+
+
+def test_arm_cpuinfo_picks_the_arm_profile_and_never_an_x86_one():
+    assert profiles._from_flags(set(NEOVERSE_N1.split()), "aarch64").name == "arm_dotprod_fp16"
+    assert profiles._from_flags(set(CORTEX_A72.split()), "aarch64") is None     # no dotprod: no exact profile
+    graviton3 = set(NEOVERSE_N1.split()) | {"i8mm", "bf16", "sve"}
+    assert profiles._from_flags(graviton3, "aarch64").name == "arm_i8mm"
+    assert profiles._from_system_info("NEON = 1 | ARM_FMA = 1 | FP16_VA = 1 | MATMUL_INT8 = 1 | DOTPROD = 1 | "
+                                      "REPACK = 1 |").name == "arm_i8mm"
+    assert profiles.nearest("aarch64").arch == "aarch64"
+    # qemu-user shows the x86 host's /proc/cpuinfo to an aarch64 process: x86 flags on an ARM machine
+    x86_flags = {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512dq", "avx512vl"}
+    assert profiles._from_flags(x86_flags, "aarch64") is None
+    assert profiles._from_flags(set(NEOVERSE_N1.split()), "x86_64") is None
+
+
+def test_macos_sysctl_features_map_to_linux_names():
+    m1 = {"hw.optional.arm.FEAT_DotProd": "1", "hw.optional.arm.FEAT_FP16": "1", "hw.optional.arm.FEAT_I8MM": "0",
+          "hw.optional.AdvSIMD": "1"}
+    assert profiles.darwin_flags(m1) == {"asimd", "asimddp", "asimdhp"}
+    assert profiles._from_flags(profiles.darwin_flags(m1), "aarch64").name == "arm_dotprod_fp16"
+    m2 = {**m1, "hw.optional.arm.FEAT_I8MM": "1"}
+    assert profiles._from_flags(profiles.darwin_flags(m2), "aarch64").name == "arm_i8mm"
+
+
+def test_auto_detection_on_a_faked_arm_machine():
+    code = ("import llmlab.ggml.cpu.profiles as p, platform\n"
+            "platform.machine = lambda: {machine!r}\n"
+            "p.llama_cpp_system_info = lambda: None\n"
+            "p.cpu_flags = lambda: set({flags!r}.split())\n"
+            "d = p.detect(); print(d.profile.name, d.source, d.reproduced)\n")
+    out = _run(code.format(machine="aarch64", flags=NEOVERSE_N1))
+    assert out.stdout.split() == ["arm_dotprod_fp16", "/proc/cpuinfo", "True"], out.stderr
+    out = _run(code.format(machine="aarch64", flags="fpu avx2 fma f16c avx512f avx512bw avx512dq avx512vl"))
+    assert out.stdout.split()[0] == "arm_dotprod_fp16" and out.stdout.split()[1:] == ["default", "False"]
+    out = _run(code.format(machine="arm64", flags=CORTEX_A72))
+    assert out.stdout.split() == ["arm_dotprod_fp16", "default", "False"]
 
 
 def test_cli_takes_cpu_and_reports_it(smollm2_path):

@@ -1,4 +1,4 @@
-"""``--cpu auto|avx2|avx512``: whose llama.cpp arithmetic a command reproduces, and ``--kernels
+"""``--cpu auto|avx2|avx512|arm_dotprod_fp16|arm_i8mm``: whose llama.cpp arithmetic a command reproduces, and ``--kernels
 fast|reference``: how it computes it (shared by the commands that compute: logits, generate, chat,
 bench, diff-llama-cpp)."""
 from __future__ import annotations

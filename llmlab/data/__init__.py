@@ -2,7 +2,8 @@
 stick) finds them with llmlab installed, never through a path into a checkout:
 
 * ``refs/``: llama.cpp's reference outputs (token ids, logits, greedy continuations) for the two
-  models, one folder per CPU profile (``refs/`` AVX-512, ``refs/avx2/``), see ``refs/README.md``;
+  models, one folder per CPU profile (``refs/`` AVX-512, ``refs/avx2/``, ``refs/arm_dotprod_fp16/``,
+  ``refs/arm_i8mm/``), see ``refs/README.md``;
 * ``english_python_docs.txt``, ``zh_inference_notes.txt``: example texts (see ``README.md``).
 
     from llmlab import data
@@ -18,7 +19,8 @@ from pathlib import Path
 # the models the references were recorded from (llmlab.models' names) -> file stem in refs/
 REF_STEMS = {"smollm2": "smollm2-135m-instruct-q4_1", "gemma3": "gemma-3-270m-q4_k_m"}
 # the references of llama.cpp built for each CPU profile (llmlab.ggml.cpu.profiles' names)
-REF_DIRS = {"avx512": "refs", "avx2": "refs/avx2"}
+REF_DIRS = {"avx512": "refs", "avx2": "refs/avx2",
+            "arm_dotprod_fp16": "refs/arm_dotprod_fp16", "arm_i8mm": "refs/arm_i8mm"}   # (ARM: the aarch64 build under qemu-user)
 
 
 def path(*parts: str) -> Path:

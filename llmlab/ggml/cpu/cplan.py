@@ -33,7 +33,7 @@ from .fast._common import parallel_min_work, threads
 from .journal import reader, writer
 from .fast import ops as fops
 from .fast import vec as fvec
-from .ops import COMPUTE, rope_cache
+from .ops import COMPUTE, rope_cache, rope_vec_pairs
 from .vec import gelu_table
 from .profiles import CPUProfile, resolve
 
@@ -207,6 +207,7 @@ def _rope(node, cpu):
     P = pos.array().reshape(-1)
     n_dims, neox = p["n_dims"], bool(p["mode"] & 2)
     args = (p["freq_base"], p["freq_scale"], p["attn_factor"])
+    vec_pairs = rope_vec_pairs(cpu, n_dims, neox)
 
     key = (n_dims, *args)
 
@@ -215,7 +216,7 @@ def _rope(node, cpu):
         hit = _ROPE_LAST.get(key)
         if hit is None or hit[0] != pb:      # the first ROPE of a step; the other 2 n_layer - 1 reuse it
             hit = _ROPE_LAST[key] = (pb, *rope_cache(P, n_dims, *args))
-        fops.rope(X, hit[1], hit[2], n_dims, neox, O)
+        fops.rope(X, hit[1], hit[2], n_dims, neox, O, vec_pairs)
     return step
 
 
@@ -290,7 +291,10 @@ def _mul_mat(node, cpu):
         A = a.array()[0].view(np.uint16)                    # (Hk, R, K) f16 bits, strides of the cache view
         X, Y = B[0], O[0]
         T, R, K = b.ne[1], a.ne[1], a.ne[0]
-        n_reg, lanes, prog = _f16_order(cpu, R, T, K)
+        order = _f16_order(cpu, R, T, K)
+        if order is None:
+            return None
+        n_reg, lanes, prog = order
         w = n_reg * lanes                                   # elements per step of the registers
         if T == 1 and K >= 4 * w and K % w == 0 and A.strides[2] == 2 and A.strides[1] == 2 * K:
             A4 = A.reshape(A.shape[0], R, K // w, w)      # a long dot per row (V^T . probabilities):
@@ -313,10 +317,13 @@ FUSIONS: list[Callable] = []     # fn(node, cpu, readers) -> (step, [nodes it ab
 
 def _f16_order(cpu, R: int, T: int, K: int) -> tuple:
     """The registers of an f16 MUL_MAT: tinyBLAS (one register per output) where llamafile_sgemm takes
-    the shape, else ggml_vec_dot_f16's GGML_F32_ARR registers; (n_reg, lanes, reduction program)."""
+    the shape, else ggml_vec_dot_f16's GGML_F32_ARR registers; (n_reg, lanes, reduction program), or
+    None where the profile accumulates in float16 (the fast kernels keep float32 registers)."""
     v = fvec.params(cpu)
     if sgemm.takes(cpu, R, T, K):
-        return 1, v.sgemm_lanes, v.sgemm_prog
+        return (1, v.sgemm_lanes, v.sgemm_prog) if cpu.sgemm_acc == "f32" else None
+    if cpu.f16_acc != "f32" or cpu.f16_step != v.arr * v.lanes:
+        return None                 # half-precision accumulators (FP16_VA): no fast twin, the reference runs
     return v.arr, v.lanes, v.vec_prog
 
 
@@ -337,7 +344,10 @@ def _fuse_v_transpose(node, cpu, readers):
     if not Vt.flags.c_contiguous:
         return None
     V, X, Y = Vt.view(np.uint16), b.array()[0], node.array()[0]
-    n_reg, lanes, prog = _f16_order(cpu, c.ne[1], 1, c.ne[0])
+    order = _f16_order(cpu, c.ne[1], 1, c.ne[0])
+    if order is None:
+        return None
+    n_reg, lanes, prog = order
     return (lambda: fvec.mul_mat_f16_vt(V, X, Y, n_reg, lanes, prog)), [c]
 
 

@@ -18,7 +18,7 @@ from numpy import float32, float64
 
 from . import profiles
 from .libm import expf as libm_expf
-from .simd import fma, fma64
+from .simd import fma, fma64, fma_f16
 from .journal import rows_written
 from .libm import libm
 from .vec import gelu as gelu_ggml
@@ -56,16 +56,16 @@ def quantized_path(qtype, n_rows: int, repacked: bool, cpu) -> str | None:
     activation rows: 'repack' (the REPACK gemv/gemm, for weights in the REPACK buffer), 'tiled' (the
     tiled K-quant matmul from ``tiled_min_batch`` rows on) or 'vec_dot'; None when llmlab has no exact
     kernel for the type. The one choice of path: the fast kernels (``fast.twins``) follow it too."""
-    from .quants import TYPE_TRAITS_CPU
+    from .quants import traits_for
     from .repack_gemm import REPACKED_MUL_MAT
     name = qtype.name
     if repacked and name in cpu.repack_types:
-        path = "repack" if name in REPACKED_MUL_MAT else "vec_dot"
+        path = "repack" if cpu.repack_layout(name) in REPACKED_MUL_MAT else "vec_dot"
     elif n_rows >= cpu.tiled_min_batch and name in cpu.tiled_types:
         path = "tiled"
     else:
         path = "vec_dot"
-    return path if name in TYPE_TRAITS_CPU else None
+    return path if path == "repack" or name in traits_for(cpu) else None
 
 
 def quantized_kernel(qtype, n_rows: int, repacked: bool, cpu) -> Callable | None:
@@ -74,7 +74,7 @@ def quantized_kernel(qtype, n_rows: int, repacked: bool, cpu) -> Callable | None
     from .repack_gemm import REPACKED_MUL_MAT
     from .tiled import mul_mat_k_tiled
     path = quantized_path(qtype, n_rows, repacked, cpu)
-    return {"repack": REPACKED_MUL_MAT.get(qtype.name), "tiled": mul_mat_k_tiled, "vec_dot": quant_mul_mat,
+    return {"repack": REPACKED_MUL_MAT.get(cpu.repack_layout(qtype.name)), "tiled": mul_mat_k_tiled, "vec_dot": quant_mul_mat,
             None: None}[path]
 
 
@@ -238,6 +238,17 @@ def rotate(x0: np.ndarray, x1: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> 
     return y0, y1
 
 
+def rope_vec_pairs(cpu, n_dims: int, neox: bool) -> int:
+    """How many leading NORM pairs the profile's build rotates in its auto-vectorized loop (GCC turns
+    rotate_pairs into ld2/st2 steps of ``rope_vec_pairs`` pairs on AArch64, from ``rope_vec_min_pairs``
+    pairs on; the leftover pairs run the scalar loop). 0 where the loop is scalar."""
+    cpu = profiles.resolve(cpu)
+    pairs = n_dims // 2
+    if neox or not cpu.rope_vec_pairs or pairs < cpu.rope_vec_min_pairs:
+        return 0
+    return pairs - pairs % cpu.rope_vec_pairs
+
+
 @register("ROPE")
 def rope(dst: Tensor, cpu=None) -> None:
     a, pos = dst.src[0], dst.src[1]
@@ -257,6 +268,10 @@ def rope(dst: Tensor, cpu=None) -> None:
     else:                                               # NORM: adjacent pairs (2i, 2i+1)
         i0, i1 = slice(0, n_dims, 2), slice(1, n_dims, 2)
     out[..., i0], out[..., i1] = rotate(x[..., i0], x[..., i1], cos, sin)
+    nv = rope_vec_pairs(cpu, n_dims, bool(p["mode"] & 2))
+    if nv:      # the vectorized loop fused the other product of x0*cos - x1*sin (fmls)
+        x0, x1 = x[..., 0:2 * nv:2], x[..., 1:2 * nv:2]
+        out[..., 0:2 * nv:2] = fma(-x1, sin[..., :nv], (x0 * cos[..., :nv]).astype(float32))
 
 
 @register("SOFT_MAX")
@@ -375,6 +390,9 @@ def flash_attn_ext(dst: Tensor, cpu=None) -> None:
     n_kv = K.shape[1]
     M = f32(mask)[0, 0, :n_q, :n_kv] if mask is not None else np.zeros((n_q, n_kv), np.float32)
     f16_acc = v.type is F16
+    cpu = profiles.resolve(cpu)
+    half_vec = cpu.f16_acc == "f16"                     # the f16 vector routines compute in half precision
+    nv = V.shape[-1] - V.shape[-1] % cpu.f16_step       # over whole GGML_F16_STEPs; the rest in scalar code
     S = np.zeros((n_head, n_q), np.float32)
     Mx = np.full((n_head, n_q), -np.inf, np.float32)
     acc = np.zeros((n_head, n_q, V.shape[-1]), np.float16 if f16_acc else np.float32)
@@ -393,7 +411,13 @@ def flash_attn_ext(dst: Tensor, cpu=None) -> None:
         ms = np.where(live, ms, np.float32(1))
         vs = np.where(live, vs, np.float32(0))
         Mx = np.where(grow, s, Mx)
-        if f16_acc:
+        if f16_acc and half_vec:            # FP16_VA: vec_scale_f16 / vec_mad_f16 in float16x8_t registers
+            sc = (acc[..., :nv].astype(np.float32) * ms.astype(np.float16).astype(np.float32)[..., None])
+            a16 = fma_f16(V[:, ic][:, None, :nv], vs.astype(np.float16)[..., None], sc.astype(np.float16))
+            a32 = (acc[..., nv:].astype(np.float32) * ms[..., None]).astype(np.float16).astype(np.float32)
+            a32 = fma64(V[:, ic][:, None, nv:].astype(np.float64), vs[..., None], a32).astype(np.float16)
+            acc = np.where(live[..., None], np.concatenate([a16, a32], -1), acc)
+        elif f16_acc:
             a32 = acc.astype(np.float32) * ms[..., None]
             a32 = fma64(V[:, ic][:, None, :].astype(np.float64), vs[..., None], a32.astype(np.float16).astype(np.float32))
             acc = np.where(live[..., None], a32.astype(np.float16), acc)

@@ -68,24 +68,58 @@ def quantize_row_q8_k(x: np.ndarray) -> np.ndarray:
     return K.quantize_q8_k(np.asarray(x, float32).reshape(-1, QK_K))
 
 
-ACTIVATION_QUANTIZERS: dict[str, Callable] = {
-    "q8_0": quantize_row_q8_0,
-    "q8_1": quantize_row_q8_1,
-    "q8_K": quantize_row_q8_k,
+def _neon_q8(x: np.ndarray):
+    """arch/arm/quants.c: d = amax/127, id = 1/d, q = vcvtnq_s32_f32(x * id) (round half to even).
+    x86 multiplies by 127/amax instead: the same formula on paper, another float product."""
+    x = np.asarray(x, float32).reshape(-1, 32)
+    d = (np.abs(x).max(-1) / float32(127)).astype(float32)
+    with np.errstate(divide="ignore"):
+        inv = np.where(d != 0, float32(1) / d, float32(0)).astype(float32)
+    return d, np.rint((x * inv[:, None]).astype(float32)).astype(np.int32)
+
+
+def quantize_row_q8_0_neon(x: np.ndarray) -> np.ndarray:
+    d, q = _neon_q8(x)
+    out = np.zeros(len(q), L.BLOCK_Q8_0)
+    out["d"], out["qs"] = fp16(d), q
+    return out
+
+
+def quantize_row_q8_1_neon(x: np.ndarray) -> np.ndarray:
+    """As q8_0 on NEON, plus s = f16(d * sum(q))."""
+    d, q = _neon_q8(x)
+    out = np.zeros(len(q), L.BLOCK_Q8_1)
+    out["d"], out["qs"], out["s"] = fp16(d), q, fp16(d * q.sum(-1).astype(float32))
+    return out
+
+
+def quantize_row_q8_k_neon(x: np.ndarray) -> np.ndarray:
+    """quantize_row_q8_K_ref as GCC compiles it for AArch64: ``iscale*x[j] + 12582912.f`` fused (fmla),
+    so the exact product is rounded; x86 builds of ggml-base round the product to float first."""
+    return K.quantize_q8_k(np.asarray(x, float32).reshape(-1, QK_K), fused=True)
+
+
+# per kernel family (the profile's ``quant_kernels``): arch/x86/quants.c or arch/arm/quants.c
+ACTIVATION_QUANTIZERS: dict[str, dict[str, Callable]] = {
+    "x86": {"q8_0": quantize_row_q8_0, "q8_1": quantize_row_q8_1, "q8_K": quantize_row_q8_k},
+    "neon": {"q8_0": quantize_row_q8_0_neon, "q8_1": quantize_row_q8_1_neon, "q8_K": quantize_row_q8_k_neon},
 }
+ACTIVATION_QUANTIZERS["neon_i8mm"] = ACTIVATION_QUANTIZERS["neon"]
 
 
-def quantize_activations(x: np.ndarray, partner: str) -> np.ndarray:
-    """Quantize activation rows (T, n) to the partner type; returns structured blocks (T, n / block)."""
+def quantize_activations(x: np.ndarray, partner: str, cpu=None) -> np.ndarray:
+    """Quantize activation rows (T, n) to the partner type, as the profile's build does (``cpu``:
+    None means x86, whose quantizers every x86 profile shares); structured blocks (T, n / block)."""
     key = "q8_K" if partner.lower() == "q8_k" else partner.lower()
-    if key not in ACTIVATION_QUANTIZERS:
-        raise QuantError(f"no activation quantizer for {partner!r} (known: {', '.join(ACTIVATION_QUANTIZERS)})")
+    table = ACTIVATION_QUANTIZERS["x86" if cpu is None else profiles.resolve(cpu).quant_kernels]
+    if key not in table:
+        raise QuantError(f"no activation quantizer for {partner!r} (known: {', '.join(table)})")
     x = np.asarray(x, float32)
     x2 = x.reshape(-1, x.shape[-1])
     bs = 32 if key != "q8_K" else QK_K
     if x2.shape[-1] % bs:
         raise QuantError(f"{partner}: row length {x2.shape[-1]} is not a multiple of {bs}")
-    return ACTIVATION_QUANTIZERS[key](x2).reshape(x2.shape[0], -1)
+    return table[key](x2).reshape(x2.shape[0], -1)
 
 
 # ---------------------------------------------------------------- integer lane sums
@@ -97,13 +131,13 @@ class LaneSums:
     G = 32 * chunks; ``lanes[b]`` is (8, T, n), exact (float64 when sums may pass 2**24).
     ``correct(b) -> (8, T, n)`` is added to each block's lanes (q6_K's -32 through the bsums)."""
 
-    def __init__(self, W: np.ndarray, A: np.ndarray, exact64: bool = False, correct=None):
+    def __init__(self, W: np.ndarray, A: np.ndarray, exact64: bool = False, correct=None, lanes: int = 8):
         n, nb, G = W.shape
         T = A.shape[0]
-        c = G // 32
+        c = G // (4 * lanes)            # NEON (lanes=4): vdotq_s32 lane j takes values 4j..4j+3 of every 16
         dt = float64 if exact64 else float32
-        self.Wl = W.reshape(n, nb, c, 8, 4).transpose(1, 3, 2, 4, 0).reshape(nb, 8, c * 4, n).astype(dt)
-        self.Al = A.reshape(T, nb, c, 8, 4).transpose(1, 3, 0, 2, 4).reshape(nb, 8, T, c * 4).astype(dt)
+        self.Wl = W.reshape(n, nb, c, lanes, 4).transpose(1, 3, 2, 4, 0).reshape(nb, lanes, c * 4, n).astype(dt)
+        self.Al = A.reshape(T, nb, c, lanes, 4).transpose(1, 3, 0, 2, 4).reshape(nb, lanes, T, c * 4).astype(dt)
         self.correct = correct
 
     def __len__(self) -> int:
@@ -300,6 +334,131 @@ TYPE_TRAITS_CPU: dict[str, CPUTraits] = {
 }
 
 
+# ---------------------------------------------------------------- arch/arm/quants.c (NEON with dotprod)
+
+def _neon_legacy(w, a, codes, cpu, tail, summs=None):
+    """The NEON loop of ggml_vec_dot_q4_0/q4_1/q5_0/q8_0: two blocks a step, each block's integer dot in
+    4 int32 lanes (two vdotq_s32), converted and scaled as ``acc += (float) lanes * d`` (vmlaq_n_f32
+    compiles to fmul + fadd, not fused) into an even-block and an odd-block accumulator; then
+    ``vaddvq_f32(even) + vaddvq_f32(odd)`` (faddp pairs), plus ``summs``; an odd last block goes through
+    the scalar ``tail(sumf, dd, sumi, b)``."""
+    lanes = LaneSums(codes, a["qs"], lanes=4)
+    dd = _dd(w, a)
+    nb = len(lanes)
+    acc = [np.zeros((4,) + dd.shape[1:], float32) for _ in range(2)]
+    for b in range(nb - nb % 2):
+        acc[b % 2] = (acc[b % 2] + (lanes[b].astype(float32) * dd[b][None]).astype(float32)).astype(float32)
+    sumf = (reduce_tree(np.moveaxis(acc[0], 0, -1), cpu.quant_hsum_tree)
+            + reduce_tree(np.moveaxis(acc[1], 0, -1), cpu.quant_hsum_tree)).astype(float32)
+    if summs is not None:
+        sumf = (sumf + summs).astype(float32)
+    if nb % 2:
+        b = nb - 1
+        sumf = tail(sumf, dd[b], lanes[b].sum(0).astype(float32), b)
+    return sumf
+
+
+def _neon_summs(w, a, nb: int) -> np.ndarray:
+    """q4_1/q5_1's ``summs += m0*s0 + m1*s1`` per pair of blocks, compiled as fma(m0, s0, m1*s1)."""
+    m, s = w["m"].astype(float32).T[:, None, :], a["s"].astype(float32).T[:, :, None]
+    out = np.zeros(np.broadcast_shapes(m.shape, s.shape)[1:], float32)
+    for b in range(0, nb - nb % 2, 2):
+        out = (out + fma(m[b], s[b], (m[b + 1] * s[b + 1]).astype(float32))).astype(float32)
+    return out
+
+
+def vec_dot_q4_0_q8_0_neon(w, a, cpu=None):
+    cpu = profiles.resolve(cpu)
+    dx, dy = w["d"].astype(float32).T[:, None, :], a["d"].astype(float32).T[:, :, None]
+    # tail: sumf += sumi*d_x*d_y, the last product fused into the sum
+    return _neon_legacy(w, a, codes_q4_0(w), cpu,
+                        lambda sumf, dd, sumi, b: fma((sumi * dx[b]).astype(float32), dy[b], sumf))
+
+
+def vec_dot_q8_0_q8_0_neon(w, a, cpu=None):
+    cpu = profiles.resolve(cpu)
+    return _neon_legacy(w, a, w["qs"], cpu, lambda sumf, dd, sumi, b: fma(sumi, dd, sumf))
+
+
+def vec_dot_q4_1_q8_1_neon(w, a, cpu=None):
+    cpu = profiles.resolve(cpu)
+    m, s = w["m"].astype(float32).T[:, None, :], a["s"].astype(float32).T[:, :, None]
+    # tail: sumf += dd*sumi + m*s, as fadd(sumf, fma(dd, sumi, m*s))
+    return _neon_legacy(w, a, nibbles(w["qs"]), cpu,
+                        lambda sumf, dd, sumi, b: (sumf + fma(dd, sumi, (m[b] * s[b]).astype(float32))).astype(float32),
+                        summs=_neon_summs(w, a, w.shape[1]))
+
+
+def vec_dot_q5_0_q8_0_neon(w, a, cpu=None):
+    cpu = profiles.resolve(cpu)
+    return _neon_legacy(w, a, codes_q5(w) - 16, cpu, lambda sumf, dd, sumi, b: fma(dd, sumi, sumf))
+
+
+NEON_TRAITS: dict[str, CPUTraits] = {
+    "q4_0": CPUTraits("q8_0", vec_dot_q4_0_q8_0_neon),
+    "q5_0": CPUTraits("q8_0", vec_dot_q5_0_q8_0_neon),
+    "q4_1": CPUTraits("q8_1", vec_dot_q4_1_q8_1_neon),
+    "q8_0": CPUTraits("q8_0", vec_dot_q8_0_q8_0_neon),
+}
+
+def vec_dot_q4_1_q8_1_mmla(w, a, cpu=None):
+    """ggml_vec_dot_q4_1_q8_1 with MATMUL_INT8 and nrc == 2: vmmlaq_s32 forms 2 rows x 2 columns of
+    whole-block integer dots; ONE accumulator per output, ``acc += (float) isum * d`` block after block
+    (multiply, then add), the min terms in their own lanes as ``summs = fma(m, s, summs)`` (the compiler
+    contracts the products and vaddq_f32 into fmla), and ``acc + summs`` at the end."""
+    dd = _dd(w, a)
+    isum = np.einsum("tbk,rbk->btr", a["qs"].astype(float64), nibbles(w["qs"]).astype(float64)).astype(float32)
+    m, s = w["m"].astype(float32).T[:, None, :], a["s"].astype(float32).T[:, :, None]
+    acc = np.zeros(dd.shape[1:], float32)
+    summs = np.zeros(dd.shape[1:], float32)
+    for b in range(len(dd)):
+        acc = (acc + (isum[b] * dd[b]).astype(float32)).astype(float32)
+        summs = fma(m[b], s[b], summs)
+    return (acc + summs).astype(float32)
+
+
+# nrc == 2 kernels (MATMUL_INT8), for the profile's ``vec_dot_nrows`` types
+MMLA_VEC_DOT: dict[str, Callable] = {"q4_1": vec_dot_q4_1_q8_1_mmla}
+
+# the profile's ``quant_kernels`` picks one table: which arch/<isa>/quants.c the build compiled. The
+# i8mm table holds the types whose every path llmlab reproduces (q4_0 and q8_0 also take 2x2 mmla steps
+# there, not reproduced yet: they are left out, so they run the float stand-in and say so in the path)
+QUANT_KERNELS: dict[str, dict[str, CPUTraits]] = {
+    "x86": TYPE_TRAITS_CPU, "neon": NEON_TRAITS,
+    "neon_i8mm": {k: v for k, v in NEON_TRAITS.items() if k in ("q4_1", "q5_0")},
+}
+
+
+MMLA_THREADS = 1      # llama.cpp's thread count, where it matters (see vec_dot_rows): the references' one
+
+
+def vec_dot_rows(cpu, tname: str, n_rows: int, n_act: int, n_threads: int = MMLA_THREADS) -> np.ndarray | int:
+    """ggml_compute_forward_mul_mat's num_rows_per_vec_dot per output, as (n_act, n_rows) 1s and 2s
+    (or 1 where the type never takes 2x2 steps). The work is cut in chunks of 16 x 16 outputs (64 when
+    a count is 1; by thread when there are fewer than 4 per thread), and a chunk takes 2x2 mmla steps
+    only if both counts and both of its ranges are even: 16 tokens do, 18 (two chunks of 9) do not."""
+    cpu = profiles.resolve(cpu)
+    if tname not in cpu.vec_dot_nrows or n_rows % 2 or n_act % 2:
+        return 1
+    size = 64 if n_rows == 1 or n_act == 1 else 16
+    nc0, nc1 = -(-n_rows // size), -(-n_act // size)
+    if nc0 * nc1 < n_threads * 4:
+        nc0, nc1 = (n_threads, 1) if n_rows > n_act else (1, n_threads)
+    d0, d1 = -(-n_rows // nc0), -(-n_act // nc1)
+    out = np.ones((n_act, n_rows), np.int8)
+    for i0 in range(0, n_rows, d0):
+        for i1 in range(0, n_act, d1):
+            e0, e1 = min(i0 + d0, n_rows), min(i1 + d1, n_act)
+            if (e0 - i0) % 2 == 0 and (e1 - i1) % 2 == 0:
+                out[i1:e1, i0:e0] = 2
+    return out
+
+
+def traits_for(cpu) -> dict[str, CPUTraits]:
+    """The vec_dot table of the profile's build (only the types llmlab reproduces exactly)."""
+    return QUANT_KERNELS[profiles.resolve(cpu).quant_kernels]
+
+
 def vec_dot_type(qtype) -> str:
     t = ggml_type(qtype)
     if t.name not in TYPE_TRAITS_CPU:
@@ -324,18 +483,23 @@ def mul_mat(weight_raw, qtype, x: np.ndarray, cpu=None) -> np.ndarray:
     or a flat buffer, or structured blocks (R, nb)); x: float32 activations (T, n) or (n,).
     """
     t = ggml_type(qtype)
-    if t.name not in TYPE_TRAITS_CPU:
-        raise QuantError(f"ggml type {t.name} has no CPU dot product in llmlab")
     cpu = profiles.resolve(cpu)
-    traits = TYPE_TRAITS_CPU[t.name]
+    table = traits_for(cpu)
+    if t.name not in table:
+        raise QuantError(f"ggml type {t.name} has no CPU dot product in llmlab for {cpu.name}")
+    traits = table[t.name]
     x = np.asarray(x, float32)
     squeeze = x.ndim == 1
     x2 = x.reshape(-1, x.shape[-1])
     w = weight_blocks(weight_raw, t, x2.shape[-1])
-    a = quantize_activations(x2, traits.vec_dot_type)
+    a = quantize_activations(x2, traits.vec_dot_type, cpu)
     out = np.empty((len(x2), len(w)), float32)
+    rows = vec_dot_rows(cpu, t.name, len(w), len(x2))
     for r0 in range(0, len(w), ROW_CHUNK):
         out[:, r0:r0 + ROW_CHUNK] = traits.vec_dot(w[r0:r0 + ROW_CHUNK], a, cpu)
+        if np.any(rows == 2):
+            mm = np.broadcast_to(rows, out.shape)[:, r0:r0 + ROW_CHUNK] == 2
+            out[:, r0:r0 + ROW_CHUNK][mm] = MMLA_VEC_DOT[t.name](w[r0:r0 + ROW_CHUNK], a, cpu)[mm]
     return out[0] if squeeze else out
 
 

@@ -67,5 +67,124 @@ def mul_mat_q4_k_repacked(raw: np.ndarray, qtype, x: np.ndarray, cpu=None) -> np
     return out
 
 
-# the repacked types whose kernels llmlab reproduces; the others fall back to the vec_dot order
-REPACKED_MUL_MAT: dict[str, Callable] = {"q4_k": mul_mat_q4_k_repacked}
+def mul_mat_q8_0_4x4(raw: np.ndarray, qtype, x: np.ndarray, cpu=None) -> np.ndarray:
+    """arch/arm/repack.cpp ``ggml_gemv/gemm_q8_0_4x4_q8_0`` (NEON dotprod): per output and block, the
+    32-product integer dot (vdotq_laneq_s32, exact) times d_x*d_w; gemv fuses it into the accumulator
+    (vfmaq_f32), gemm, for activation rows in groups of 4, multiplies then adds (vmlaq_f32: fmul + fadd)."""
+    x = np.asarray(x, float32).reshape(-1, x.shape[-1])
+    w = weight_blocks(raw, qtype, x.shape[1])
+    a = quantize_activations(x, "q8_0", cpu)
+    T, nb = a.shape
+    n_gemm = T - T % 4
+    qa = a["qs"].astype(float64)                                          # (T, nb, 32)
+    da = a["d"].astype(float32)
+    out = np.empty((T, len(w)), float32)
+    for r0 in range(0, len(w), ROW_CHUNK):
+        ws = w[r0:r0 + ROW_CHUNK]
+        qw, dw = ws["qs"].astype(float64), ws["d"].astype(float32)
+        acc = np.zeros((T, len(ws)), float32)
+        for b in range(nb):
+            isum = (qa[:, b] @ qw[:, b].T).astype(float32)                  # (T, n) exact
+            d = (da[:, b, None] * dw[None, :, b]).astype(float32)
+            acc[:n_gemm] = (acc[:n_gemm] + (d[:n_gemm] * isum[:n_gemm]).astype(float32)).astype(float32)
+            acc[n_gemm:] = fma64(isum[n_gemm:].astype(float64), d[n_gemm:], acc[n_gemm:])
+        out[:, r0:r0 + len(ws)] = acc
+    return out
+
+
+def mul_mat_q8_0_4x8(raw: np.ndarray, qtype, x: np.ndarray, cpu=None) -> np.ndarray:
+    """arch/arm/repack.cpp ``ggml_gemv/gemm_q8_0_4x8_q8_0`` (MATMUL_INT8): per output and block the
+    integer dot (vdotq_s32 in gemv, vmmlaq_s32 in gemm, exact) and ``acc = fma((float) isum, d_x*d_w,
+    acc)`` in both (vfmaq_f32): the 4x4 gemm's separate multiply and add are gone."""
+    x = np.asarray(x, float32).reshape(-1, x.shape[-1])
+    w = weight_blocks(raw, qtype, x.shape[1])
+    a = quantize_activations(x, "q8_0", cpu)
+    T, nb = a.shape
+    qa, da = a["qs"].astype(float64), a["d"].astype(float32)
+    out = np.empty((T, len(w)), float32)
+    for r0 in range(0, len(w), ROW_CHUNK):
+        ws = w[r0:r0 + ROW_CHUNK]
+        qw, dw = ws["qs"].astype(float64), ws["d"].astype(float32)
+        acc = np.zeros((T, len(ws)), float32)
+        for b in range(nb):
+            isum = (qa[:, b] @ qw[:, b].T).astype(float32)
+            acc = fma64(isum.astype(float64), (da[:, b, None] * dw[None, :, b]).astype(float32), acc)
+        out[:, r0:r0 + len(ws)] = acc
+    return out
+
+
+def mul_mat_q4_k_8x4(raw: np.ndarray, qtype, x: np.ndarray, cpu=None) -> np.ndarray:
+    """arch/arm/repack.cpp ``ggml_gemv/gemm_q4_K_8x4_q8_K`` (NEON dotprod; gemv and gemm take the same
+    float steps): per 64 values (two sub-blocks) the integer sum sc_lo*dot_lo + sc_hi*dot_hi goes into
+    ONE accumulator, ``acc = fma(d_w*d_x, (float) isum, acc)``; after the super-block the min terms,
+    summed as integers, come off the same accumulator: ``acc -= (float) bias * (dmin_w*d_x)``
+    (vmlsq_f32: fmul + fsub). x86's 8x8 kernel keeps a second accumulator for the mins instead."""
+    from ..quant import k_quants as K
+    x = np.asarray(x, float32).reshape(-1, x.shape[-1])
+    w = weight_blocks(raw, qtype, x.shape[1])
+    a = quantize_activations(x, "q8_K", cpu)
+    nb = w.shape[1]
+    T, R = a.shape[0], w.shape[0]
+    qa = a["qs"].astype(float64).reshape(T, nb, 4, 64)
+    ya = a["d"].astype(float32)
+    bs32 = a["bsums"].astype(np.int64).reshape(T, nb, 8, 2).sum(-1).astype(float64)    # sums of 32
+    out = np.empty((T, R), float32)
+    for r0 in range(0, R, ROW_CHUNK):
+        ws = w[r0:r0 + ROW_CHUNK]
+        n = len(ws)
+        flat = ws.reshape(-1)
+        sc, mn = K.scale_min_k4(flat["scales"])
+        W = (K.q4k_codes(flat["qs"]).astype(np.int32).reshape(n * nb, 8, 32) * sc[:, :, None].astype(np.int32))
+        W = W.reshape(n, nb, 4, 64).astype(float64)
+        mins = mn.astype(float64).reshape(n, nb, 8)
+        dw, dmin = ws["d"].astype(float32), ws["dmin"].astype(float32)
+        acc = np.zeros((T, n), float32)
+        for b in range(nb):
+            isub = np.einsum("tsk,rsk->trs", qa[:, b], W[:, b]).astype(float32)      # (T, n, 4) exact
+            bias = np.einsum("tj,rj->tr", bs32[:, b], mins[:, b]).astype(float32)
+            d = (dw[None, :, b] * ya[:, b, None]).astype(float32)
+            dm = (dmin[None, :, b] * ya[:, b, None]).astype(float32)
+            for sb in range(4):
+                acc = fma64(isub[:, :, sb].astype(float64), d, acc)
+            acc = (acc - (bias * dm).astype(float32)).astype(float32)
+        out[:, r0:r0 + n] = acc
+    return out
+
+
+def mul_mat_q6_k_8x4(raw: np.ndarray, qtype, x: np.ndarray, cpu=None) -> np.ndarray:
+    """arch/arm/repack.cpp ``ggml_gemv/gemm_q6_K_8x4_q8_K`` (NEON dotprod): the whole super-block's
+    integer dot (codes minus 32, each 16 values times its scale) in one int32, then one float step per
+    super-block, ``acc += (float) isum * (d_w*d_x)``: fused in gemv (the compiler contracts
+    vmulq_f32 + vaddq_f32 into fmla), not in gemm (vmlaq_f32: fmul + fadd), for rows in groups of 4."""
+    from ..quant import k_quants as K
+    x = np.asarray(x, float32).reshape(-1, x.shape[-1])
+    w = weight_blocks(raw, qtype, x.shape[1])
+    a = quantize_activations(x, "q8_K", cpu)
+    nb = w.shape[1]
+    T, R = a.shape[0], w.shape[0]
+    n_gemm = T - T % 4
+    qa = a["qs"].astype(float64)                                          # (T, nb, 256)
+    ya = a["d"].astype(float32)
+    out = np.empty((T, R), float32)
+    for r0 in range(0, R, ROW_CHUNK):
+        ws = w[r0:r0 + ROW_CHUNK]
+        n = len(ws)
+        flat = ws.reshape(-1)
+        W = K.q6k_codes(flat).astype(np.int64).reshape(n, nb, 16, 16) * flat["scales"].astype(np.int64).reshape(n, nb, 16, 1)
+        W = W.reshape(n, nb, 256).astype(float64)
+        dw = ws["d"].astype(float32)
+        acc = np.zeros((T, n), float32)
+        for b in range(nb):
+            isum = (qa[:, b] @ W[:, b].T).astype(float32)                   # exact int, one cvt rounding
+            d = (dw[None, :, b] * ya[:, b, None]).astype(float32)
+            acc[:n_gemm] = (acc[:n_gemm] + (isum[:n_gemm] * d[:n_gemm]).astype(float32)).astype(float32)
+            acc[n_gemm:] = fma64(isum[n_gemm:].astype(float64), d[n_gemm:], acc[n_gemm:])
+        out[:, r0:r0 + n] = acc
+    return out
+
+
+# REPACK layouts (the profile's ``repack_layouts``) whose kernels llmlab reproduces; the others fall back
+# to the vec_dot order
+REPACKED_MUL_MAT: dict[str, Callable] = {"q4_K_8x8": mul_mat_q4_k_repacked, "q8_0_4x4": mul_mat_q8_0_4x4,
+                                         "q4_K_8x4": mul_mat_q4_k_8x4, "q6_K_8x4": mul_mat_q6_k_8x4,
+                                         "q8_0_4x8": mul_mat_q8_0_4x8}

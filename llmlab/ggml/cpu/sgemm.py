@@ -22,14 +22,15 @@ import numpy as np
 from numpy import float32, float64
 
 from . import profiles
-from .simd import fma64, reduce_tree
+from .simd import fma64, fma_f16, reduce_tree
 from .vec import vec_dot_f16
 
 
 def takes(cpu, m: int, n: int, k: int) -> bool:
     """Does llamafile_sgemm accept an f16 product of m weight rows, n activation rows, length k?"""
     cpu = profiles.resolve(cpu)
-    return n >= cpu.sgemm_min_batch and k % cpu.sgemm_lanes == 0 and m % cpu.sgemm_row_multiple == 0
+    return (cpu.llamafile and n >= cpu.sgemm_min_batch and k % cpu.sgemm_lanes == 0
+            and m % cpu.sgemm_row_multiple == 0)
 
 
 def mul_mat_f16(A: np.ndarray, B: np.ndarray, cpu=None) -> np.ndarray:
@@ -40,6 +41,11 @@ def mul_mat_f16(A: np.ndarray, B: np.ndarray, cpu=None) -> np.ndarray:
     L = cpu.sgemm_lanes
     if K % L:
         raise ValueError(f"tinyBLAS needs K ({K}) to be a multiple of its {L} lanes")
+    if cpu.sgemm_acc == "f16":              # tinyBLAS<8, float16x8_t, ...>: madd = vfmaq_f16, hsum widens
+        acc16 = np.zeros((T, R, L), np.float16)
+        for s in range(0, K, L):
+            acc16 = fma_f16(B[:, None, s:s + L], A[None, :, s:s + L], acc16)
+        return reduce_tree(acc16.astype(float32), cpu.sgemm_hsum_tree)
     A = A.astype(float64)
     B = B.astype(float64)
     acc = np.zeros((T, R, L), float64)

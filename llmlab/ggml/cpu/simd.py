@@ -54,6 +54,26 @@ def fma64(a, b, c) -> np.ndarray:
     return s.astype(float32)
 
 
+def fma_f16(a, b, c) -> np.ndarray:
+    """float16 fused multiply-add a*b + c rounded once to float16 (NEON's ``vfmaq_f16``/``fmla .8h``).
+
+    The product of two halves is exact in float64; the sum is made exact-enough by rounding it to odd
+    (TwoSum's error nudges an inexact float64 sum to the odd neighbour), so the one rounding to float16
+    that follows is the hardware's."""
+    p = np.asarray(a, np.float16).astype(float64) * np.asarray(b, np.float16).astype(float64)
+    c = np.asarray(c, np.float16).astype(float64)
+    s = np.asarray(p + c, float64)
+    bb = s - p
+    err = (p - (s - bb)) + (c - bb)
+    bits = s.view(np.int64)
+    nudge = (err != 0) & ((bits & 1) == 0) & np.isfinite(s)
+    if nudge.any():
+        step = np.where((err > 0) == (s > 0), 1, -1).astype(np.int64)
+        s = np.where(nudge, (bits + step).view(float64), s)
+    with np.errstate(over="ignore"):
+        return s.astype(np.float16)
+
+
 def reduce_tree(acc: np.ndarray, tree: Tree) -> np.ndarray:
     """Add the lanes (last axis) of float32 registers in the order ``tree`` gives; float32 result."""
     if isinstance(tree, int):
@@ -76,6 +96,15 @@ def halves(n: int) -> Tree:
         h = len(lanes) // 2
         lanes = [(lanes[i], lanes[i + h]) for i in range(h)]
     return (lanes[0], lanes[1])
+
+
+def pairwise(n: int) -> Tree:
+    """Neighbours first, repeated: ``((0+1) + (2+3))`` for 4 lanes. AArch64's ``vaddvq_f32`` compiles to
+    two ``faddp`` (pairwise adds), so every NEON horizontal sum of a float32x4_t follows this tree."""
+    lanes: list[Tree] = list(range(n))
+    while len(lanes) > 1:
+        lanes = [(lanes[i], lanes[i + 1]) for i in range(0, len(lanes), 2)]
+    return lanes[0]
 
 
 def hadd_tree(n: int) -> Tree:

@@ -22,10 +22,38 @@ from numpy import float32, float64
 from . import profiles
 from .libm import expf as libm_expf
 from .libm import libm
-from .simd import fma, fma64, reduce_registers, reduce_tree
+from .simd import fma, fma64, fma_f16, reduce_registers, reduce_tree
 
 
 # ---- ggml_vec_dot_f16 ---------------------------------------------------------------------------
+
+def _f16_registers_f32(x, y, shape, step, arr, lanes, cpu) -> np.ndarray:
+    """F16C / plain NEON: halves widened to float32 lanes, fma in float32, registers folded in float32."""
+    acc = np.zeros(shape + (arr, lanes), float64)
+    for i in range(0, x.shape[-1] - x.shape[-1] % step, step):
+        xs = x[..., i:i + step].reshape(x.shape[:-1] + (arr, lanes)).astype(float64)
+        ys = y[..., i:i + step].reshape(y.shape[:-1] + (arr, lanes))
+        acc = fma64(xs, ys, acc).astype(float64)
+    return reduce_tree(reduce_registers(acc.astype(float32)), cpu.vec_reduce_tree)
+
+
+def _f16_registers_f16(x, y, shape, step, arr, lanes, cpu) -> np.ndarray:
+    """FP16 vector arithmetic (GGML_F16x8_FMA = vfmaq_f16): the accumulators are float16x8_t, every
+    fma rounds to half precision, the registers fold in half precision (vaddq_f16); only then are the
+    lanes widened (low half + high half, vaddvq_f32). Attention scores inherit the 11-bit sums."""
+    acc = np.zeros(shape + (arr, lanes), np.float16)
+    for i in range(0, x.shape[-1] - x.shape[-1] % step, step):
+        xs = x[..., i:i + step].reshape(x.shape[:-1] + (arr, lanes))
+        ys = y[..., i:i + step].reshape(y.shape[:-1] + (arr, lanes))
+        acc = fma_f16(xs, ys, acc)
+    while acc.shape[-2] > 1:                          # exact in float64, then one rounding to half
+        h = acc.shape[-2] // 2
+        acc = (acc[..., :h, :].astype(float64) + acc[..., h:2 * h, :]).astype(np.float16)
+    return reduce_tree(acc[..., 0, :].astype(float32), cpu.f16_reduce_tree or cpu.vec_reduce_tree)
+
+
+F16_DOT = {"f32": _f16_registers_f32, "f16": _f16_registers_f16}
+
 
 def vec_dot_f16(x: np.ndarray, y: np.ndarray, cpu=None) -> np.ndarray:
     """ggml_vec_dot_f16 over the last axis (broadcasting); x and y hold f16 values (as float32 or f16)."""
@@ -33,15 +61,10 @@ def vec_dot_f16(x: np.ndarray, y: np.ndarray, cpu=None) -> np.ndarray:
     x = np.asarray(x, float32)
     y = np.asarray(y, float32)
     n = x.shape[-1]
-    step, arr, lanes = cpu.f16_step, cpu.f32_arr, cpu.f32_lanes
+    step, arr = cpu.f16_step, cpu.f16_arr or cpu.f32_arr
     np_ = n - n % step
     shape = np.broadcast_shapes(x.shape[:-1], y.shape[:-1])
-    acc = np.zeros(shape + (arr, lanes), float64)
-    for i in range(0, np_, step):
-        xs = x[..., i:i + step].reshape(x.shape[:-1] + (arr, lanes)).astype(float64)
-        ys = y[..., i:i + step].reshape(y.shape[:-1] + (arr, lanes))
-        acc = fma64(xs, ys, acc).astype(float64)
-    total = reduce_tree(reduce_registers(acc.astype(float32)), cpu.vec_reduce_tree).astype(float64)
+    total = F16_DOT[cpu.f16_acc](x, y, shape, step, arr, step // arr, cpu).astype(float64)
     if np_ < n:                                   # leftovers: sumf += (ggml_float)(x*y), one by one
         prod = (x[..., np_:] * y[..., np_:]).astype(float32).astype(float64)
         for j in range(prod.shape[-1]):

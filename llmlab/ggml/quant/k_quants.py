@@ -397,14 +397,19 @@ def quantize_q6_k(x):
     return out
 
 
-def quantize_q8_k(x):
+def quantize_q8_k(x, fused: bool = False):
     """The K-quants' activation type: iscale = -127 / max (signed max), q = min(127, nearest_int(iscale x)),
-    d = 1 / iscale kept in f32, and the sums of each 16 codes (bsums) for the minimum terms."""
+    d = 1 / iscale kept in f32, and the sums of each 16 codes (bsums) for the minimum terms.
+    ``fused``: the build contracted ``iscale*x + 0x1.8p23`` (nearest_int's trick) into one fma, as
+    GCC does on AArch64, so the exact product is rounded to the nearest integer (ties to even)."""
     n = x.shape[0]
     amax, mx = first_absmax(x)
     with np.errstate(divide="ignore", invalid="ignore"):
         iscale = (float32(-127) / mx).astype(float32)
-        q = np.minimum(nearest_int(iscale[:, None] * x), 127)
+        if fused:
+            q = np.minimum(np.rint(iscale[:, None].astype(np.float64) * x), 127)
+        else:
+            q = np.minimum(nearest_int(iscale[:, None] * x), 127)
         d = float32(1) / iscale
     zero = amax == 0
     q = np.where(zero[:, None], 0, q).astype(np.int8)

@@ -47,7 +47,8 @@ def supports(qtype) -> bool:
 def kernels_for(qtype, n_rows: int, repacked: bool, cpu) -> Kernels | None:
     """The kernels that compute the reference's path (``ops.quantized_path``) on this host: byte-dot
     ones where dot4 runs here and the twin has them, else the generic ones; None without a twin."""
-    tw = twin(qtype.name, quantized_path(qtype, n_rows, repacked, cpu))
+    cpu = profiles.resolve(cpu)
+    tw = twin(qtype.name, quantized_path(qtype, n_rows, repacked, cpu), cpu.quant_kernels)
     if tw is None:
         return None
     if dot4.AVAILABLE and tw.byte_dot is not None:

@@ -28,9 +28,10 @@ def rms_norm(x, eps, out):
 
 
 @njit(cache=True)
-def rope(x, cos, sin, n_dims, neox, out):
+def rope(x, cos, sin, n_dims, neox, out, vec_pairs=0):
     """rotate_pairs with the cos/sin cache: x (tokens, heads, head_dim), cos/sin (tokens, n_dims/2).
-    NORM pairs (2i, 2i+1), NEOX pairs (i, i + n_dims/2); the first product of each line is fused."""
+    NORM pairs (2i, 2i+1), NEOX pairs (i, i + n_dims/2); the first product of each line is fused, except
+    in the first ``vec_pairs`` NORM pairs (the profile's auto-vectorized loop), where x1*sin is."""
     T, H, D = x.shape
     half = n_dims // 2
     for th in range(T * H):
@@ -39,7 +40,10 @@ def rope(x, cos, sin, n_dims, neox, out):
             i0, i1 = (i, i + half) if neox else (2 * i, 2 * i + 1)
             x0, x1 = x[t, h, i0], x[t, h, i1]
             c, s = cos[t, i], sin[t, i]
-            out[t, h, i0] = fma(x0, c, -(x1 * s))
+            if i < vec_pairs:
+                out[t, h, i0] = fma(-x1, s, x0 * c)
+            else:
+                out[t, h, i0] = fma(x0, c, -(x1 * s))
             out[t, h, i1] = fma(x0, s, x1 * c)
         for i in range(n_dims, D):
             out[t, h, i] = x[t, h, i]

@@ -75,8 +75,13 @@ TWINS: dict[tuple[str, str], Twin] = {
 }
 
 
-def twin(tname: str, path: str | None) -> Twin | None:
-    return TWINS.get((tname, path))
+# the kernel families (a profile's ``quant_kernels``) the twins reproduce: arch/x86/quants.c's orders. A
+# NEON profile finds no twin, so its quantized products run the NumPy reference kernels.
+FAMILIES = ("x86",)
+
+
+def twin(tname: str, path: str | None, family: str = "x86") -> Twin | None:
+    return TWINS.get((tname, path)) if family in FAMILIES else None
 
 
 def _document() -> None:

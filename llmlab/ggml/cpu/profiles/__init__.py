@@ -12,14 +12,17 @@ engine takes a profile explicitly (``Model(..., cpu=)``, ``Context(..., cpu=)``,
 
 - ``LLMLAB_CPU=avx2|avx512`` when set;
 - else the local llama.cpp build (``llama_cpp.llama_print_system_info()``: ``AVX512 = 1`` or not);
-- else the CPU's own flags (``/proc/cpuinfo``).
+- else the CPU's own flags, among the profiles of this machine (``platform.machine()``: x86_64 or
+  aarch64): /proc/cpuinfo on Linux, the ``hw.optional.arm.FEAT_*`` sysctls on macOS.
 
-On a CPU no profile reproduces (ARM, x86 without AVX2), the nearest one runs and llmlab says so once.
+On a CPU no profile reproduces (x86 without AVX2, ARM without DOTPROD/FP16), the nearest profile of
+its own architecture runs and llmlab says so once.
 """
 from __future__ import annotations
 
 import importlib
 import pkgutil
+import re
 import sys
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -57,6 +60,20 @@ class CPUProfile:
     repack_types: frozenset
     repack_row_multiple: int
     notes: tuple = field(default=())   # what is special about this profile, for the notebooks
+    # where the ARM builds differ (the defaults are the x86 builds')
+    f16_lanes: int = 0                 # GGML_F16_EPR for ggml_vec_dot_f16 (0: f32_lanes)
+    f16_arr: int = 0                   # GGML_F16_ARR (0: f32_arr)
+    f16_acc: str = "f32"               # its accumulators: "f32" (F16C, plain NEON) or "f16" (FP16 vector arithmetic)
+    f16_reduce_tree: Tree = None       # the lanes' sum after the registers fold (None: vec_reduce_tree)
+    sgemm_acc: str = "f32"             # tinyBLAS f16 accumulators: "f32" or "f16" (float16x8_t with FP16_VA)
+    rope_vec_pairs: int = 0            # rotate_pairs (NORM) auto-vectorized: pairs a step, x1*sin fused (0: scalar)
+    rope_vec_min_pairs: int = 0        # below this many pairs the compiled loop stays scalar
+    arch: str = "x86_64"               # the machine (platform.machine(), normalized) whose builds these are
+    build: str = ""                    # GGML_CPU_ARM_ARCH of the llama.cpp build it is (the arm64 oracle's level)
+    llamafile: bool = True             # GGML_USE_LLAMAFILE: tinyBLAS offered first (the i8mm ARM build turns it off)
+    vec_dot_nrows: frozenset = frozenset()  # types whose vec_dot takes 2x2 outputs (.nrows = 2: MATMUL_INT8)
+    quant_kernels: str = "x86"         # which arch/<isa>/quants.c (and activation quantizers): "x86" or "neon"
+    repack_layouts: dict = field(default_factory=dict)  # repack.cpp: type -> layout ("q8_0_4x4"); rows % its column count
 
     def __str__(self) -> str:
         return self.name
@@ -67,15 +84,23 @@ class CPUProfile:
     @property
     def f16_step(self) -> int:
         """GGML_F16_STEP: elements per iteration of ggml_vec_dot_f16 (ARR registers of EPR lanes)."""
-        return self.f32_lanes * self.f32_arr
+        return (self.f16_lanes or self.f32_lanes) * (self.f16_arr or self.f32_arr)
+
+    def repack_layout(self, type_name: str) -> str | None:
+        """The REPACK layout of a type on this build ("q4_K_8x8": 8 interleaved rows of 8-byte groups)."""
+        return self.repack_layouts.get(type_name) if type_name in self.repack_types else None
 
     def repacks(self, type_name: str, n_rows: int) -> bool:
         """Would llama.cpp's CPU_REPACK buffer take a weight of this type and row count?"""
-        return type_name in self.repack_types and n_rows % self.repack_row_multiple == 0
+        layout = self.repack_layout(type_name)
+        cols = re.search(r"_(\d+)x\d+", layout) if layout else None          # "q4_K_8x4": 8 interleaved rows
+        multiple = int(cols.group(1)) if cols else self.repack_row_multiple
+        return type_name in self.repack_types and n_rows % multiple == 0
 
     def summary(self) -> dict:
         return {"name": self.name, "title": self.title, "f32_lanes": self.f32_lanes, "f16_step": self.f16_step,
-                "sgemm_lanes": self.sgemm_lanes, "expf": self.expf, "repack_types": sorted(self.repack_types)}
+                "f16_acc": self.f16_acc, "sgemm_lanes": self.sgemm_lanes, "expf": self.expf,
+                "quant_kernels": self.quant_kernels, "repack_types": sorted(self.repack_types)}
 
 
 def _load() -> dict[str, CPUProfile]:
@@ -140,7 +165,52 @@ def parse_system_info(info: str) -> dict[str, str]:
     return out
 
 
+_MACHINES = {"x86_64": "x86_64", "amd64": "x86_64", "x64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64",
+             "armv8l": "aarch64", "armv8b": "aarch64"}
+
+
+def machine(raw: str | None = None) -> str:
+    """The machine as the profiles name it: "x86_64" or "aarch64" (``platform.machine()``: "AMD64" on
+    Windows, "arm64" on macOS), else the lower-cased name itself."""
+    import platform
+    m = (platform.machine() if raw is None else raw).lower()
+    return _MACHINES.get(m, m)
+
+
+# macOS (Apple silicon) names its features in sysctl hw.optional.arm.FEAT_*; the profiles use Linux's
+_DARWIN_FEATURES = {"FEAT_DotProd": "asimddp", "FEAT_FP16": "asimdhp", "FEAT_I8MM": "i8mm", "AdvSIMD": "asimd"}
+
+
+def darwin_flags(sysctl: dict[str, str]) -> set[str]:
+    """Linux-style flags from ``hw.optional.arm.*`` / ``hw.optional.*`` sysctl values ({name: "1"})."""
+    flags = set()
+    for key, value in sysctl.items():
+        feat = key.rsplit(".", 1)[-1]
+        if feat in _DARWIN_FEATURES and str(value).strip() == "1":
+            flags.add(_DARWIN_FEATURES[feat])
+    return flags
+
+
+def _sysctl() -> dict[str, str]:
+    import subprocess
+    keys = ["hw.optional.arm.FEAT_DotProd", "hw.optional.arm.FEAT_FP16", "hw.optional.arm.FEAT_I8MM",
+            "hw.optional.AdvSIMD"]
+    out = {}
+    for k in keys:
+        try:
+            res = subprocess.run(["sysctl", "-n", k], capture_output=True, text=True, timeout=5)
+        except (OSError, subprocess.SubprocessError):
+            continue
+        if res.returncode == 0:
+            out[k] = res.stdout.strip()
+    return out
+
+
 def cpu_flags() -> set[str]:
+    """The CPU's features: /proc/cpuinfo's ``flags`` (x86) or ``Features`` (ARM) line; on macOS the
+    hw.optional sysctls, in Linux's spelling."""
+    if sys.platform == "darwin":
+        return darwin_flags(_sysctl())
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -162,13 +232,21 @@ def _from_system_info(info: str) -> CPUProfile | None:
     return best
 
 
-def _from_flags(flags: set[str]) -> CPUProfile | None:
-    fits = [p for p in PROFILES.values() if p.requires <= flags]
+def _from_flags(flags: set[str], arch: str | None = None) -> CPUProfile | None:
+    """The most specific profile of this machine (``arch``, default: this one) whose flags the CPU has.
+    The machine comes first: under qemu-user an aarch64 process reads the x86 host's /proc/cpuinfo."""
+    arch = machine() if arch is None else arch
+    fits = [p for p in PROFILES.values() if p.arch == arch and p.requires <= flags]
     return max(fits, key=lambda p: len(p.requires)) if fits else None
 
 
-def nearest() -> CPUProfile:
-    """The profile to emulate on a machine none reproduces."""
+def nearest(arch: str | None = None) -> CPUProfile:
+    """The profile to emulate on a machine none reproduces: the plainest one of its own architecture
+    (never an x86 profile on ARM), avx2 elsewhere."""
+    arch = machine() if arch is None else arch
+    own = [p for p in PROFILES.values() if p.arch == arch]
+    if own:
+        return min(own, key=lambda p: len(p.requires))
     return PROFILES["avx2"] if "avx2" in PROFILES else next(iter(PROFILES.values()))
 
 

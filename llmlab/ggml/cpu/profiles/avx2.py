@@ -27,6 +27,7 @@ PROFILE = CPUProfile(
     tiled_types=frozenset({"q2_k", "q3_k", "q4_k", "q5_k", "q6_k"}),
     repack_types=frozenset({"q4_0", "q4_k", "iq4_nl", "mxfp4"}),
     repack_row_multiple=8,
+    repack_layouts={'q4_0': 'q4_0_8x8', 'q4_k': 'q4_K_8x8', 'iq4_nl': 'iq4_nl_8x8', 'mxfp4': 'mxfp4_8x8'},
     notes=("8-lane f16 dot products (vec_dot_f16: 4 registers x 8 lanes, 32 elements a step, hadd reduction)",
            "tinyBLAS f16 in 8 lanes, summed by hsum (extract, movehl, movehdup)",
            "expf from the exponent bits: k = 2^n, result fma(k, j, k)",

@@ -26,6 +26,7 @@ PROFILE = CPUProfile(
     tiled_types=frozenset({"q2_k", "q3_k", "q4_k", "q5_k", "q6_k"}),
     repack_types=frozenset({"q4_0", "q4_k", "q2_k", "iq4_nl", "mxfp4"}),
     repack_row_multiple=8,
+    repack_layouts={'q4_0': 'q4_0_8x8', 'q4_k': 'q4_K_8x8', 'q2_k': 'q2_K_8x8', 'iq4_nl': 'iq4_nl_8x8', 'mxfp4': 'mxfp4_8x8'},
     notes=("16-lane f16 dot products (vec_dot_f16: 4 registers x 16 lanes, 64 elements a step)",
            "tinyBLAS f16 in 16 lanes, summed by _mm512_reduce_add_ps",
            "expf through _mm512_scalef_ps: j = poly(b) with 1 folded in, result j * 2^n",
