@@ -337,3 +337,12 @@ def test_whitespace_is_visible_in_token_boxes(gemma3_path):
     assert vt.visible(" a\n\tb") == "␣a↵→b"
     html = vt.fragments_html(Tokenizer.from_model(gemma3_path), "Hello\n\nworld", special=False).markup
     assert "↵↵ = " in html
+
+
+def test_first_offloaded_checker():
+    """06's exercise: llama.cpp offloads the last n_gpu_layers slots; the hints name the slip, not the answer."""
+    from llmlab.nb import exercises as ex
+    assert ex.check_first_offloaded(30, 5, 26)
+    assert "output layer" in str(ex.check_first_offloaded(30, 5, 25))
+    assert "from the end" in str(ex.check_first_offloaded(30, 5, 5))
+    assert "26" not in str(ex.check_first_offloaded(30, 5, 7))

@@ -301,8 +301,10 @@ display(table(["platform", "backend source", "ops it accelerates", "how"], gb.PL
 # Backends come in priority order, the CPU last. Here a simulated accelerator
 # (`AccelBackend`: same kernels, separate memory, a configurable set of supported
 # ops) sits in front of the CPU. `n_gpu_layers` places the weights the way
-# `load_tensors` does: `token_embd` always on the CPU, layers `0..n-1` on the
-# accelerator, the output layer following only when `n_gpu_layers > n_layer`.
+# `llama_model::load_tensors` does: `token_embd` always on the CPU; of the `n_layer + 1` layer slots
+# (the blocks, then the output layer as slot `n_layer`) the *last* `n_gpu_layers` go to the
+# accelerator (`i_gpu_start = n_layer + 1 - n_gpu_layers` in `llama-model.cpp`). So
+# `n_gpu_layers = 1` offloads only the output layer, and `n_layer + 1` offloads everything.
 #
 # `ggml_backend_sched_split_graph` then decides every node:
 #
@@ -351,19 +353,22 @@ def show_ngl(n_gpu_layers, layer_from, layer_to):
     return [text, pic]
 
 nb.live(show_ngl, {"n_gpu_layers": widgets.IntSlider(20, 0, 31, description="n_gpu_layers"),
-                   "layer_from": widgets.IntSlider(18, -1, 30, description="first layer drawn"),
-                   "layer_to": widgets.IntSlider(21, -1, 30, description="last layer drawn")}, columns=3);
+                   "layer_from": widgets.IntSlider(9, -1, 30, description="first layer drawn"),
+                   "layer_to": widgets.IntSlider(12, -1, 30, description="last layer drawn")}, columns=3);
 
 # %% [markdown]
-# ### The seed's example: 32 layers, `n_gpu_layers = 20` → 3 splits
+# ### The seed's example: 32 layers, `n_gpu_layers = 20`
 #
-# The walkthrough describes a 32-layer model with 20 layers offloaded: split 0 on
-# the CPU holds only the embedding lookup, split 1 on the accelerator holds
-# layers 0–19, split 2 on the CPU holds layers 20–31 and the LM head. A tiny
-# 32-layer llama (random weights, same architecture) reproduces it exactly —
-# including the detail the seed glosses over: the boundary copies are the
-# embeddings, the positions, the KV cells to write and the mask going in, and the residual stream
-# (`l_out-19`, plus the weightless first half of layer 20's norm) coming out.
+# The walkthrough describes a 32-layer model with 20 layers offloaded as 3 splits: the embedding lookup
+# on the CPU, layers 0–19 on the accelerator, layers 20–31 and the LM head back on the CPU. That is not
+# what llama.cpp does. `load_tensors` offloads the *last* 20 of the 33 slots: `i_gpu_start = 33 - 20 = 13`,
+# so blocks 13–31 and the output layer go to the accelerator, and the run has **2 splits**: the CPU
+# computes the embedding lookup and blocks 0–12, the accelerator everything after. Offloading from the
+# end is deliberate: the logits are computed where the last layers are, and no activation has to come
+# back to the CPU before the end. A tiny 32-layer llama (random weights, same architecture) shows it. The
+# boundary copies going in are the positions, the KV cells to write, the mask, and the residual stream,
+# with a detail: block 12's closing `ADD` has no weight, so pass 2 lets the accelerator take it, and its
+# two operands (`ffn_inp-12` and `ffn_out-12`) cross instead of its result `l_out-12`.
 
 # %%
 from llmlab.llama.tiny import write_tiny
@@ -373,8 +378,8 @@ sched32 = Scheduler([AccelBackend(), CPUBackend()], n_gpu_layers=20)
 c32 = Context(tiny32, n_ctx=32, sched=sched32)
 got = c32.decode(Batch.from_tokens([1, 2, 3], logits="all"))
 print(viz.split_lines(sched32.last))
-assert sched32.last.n_splits == 3
-assert [r["backend"] for r in sched32.last.summary()] == ["CPU", "ACCEL", "CPU"]
+assert sched32.last.n_splits == 2
+assert [r["backend"] for r in sched32.last.summary()] == ["CPU", "ACCEL"]
 ref32 = Context(tiny32, n_ctx=32).decode(Batch.from_tokens([1, 2, 3], logits="all"))
 assert np.array_equal(got, ref32)
 print("\nscheduled run == CPU-only run, bit for bit; bytes copied:", sched32.last.bytes_copied)
@@ -710,8 +715,8 @@ if live:
 #   same op, shape and values.
 # - `MUL_MAT` is well over 90% of the FLOPs.
 # - The scheduler's passes place every node, the cut makes splits, copies carry tensors
-#   across; a scheduled run gives exactly the single-backend logits, and the seed's
-#   32-layer / 20-offloaded example comes out as its 3 splits.
+#   across; a scheduled run gives exactly the single-backend logits. `n_gpu_layers` offloads the *last*
+#   layers (the seed's 32-layer / 20-offloaded example is 2 splits, not 3).
 # - The CPU backend runs nodes in order with a barrier, splitting each node across threads
 #   three ways; plug-ins get the first say on every node.
 # - Every backend fills in one interface (`ggml_backend_i`, `ggml_backend_device_i`); the scheduler only
@@ -725,30 +730,28 @@ if live:
 #
 # Each checker says "correct" or what is off; the solutions are in the collapsed cells.
 #
-# **1. Predict the splits for `n_gpu_layers = 5`.** SmolLM2 has 30 layers. With the accelerator first and
-# the CPU last, which backend runs each split of the 8-token graph, in order? (A list like
-# `["CPU", "ACCEL", ...]`.)
+# **1. Which block goes first?** SmolLM2 has 30 blocks, so 31 layer slots with the output layer. With
+# `n_gpu_layers = 5`, what is the first block (its index `il`) whose weights live on the accelerator?
+
+# %%
+my_answer = None
+ex.check_first_offloaded(30, 5, my_answer)
+
+# %% jupyter={"source_hidden": true} tags=["solution"]
+# the last 5 of the 31 slots: the output layer (slot 30) and blocks 26-29
+ex.check_first_offloaded(30, 5, 30 + 1 - 5)
+
+# %% [markdown]
+# **2. Predict the splits for `n_gpu_layers = 5`.** With the accelerator first and the CPU last, which
+# backend runs each split of the 8-token graph, in order? (A list like `["CPU", "ACCEL", ...]`.)
 
 # %%
 my_answer = []
 ex.check_splits(sctx, 5, my_answer)
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
-# token_embd stays on the CPU (split 0: the embedding lookup); layers 0-4 follow their weights to the
-# accelerator; layer 5 onwards and the output layer (n_gpu_layers <= n_layer) are on the CPU again
-ex.check_splits(sctx, 5, ["CPU", "ACCEL", "CPU"])
-
-# %% [markdown]
-# **2. Offload everything.** `n_gpu_layers = 31` is more than SmolLM2's 30 layers, so the output layer
-# follows the weights to the accelerator too. Which splits now?
-
-# %%
-my_answer = []
-ex.check_splits(sctx, 31, my_answer)
-
-# %% jupyter={"source_hidden": true} tags=["solution"]
-# only the embedding lookup (token_embd is always on the CPU) is left before the accelerator takes the rest
-ex.check_splits(sctx, 31, ["CPU", "ACCEL"])
+# the embedding lookup and blocks 0-25 on the CPU, then blocks 26-29 and the output layer on the accelerator
+ex.check_splits(sctx, 5, ["CPU", "ACCEL"])
 
 # %% [markdown]
 # **3. FLOPs of one matmul.** `Qcur-0`'s `MUL_MAT` multiplies the 576 x 576 weight `blk.0.attn_q.weight` by the

@@ -1,28 +1,17 @@
 """Where the weights live: llama.cpp's ``n_gpu_layers`` rule (llama_model::load_tensors).
 
 - the input layer (token_embd for get_rows) always stays on the CPU;
-- repeating layers 0 .. n_gpu_layers-1 go to the accelerator, the rest stay on the CPU;
-- the output layer (output_norm, output) follows: on the accelerator only when
-  n_gpu_layers > n_layer (so ``n_layer + 1`` offloads everything);
+- the model has ``n_layer + 1`` layer slots: the repeating blocks 0 .. n_layer-1, then the output layer
+  (output_norm, output) as slot n_layer;
+- the *last* ``n_gpu_layers`` slots are offloaded (``i_gpu_start = n_layer + 1 - n_gpu_layers``): with
+  ``n_gpu_layers = 1`` only the output layer, with ``n_layer + 1`` everything;
+- with several devices, device i takes the offloaded slots whose fraction of them falls below the i-th
+  cumulative, normalised ``tensor_split`` (one device: ``[1]``);
 - a layer's KV cache sits with the layer.
-
-With several devices (``tensor_split`` given: ``Context(devices=...)``, the CLI's ``--rpc``) the rule is
-llama.cpp's own (llama_model::load_tensors): the *last* ``n_gpu_layers`` of the n_layer + 1 layer slots
-(the output layer is slot n_layer) are offloaded, and device i takes the slots whose fraction of them falls
-below the i-th cumulative, normalised split. The single simulated accelerator of notebook 06 keeps the
-first-layers rule above.
 """
 from __future__ import annotations
 
 import bisect
-
-
-
-def layer_device(il: int, n_gpu_layers: int, n_layer: int) -> bool:
-    """True when layer ``il`` (n_layer: the output layer) is offloaded."""
-    if il == n_layer:
-        return n_gpu_layers > n_layer
-    return il < n_gpu_layers
 
 
 def layer_devices(n_layer: int, n_gpu_layers: int, tensor_split: list[float]) -> list[int | None]:
@@ -66,15 +55,13 @@ def placed_tensors(model, kv):
 def place_model(model, kv, n_gpu_layers: int, backends, tensor_split=None) -> tuple[dict[int, str], set[int]]:
     cpu = backends[-1].buffer_type
     hp = model.hparams
-    if tensor_split is not None:
-        if len(tensor_split) != len(backends) - 1:
-            raise ValueError(f"tensor split has {len(tensor_split)} values for {len(backends) - 1} devices")
-        slots = layer_devices(hp.n_layer, n_gpu_layers, tensor_split)
-        device = [cpu if d is None else backends[d].buffer_type for d in slots]
-    else:
-        accel = backends[0].buffer_type if len(backends) > 1 else None
-        device = [accel if (accel and layer_device(il, n_gpu_layers, hp.n_layer)) else cpu
-                  for il in range(hp.n_layer + 1)]
+    n_devices = len(backends) - 1
+    if tensor_split is None:
+        tensor_split = [1.0] * n_devices
+    if len(tensor_split) != n_devices:
+        raise ValueError(f"tensor split has {len(tensor_split)} values for {n_devices} devices")
+    slots = layer_devices(hp.n_layer, n_gpu_layers if n_devices else 0, tensor_split or [1.0])
+    device = [cpu if d is None else backends[d].buffer_type for d in slots]
     buffers: dict[int, str] = {}
     weights: set[int] = set()
     for t, il, weight in placed_tensors(model, kv):

@@ -19,10 +19,26 @@ def check_splits(ctx, n_gpu_layers: int, answer, n_tokens: int = 8) -> Verdict:
         return Verdict.correct(f"{len(want)} splits: {' -> '.join(want)}")
     if got and got[0] != want[0]:
         return Verdict.not_yet(f"{got}", "where does token_embd live? the embedding lookup follows its weight")
-    if len(got) < len(want):
-        return Verdict.not_yet(f"{got}", "a split ends wherever the backend changes: is the output layer where you think?")
-    return Verdict.not_yet(f"{got}", "two neighbouring splits never share a backend; the output layer goes to the "
-                           "accelerator only when n_gpu_layers > n_layer")
+    if len(got) > len(want):
+        return Verdict.not_yet(f"{got}", "llama.cpp offloads the last n_gpu_layers layers, the output layer "
+                               "included: does the run ever come back to the CPU?")
+    return Verdict.not_yet(f"{got}", "a split ends wherever the backend changes, and two neighbouring splits "
+                           "never share a backend")
+
+
+@needs_answer("answer")
+def check_first_offloaded(n_layer: int, n_gpu_layers: int, answer) -> Verdict:
+    """The first block whose weights ``load_tensors`` puts on the device (llama.cpp's i_gpu_start)."""
+    from ...ggml.sched.placement import layer_devices
+    slots = layer_devices(n_layer, n_gpu_layers, [1.0])
+    want = next((il for il in range(n_layer) if slots[il] is not None), None)
+    if answer == want:
+        return Verdict.correct(f"blocks {want}-{n_layer - 1} and the output layer on the device")
+    if answer == n_layer - n_gpu_layers:
+        return Verdict.not_yet(f"{answer}", "the output layer is a layer slot too, the last one")
+    if isinstance(answer, int) and answer < n_layer // 2 and n_gpu_layers < n_layer // 2:
+        return Verdict.not_yet(f"{answer}", "load_tensors offloads from the end of the model, not from its start")
+    return Verdict.not_yet(f"{answer}", "count n_gpu_layers slots back from the last slot (the output layer)")
 
 
 @needs_answer("answer")
