@@ -19,6 +19,8 @@ LLMLAB_DOT4                dot4's byte-dot kernels: unset (the best the host run
                            ``0`` (off: the generic kernels), ``vnni`` or ``avx2``
 LLMLAB_DEBUG               any non-empty value: the CLI prints tracebacks (``--debug``)  off
 LLMLAB_RPC_TIMEOUT         seconds an rpc-server may take to answer (a positive number)  120
+LLMLAB_ARM64_ORACLE        where ``make oracle-arm64`` keeps the aarch64 llama.cpp        ~/.cache/llmlab/
+                           builds (the ARM profiles' oracle, run under qemu-user)       oracle-arm64
 =========================  ===========================================================  ==============
 
 The test suite has knobs of its own (``LLMLAB_REQUIRE_ORACLES`` and the browser test's); they
@@ -77,6 +79,13 @@ def home() -> Path:
     if text:
         return Path(text).expanduser()
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "llmlab"
+
+
+def arm64_oracle() -> Path:
+    """LLMLAB_ARM64_ORACLE: the folder of the aarch64 llama.cpp builds (``~`` expanded), else
+    ~/.cache/llmlab/oracle-arm64 (where ``make oracle-arm64`` puts them)."""
+    text = _env("LLMLAB_ARM64_ORACLE")
+    return Path(text).expanduser() if text else Path.home() / ".cache" / "llmlab" / "oracle-arm64"
 
 
 def cpu() -> str | None:

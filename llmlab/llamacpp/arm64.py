@@ -14,7 +14,6 @@ any of these builds uses, and the ``system_info`` line of each run says what the
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import tempfile
@@ -23,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import config
 from ..ggml.cpu import profiles
 
 QEMU = "qemu-aarch64-static"
@@ -30,7 +30,7 @@ QEMU = "qemu-aarch64-static"
 
 def oracle_dir() -> Path:
     """Where ``make oracle-arm64`` keeps the builds (``LLMLAB_ARM64_ORACLE`` overrides)."""
-    return Path(os.environ.get("LLMLAB_ARM64_ORACLE") or Path.home() / ".cache" / "llmlab" / "oracle-arm64")
+    return config.arm64_oracle()
 
 
 def oracle_binary(cpu) -> Path | None:
