@@ -256,3 +256,38 @@ def ref_logit_rows(model: str, cpus, prompt: int = 0) -> list[list]:
 
 
 REF_LOGIT_HEADERS = ["llama.cpp builds", "last-position logits that differ", "max |diff|", "greedy tokens in common"]
+
+
+# ---------------------------------------------------------------- figures
+
+def plot_dot_orders(orders: dict[str, DotOrder], ax=None):
+    """Each profile's accumulator lanes as bars, one group per register: the same total, split differently."""
+    import matplotlib.pyplot as plt
+    ax = ax or plt.subplots(figsize=(9, 3))[1]
+    pos = 0
+    for name, o in orders.items():
+        for reg, lanes in o.registers.items():
+            xs = np.arange(pos, pos + len(lanes))
+            ax.bar(xs, lanes, label=f"{name}: {reg}")
+            pos += len(lanes) + 1
+    ax.axhline(0, color="0.5", lw=0.8)
+    ax.set_xticks([])
+    ax.set_ylabel("lane value after the last block")
+    ax.legend(fontsize="small", ncol=3)
+    return ax
+
+
+def plot_f16_errors(f: F16Scores, ax=None):
+    """Each profile's score error against the float64 sum of the same products, per score, by size."""
+    import matplotlib.pyplot as plt
+    ax = ax or plt.subplots(figsize=(7, 3.5))[1]
+    mag = np.maximum(np.abs(f.exact).reshape(-1), 1e-9)
+    for cpu, s in f.scores.items():
+        err = np.abs(s.astype(float64) - f.exact).reshape(-1)
+        ax.scatter(mag, np.maximum(err, 1e-9), s=4, alpha=0.5, label=f"{cpu} ({profiles.get(cpu).f16_acc} accumulators)")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("|score| (exact)")
+    ax.set_ylabel("|error| (1e-9: exact)")
+    ax.legend(fontsize="small")
+    return ax
