@@ -78,17 +78,14 @@ def cpu_profile() -> dict:
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return info
-    flags: set[str] = set()
+        text = ""
     for line in text.splitlines():
         key, _, val = line.partition(":")
-        key = key.strip()
-        if key == "model name" and info["model"] == "?":
+        if key.strip() == "model name" and info["model"] == "?":
             info["model"] = val.strip()
-        if key in ("flags", "Features") and not flags:
-            flags = set(val.split())
+    flags = profiles.cpu_flags()         # the detection's own reader: /proc/cpuinfo, or macOS's sysctls
     wanted = ["sse3", "ssse3", "avx", "f16c", "fma", "avx2", "avx_vnni", "avx512f", "avx512bw", "avx512_vnni",
-              "avx512_bf16", "amx_int8", "asimd", "asimddp", "sve", "i8mm"]
+              "avx512_bf16", "amx_int8", "asimd", "asimddp", "asimdhp", "sve", "i8mm"]
     info["simd"] = [f for f in wanted if f in flags]
     return info
 

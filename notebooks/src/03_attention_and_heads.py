@@ -953,6 +953,124 @@ for cpu, (toks, tops) in runs.items():
           f"(best two logits {t1:.6f} and {t2:.6f}: a gap of {t1 - t2:.2g})")
 
 # %% [markdown]
+# ### B.2 A third arithmetic: ARM
+#
+# Half of a workshop room brings Apple silicon, and a Raspberry Pi 5 or an AWS Graviton server are ARM too. On
+# those machines llama.cpp compiles ggml-cpu's ARM code (`ggml-cpu/arch/arm/quants.c`, NEON intrinsics), and that
+# is a third arithmetic. llmlab ships two ARM profiles, one per feature level that changes the bits, and two more
+# reference sets, made by the same llama.cpp cross-compiled for AArch64 and run under the qemu emulator
+# (`llmlab/data/refs/arm_*/`). First the profiles side by side: the same fields as above, plus what the ARM files
+# had to add (float16 accumulators, NEON's quantized kernels, tinyBLAS switched off by i8mm, other REPACK layouts).
+
+# %%
+from llmlab.viz import cpu_arith as ca
+ALL_CPUS = ["avx2", "avx512", "arm_dotprod_fp16", "arm_i8mm"]
+display(table(ca.PROFILE_HEADERS, ca.profile_rows(ALL_CPUS)))
+display(table(ca.REF_LOGIT_HEADERS, ca.ref_logit_rows("smollm2", ALL_CPUS)))
+rows = []
+for cpu in ("arm_dotprod_fp16", "arm_i8mm"):       # llmlab, told to be each ARM build, on this (any) CPU
+    ref = data.ref_logits("smollm2", cpu)[1]
+    # the references hold every position's logits, and the q8_0 head takes another kernel for one row
+    # than for eight: decode with logits="all", as llama.cpp did
+    lg = Context(smol, n_ctx=64, cpu=cpu).decode(Batch.from_tokens(ref["p0_ids"], logits="all"))[-1]
+    assert np.array_equal(lg, ref["p0_last_logits"])
+    rows.append([cpu, "bit-identical", f"{np.abs(lg - R['avx2']['p0_last_logits']).max():.3g}"])
+display(table(["llmlab profile", "vs llama.cpp built for it", "max |diff| vs llama.cpp on AVX2"], rows))
+
+# %% [markdown]
+# The ARM builds are as far from the x86 ones as AVX2 is from AVX-512, and from each other. Three differences do
+# most of it; each is computed live below, from the library's kernels.
+#
+# **1. One quantized dot product, two orders.** Take a real one: row 0 of SmolLM2's `blk.0.attn_output.weight`
+# (q4_1) times the last token's `kqv_out-0` (the heads' outputs side by side, what that matrix multiplies),
+# quantized once to q8_1 so that both sides see the very same integers. x86 keeps **8 lanes** and folds every
+# block into them with a fused multiply-add, then adds the lanes with `hsum_float_8`. NEON takes **two blocks per
+# step**: the 4 lanes of each block's `vdotq_s32` go, multiplied by the block's scale (a multiply and a separate
+# add, not fused), into an *even-block* and an *odd-block* accumulator, each summed by `vaddvq_f32`
+# (neighbours first). The min terms of q4_1 are added last on both. Same integers, same scales, other roundings:
+
+# %%
+from llmlab.ggml.cpu import quants as Q
+W_out = smol.tensor("blk.0.attn_output.weight")
+W_out = Q.weight_blocks(W_out.data, W_out.type, W_out.ne[0])
+x_act = L0.kqv_out[-1]
+orders = ca.q4_1_dot_orders(W_out[0], x_act)        # checked against the engine's vec_dot of each profile
+display(table(*ca.dot_order_rows(orders)))
+ca.plot_dot_orders(orders)
+plt.gca().set_title("row 0 of blk.0.attn_output x kqv_out-0: x86's 8 lanes, NEON's even and odd blocks")
+v86, varm = orders["avx2"].value, orders["arm_dotprod_fp16"].value
+print(f"x86: {v86:.9g} ({ca.hex32(v86)})   ARM: {varm:.9g} ({ca.hex32(varm)})   "
+      f"{abs(int(v86.view(np.uint32)) - int(varm.view(np.uint32)))} ulp apart")
+assert v86 != varm
+n_diff = sum(len({o.value.tobytes() for o in ca.q4_1_dot_orders(w, x_act).values()}) > 1 for w in W_out)
+print(f"all {len(W_out)} rows of the matrix: the two orders give different bits for {n_diff}")
+
+# %% [markdown]
+# **2. Float16 accumulators (Apple silicon).** With FP16 vector arithmetic (`FP16_VA = 1` in llama.cpp's
+# system info: every Apple M chip, recent Cortex cores), `ggml_vec_dot_f16` multiplies and adds in **float16**
+# registers (`vfmaq_f16`): every partial sum is rounded to 11 significant bits, where x86 widens to float32
+# first. The attention scores `kq = Q K^T` are such dot products (f16 K cache). Here is layer 0 of SmolLM2 on the
+# English sentence, every head, every query against every key in the cache, as a decode step computes each row,
+# in both arithmetics, and against the float64 sum of the same products; then one softmax (the same code) over
+# both score sets:
+
+# %%
+n_cells = traces[("SmolLM2", "en")].n_cells(0)
+f16 = ca.f16_scores(L0.q, L0.k[:, :n_cells], L0.mask, L0.scale)
+e86, earm = f16.max_error("avx2"), f16.max_error("arm_dotprod_fp16")
+print(f"scores: max |error| vs the exact sum: x86 (f32 accumulators) {e86:.2g}, ARM (f16 accumulators) {earm:.2g}; "
+      f"max |x86 - ARM| {f16.max_diff():.3g} (scores up to {np.abs(f16.exact).max():.3g})")
+print(f"softmax probabilities: max |x86 - ARM| {f16.max_diff('probs'):.3g}")
+run = ca.running_f16_sum(q, k[0])
+print(f"query 'head 0, last token' . key 0, after each 32 elements, float16 running sum: {run.tolist()}"
+      f" (exact {(q.astype(np.float64) @ k[0]):.6f})")
+ca.plot_f16_errors(f16)
+plt.gca().set_title("layer 0 scores: error of each accumulation against the exact sum")
+assert earm > 100 * e86 and f16.max_diff("probs") > 0
+
+# %% [markdown]
+# The float16 sums miss the exact score by thousands of times x86's float32 error (the figure's two clouds), still
+# small next to the scores themselves, and the softmax passes the difference on to the probabilities. With a batch of
+# 8 or more rows the prompt's `kq` goes through tinyBLAS, whose ARM kernel accumulates in float16 as well; the
+# i8mm build has no tinyBLAS, so it is `ggml_vec_dot_f16` always.
+#
+# **3. Rounding the activations to 8 bits.** Before each quantized matmul the activations become q8_0/q8_1 codes:
+# `d = amax / 127`, code = round(x / d). Three pieces of code do that, and they differ in two places, the factor
+# and the tie rule:
+#
+# - ggml's scalar reference: `id = 1/d`, then `roundf`: halves away from zero;
+# - x86 (AVX2): `id = 127/amax`, then `_mm256_round_ps(..., _MM_ROUND_NEAREST)`: halves to even;
+# - ARM: `id = 1/d`, then `vcvtnq_s32_f32`: halves to even.
+#
+# `127/amax` and `1/(amax/127)` are equal on paper, but each float32 operation rounds, so `x * id` can come out
+# one ulp apart. That matters only where a product sits on (or one ulp from) a half. A constructed block first
+# (amax 127, so every product is exact and 2.5 and -0.5 are true ties), then every activation SmolLM2 quantizes
+# while it reads the English sentence, all 30 layers:
+
+# %%
+tie = np.zeros(32, np.float32)
+tie[:3] = 2.5, -0.5, 127
+display(table(ca.Q8_0_DIFF_HEADERS, ca.q8_0_difference_rows(tie)))
+acts = ca.quantized_matmul_inputs(smol, ids[("SmolLM2", "en")], cpu="avx2")
+changes, examples = ca.q8_0_changes(acts)
+display(table(ca.Q8_0_CHANGE_HEADERS, changes))
+for name, ex_rows in examples.items():
+    print(f"{name}: the first row where x86 and ARM differ")
+    display(table(ca.Q8_0_DIFF_HEADERS, ex_rows))
+_, c86, carm = ca.q8_0_codes(x_act).values()
+print(f"the row of part 1 (kqv_out-0, last token): {int((c86 != carm).sum())} of its {x_act.size} codes differ "
+      f"between x86 and ARM; in all: {sum(r[2] for r in changes)} of {sum(r[1] for r in changes)} values")
+assert sum(r[2] for r in changes) > 0
+
+# %% [markdown]
+# A handful of codes in more than a million values (in this sentence; other prompts hit others): ties are rare, but not rare enough, and one code that moves by 1
+# moves that matmul's output for that token, which the next 8-bit rounding can amplify (appendix A showed how).
+# Together with the float16 scores and the dot-product orders, that is why the ARM builds part from the x86 ones
+# from layer 0 on. llmlab reproduces each build given its profile, on any CPU: `--cpu arm_dotprod_fp16` (Apple M1,
+# Graviton2, Raspberry Pi 5) or `--cpu arm_i8mm` (Apple M2 and later, Graviton3), and `--cpu auto` picks the one of
+# the ARM machine it runs on.
+
+# %% [markdown]
 # So "bit-identical to llama.cpp" is a statement about one CPU. `llmlab` picks the profile of the llama.cpp it finds
 # (`python -m llmlab logits --cpu auto`), or the one you name (`--cpu avx2`, `LLMLAB_CPU=avx2`), and on a CPU none
 # reproduces it says so once and runs the nearest.

@@ -336,18 +336,26 @@ TYPE_TRAITS_CPU: dict[str, CPUTraits] = {
 
 # ---------------------------------------------------------------- arch/arm/quants.c (NEON with dotprod)
 
-def _neon_legacy(w, a, codes, cpu, tail, summs=None):
-    """The NEON loop of ggml_vec_dot_q4_0/q4_1/q5_0/q8_0: two blocks a step, each block's integer dot in
-    4 int32 lanes (two vdotq_s32), converted and scaled as ``acc += (float) lanes * d`` (vmlaq_n_f32
-    compiles to fmul + fadd, not fused) into an even-block and an odd-block accumulator; then
-    ``vaddvq_f32(even) + vaddvq_f32(odd)`` (faddp pairs), plus ``summs``; an odd last block goes through
-    the scalar ``tail(sumf, dd, sumi, b)``."""
+def neon_accumulators(w, a, codes):
+    """The NEON loop's state after the last whole pair of blocks: the 4-lane integer sums per block,
+    d_w * d_a per block, and the even-block and odd-block float32x4 accumulators (4, T, n) each."""
     lanes = LaneSums(codes, a["qs"], lanes=4)
     dd = _dd(w, a)
     nb = len(lanes)
     acc = [np.zeros((4,) + dd.shape[1:], float32) for _ in range(2)]
     for b in range(nb - nb % 2):
         acc[b % 2] = (acc[b % 2] + (lanes[b].astype(float32) * dd[b][None]).astype(float32)).astype(float32)
+    return lanes, dd, acc
+
+
+def _neon_legacy(w, a, codes, cpu, tail, summs=None):
+    """The NEON loop of ggml_vec_dot_q4_0/q4_1/q5_0/q8_0: two blocks a step, each block's integer dot in
+    4 int32 lanes (two vdotq_s32), converted and scaled as ``acc += (float) lanes * d`` (vmlaq_n_f32
+    compiles to fmul + fadd, not fused) into an even-block and an odd-block accumulator; then
+    ``vaddvq_f32(even) + vaddvq_f32(odd)`` (faddp pairs), plus ``summs``; an odd last block goes through
+    the scalar ``tail(sumf, dd, sumi, b)``."""
+    lanes, dd, acc = neon_accumulators(w, a, codes)
+    nb = len(lanes)
     sumf = (reduce_tree(np.moveaxis(acc[0], 0, -1), cpu.quant_hsum_tree)
             + reduce_tree(np.moveaxis(acc[1], 0, -1), cpu.quant_hsum_tree)).astype(float32)
     if summs is not None:
