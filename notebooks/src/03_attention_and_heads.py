@@ -29,8 +29,8 @@
 #
 # Two appendices go deeper into exactness, for after the workshop: **A**, llama.cpp in the loop (the error
 # between llmlab and llama.cpp along the depth of both models, and what ggml's 8-bit activation quantization,
-# the rounding of activations to 8-bit integers before each quantized matmul, does to it); **B**, why the bits differ from one CPU to another (the same llama.cpp on AVX2 and on AVX-512,
-# and llmlab reproducing each).
+# the rounding of activations to 8-bit integers before each quantized matmul, does to it); **B**, why the bits differ from one CPU to another (the same llama.cpp on AVX2, on AVX-512
+# and, in B.2, on ARM, and llmlab reproducing each).
 #
 # Every number comes from `llmlab`: `llmlab.attention.trace` records what the engine's attention nodes
 # (`kq`, `kq_soft_max`, `kqv`, `kqv_out`, named as llama.cpp names them) computed, `llmlab.attention` holds the
@@ -634,8 +634,8 @@ assert all((r[:, 0] / np.median(r[:, 1:], axis=1)).max() > 10 for r in streams.v
 #   order and Gemma 3's float32 noise is amplified by 8-bit code flips to 1e-3; leave out the 8-bit activation
 #   quantization and a 1e-3-1e-2 error enters every layer.
 # - "Bit-identical" holds per CPU (appendix B): AVX2 and AVX-512 builds of the same llama.cpp add in 8 or 16 lanes with other
-#   reduction trees and another `exp`, and their greedy continuations part ways after a few to 48 tokens. llmlab
-#   reproduces each one through a CPU profile.
+#   reduction trees and another `exp`, and ARM builds add in yet other orders (float16 accumulation, pairwise sums);
+#   their greedy continuations part ways after a few to 48 tokens. llmlab reproduces each one through a CPU profile.
 
 # %% [markdown]
 # ## Exercises
@@ -837,7 +837,7 @@ if ORACLE:
 #   the amplifier that turns invisible float32 noise into visible differences.
 
 # %% [markdown]
-# ## Appendix B. One llama.cpp, two CPUs: why the bits differ
+# ## Appendix B. One llama.cpp, several CPUs: why the bits differ
 #
 # llama.cpp is compiled for the machine it is built on (`GGML_NATIVE`), and ggml-cpu's C source then becomes
 # different arithmetic. Two reference sets ship with llmlab, made by the *same* llama.cpp version on the *same*
