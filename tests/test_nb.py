@@ -346,3 +346,18 @@ def test_first_offloaded_checker():
     assert "output layer" in str(ex.check_first_offloaded(30, 5, 25))
     assert "from the end" in str(ex.check_first_offloaded(30, 5, 5))
     assert "26" not in str(ex.check_first_offloaded(30, 5, 7))
+
+
+def test_notebook_threads_wait_passively():
+    """Importing llmlab.nb makes OpenMP's threads sleep at once (a kernel shares its cores with the browser);
+    a wait policy or spin count the user set is left alone."""
+    import os
+    import subprocess
+    import sys
+    code = "import os, llmlab.nb; print(os.environ.get('OMP_WAIT_POLICY'), os.environ.get('GOMP_SPINCOUNT'))"
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["PASSIVE", "None"]
+    out = subprocess.run([sys.executable, "-c", code], env={**env, "GOMP_SPINCOUNT": "5000"},
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["None", "5000"]

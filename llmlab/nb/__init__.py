@@ -23,6 +23,16 @@ from pathlib import Path
 
 from .. import config
 from ..viz import fonts as _fonts
+
+# A notebook's kernel shares the learner's cores with the browser and everything else. GNU OpenMP (numba's
+# "omp" threading layer) spins 300,000 times at the end of each parallel region before it sleeps, and beside
+# one busy process a spinning thread burns the time slice of the thread it waits for: notebook 00's decode
+# fell to 2 tok/s in a Jupyter kernel (75 with threads that sleep at once; AMD EPYC, 2 cores). So threads
+# here wait passively, as llama.cpp's threadpool soon sleeps on a condition variable. It costs about a quarter
+# of the quiet decode speed, which the command-line tools keep. libgomp reads this when numba first starts
+# its threads, so it is set on importing llmlab.nb, the notebooks' first line; a value the user set wins.
+if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
+    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
 from .live import figure_png, live  # noqa: F401  (re-exported)
 
 ROOT = Path(__file__).resolve().parent.parent.parent          # the folder llmlab is imported from
