@@ -1,7 +1,8 @@
-"""The ARM profile (arm_dotprod_fp16): the NEON orders it reproduces, checked here on any machine, and
-live comparisons with llama.cpp built for aarch64 running under qemu-user (``--arm64``, make test-arm64).
+"""The ARM profiles (arm_dotprod_fp16, arm_i8mm): the NEON orders they reproduce, checked here on any
+machine, and live comparisons with llama.cpp built for aarch64 running under qemu-user (``--arm64``,
+make test-arm64).
 
-The stored references (llmlab/data/refs/arm_dotprod_fp16/, made by tools/arm64/make_refs.py from the
+The stored references (llmlab/data/refs/<arm profile>/, made by tools/arm64/make_refs.py from the
 same oracle) feed the generic suites of test_forward.py and test_forward_decode.py, which run every
 profile that has references."""
 from __future__ import annotations
@@ -102,7 +103,8 @@ def test_arm_profile_routes_the_fast_kernels_to_its_own_bits(smollm2_path):
     np.testing.assert_array_equal(out["fast"], out["reference"])
 
 
-@pytest.mark.parametrize("cpu, name", [(ARM, "smollm2"), (ARM, "gemma3"), ("arm_i8mm", "smollm2")])
+@pytest.mark.parametrize("cpu, name", [(ARM, "smollm2"), (ARM, "gemma3"), ("arm_i8mm", "smollm2"),
+                                       ("arm_i8mm", "gemma3")])
 def test_references_record_the_build(cpu, name):
     meta = json.loads((REF_DIRS[cpu] / f"{REF_STEMS[name]}.logits.json").read_text())
     assert profiles._from_system_info(meta["system_info"]) is profiles.get(cpu)
@@ -282,7 +284,8 @@ def _oracle(cpu=ARM):
 @pytest.mark.arm64
 @pytest.mark.parametrize("flash_attn", [False, True], ids=["fa_off", "fa_on"])
 @pytest.mark.parametrize("cpu, name, cut", [(ARM, "smollm2", 0), (ARM, "gemma3", 0),
-                                            ("arm_i8mm", "smollm2", 0), ("arm_i8mm", "smollm2", 1)])
+                                            ("arm_i8mm", "smollm2", 0), ("arm_i8mm", "smollm2", 1),
+                                            ("arm_i8mm", "gemma3", 0), ("arm_i8mm", "gemma3", 1)])
 def test_live_logits_and_greedy_equal_arm64_llama_cpp(request, cpu, name, cut, flash_attn):
     """Fresh prompts (``cut`` drops tokens: the i8mm build takes other kernels for even and odd counts)."""
     arm64 = _oracle(cpu)
@@ -298,17 +301,22 @@ def test_live_logits_and_greedy_equal_arm64_llama_cpp(request, cpu, name, cut, f
     np.testing.assert_array_equal(got.gen_logits, want.gen_logits)
 
 
+NODE_IDS = {"smollm2": [1, 504, 3458, 282, 260, 1345, 28, 253, 1115, 2632, 314],
+            "gemma3": [2, 818, 5866, 2838, 580, 506, 1756, 532, 506, 4799, 691]}   # 8 gemm rows, 3 gemv
+
+
 @pytest.mark.arm64
 @pytest.mark.parametrize("flash_attn", [False, True], ids=["fa_off", "fa_on"])
-def test_live_nodes_equal_arm64_llama_cpp(smollm2_path, flash_attn):
+@pytest.mark.parametrize("cpu, name", [(ARM, "smollm2"), ("arm_i8mm", "gemma3")])
+def test_live_nodes_equal_arm64_llama_cpp(request, cpu, name, flash_attn):
     """Every node llama.cpp names and llmlab computes too (same name and size) holds the same bits; a
     node llama.cpp dumps twice under one name (a contiguous reshape) must equal one of llmlab's."""
-    arm64 = _oracle()
+    arm64 = _oracle(cpu)
     from llmlab.llamacpp import llmlab_nodes
-    ids = [1, 504, 3458, 282, 260, 1345, 28, 253, 1115, 2632, 314]
-    want = arm64.run(smollm2_path, ids, ARM, flash_attn=flash_attn, dump_nodes=True)
+    path, ids = request.getfixturevalue(f"{name}_path"), NODE_IDS[name]
+    want = arm64.run(path, ids, cpu, flash_attn=flash_attn, dump_nodes=True)
     mine: dict[tuple, list] = {}
-    for label, _op, _ne, vals in llmlab_nodes(smollm2_path, ids, flash_attn=flash_attn, cpu=ARM, n_ctx=512):
+    for label, _op, _ne, vals in llmlab_nodes(path, ids, flash_attn=flash_attn, cpu=cpu, n_ctx=512):
         if vals is not None:
             v = np.asarray(vals, np.float32).reshape(-1)
             mine.setdefault((label, v.size), []).append(v)
