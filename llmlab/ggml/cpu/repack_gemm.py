@@ -1,5 +1,5 @@
-"""ggml-cpu's REPACK kernels (repack.cpp, arch/x86/repack.cpp): the gemv/gemm that multiply weights
-llama.cpp moved into the ``CPU_REPACK`` buffer at load time.
+"""ggml-cpu's REPACK kernels (repack.cpp, arch/x86/repack.cpp, arch/arm/repack.cpp): the gemv/gemm that
+multiply weights llama.cpp moved into the ``CPU_REPACK`` buffer at load time.
 
 llama.cpp's default CPU build moves some weights into the ``CPU_REPACK`` buffer type when it loads
 a model (``ggml_repack_get_optimal_repack_type``): on x86, q4_0, q4_K, iq4_nl and mxfp4 with AVX2,
@@ -11,6 +11,11 @@ per output in one lane: ``acc = fma(isum, d_w*d_x, acc)`` and ``acc_min = fma(im
 acc_min)``, result ``acc - acc_min``; the 512-bit and 256-bit variants take the same steps. The
 kernel choice (``ops.quantized_kernel``) reads :data:`REPACKED_MUL_MAT`; the teaching plug-in is
 ``repack.RepackPlugin``.
+
+The ARM builds repack other types to other layouts (the profile's ``repack_layouts``), each with its
+own float steps: q8_0 as 4x4 (dotprod) or 4x8 (i8mm), q4_K and q6_K as 8x4 (dotprod) or 8x8 (i8mm,
+``repack.make_block_q4_Kx8``). The integer sums are exact whatever the layout; only where the float
+rounding happens (per 32 values, per 64, per super-block; fused or not) tells the kernels apart.
 """
 from __future__ import annotations
 
