@@ -332,17 +332,16 @@ def test_live_nodes_equal_arm64_llama_cpp(request, cpu, name, flash_attn):
 
 @pytest.mark.parametrize("cpu", [ARM, "arm_i8mm"])
 def test_dispatch_paths_and_fast_entry_point_on_arm(cpu):
-    """ARM's kernel choice (q8_0 in the REPACK buffer, no tiled matmul) and the fast set's entry point: no
-    x86 twin answers for a NEON profile, so every path gives the reference kernels' bits."""
+    """ARM's kernel choice (q8_0 and the K-quants in the REPACK buffer, no tiled matmul) and the fast set's
+    entry point: no x86 twin answers for a NEON profile, so every path gives the reference kernels' bits."""
     from llmlab.ggml.cpu import fast
     from llmlab.ggml.cpu.ops import mul_mat_quantized, quantized_path
     c = profiles.get(cpu)
     q4k, q80, q41 = ggml_type("q4_k"), ggml_type("q8_0"), ggml_type("q4_1")
     assert quantized_path(q80, 1, True, c) == "repack" and quantized_path(q41, 64, False, c) == "vec_dot"
-    if cpu == ARM:
-        assert quantized_path(q4k, 64, True, c) == "repack" and quantized_path(q4k, 64, False, c) is None
+    assert quantized_path(q4k, 64, True, c) == "repack" and quantized_path(q4k, 64, False, c) is None
     rng = np.random.default_rng(2)
-    for tname in ("q4_1", "q5_0", "q8_0"):
+    for tname in ("q4_1", "q5_0", "q8_0", "q4_k", "q6_k"):
         raw = quantize(rng.standard_normal(8 * 256).astype(np.float32), tname).reshape(8, -1)
         for T in (1, 7, 8, 16):
             x = rng.standard_normal((T, 256)).astype(np.float32)
