@@ -168,9 +168,10 @@ test-arm64: oracle-arm64
 	$(PY) -m llmlab fetch gemma3 --quiet
 	$(PY) -m pytest -q --arm64 --slow $(ARM64_TESTS) -k "arm" $(PYTEST_ARGS)
 
-# regenerate llmlab/data/refs/<arm profile>/ from the oracle (~30 min under qemu for both models)
+# regenerate llmlab/data/refs/<arm profile>/ from the oracle (~30 min under qemu per profile, both models)
 refs-arm64: oracle-arm64
 	$(PY) tools/arm64/make_refs.py arm_dotprod_fp16
+	$(PY) tools/arm64/make_refs.py arm_i8mm
 
 bench: setup-dev
 	$(PY) -m llmlab bench -m smollm2 --vs-llama-cpp
