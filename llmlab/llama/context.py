@@ -179,13 +179,15 @@ class Context:
                 continue
             out_ids = np.flatnonzero(ub.output)
             if self.sched is not None:     # from the backend that computed them (another machine, for RPC)
-                logits = self.sched.get_tensor(g.t_logits).view(np.float32)
+                logits = np.array(self.sched.get_tensor(g.t_logits).view(np.float32))   # a copy: its buffer is reused
             else:
                 logits = g.t_logits.numpy()
             rows.append(logits.reshape(len(out_ids), -1))
             order.append(ub.batch_idxs[out_ids])
         if not rows:
             return np.zeros((0, self.model.hparams.n_vocab), np.float32)
+        if len(rows) == 1 and np.all(order[0][1:] > order[0][:-1]):
+            return rows[0]                  # one micro-batch in batch order (a decode step): copied once
         logits = np.concatenate(rows, 0)
         return logits[np.argsort(np.concatenate(order), kind="stable")]
 
