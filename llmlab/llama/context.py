@@ -105,8 +105,9 @@ class Context:
     def _graph(self, ub: UBatch, placement):
         hp, kv = self.model.hparams, self.kv
         kv.apply_ubatch(placement, ub)
-        n_kv = [kv.n_kv(il) for il in range(hp.n_layer)]
         swa = [hp.is_swa(il) for il in range(hp.n_layer)]
+        first = {s: swa.index(s) for s in set(swa)}                # one cache per kind of layer (global, SWA):
+        n_kv = [kv.n_kv(first[s]) for s in swa] if len(first) > 1 else [kv.n_kv(0)] * hp.n_layer   # asked once
         out_ids = np.flatnonzero(ub.output).astype(np.int32)
         key = (ub.n_tokens, len(out_ids), tuple(n_kv))
         if self._reuse is not None and self._reuse[0] == key:
