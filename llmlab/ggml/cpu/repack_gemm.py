@@ -43,6 +43,17 @@ def _q4_k_rows(ws: np.ndarray):
             ws["d"].astype(float32), ws["dmin"].astype(float32))
 
 
+def _q8_k_inputs(raw: np.ndarray, qtype, x: np.ndarray, cpu, sub: int):
+    """What the ARM q4_K kernels read: the weight blocks, and the q8_K activations as codes in groups of
+    ``sub`` (T, nb, 256 / sub, sub), their scales, and their block sums of 32 (T, nb, 8), exact in float64."""
+    x = np.asarray(x, float32).reshape(-1, x.shape[-1])
+    w = weight_blocks(raw, qtype, x.shape[1])
+    a = quantize_activations(x, "q8_K", cpu)
+    T, nb = a.shape[0], w.shape[1]
+    bs32 = a["bsums"].astype(np.int64).reshape(T, nb, 8, 2).sum(-1).astype(float64)
+    return w, a["qs"].astype(float64).reshape(T, nb, 256 // sub, sub), a["d"].astype(float32), bs32
+
+
 def mul_mat_q4_k_repacked(raw: np.ndarray, qtype, x: np.ndarray, cpu=None) -> np.ndarray:
     """Activation rows in groups of 4 go through the gemm kernel, which adds the integer sums of each
     pair of sub-blocks (64 values) into the float accumulators separately; the rows left over go
@@ -133,14 +144,8 @@ def mul_mat_q4_k_8x4(raw: np.ndarray, qtype, x: np.ndarray, cpu=None) -> np.ndar
     ONE accumulator, ``acc = fma(d_w*d_x, (float) isum, acc)``; after the super-block the min terms,
     summed as integers, come off the same accumulator: ``acc -= (float) bias * (dmin_w*d_x)``
     (vmlsq_f32: fmul + fsub). x86's 8x8 kernel keeps a second accumulator for the mins instead."""
-    x = np.asarray(x, float32).reshape(-1, x.shape[-1])
-    w = weight_blocks(raw, qtype, x.shape[1])
-    a = quantize_activations(x, "q8_K", cpu)
-    nb = w.shape[1]
-    T, R = a.shape[0], w.shape[0]
-    qa = a["qs"].astype(float64).reshape(T, nb, 4, 64)
-    ya = a["d"].astype(float32)
-    bs32 = a["bsums"].astype(np.int64).reshape(T, nb, 8, 2).sum(-1).astype(float64)    # sums of 32
+    w, qa, ya, bs32 = _q8_k_inputs(raw, qtype, x, cpu, 64)
+    (T, nb), R = qa.shape[:2], w.shape[0]
     out = np.empty((T, R), float32)
     for r0 in range(0, R, ROW_CHUNK):
         ws = w[r0:r0 + ROW_CHUNK]
@@ -219,15 +224,9 @@ def mul_mat_q4_k_8x8_i8mm(raw: np.ndarray, qtype, x: np.ndarray, cpu=None) -> np
       then ``acc = (acc - (float) bias * dmin) + (float) isum * d``: mins first, nothing fused
       (vmlsq_f32 and vmlaq_f32 are fmul + fsub/fadd with GCC 12, checked in the oracle's machine code).
     """
-    x = np.asarray(x, float32).reshape(-1, x.shape[-1])
-    w = weight_blocks(raw, qtype, x.shape[1])
-    a = quantize_activations(x, "q8_K", cpu)
-    nb = w.shape[1]
-    T, R = a.shape[0], w.shape[0]
+    w, qa, ya, bs32 = _q8_k_inputs(raw, qtype, x, cpu, 32)
+    (T, nb), R = qa.shape[:2], w.shape[0]
     g, v = slice(0, T - T % 4), slice(T - T % 4, T)
-    qa = a["qs"].astype(float64).reshape(T, nb, 8, 32)
-    ya = a["d"].astype(float32)
-    bs32 = a["bsums"].astype(np.int64).reshape(T, nb, 8, 2).sum(-1).astype(float64)    # sums of 32
     out = np.empty((T, R), float32)
     for r0 in range(0, R, ROW_CHUNK):
         ws = w[r0:r0 + ROW_CHUNK]
