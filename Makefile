@@ -25,7 +25,7 @@ HTML_DIR ?= build/html
 TEACHER_HTML_DIR ?= build/html-teacher
 IS_ROOT := $(shell [ "$$(id -u)" = 0 ] && echo 1)
 
-.PHONY: setup setup-dev system-deps browser-deps demo lint test test-slow test-browser test-all bench lab notebooks teacher html handout clean oracle-avx2 test-avx2 arm64-deps oracle-arm64 test-arm64 refs-arm64 rpc-server
+.PHONY: setup setup-dev system-deps browser-deps demo lint test test-slow test-browser test-all bench bench-notebook lab notebooks teacher html handout clean oracle-avx2 test-avx2 arm64-deps oracle-arm64 test-arm64 refs-arm64 rpc-server
 
 setup: system-deps $(STAMP_LAB)
 setup-dev: system-deps $(STAMP_DEV)
@@ -180,6 +180,12 @@ bench: setup-dev
 	$(PY) benchmarks/bench_gguf_open.py
 	$(PY) benchmarks/bench_tokenizer.py
 	$(PY) benchmarks/bench_quant.py
+
+# notebook 00's live generation in JupyterLab (headless chromium) against the same code on the command
+# line, quiet and beside one busy process (ratios, never timed assertions)
+bench-notebook: browser-deps
+	$(PY) benchmarks/bench_notebook.py
+	$(PY) benchmarks/bench_notebook.py --load 1
 
 # JupyterLab on the course; as root (containers, cloud workshop machines) it needs --allow-root
 lab: setup
