@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import statistics
 import subprocess
@@ -24,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from llmlab.bench import busy, cpu_model  # noqa: E402
-from llmlab.nb.browser import Lab, open_notebook, run_all  # noqa: E402
+from llmlab.nb.browser import CHROMIUM, Lab, open_notebook, run_all  # noqa: E402
 
 NOTEBOOK = "00_overview"
 SUMMARY = re.compile(r"prompt eval: (\d+) tokens in ([\d.]+) s \(([\d.]+) tok/s\); eval: (\d+) runs in ([\d.]+) s "
@@ -71,7 +72,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     rows = []
-    with tempfile.TemporaryDirectory() as d, Lab(Path(d), ROOT) as lab:
+    with tempfile.TemporaryDirectory() as d, Lab(Path(d), ROOT, chromium=os.environ.get("LLMLAB_CHROMIUM", CHROMIUM)) as lab:
         command_line()                                   # numba's cache filled before anything is timed
         with busy(a.load):
             time.sleep(1 if a.load else 0)

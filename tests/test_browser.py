@@ -13,7 +13,7 @@ import os
 import time
 from pathlib import Path
 
-from llmlab.nb.browser import open_notebook, run_all, wait_idle as _wait_idle
+from llmlab.nb.browser import CHROMIUM, open_notebook, run_all, wait_idle as _wait_idle
 
 import pytest
 
@@ -40,7 +40,8 @@ RUN_TIMEOUT = int(os.environ.get("LLMLAB_BROWSER_TIMEOUT", "1200"))
 def lab(tmp_path_factory):
     from llmlab.nb.browser import Lab, LabUnavailable
     try:
-        with Lab(tmp_path_factory.mktemp("lab"), ROOT, os.environ.get("LLMLAB_BROWSER_NOTEBOOKS")) as lab:
+        with Lab(tmp_path_factory.mktemp("lab"), ROOT, os.environ.get("LLMLAB_BROWSER_NOTEBOOKS"),
+                 os.environ.get("LLMLAB_CHROMIUM", CHROMIUM)) as lab:
             SHOTS.mkdir(parents=True, exist_ok=True)
             yield lab
     except LabUnavailable as e:

@@ -15,7 +15,7 @@ import urllib.request
 import uuid
 from pathlib import Path
 
-CHROMIUM = os.environ.get("LLMLAB_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM = "/usr/bin/chromium"          # Debian's (the test and the benchmark take LLMLAB_CHROMIUM)
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
@@ -36,8 +36,8 @@ class Lab:
     notebooks to serve instead, e.g. fresh runs) and a headless chromium; ``lab`` is a dict with the
     server's ``base`` URL, ``token``, the playwright ``browser`` and the ``served`` folder."""
 
-    def __init__(self, folder: Path, checkout: Path, source: str | Path | None = None):
-        self.served, self.root = Path(folder), Path(checkout)
+    def __init__(self, folder: Path, checkout: Path, source: str | Path | None = None, chromium: str = CHROMIUM):
+        self.served, self.root, self.chromium = Path(folder), Path(checkout), chromium
         self.source = Path(source) if source else self.root / "notebooks"
 
     def __enter__(self) -> dict:
@@ -45,8 +45,8 @@ class Lab:
             import playwright.sync_api  # noqa: F401
         except ImportError:
             raise LabUnavailable("playwright is not installed (make browser-deps)") from None
-        if not Path(CHROMIUM).exists():
-            raise LabUnavailable(f"no chromium at {CHROMIUM} (make browser-deps installs Debian's chromium)")
+        if not Path(self.chromium).exists():
+            raise LabUnavailable(f"no chromium at {self.chromium} (make browser-deps installs Debian's chromium)")
         if shutil.which("jupyter", path=str(Path(sys.executable).parent)) is None and shutil.which("jupyter") is None:
             raise LabUnavailable("JupyterLab is not installed (make setup)")
         served = self.served
@@ -85,7 +85,7 @@ class Lab:
             raise RuntimeError("JupyterLab did not start in 120 s: " + (served / "lab.log").read_text()[-2000:])
         from playwright.sync_api import sync_playwright
         self._pw = sync_playwright().start()
-        self._browser = self._pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        self._browser = self._pw.chromium.launch(executable_path=self.chromium, headless=True, args=CHROMIUM_ARGS)
         return {"base": base, "token": token, "browser": self._browser, "served": served}
 
     def _stop(self) -> None:
