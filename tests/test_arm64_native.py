@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from llmlab import data
+from llmlab import config, data, models
 from llmlab.ggml.cpu import profiles
 
 native = pytest.mark.arm64_native     # every test that runs in the root (the data check below runs anywhere)
@@ -33,8 +33,7 @@ native = pytest.mark.arm64_native     # every test that runs in the root (the da
 REPO = Path(__file__).resolve().parent.parent
 TOOLS = REPO / "tools" / "arm64"
 CPUINFO = Path(__file__).parent / "data" / "cpuinfo"
-CACHE = Path.home() / ".cache" / "llmlab"
-MODELS = CACHE / "models"
+CACHE = config.home()          # make arm64-root's ARM64_ROOT_CACHE by default
 TIMEOUT = 3600                 # one command under emulation, a cold numba cache included
 
 
@@ -55,9 +54,10 @@ def in_root(root: Path, *cmd: str, cpuinfo: str | None = None, timeout: float = 
     """Run ``cmd`` in the root: this checkout read-only at /src (imported from there), the models
     read-only, numba's cache of the root writable; ``cpuinfo``: a file of tests/data/cpuinfo/ as
     /proc/cpuinfo."""
+    models_dir = models.resolve("smollm2").parent
     numba_cache = root.parent / "numba"
     numba_cache.mkdir(exist_ok=True)
-    args = [str(TOOLS / "run_in_root.sh"), str(root), "--bind", f"{REPO}:/src", "--bind", f"{MODELS}:/root/.cache/llmlab/models",
+    args = [str(TOOLS / "run_in_root.sh"), str(root), "--bind", f"{REPO}:/src", "--bind", f"{models_dir}:/root/.cache/llmlab/models",
             "--bind", f"{numba_cache}:/numba:rw", "--env", "PYTHONPATH=/src", "--env", "NUMBA_CACHE_DIR=/numba",
             "--env", "PYTHONDONTWRITEBYTECODE=1"]
     if cpuinfo is not None:

@@ -63,7 +63,8 @@ t0=$SECONDS
 shopt -s nullglob
 certs=(/usr/local/share/ca-certificates/*.crt)
 [ ${#certs[@]} -eq 0 ] || cp "${certs[@]}" "$tmp/usr/local/share/ca-certificates/"
-"$here/run_in_root.sh" "$tmp" -- update-ca-certificates >/dev/null
+"$here/run_in_root.sh" "$tmp" -- update-ca-certificates >/dev/null 2>&1 \
+  || { echo "error: update-ca-certificates failed in the root" >&2; exit 1; }
 "$here/run_in_root.sh" "$tmp" -- python3 -m venv /venv
 echo "certificates and venv: $((SECONDS - t0)) s" | tee -a "$log"
 
