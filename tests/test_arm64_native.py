@@ -152,12 +152,14 @@ def ref_case(model: str, cpu: str, i: int = 0) -> tuple[str, list[int], list[int
 
 # (model, kernels, --cpu, cpuinfo, the profile whose tokens come out); slow: outside the quick subset
 GENERATE = [
-    ("smollm2", "reference", "arm_dotprod_fp16", None, "arm_dotprod_fp16"),
-    pytest.param("smollm2", "fast", "arm_dotprod_fp16", None, "arm_dotprod_fp16", marks=pytest.mark.slow),
-    pytest.param("smollm2", "fast", "auto", "neoverse-n1-graviton2.txt", "arm_dotprod_fp16", marks=pytest.mark.slow),
-    pytest.param("smollm2", "reference", "auto", "neoverse-v1-graviton3.txt", "arm_i8mm", marks=pytest.mark.slow),
-    pytest.param("gemma3", "reference", "arm_dotprod_fp16", None, "arm_dotprod_fp16", marks=pytest.mark.slow),
-    pytest.param("gemma3", "fast", "arm_dotprod_fp16", None, "arm_dotprod_fp16", marks=pytest.mark.slow),
+    pytest.param("smollm2", "reference", "arm_dotprod_fp16", None, "arm_dotprod_fp16", id="smollm2-reference"),
+    pytest.param("smollm2", "fast", "arm_dotprod_fp16", None, "arm_dotprod_fp16", id="smollm2-fast", marks=pytest.mark.slow),
+    pytest.param("smollm2", "fast", "auto", "neoverse-n1-graviton2.txt", "arm_dotprod_fp16", id="smollm2-fast-auto-n1",
+                 marks=pytest.mark.slow),
+    pytest.param("smollm2", "reference", "auto", "neoverse-v1-graviton3.txt", "arm_i8mm", id="smollm2-reference-auto-v1",
+                 marks=pytest.mark.slow),
+    pytest.param("gemma3", "reference", "arm_dotprod_fp16", None, "arm_dotprod_fp16", id="gemma3-reference", marks=pytest.mark.slow),
+    pytest.param("gemma3", "fast", "arm_dotprod_fp16", None, "arm_dotprod_fp16", id="gemma3-fast", marks=pytest.mark.slow),
 ]
 
 
@@ -182,5 +184,13 @@ def test_generate_gives_the_arm_tokens(arm64_root, model, kernels, cpu, cpuinfo,
 def test_reference_tokens_differ_from_x86_where_the_suite_looks():
     """What the generation tests lean on, checked on any machine: each ARM reference they use continues
     otherwise than x86's within its first 16 greedy tokens, so a run that took an x86 profile would fail."""
-    for model, _kernels, _cpu, _cpuinfo, want_cpu in [getattr(p, "values", p) for p in GENERATE]:
+    for model, _kernels, _cpu, _cpuinfo, want_cpu in (p.values for p in GENERATE):
         ref_case(model, want_cpu)
+
+
+@pytest.mark.parametrize("argv", [["run_in_root.sh", "/no/such/root", "--", "true"], ["run_in_root.sh"],
+                                  ["make_root.sh"], ["make_root.sh", "a", "b"]])
+def test_root_scripts_say_bad_input_in_one_line(argv):
+    """Runs anywhere (no root, no qemu needed): bad arguments are one error line and status 2."""
+    out = subprocess.run(["bash", str(TOOLS / argv[0]), *argv[1:]], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and out.stderr.startswith("error:") and len(out.stderr.splitlines()) == 1, out.stderr
