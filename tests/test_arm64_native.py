@@ -76,8 +76,9 @@ def probe(root: Path, *args: str, cpuinfo: str | None = None) -> dict:
     return res
 
 
-def emulated(what: str, seconds: float) -> None:
-    print(f"\n[emulated by qemu-user, not an ARM CPU's speed] {what}: {seconds:.1f} s", flush=True)
+def emulated(what: str, seconds: float, cpu_s: float | None = None) -> None:
+    cpu = f" ({cpu_s:.1f} s of CPU)" if cpu_s is not None else ""
+    print(f"\n[emulated by qemu-user, not an ARM CPU's speed] {what}: {seconds:.1f} s{cpu}", flush=True)
 
 
 # ---- the root itself: a clean environment, the checkout read-only, no mount left behind -------------
@@ -178,7 +179,7 @@ def test_generate_gives_the_arm_tokens(arm64_root, model, kernels, cpu, cpuinfo,
         assert r["kernels"] and all(k.startswith("llmlab.ggml.cpu.fast.") for k in r["kernels"]), r["kernels"]
     ran = ", ".join(k.rsplit(".", 1)[-1] for k in r["kernels"]) or "none"
     emulated(f"{model} --kernels {kernels} --cpu {cpu}: {len(ids)}-token prompt + {len(want)} tokens (numba: "
-             f"{r['numba_compiled']} compiled, {r['numba_loaded']} loaded; kernels: {ran})", r["wall_s"])
+             f"{r['numba_compiled']} compiled, {r['numba_loaded']} loaded; kernels: {ran})", r["wall_s"], r["cpu_s"])
 
 
 def test_reference_tokens_differ_from_x86_where_the_suite_looks():
