@@ -180,7 +180,7 @@ arm64-root: arm64-deps
 # in the root: detection (the host's x86 cpuinfo, real ARM ones bound over /proc/cpuinfo), generate with
 # both kernel sets giving the ARM references' tokens (both models), no x86 byte-dot kernel compiled.
 # Speeds printed are emulated. numba's cache of the root is kept beside it: the first run compiles the fast
-# kernels under emulation (~15 min), later ones load them. The quick subset: isolation, detection, and a
+# kernels under emulation (~10 min per CPU that /proc/cpuinfo shows, LLVM's target), later ones load them. The quick subset: isolation, detection, and a
 # SmolLM2 generation with the reference kernels (no numba compile).
 ARM64_NATIVE_TESTS ?= tests/test_arm64_native.py
 test-arm64-native: setup-dev arm64-root

@@ -12,7 +12,8 @@ binfmt, with numpy and numba from aarch64 wheels, where llmlab runs as on an ARM
 
 Speeds here are emulated (one x86 core interprets the ARM code, numba compiles under emulation): the
 tests print them, marked as such, and never assert them. numba's cache of the root lives beside it
-(``<root>/../numba``), so only a first run compiles.
+(``<root>/../numba``), so only a first run compiles, once per CPU that /proc/cpuinfo shows: LLVM takes its
+aarch64 target from there (``generic`` under the x86 host's, ``neoverse-n1`` under the Graviton2 file).
 """
 from __future__ import annotations
 
