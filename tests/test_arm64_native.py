@@ -179,8 +179,10 @@ def test_generate_gives_the_arm_tokens(arm64_root, model, kernels, cpu, cpuinfo,
     if kernels == "fast":
         assert r["kernels"] and all(k.startswith("llmlab.ggml.cpu.fast.") for k in r["kernels"]), r["kernels"]
     ran = ", ".join(k.rsplit(".", 1)[-1] for k in r["kernels"]) or "none"
+    # generate's own lines: the fast set's warm-up (a 128-token batch through the model) and the speeds
+    said = "; ".join(line for line in r["stderr"].splitlines() if line.startswith(("kernels:", "prompt eval:")))
     emulated(f"{model} --kernels {kernels} --cpu {cpu}: {len(ids)}-token prompt + {len(want)} tokens (numba: "
-             f"{r['numba_compiled']} compiled, {r['numba_loaded']} loaded; kernels: {ran})", r["wall_s"], r["cpu_s"])
+             f"{r['numba_compiled']} compiled, {r['numba_loaded']} loaded; kernels: {ran}) [{said}]", r["wall_s"], r["cpu_s"])
 
 
 def test_reference_tokens_differ_from_x86_where_the_suite_looks():
