@@ -133,14 +133,16 @@ test-avx2: oracle-avx2
 ARM64_ORACLE ?= $(HOME)/.cache/llmlab/oracle-arm64
 ARM64_ARCHS  ?= armv8.2-a+dotprod+fp16 armv8.6-a+dotprod+i8mm+fp16
 
+# command:package pairs; the arm64 root (arm64-root) needs only qemu and debootstrap, the oracle the cross compilers
+ARM64_DEPS ?= qemu-aarch64-static:qemu-user-static debootstrap:debootstrap aarch64-linux-gnu-g++:g++-aarch64-linux-gnu \
+              aarch64-linux-gnu-gcc:gcc-aarch64-linux-gnu ninja:ninja-build cmake:cmake
 arm64-deps:
-	@missing=""; for t in qemu-aarch64-static:qemu-user-static aarch64-linux-gnu-g++:g++-aarch64-linux-gnu ninja:ninja-build cmake:cmake \
-	  debootstrap:debootstrap; do \
+	@missing=""; for t in $(ARM64_DEPS); do \
 	  command -v $${t%%:*} >/dev/null 2>&1 || missing="$$missing $${t#*:}"; done; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    echo "installing$$missing with apt-get"; \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing gcc-aarch64-linux-gnu >/dev/null; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	  else echo "error: missing system packages:$$missing (apt-get install$$missing)"; exit 1; fi; fi
 
 oracle-arm64: setup-dev arm64-deps
@@ -174,6 +176,7 @@ test-arm64: oracle-arm64
 # (~15 min on 2 cores) in $(ARM64_ROOT_CACHE)/arm64-root/<release>-<key>/ (tools/arm64/make_root.sh);
 # tools/arm64/run_in_root.sh runs one command in it, the checkout bound read-only. Needs root.
 ARM64_ROOT_CACHE ?= $(HOME)/.cache/llmlab
+arm64-root: ARM64_DEPS = qemu-aarch64-static:qemu-user-static debootstrap:debootstrap
 arm64-root: arm64-deps
 	PYTHON=$(PYTHON) tools/arm64/make_root.sh $(ARM64_ROOT_CACHE)
 
