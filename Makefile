@@ -182,9 +182,11 @@ arm64-root: arm64-deps
 
 # in the root: detection (the host's x86 cpuinfo, real ARM ones bound over /proc/cpuinfo), generate with
 # both kernel sets giving the ARM references' tokens (both models), no x86 byte-dot kernel compiled.
-# Speeds printed are emulated. numba's cache of the root is kept beside it: the first run compiles the fast
-# kernels under emulation (~10 min per CPU that /proc/cpuinfo shows, LLVM's target), later ones load them. The quick subset: isolation, detection, and a
-# SmolLM2 generation with the reference kernels (no numba compile).
+# Speeds printed are emulated. numba's cache of the root is kept beside it (compiled once per CPU that
+# /proc/cpuinfo shows: LLVM's target). On 2 cores: the whole suite ~45 min, each fast-kernel generation
+# ~11 min (its warm-up batch runs the NumPy NEON kernels under emulation), each reference one ~2 min.
+# The quick subset (~2 min once the root exists, ~14 min from nothing): the root's isolation, detection,
+# and SmolLM2 with the reference kernels.
 ARM64_NATIVE_TESTS ?= tests/test_arm64_native.py
 test-arm64-native: setup-dev arm64-root
 	$(PY) -m llmlab fetch smollm2 --quiet
