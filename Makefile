@@ -173,7 +173,7 @@ test-arm64: oracle-arm64
 
 # llmlab itself on linux/arm64: an arm64 Debian root (debootstrap from Debian's mirror, numpy/numba/llvmlite
 # and the runtime dependencies as aarch64 wheels from PyPI) that qemu-user runs through binfmt, made once
-# (~15 min on 2 cores) in $(ARM64_ROOT_CACHE)/arm64-root/<release>-<key>/ (tools/arm64/make_root.sh);
+# (~11 min on 2 cores) in $(ARM64_ROOT_CACHE)/arm64-root/<release>-<key>/ (tools/arm64/make_root.sh);
 # tools/arm64/run_in_root.sh runs one command in it, the checkout bound read-only. Needs root.
 ARM64_ROOT_CACHE ?= $(HOME)/.cache/llmlab
 arm64-root: ARM64_DEPS = qemu-aarch64-static:qemu-user-static debootstrap:debootstrap
