@@ -25,7 +25,7 @@ HTML_DIR ?= build/html
 TEACHER_HTML_DIR ?= build/html-teacher
 IS_ROOT := $(shell [ "$$(id -u)" = 0 ] && echo 1)
 
-.PHONY: setup setup-dev system-deps browser-deps demo lint test test-slow test-browser test-all bench lab notebooks teacher html handout clean oracle-avx2 test-avx2 arm64-deps oracle-arm64 test-arm64 refs-arm64 rpc-server arm64-root test-arm64-native test-arm64-native-quick
+.PHONY: setup setup-dev system-deps browser-deps demo lint test test-slow test-browser test-all bench bench-notebook lab notebooks teacher html handout clean oracle-avx2 test-avx2 arm64-deps oracle-arm64 test-arm64 refs-arm64 rpc-server arm64-root test-arm64-native test-arm64-native-quick
 
 setup: system-deps $(STAMP_LAB)
 setup-dev: system-deps $(STAMP_DEV)
@@ -197,9 +197,10 @@ test-arm64-native-quick: setup-dev arm64-root
 	$(PY) -m llmlab fetch smollm2 --quiet
 	$(PY) -m pytest -q -s --arm64-native $(ARM64_NATIVE_TESTS) $(PYTEST_ARGS)
 
-# regenerate llmlab/data/refs/<arm profile>/ from the oracle (~30 min under qemu for both models)
+# regenerate llmlab/data/refs/<arm profile>/ from the oracle (~30 min under qemu per profile, both models)
 refs-arm64: oracle-arm64
 	$(PY) tools/arm64/make_refs.py arm_dotprod_fp16
+	$(PY) tools/arm64/make_refs.py arm_i8mm
 
 bench: setup-dev
 	$(PY) -m llmlab bench -m smollm2 --vs-llama-cpp
@@ -208,6 +209,12 @@ bench: setup-dev
 	$(PY) benchmarks/bench_gguf_open.py
 	$(PY) benchmarks/bench_tokenizer.py
 	$(PY) benchmarks/bench_quant.py
+
+# notebook 00's live generation in JupyterLab (headless chromium) against the same code on the command
+# line, quiet and beside one busy process (ratios, never timed assertions)
+bench-notebook: browser-deps
+	$(PY) benchmarks/bench_notebook.py
+	$(PY) benchmarks/bench_notebook.py --load 1
 
 # JupyterLab on the course; as root (containers, cloud workshop machines) it needs --allow-root
 lab: setup

@@ -57,7 +57,7 @@ def main(isas: list[str]) -> dict:
     out["swiglu"] = instructions(fvec.swiglu, g, g, g.copy(), v.expf)
     for isa in isas:
         k = q41.byte_dot[isa]
-        out[f"dot4_{isa}_q4_1"] = instructions(k.serial, *k.pack(raw, "q4_1", 64), x, np.empty((1, 32), np.float32))
+        out[f"dot4_{isa}_q4_1"] = instructions(k.threaded, *k.pack(raw, "q4_1", 64), x, np.empty((1, 32), np.float32), 1)
     return {"cpu": numba.config.CPU_NAME or "host", "kernels": out}
 
 

@@ -32,9 +32,6 @@ DATA = Path(__file__).parent / "data"
 REFS = data.ref_dir()                                        # llama.cpp's references ship in the package
 REF_STEMS = data.REF_STEMS
 REF_DIRS = {cpu: data.ref_dir(cpu) for cpu in data.REF_DIRS}   # the logits of llama.cpp built for each CPU
-# profiles without references for a model, and why (their suites skip it, saying so)
-NO_REFS = {("arm_i8mm", "gemma3"): "arm_i8mm does not reproduce Gemma 3 yet (the q4_K/q6_K 8x8 REPACK kernels "
-                                   "of MATMUL_INT8 are not written): no references"}
 REF_PROFILES = [p for p, d in REF_DIRS.items() if (d / f"{REF_STEMS['smollm2']}.logits.npz").exists()]
 LIVE = profiles.detect()                                     # the profile of this machine's llama.cpp
 
@@ -168,7 +165,5 @@ def ref_logits(name: str, cpu: str | None = None) -> tuple[dict, dict]:
     cpu = cpu or LIVE.profile.name
     if cpu not in REF_DIRS:
         pytest.skip(f"no llama.cpp references for the {cpu} profile")
-    if (cpu, name) in NO_REFS:
-        pytest.skip(NO_REFS[cpu, name])
     d, stem = REF_DIRS[cpu], REF_STEMS[name]
     return json.loads((d / f"{stem}.logits.json").read_text()), dict(np.load(d / f"{stem}.logits.npz"))

@@ -1,7 +1,8 @@
-"""The ARM profile (arm_dotprod_fp16): the NEON orders it reproduces, checked here on any machine, and
-live comparisons with llama.cpp built for aarch64 running under qemu-user (``--arm64``, make test-arm64).
+"""The ARM profiles (arm_dotprod_fp16, arm_i8mm): the NEON orders they reproduce, checked here on any
+machine, and live comparisons with llama.cpp built for aarch64 running under qemu-user (``--arm64``,
+make test-arm64).
 
-The stored references (llmlab/data/refs/arm_dotprod_fp16/, made by tools/arm64/make_refs.py from the
+The stored references (llmlab/data/refs/<arm profile>/, made by tools/arm64/make_refs.py from the
 same oracle) feed the generic suites of test_forward.py and test_forward_decode.py, which run every
 profile that has references."""
 from __future__ import annotations
@@ -102,7 +103,8 @@ def test_arm_profile_routes_the_fast_kernels_to_its_own_bits(smollm2_path):
     np.testing.assert_array_equal(out["fast"], out["reference"])
 
 
-@pytest.mark.parametrize("cpu, name", [(ARM, "smollm2"), (ARM, "gemma3"), ("arm_i8mm", "smollm2")])
+@pytest.mark.parametrize("cpu, name", [(ARM, "smollm2"), (ARM, "gemma3"), ("arm_i8mm", "smollm2"),
+                                       ("arm_i8mm", "gemma3")])
 def test_references_record_the_build(cpu, name):
     meta = json.loads((REF_DIRS[cpu] / f"{REF_STEMS[name]}.logits.json").read_text())
     assert profiles._from_system_info(meta["system_info"]) is profiles.get(cpu)
@@ -135,6 +137,136 @@ def test_i8mm_takes_2x2_mmla_steps_only_for_even_row_counts():
     assert not profiles.get("arm_i8mm").llamafile and profiles.get(ARM).llamafile
 
 
+# ---- the i8mm build's K-quant REPACK kernels (q4_K and q6_K as 8x8) --------------------------------
+
+def _k_rows(tname: str, R: int, K: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    W = (rng.standard_normal((R, K)) * rng.uniform(0.2, 3, (R, 1))).astype(np.float32)
+    return quantize(W.reshape(-1), tname).reshape(R, -1)
+
+
+def _read_q4_Kx8(p) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """block_q4_Kx8 read back at the addresses ggml_gemv/gemm_q4_K_8x8_q8_K load: per column (weight row
+    of the group) its 256 codes, 8 scales and 8 mins, from the 16-byte loads at qs + 256 sb + 16 cp +
+    64 j (8 bytes of columns 2cp and 2cp+1) and decode_q_Kx8_6bit_scales on 12-byte group k."""
+    from llmlab.ggml.quant.k_quants import scale_min_k4
+    codes = np.zeros((8, 256), np.int64)
+    for sb in range(4):
+        for cp in range(4):
+            for j in range(4):
+                v = p["qs"][256 * sb + 16 * cp + 64 * j:][:16].reshape(2, 8)
+                for h in range(2):
+                    codes[2 * cp + h, 64 * sb + 8 * j:][:8] = v[h] & 15
+                    codes[2 * cp + h, 64 * sb + 32 + 8 * j:][:8] = v[h] >> 4
+    sc, mn = scale_min_k4(p["scales"].reshape(8, 12))          # (sub-block, column)
+    return codes, sc.T.astype(np.int64), mn.T.astype(np.int64)
+
+
+def _read_q6_Kx8(p) -> tuple[np.ndarray, np.ndarray]:
+    """block_q6_Kx8 read back as ggml_gemv/gemm_q6_K_8x8_q8_K load it: per column its 256 codes (minus
+    32) and 16 scales; ql from ql + 512 half + 128 sb (+64), qh from qh + 256 half + (128 sb & 255)
+    (+64), shifted right by 2 for sb > 1; low nibbles are values 16 sb.., high ones 64 + 16 sb.."""
+    codes = np.zeros((8, 256), np.int64)
+    for half in range(2):
+        for sb in range(4):
+            for cp in range(4):
+                for j in range(2):
+                    ql = p["ql"][512 * half + 128 * sb + 64 * j + 16 * cp:][:16].reshape(2, 8).astype(np.int64)
+                    qh = p["qh"][256 * half + (128 * sb & 255) + 64 * j + 16 * cp:][:16].reshape(2, 8).astype(np.int64)
+                    qh = qh >> 2 if sb > 1 else qh
+                    for h in range(2):
+                        at = 128 * half + 16 * sb + 8 * j
+                        codes[2 * cp + h, at:at + 8] = ((ql[h] & 15) | ((qh[h] & 3) << 4)) - 32
+                        codes[2 * cp + h, at + 64:at + 72] = ((ql[h] >> 4) | (qh[h] & 0x30)) - 32
+    return codes, p["scales"].reshape(16, 8).T.astype(np.int64)
+
+
+def test_k_quant_8x8_layouts_read_back_as_the_kernels_read_them():
+    from llmlab.ggml.cpu.repack import make_block_q4_Kx8, make_block_q6_Kx8
+    from llmlab.ggml.quant import k_quants as KQ
+    w = Q.weight_blocks(_k_rows("q4_k", 16, 512, 1), ggml_type("q4_k"), 512)
+    packed = make_block_q4_Kx8(w)
+    assert packed.shape == (2, 2) and packed.itemsize == 2 * 16 + 96 + 1024        # sizeof(block_q4_Kx8)
+    for g in range(2):
+        for b in range(2):
+            rows = w[8 * g:8 * g + 8, b]
+            codes, sc, mn = _read_q4_Kx8(packed[g, b])
+            want_sc, want_mn = KQ.scale_min_k4(rows["scales"])
+            np.testing.assert_array_equal(codes, KQ.q4k_codes(rows["qs"]))
+            np.testing.assert_array_equal(sc, want_sc)
+            np.testing.assert_array_equal(mn, want_mn)
+            assert (packed[g, b]["d"] == rows["d"]).all() and (packed[g, b]["dmin"] == rows["dmin"]).all()
+    w6 = Q.weight_blocks(_k_rows("q6_k", 16, 512, 2), ggml_type("q6_k"), 512)
+    packed6 = make_block_q6_Kx8(w6)
+    assert packed6.itemsize == 2 * 8 + 128 + 1024 + 512                                # sizeof(block_q6_Kx8)
+    for g in range(2):
+        for b in range(2):
+            rows = w6[8 * g:8 * g + 8, b]
+            codes, sc = _read_q6_Kx8(packed6[g, b])
+            np.testing.assert_array_equal(codes, KQ.q6k_codes(rows))
+            np.testing.assert_array_equal(sc, rows["scales"])
+            assert (packed6[g, b]["d"] == rows["d"]).all()
+
+
+def test_i8mm_q4_k_and_q6_k_8x8_float_steps():
+    """Each output written out from the interleaved blocks: 5 activation rows, so rows 0-3 take the gemm
+    kernel (whole super-block sums, mins first, nothing fused) and row 4 the gemv kernel (q4_K: one fma
+    per 32 values; q6_K: multiply, then add)."""
+    from llmlab.ggml.cpu import repack_gemm as RG
+    from llmlab.ggml.cpu.repack import make_block_q4_Kx8, make_block_q6_Kx8
+    f32, i8 = np.float32, profiles.get("arm_i8mm")
+    x = np.random.default_rng(4).standard_normal((5, 512)).astype(np.float32)
+    a = Q.quantize_activations(x, "q8_K", i8)
+    qa = a["qs"].astype(np.int64)
+    bs32 = a["bsums"].astype(np.int64).reshape(5, 2, 8, 2).sum(-1)
+    raw = _k_rows("q4_k", 8, 512, 3)
+    p = make_block_q4_Kx8(Q.weight_blocks(raw, ggml_type("q4_k"), 512))[0]
+    got = RG.mul_mat_q4_k_8x8_i8mm(raw, ggml_type("q4_k"), x, cpu=i8)
+    for c in range(8):
+        for t in range(5):
+            acc = f32(0)
+            for b in range(2):
+                codes, sc, mn = _read_q4_Kx8(p[b])
+                dots = (codes[c].reshape(8, 32) * qa[t, b].reshape(8, 32)).sum(-1) * sc[c]
+                d = f32(f32(p[b]["d"][c]) * a["d"][t, b])
+                dm = f32(f32(p[b]["dmin"][c]) * a["d"][t, b])
+                mins = f32(f32(int(bs32[t, b] @ mn[c])) * dm)
+                if t < 4:
+                    acc = f32(f32(acc - mins) + f32(f32(int(dots.sum())) * d))
+                else:
+                    for j in range(8):
+                        acc = fma(d, f32(int(dots[j])), acc)
+                    acc = f32(acc - mins)
+            assert got[t, c] == acc, (t, c)
+    raw6 = _k_rows("q6_k", 8, 512, 5)
+    p6 = make_block_q6_Kx8(Q.weight_blocks(raw6, ggml_type("q6_k"), 512))[0]
+    got6 = RG.mul_mat_q6_k_8x8_i8mm(raw6, ggml_type("q6_k"), x, cpu=i8)
+    for c in range(8):
+        for t in range(5):
+            acc = f32(0)
+            for b in range(2):
+                codes, sc = _read_q6_Kx8(p6[b])
+                isum = int(((codes[c] * qa[t, b]).reshape(16, 16).sum(-1) * sc[c]).sum())
+                acc = f32(acc + f32(f32(isum) * f32(f32(p6[b]["d"][c]) * a["d"][t, b])))
+            assert got6[t, c] == acc, (t, c)
+
+
+def test_i8mm_repacks_the_k_quants_8x8_with_their_own_order():
+    """The i8mm build takes 8x8 for q4_K and q6_K (dotprod alone: 8x4) and rounds elsewhere: the same
+    weights and activations give other bits, here and there."""
+    from llmlab.ggml.cpu.ops import mul_mat_quantized, quantized_path
+    i8, arm = profiles.get("arm_i8mm"), profiles.get(ARM)
+    x = np.random.default_rng(6).standard_normal((9, 2048)).astype(np.float32)
+    for tname, layout in (("q4_k", "q4_K_8x8_i8mm"), ("q6_k", "q6_K_8x8_i8mm")):
+        t = ggml_type(tname)
+        assert i8.repack_layout(tname) == layout and quantized_path(t, 9, True, i8) == "repack"
+        assert i8.repacks(tname, 640) and not i8.repacks(tname, 644)
+        raw = _k_rows(tname, 64, 2048, 7)
+        got, dotprod = mul_mat_quantized(raw, t, x, True, i8), mul_mat_quantized(raw, t, x, True, arm)
+        assert (got != dotprod).any()
+        np.testing.assert_allclose(got, dotprod, rtol=1e-4, atol=1e-3)
+
+
 # ---- live: the aarch64 llama.cpp under qemu-user (make test-arm64) -----------------------------------
 
 FRESH = {"smollm2": "A lighthouse keeper counted the ships that passed in the night, and each one",
@@ -152,7 +284,8 @@ def _oracle(cpu=ARM):
 @pytest.mark.arm64
 @pytest.mark.parametrize("flash_attn", [False, True], ids=["fa_off", "fa_on"])
 @pytest.mark.parametrize("cpu, name, cut", [(ARM, "smollm2", 0), (ARM, "gemma3", 0),
-                                            ("arm_i8mm", "smollm2", 0), ("arm_i8mm", "smollm2", 1)])
+                                            ("arm_i8mm", "smollm2", 0), ("arm_i8mm", "smollm2", 1),
+                                            ("arm_i8mm", "gemma3", 0), ("arm_i8mm", "gemma3", 1)])
 def test_live_logits_and_greedy_equal_arm64_llama_cpp(request, cpu, name, cut, flash_attn):
     """Fresh prompts (``cut`` drops tokens: the i8mm build takes other kernels for even and odd counts)."""
     arm64 = _oracle(cpu)
@@ -168,17 +301,22 @@ def test_live_logits_and_greedy_equal_arm64_llama_cpp(request, cpu, name, cut, f
     np.testing.assert_array_equal(got.gen_logits, want.gen_logits)
 
 
+NODE_IDS = {"smollm2": [1, 504, 3458, 282, 260, 1345, 28, 253, 1115, 2632, 314],
+            "gemma3": [2, 818, 5866, 2838, 580, 506, 1756, 532, 506, 4799, 691]}   # 8 gemm rows, 3 gemv
+
+
 @pytest.mark.arm64
 @pytest.mark.parametrize("flash_attn", [False, True], ids=["fa_off", "fa_on"])
-def test_live_nodes_equal_arm64_llama_cpp(smollm2_path, flash_attn):
+@pytest.mark.parametrize("cpu, name", [(ARM, "smollm2"), ("arm_i8mm", "gemma3")])
+def test_live_nodes_equal_arm64_llama_cpp(request, cpu, name, flash_attn):
     """Every node llama.cpp names and llmlab computes too (same name and size) holds the same bits; a
     node llama.cpp dumps twice under one name (a contiguous reshape) must equal one of llmlab's."""
-    arm64 = _oracle()
+    arm64 = _oracle(cpu)
     from llmlab.llamacpp import llmlab_nodes
-    ids = [1, 504, 3458, 282, 260, 1345, 28, 253, 1115, 2632, 314]
-    want = arm64.run(smollm2_path, ids, ARM, flash_attn=flash_attn, dump_nodes=True)
+    path, ids = request.getfixturevalue(f"{name}_path"), NODE_IDS[name]
+    want = arm64.run(path, ids, cpu, flash_attn=flash_attn, dump_nodes=True)
     mine: dict[tuple, list] = {}
-    for label, _op, _ne, vals in llmlab_nodes(smollm2_path, ids, flash_attn=flash_attn, cpu=ARM, n_ctx=512):
+    for label, _op, _ne, vals in llmlab_nodes(path, ids, flash_attn=flash_attn, cpu=cpu, n_ctx=512):
         if vals is not None:
             v = np.asarray(vals, np.float32).reshape(-1)
             mine.setdefault((label, v.size), []).append(v)
@@ -194,17 +332,16 @@ def test_live_nodes_equal_arm64_llama_cpp(smollm2_path, flash_attn):
 
 @pytest.mark.parametrize("cpu", [ARM, "arm_i8mm"])
 def test_dispatch_paths_and_fast_entry_point_on_arm(cpu):
-    """ARM's kernel choice (q8_0 in the REPACK buffer, no tiled matmul) and the fast set's entry point: no
-    x86 twin answers for a NEON profile, so every path gives the reference kernels' bits."""
+    """ARM's kernel choice (q8_0 and the K-quants in the REPACK buffer, no tiled matmul) and the fast set's
+    entry point: no x86 twin answers for a NEON profile, so every path gives the reference kernels' bits."""
     from llmlab.ggml.cpu import fast
     from llmlab.ggml.cpu.ops import mul_mat_quantized, quantized_path
     c = profiles.get(cpu)
     q4k, q80, q41 = ggml_type("q4_k"), ggml_type("q8_0"), ggml_type("q4_1")
     assert quantized_path(q80, 1, True, c) == "repack" and quantized_path(q41, 64, False, c) == "vec_dot"
-    if cpu == ARM:
-        assert quantized_path(q4k, 64, True, c) == "repack" and quantized_path(q4k, 64, False, c) is None
+    assert quantized_path(q4k, 64, True, c) == "repack" and quantized_path(q4k, 64, False, c) is None
     rng = np.random.default_rng(2)
-    for tname in ("q4_1", "q5_0", "q8_0"):
+    for tname in ("q4_1", "q5_0", "q8_0", "q4_k", "q6_k"):
         raw = quantize(rng.standard_normal(8 * 256).astype(np.float32), tname).reshape(8, -1)
         for T in (1, 7, 8, 16):
             x = rng.standard_normal((T, 256)).astype(np.float32)

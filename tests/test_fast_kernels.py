@@ -109,10 +109,11 @@ DOT4_CASES = [(t, path, R, K, o) for o, ((t, path), tw) in enumerate(TWINS.items
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("tname,path,R,K,seed", DOT4_CASES, ids=[f"{t}-{p}-{R}x{K}" for t, p, R, K, _ in DOT4_CASES])
 def test_dot4_kernels(tname, path, R, K, seed, isa):
-    """dot4's kernels (lane sums by vpdpbusd, or pmaddubsw + pmaddwd) and their serial twins equal the
-    reference path they reproduce (q4_K's gemm rows in groups of 4 and gemv rows alike, q6_K's vec_dot
-    and tiled), for T from 1 to a prefill block, at 1 and 2 threads, on every instruction set this host
-    runs (a VNNI host checks the AVX2 kernels too)."""
+    """dot4's kernels (lane sums by vpdpbusd, or pmaddubsw + pmaddwd), threaded and limited to one
+    thread, equal the reference path they reproduce (q4_K's gemm rows in groups of 4 and gemv rows
+    alike, q6_K's vec_dot and tiled), for T from 1 to a prefill block, at 1 and 2 threads, on every
+    instruction set this host runs (a VNNI host checks the AVX2 kernels too); the thread limit is
+    undone when the kernel returns."""
     import numba
     raw = raw_rows(tname, R, K, seed=R + K + seed)
     tw = TWINS[tname, path]
@@ -124,11 +125,13 @@ def test_dot4_kernels(tname, path, R, K, seed, isa):
             x = acts(T, K, seed=T + 100 * seed)
             ref = tw.reference(raw, ggml_type(tname), x)
             for n in (1, 2):
-                numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
-                for fn in (k.threaded, k.serial):
+                n = min(n, numba.config.NUMBA_NUM_THREADS)
+                numba.set_num_threads(n)
+                for limit in (0, 1):
                     out = np.full((T, R), np.nan, np.float32)
-                    fn(*p, x, out, *k.extra)
-                    assert same_bits(out, ref), (tname, R, K, T, n, fn)
+                    k.threaded(*p, x, out, *k.extra, limit)
+                    assert same_bits(out, ref), (tname, R, K, T, n, limit)
+                    assert numba.get_num_threads() == n
     finally:
         numba.set_num_threads(n0)
 

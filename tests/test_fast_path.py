@@ -82,6 +82,37 @@ def test_rope_norm_and_neox(mode, cpu):
     assert same_bits(*both_ways(out, cpu))
 
 
+@pytest.mark.parametrize("n_dims,base,scale,attn", [(64, 10000.0, 1.0, 1.0), (256, 1e6, 0.125, 1.0),
+                                                     (128, 500000.0, 1.0, 0.75), (2, 10000.0, 1.0, 1.0)])
+def test_rope_cache_twin_calls_the_same_cosf(n_dims, base, scale, attn):
+    """The numba RoPE cache (one call per step) equals the reference's ctypes cosf/sinf per pair, far
+    out along the positions where theta is large and the C library's argument reduction works hardest."""
+    from llmlab.ggml.cpu.fast.ops import rope_cache as fast_rope_cache
+    from llmlab.ggml.cpu.ops import rope_cache
+    pos = np.concatenate([np.arange(0, 70), rng.integers(0, 1 << 20, 300)]).astype(np.int32)
+    fast = fast_rope_cache(pos, n_dims, base, scale, attn)
+    if fast is None:
+        pytest.skip("no C math library on this system: the reference rounds NumPy's cos, and no twin runs")
+    ref = rope_cache(pos, n_dims, base, scale, attn)
+    assert same_bits(fast[0], ref[0]) and same_bits(fast[1], ref[1])
+
+
+@pytest.mark.parametrize("type_", ["f32", "q8_0"])
+def test_get_rows(type_, cpu):
+    ctx = GGMLContext()
+    a = ggml.new_tensor(ctx, type_, 64, 10)
+    if type_ == "f32":
+        a.set_data(rng.standard_normal(640).astype(np.float32).reshape(a.array().shape))
+    else:
+        a.set_data(rng.integers(0, 256, a.array().size, dtype=np.uint8).view(a.array().dtype).reshape(a.array().shape))
+        a.array().view(np.uint8).reshape(10, 2, 34)[..., 1] &= 0x3b          # finite f16 scales
+    ids = leaf(ctx, "i32", 3, values=np.array([9, 0, 9], np.int32))
+    assert same_bits(*both_ways(ggml.get_rows(ctx, a, ids), cpu))
+    ids.set_data(np.array([1, 10, 2], np.int32))
+    with pytest.raises(IndexError, match="out of range"):
+        graph_plan(build_forward(ggml.get_rows(ctx, a, ids)).nodes, cpu=cpu).compute()
+
+
 @pytest.mark.parametrize("n_kv", [256, 260])
 @pytest.mark.parametrize("n_q", [1, 2, 9])
 def test_f16_mul_mat_vec_dot_and_tinyblas(n_q, n_kv, cpu):
@@ -191,16 +222,17 @@ def test_whole_model_prompt_and_decode_steps(tiny, arch, cpu):
 
 
 def test_fast_plan_binds_every_compute_node_of_a_real_decode_step(smollm2_path):
-    """A SmolLM2 decode step: all its compute nodes but GET_ROWS run on compiled kernels."""
+    """A SmolLM2 decode step: all its compute nodes run on bound steps (numba kernels, or NumPy calls
+    prepared once)."""
     ctx = Context(Model(smollm2_path), n_ctx=256)
     ctx.decode(Batch.from_tokens([1, 2, 3], logits="last"))
     ctx.decode(Batch.from_tokens([4], pos0=3, logits="last"))
     plan = ctx.backend.plan(ctx.last_graph.gf)
     slow = {n.op for n, s in zip(plan.nodes, plan.steps) if s is not None} - {
         n.op for n in plan.nodes if n.op in ("RMS_NORM", "MUL", "ADD", "MUL_MAT", "ROPE", "SET_ROWS",
-                                             "CONT", "SOFT_MAX", "SWIGLU")}
-    assert slow == {"GET_ROWS"}
-    assert plan.n_fast == len(plan._run) + plan.n_fused - 3
+                                             "CONT", "SOFT_MAX", "SWIGLU", "GET_ROWS")}
+    assert slow == set()
+    assert plan.n_fast == len(plan._run) + plan.n_fused
     assert plan.n_fused == 30                               # every layer's CONT of V^T, read in place by kqv
 
 

@@ -100,11 +100,14 @@ for tname, path, K, Ts in (("q4_1", "vec_dot", 576, (1, 9)), ("q8_0", "vec_dot",
     raw = raw_rows(tname, 40, K); p = k.pack(raw, tname, K)
     for T in Ts:
         x = acts(T, K, seed=T); out = np.empty((T, 40), np.float32)
-        k.serial(*p, x, out, *k.extra)
+        k.threaded(*p, x, out, *k.extra, 1)
         ok &= same_bits(out, tw.reference(raw, ggml_type(tname), x))
-kern = TWINS["q4_1", "vec_dot"].byte_dot["avx2"].serial
-asm = kern.inspect_asm(kern.signatures[0])
-print("equal", ok, "zmm", "zmm" in asm, "pmaddubsw", asm.count("vpmaddubsw"))
+from asm_probe import instructions     # the kernel's body compiled serially: its loops in one listing
+k = TWINS["q4_1", "vec_dot"].byte_dot["avx2"]
+raw = raw_rows("q4_1", 40, 576); x = acts(1, 576, seed=1)
+c = instructions(k.threaded, *k.pack(raw, "q4_1", 576), x, np.empty((1, 40), np.float32), 1)
+print("equal", ok, "zmm", any(key.endswith(" zmm") for key in c),
+      "pmaddubsw", sum(n for key, n in c.items() if key.startswith("vpmaddubsw")))
 """
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from llmlab import LLMLabError
 from llmlab.llama.sampling import (MT19937, Dist, Greedy, MinP, Penalties, SamplerChain, SamplingParams, Temp,
-                                   TokenDataArray, TopK, TopP, Typical, common_sampler_init)
+                                   TokenDataArray, TopK, TopP, Typical, common_sampler_init, top_k_order)
 
 P5 = np.array([0.5, 0.2, 0.15, 0.1, 0.05])
 PERM = np.array([3, 0, 4, 1, 2])               # token i has probability P5[PERM[i]]: ids 1, 3, 4, 0, 2 by rank
@@ -23,6 +23,23 @@ def test_top_k_keeps_the_k_best_sorted():
     out = TopK(2)(cands())
     assert out.id.tolist() == [1, 3] and out.sorted
     assert len(TopK(0)(cands())) == 5 and len(TopK(99)(cands())) == 5
+
+
+def test_top_k_partial_selection_equals_the_stable_sort():
+    """top_k_order (a partition, not a sort of the vocabulary) keeps the first k of a stable sort, ties
+    at the k-th value included: integer-valued logits with many ties, signed zeros, -inf, NaN."""
+    rng = np.random.default_rng(3)
+    for trial in range(400):
+        n = int(rng.integers(1, 2000))
+        x = (rng.integers(-4, 4, n) if trial % 2 else rng.standard_normal(n)).astype(np.float32)
+        if trial % 5 == 0:
+            x[rng.integers(0, n, 3)] = -np.inf
+        if trial % 7 == 0:
+            x[: n // 2], x[n // 2:] = 0.0, -0.0
+        if trial % 11 == 0:
+            x[rng.integers(0, n)] = np.nan
+        k = int(rng.integers(1, n + 3))
+        assert np.array_equal(top_k_order(x, k), np.argsort(-x, kind="stable")[:k]), (trial, n, k)
 
 
 def test_top_p_keeps_the_smallest_nucleus():

@@ -2,7 +2,12 @@
 on a quiet machine, moves to one thread when the machine is busy, and back when it is quiet again."""
 from __future__ import annotations
 
-from llmlab.ggml.cpu.threadpool import PROBE_MAX, Governor, candidates
+import os
+import time
+
+import pytest
+
+from llmlab.ggml.cpu.threadpool import PROBE_MAX, PROBE_MIN, Governor, busy_cores, candidates, start_count
 
 QUIET = {2: 0.008, 1: 0.014}        # seconds per decode step: threads pay
 BUSY = {2: 0.300, 1: 0.050}         # another process on the second core: every region waits for it
@@ -51,6 +56,55 @@ def test_batch_steps_start_from_the_token_steps_choice():
     g = Governor(2)
     run(g, lambda i: BUSY, 60)
     assert g.choose("batch") == 1
+
+
+def test_start_from_the_cores_the_load_leaves_free():
+    assert start_count(2, 0.1, n_cpus=2) == 2          # quiet
+    assert start_count(2, 1.0, n_cpus=2) == 1          # one busy process beside it (a browser, a build)
+    assert start_count(2, 0.6, n_cpus=2) == 1
+    assert start_count(8, 4.2, n_cpus=8) == 4
+    assert start_count(8, 9.0, n_cpus=8) == 1
+    assert start_count(4, None) == 4                   # unknown (no /proc/stat): all threads
+
+
+def test_busy_cores_sees_a_busy_process():
+    import subprocess
+    import sys
+    b = busy_cores()
+    if b is None:
+        pytest.skip("no /proc/stat on this system")
+    assert 0 <= b <= os.cpu_count() + 0.01
+    p = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        assert busy_cores(0.3) >= 0.8                 # at least the spinning child (more if the machine is busy)
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_busy_start_tries_more_threads_only_on_the_probe_schedule():
+    """Started on one thread (a loaded machine), it does not pay a slow 2-thread step at once; if the
+    machine is in fact quiet, the probe finds two threads and keeps them."""
+    g = Governor(2, start=1)
+    busy = run(g, lambda i: BUSY, 60)
+    assert busy[:PROBE_MIN - 1] == [1] * (PROBE_MIN - 1)
+    assert busy.count(2) <= 3
+    g = Governor(2, start=1)
+    quiet = run(g, lambda i: QUIET, 100)
+    assert quiet[:PROBE_MIN - 1] == [1] * (PROBE_MIN - 1) and all(n == 2 for n in quiet[-20:])
+
+
+def test_no_try_of_more_threads_while_the_cores_are_busy():
+    """The probe of two threads is skipped (and backs off) while the other core is busy, and taken
+    once it is free."""
+    load = {"busy": 1.0}
+    g = Governor(2, start=1, busy=lambda: load["busy"])
+    used = run(g, lambda i: BUSY, 100)
+    assert used.count(2) == 0 and g.n_skipped >= 2
+    load["busy"] = 0.0
+    used = run(g, lambda i: QUIET, 300, start=100)
+    assert all(n == 2 for n in used[-20:])
 
 
 def test_one_thread_has_nothing_to_choose():

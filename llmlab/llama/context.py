@@ -105,8 +105,9 @@ class Context:
     def _graph(self, ub: UBatch, placement):
         hp, kv = self.model.hparams, self.kv
         kv.apply_ubatch(placement, ub)
-        n_kv = [kv.n_kv(il) for il in range(hp.n_layer)]
         swa = [hp.is_swa(il) for il in range(hp.n_layer)]
+        first = {s: swa.index(s) for s in set(swa)}                # one cache per kind of layer (global, SWA):
+        n_kv = [kv.n_kv(first[s]) for s in swa] if len(first) > 1 else [kv.n_kv(0)] * hp.n_layer   # asked once
         out_ids = np.flatnonzero(ub.output).astype(np.int32)
         key = (ub.n_tokens, len(out_ids), tuple(n_kv))
         if self._reuse is not None and self._reuse[0] == key:
@@ -179,13 +180,15 @@ class Context:
                 continue
             out_ids = np.flatnonzero(ub.output)
             if self.sched is not None:     # from the backend that computed them (another machine, for RPC)
-                logits = self.sched.get_tensor(g.t_logits).view(np.float32)
+                logits = np.array(self.sched.get_tensor(g.t_logits).view(np.float32))   # a copy: its buffer is reused
             else:
                 logits = g.t_logits.numpy()
             rows.append(logits.reshape(len(out_ids), -1))
             order.append(ub.batch_idxs[out_ids])
         if not rows:
             return np.zeros((0, self.model.hparams.n_vocab), np.float32)
+        if len(rows) == 1 and np.all(order[0][1:] > order[0][:-1]):
+            return rows[0]                  # one micro-batch in batch order (a decode step): copied once
         logits = np.concatenate(rows, 0)
         return logits[np.argsort(np.concatenate(order), kind="stable")]
 

@@ -200,9 +200,25 @@ class TopK(Sampler):
         if self.k <= 0:
             return
         k = min(self.k, len(cur))
-        if not cur.sorted:
-            cur.sort()
-        cur.keep(slice(0, k), True)
+        if cur.sorted:
+            cur.keep(slice(0, k), True)
+        else:
+            cur.keep(top_k_order(cur.logit, k), True)
+
+
+def top_k_order(logit: np.ndarray, k: int) -> np.ndarray:
+    """The indices of the ``k`` highest logits, highest first, equal logits in index order: the first
+    ``k`` of a stable sort, found as llama.cpp finds them (a partial sort, not the whole vocabulary:
+    Gemma's 262k logits took 30-100 ms to sort). The k-th largest value splits the candidates; of
+    those equal to it, the first ones by index are kept, as the stable sort would keep them."""
+    n = len(logit)
+    if k >= n or np.isnan(logit).any():
+        return np.argsort(-logit, kind="stable")[:k]
+    v = np.partition(logit, n - k)[n - k]                     # the k-th largest
+    above = np.flatnonzero(logit > v)
+    idx = np.concatenate([above, np.flatnonzero(logit == v)[:k - len(above)]])
+    idx.sort()
+    return idx[np.argsort(-logit[idx], kind="stable")]
 
 
 class TopP(Sampler):

@@ -9,9 +9,10 @@
                  type, ``type_traits_cpu``, ``mul_mat`` through vec_dot
 - ``sgemm``      llamafile/sgemm.cpp: tinyBLAS for f16 (the KV cache), when it takes a shape
 - ``tiled``      tiled/: the K-quant matmul from 8 activation rows
-- ``repack_gemm`` repack.cpp, arch/x86/repack.cpp: q4_K's interleaved gemv/gemm
+- ``repack_gemm`` repack.cpp, arch/{x86,arm}/repack.cpp: the interleaved gemv/gemm (q4_K on x86; q8_0,
+                 q4_K and q6_K on ARM, dotprod and i8mm)
 - ``traits``     traits.h: the extra buffer type interface (plug-ins asked before the op switch)
-- ``repack``     a teaching REPACK plug-in (an extra buffer type)
+- ``repack``     the K-quants' 8x8 layouts (make_block_q4_Kx8, ...) and a teaching REPACK plug-in
 - ``ops``        ops.cpp: every op's reference, MUL_MAT's kernel choice (``mul_mat_quantized``),
                  norms, RoPE (``rope_cache``, ``rotate``), flash attention
 - ``executor``   ggml_graph_compute on the references, node by node, with llama.cpp's ``cb_eval`` hooks

@@ -33,7 +33,7 @@ from .fast._common import parallel_min_work, threads
 from .journal import reader, writer
 from .fast import ops as fops
 from .fast import vec as fvec
-from .ops import COMPUTE, rope_cache, rope_vec_pairs
+from .ops import COMPUTE, dequantize_rows, rope_cache, rope_vec_pairs
 from .vec import gelu_table
 from .profiles import CPUProfile, resolve
 
@@ -196,6 +196,27 @@ def _set_rows(node, cpu):
     return step
 
 
+@binder("GET_ROWS")
+def _get_rows(node, cpu):
+    """Rows of one matrix (the token embeddings, the last layer's output rows): the views taken once,
+    quantized rows dequantized by the reference (one row per token; its cost is the call)."""
+    a, ids = node.src
+    if (node.type is not F32 or a.ne[2] != 1 or a.ne[3] != 1 or ids.ne[1] != 1 or ids.ne[2] != 1
+            or (a.type is not F32 and a.type.block_size == 1)):
+        return None
+    A, I, O = a.array()[0, 0], ids.array().reshape(-1), node.array()[0, 0]
+    n, t = A.shape[0], a.type
+
+    def step():
+        if I.size and (I.min() < 0 or I.max() >= n):
+            raise IndexError(f"get_rows: row id out of range 0..{n - 1} in {ids.name}")
+        if t is F32:
+            np.take(A, I, axis=0, out=O)
+        else:
+            O[...] = dequantize_rows(A[I], t)
+    return step
+
+
 @binder("ROPE")
 def _rope(node, cpu):
     a, pos = node.src[0], node.src[1]
@@ -215,7 +236,7 @@ def _rope(node, cpu):
         pb = P.tobytes()
         hit = _ROPE_LAST.get(key)
         if hit is None or hit[0] != pb:      # the first ROPE of a step; the other 2 n_layer - 1 reuse it
-            hit = _ROPE_LAST[key] = (pb, *rope_cache(P, n_dims, *args))
+            hit = _ROPE_LAST[key] = (pb, *(fops.rope_cache(P, n_dims, *args) or rope_cache(P, n_dims, *args)))
         fops.rope(X, hit[1], hit[2], n_dims, neox, O, vec_pairs)
     return step
 

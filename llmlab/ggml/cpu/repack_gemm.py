@@ -1,5 +1,5 @@
-"""ggml-cpu's REPACK kernels (repack.cpp, arch/x86/repack.cpp): the gemv/gemm that multiply weights
-llama.cpp moved into the ``CPU_REPACK`` buffer at load time.
+"""ggml-cpu's REPACK kernels (repack.cpp, arch/x86/repack.cpp, arch/arm/repack.cpp): the gemv/gemm that
+multiply weights llama.cpp moved into the ``CPU_REPACK`` buffer at load time.
 
 llama.cpp's default CPU build moves some weights into the ``CPU_REPACK`` buffer type when it loads
 a model (``ggml_repack_get_optimal_repack_type``): on x86, q4_0, q4_K, iq4_nl and mxfp4 with AVX2,
@@ -11,6 +11,11 @@ per output in one lane: ``acc = fma(isum, d_w*d_x, acc)`` and ``acc_min = fma(im
 acc_min)``, result ``acc - acc_min``; the 512-bit and 256-bit variants take the same steps. The
 kernel choice (``ops.quantized_kernel``) reads :data:`REPACKED_MUL_MAT`; the teaching plug-in is
 ``repack.RepackPlugin``.
+
+The ARM builds repack other types to other layouts (the profile's ``repack_layouts``), each with its
+own float steps: q8_0 as 4x4 (dotprod) or 4x8 (i8mm), q4_K and q6_K as 8x4 (dotprod) or 8x8 (i8mm,
+``repack.make_block_q4_Kx8``). The integer sums are exact whatever the layout; only where the float
+rounding happens (per 32 values, per 64, per super-block; fused or not) tells the kernels apart.
 """
 from __future__ import annotations
 
@@ -25,11 +30,34 @@ from .simd import fma64
 ROW_CHUNK = 4096
 
 
+def _q4_k_rows(ws: np.ndarray):
+    """A chunk of q4_K weight rows (n, nb) unpacked once for every q4_K kernel: the codes times their
+    6-bit sub-block scales (n, nb, 8, 32) and the sub-block mins (n, nb, 8), both exact in float64,
+    and the super-block ``d`` and ``dmin`` as float32."""
+    from ..quant import k_quants as K
+    n, nb = ws.shape
+    flat = ws.reshape(-1)
+    sc, mn = K.scale_min_k4(flat["scales"])
+    W = K.q4k_codes(flat["qs"]).astype(np.int32).reshape(n * nb, 8, 32) * sc[:, :, None].astype(np.int32)
+    return (W.reshape(n, nb, 8, 32).astype(float64), mn.astype(float64).reshape(n, nb, 8),
+            ws["d"].astype(float32), ws["dmin"].astype(float32))
+
+
+def _q8_k_inputs(raw: np.ndarray, qtype, x: np.ndarray, cpu, sub: int):
+    """What the ARM q4_K kernels read: the weight blocks, and the q8_K activations as codes in groups of
+    ``sub`` (T, nb, 256 / sub, sub), their scales, and their block sums of 32 (T, nb, 8), exact in float64."""
+    x = np.asarray(x, float32).reshape(-1, x.shape[-1])
+    w = weight_blocks(raw, qtype, x.shape[1])
+    a = quantize_activations(x, "q8_K", cpu)
+    T, nb = a.shape[0], w.shape[1]
+    bs32 = a["bsums"].astype(np.int64).reshape(T, nb, 8, 2).sum(-1).astype(float64)
+    return w, a["qs"].astype(float64).reshape(T, nb, 256 // sub, sub), a["d"].astype(float32), bs32
+
+
 def mul_mat_q4_k_repacked(raw: np.ndarray, qtype, x: np.ndarray, cpu=None) -> np.ndarray:
     """Activation rows in groups of 4 go through the gemm kernel, which adds the integer sums of each
     pair of sub-blocks (64 values) into the float accumulators separately; the rows left over go
     through the gemv kernel, which adds a whole super-block at once."""
-    from ..quant import k_quants as K
     x = np.asarray(x, float32).reshape(-1, x.shape[-1])
     w = weight_blocks(raw, qtype, x.shape[1])
     a = quantize_activations(x, "q8_K")
@@ -43,12 +71,9 @@ def mul_mat_q4_k_repacked(raw: np.ndarray, qtype, x: np.ndarray, cpu=None) -> np
     for r0 in range(0, R, ROW_CHUNK):
         ws = w[r0:r0 + ROW_CHUNK]
         n = len(ws)
-        flat = ws.reshape(-1)
-        sc, mn = K.scale_min_k4(flat["scales"])
-        W = (K.q4k_codes(flat["qs"]).astype(np.int32).reshape(n * nb, 8, 32) * sc[:, :, None].astype(np.int32))
-        W = W.reshape(n, nb, 4, 64).astype(float64)
-        mins = np.repeat(mn.astype(float64).reshape(n, nb, 4, 2), 2, axis=-1)  # min of each 32 over its two 16-sums
-        dw, dmin = ws["d"].astype(float32), ws["dmin"].astype(float32)
+        W, mn, dw, dmin = _q4_k_rows(ws)
+        W = W.reshape(n, nb, 4, 64)
+        mins = np.repeat(mn.reshape(n, nb, 4, 2), 2, axis=-1)            # min of each 32 over its two 16-sums
         acc = np.zeros((T, n), float64)
         accm = np.zeros((T, n), float64)
         for b in range(nb):
@@ -119,25 +144,14 @@ def mul_mat_q4_k_8x4(raw: np.ndarray, qtype, x: np.ndarray, cpu=None) -> np.ndar
     ONE accumulator, ``acc = fma(d_w*d_x, (float) isum, acc)``; after the super-block the min terms,
     summed as integers, come off the same accumulator: ``acc -= (float) bias * (dmin_w*d_x)``
     (vmlsq_f32: fmul + fsub). x86's 8x8 kernel keeps a second accumulator for the mins instead."""
-    from ..quant import k_quants as K
-    x = np.asarray(x, float32).reshape(-1, x.shape[-1])
-    w = weight_blocks(raw, qtype, x.shape[1])
-    a = quantize_activations(x, "q8_K", cpu)
-    nb = w.shape[1]
-    T, R = a.shape[0], w.shape[0]
-    qa = a["qs"].astype(float64).reshape(T, nb, 4, 64)
-    ya = a["d"].astype(float32)
-    bs32 = a["bsums"].astype(np.int64).reshape(T, nb, 8, 2).sum(-1).astype(float64)    # sums of 32
+    w, qa, ya, bs32 = _q8_k_inputs(raw, qtype, x, cpu, 64)
+    (T, nb), R = qa.shape[:2], w.shape[0]
     out = np.empty((T, R), float32)
     for r0 in range(0, R, ROW_CHUNK):
         ws = w[r0:r0 + ROW_CHUNK]
         n = len(ws)
-        flat = ws.reshape(-1)
-        sc, mn = K.scale_min_k4(flat["scales"])
-        W = (K.q4k_codes(flat["qs"]).astype(np.int32).reshape(n * nb, 8, 32) * sc[:, :, None].astype(np.int32))
-        W = W.reshape(n, nb, 4, 64).astype(float64)
-        mins = mn.astype(float64).reshape(n, nb, 8)
-        dw, dmin = ws["d"].astype(float32), ws["dmin"].astype(float32)
+        W, mins, dw, dmin = _q4_k_rows(ws)
+        W = W.reshape(n, nb, 4, 64)
         acc = np.zeros((T, n), float32)
         for b in range(nb):
             isub = np.einsum("tsk,rsk->trs", qa[:, b], W[:, b]).astype(float32)      # (T, n, 4) exact
@@ -151,18 +165,18 @@ def mul_mat_q4_k_8x4(raw: np.ndarray, qtype, x: np.ndarray, cpu=None) -> np.ndar
     return out
 
 
-def mul_mat_q6_k_8x4(raw: np.ndarray, qtype, x: np.ndarray, cpu=None) -> np.ndarray:
-    """arch/arm/repack.cpp ``ggml_gemv/gemm_q6_K_8x4_q8_K`` (NEON dotprod): the whole super-block's
-    integer dot (codes minus 32, each 16 values times its scale) in one int32, then one float step per
-    super-block, ``acc += (float) isum * (d_w*d_x)``: fused in gemv (the compiler contracts
-    vmulq_f32 + vaddq_f32 into fmla), not in gemm (vmlaq_f32: fmul + fadd), for rows in groups of 4."""
+def _mul_mat_q6_k(raw: np.ndarray, qtype, x: np.ndarray, cpu, fused_gemv: bool) -> np.ndarray:
+    """The q6_K REPACK kernels of arch/arm/repack.cpp: the whole super-block's integer dot (codes minus
+    32, each 16 values times its scale) in one int32, then ONE float step per super-block,
+    ``acc += (float) isum * (d_w*d_x)``; gemm (rows in groups of 4) multiplies then adds, gemv fuses
+    the two where ``fused_gemv``."""
     from ..quant import k_quants as K
     x = np.asarray(x, float32).reshape(-1, x.shape[-1])
     w = weight_blocks(raw, qtype, x.shape[1])
     a = quantize_activations(x, "q8_K", cpu)
     nb = w.shape[1]
     T, R = a.shape[0], w.shape[0]
-    n_gemm = T - T % 4
+    n_fma = T - T % 4 if fused_gemv else T
     qa = a["qs"].astype(float64)                                          # (T, nb, 256)
     ya = a["d"].astype(float32)
     out = np.empty((T, R), float32)
@@ -177,8 +191,59 @@ def mul_mat_q6_k_8x4(raw: np.ndarray, qtype, x: np.ndarray, cpu=None) -> np.ndar
         for b in range(nb):
             isum = (qa[:, b] @ W[:, b].T).astype(float32)                   # exact int, one cvt rounding
             d = (dw[None, :, b] * ya[:, b, None]).astype(float32)
-            acc[:n_gemm] = (acc[:n_gemm] + (isum[:n_gemm] * d[:n_gemm]).astype(float32)).astype(float32)
-            acc[n_gemm:] = fma64(isum[n_gemm:].astype(float64), d[n_gemm:], acc[n_gemm:])
+            acc[:n_fma] = (acc[:n_fma] + (isum[:n_fma] * d[:n_fma]).astype(float32)).astype(float32)
+            acc[n_fma:] = fma64(isum[n_fma:].astype(float64), d[n_fma:], acc[n_fma:])
+        out[:, r0:r0 + n] = acc
+    return out
+
+
+def mul_mat_q6_k_8x4(raw: np.ndarray, qtype, x: np.ndarray, cpu=None) -> np.ndarray:
+    """arch/arm/repack.cpp ``ggml_gemv/gemm_q6_K_8x4_q8_K`` (NEON dotprod): one float step per
+    super-block, fused in gemv (the compiler contracts vmulq_f32 + vaddq_f32 into fmla), not in gemm
+    (vmlaq_f32: fmul + fadd)."""
+    return _mul_mat_q6_k(raw, qtype, x, cpu, fused_gemv=True)
+
+
+def mul_mat_q6_k_8x8_i8mm(raw: np.ndarray, qtype, x: np.ndarray, cpu=None) -> np.ndarray:
+    """arch/arm/repack.cpp ``ggml_gemv_q6_K_8x8_q8_K`` (dotprod) and ``ggml_gemm_q6_K_8x8_q8_K``
+    (MATMUL_INT8: vmmlaq_s32 on 2 activation rows x 2 weight rows): the same integer super-block sums as
+    8x4, and neither float step fused: gemv multiplies two lanes (vmul_f32), joins them (vcombine) and
+    adds (vaddq_f32); gemm's vmlaq_f32 is fmul + fadd (GCC 12, checked in the oracle's machine code)."""
+    return _mul_mat_q6_k(raw, qtype, x, cpu, fused_gemv=False)
+
+
+def mul_mat_q4_k_8x8_i8mm(raw: np.ndarray, qtype, x: np.ndarray, cpu=None) -> np.ndarray:
+    """arch/arm/repack.cpp ``ggml_gemv_q4_K_8x8_q8_K`` (dotprod) and ``ggml_gemm_q4_K_8x8_q8_K``
+    (MATMUL_INT8). ONE accumulator per output, the mins' integer sum (bsums of 32 times mins) taken off
+    it once per super-block as ``acc -= (float) bias * (dmin_w*d_x)`` (fmul + fsub), but the scaled
+    integer dots go in at different grains:
+
+    - gemv (the rows left over): each sub-block of 32 on its own, ``acc = fma(d_w*d_x, (float)
+      (sc*dot), acc)`` (vfmaq_f32), eight per super-block, then the mins;
+    - gemm (rows in groups of 4, vmmlaq_s32 tiles): the whole super-block's ``sum sc*dot`` in int32,
+      then ``acc = (acc - (float) bias * dmin) + (float) isum * d``: mins first, nothing fused
+      (vmlsq_f32 and vmlaq_f32 are fmul + fsub/fadd with GCC 12, checked in the oracle's machine code).
+    """
+    w, qa, ya, bs32 = _q8_k_inputs(raw, qtype, x, cpu, 32)
+    (T, nb), R = qa.shape[:2], w.shape[0]
+    g, v = slice(0, T - T % 4), slice(T - T % 4, T)
+    out = np.empty((T, R), float32)
+    for r0 in range(0, R, ROW_CHUNK):
+        ws = w[r0:r0 + ROW_CHUNK]
+        n = len(ws)
+        W, mins, dw, dmin = _q4_k_rows(ws)
+        acc = np.zeros((T, n), float32)
+        for b in range(nb):
+            isub = np.einsum("tsk,rsk->trs", qa[:, b], W[:, b])                       # (T, n, 8) exact
+            bias = np.einsum("tj,rj->tr", bs32[:, b], mins[:, b]).astype(float32)
+            d = (dw[None, :, b] * ya[:, b, None]).astype(float32)
+            dm = (dmin[None, :, b] * ya[:, b, None]).astype(float32)
+            mins_term = (bias * dm).astype(float32)
+            for j in range(8):                                                         # gemv: per 32 values
+                acc[v] = fma64(isub[v, :, j], d[v], acc[v])
+            acc[v] = (acc[v] - mins_term[v]).astype(float32)
+            isum = isub[g].sum(-1).astype(float32)                                     # gemm: per super-block
+            acc[g] = ((acc[g] - mins_term[g]).astype(float32) + (isum * d[g]).astype(float32)).astype(float32)
         out[:, r0:r0 + n] = acc
     return out
 
@@ -187,4 +252,5 @@ def mul_mat_q6_k_8x4(raw: np.ndarray, qtype, x: np.ndarray, cpu=None) -> np.ndar
 # to the vec_dot order
 REPACKED_MUL_MAT: dict[str, Callable] = {"q4_K_8x8": mul_mat_q4_k_repacked, "q8_0_4x4": mul_mat_q8_0_4x4,
                                          "q4_K_8x4": mul_mat_q4_k_8x4, "q6_K_8x4": mul_mat_q6_k_8x4,
-                                         "q8_0_4x8": mul_mat_q8_0_4x8}
+                                         "q8_0_4x8": mul_mat_q8_0_4x8, "q4_K_8x8_i8mm": mul_mat_q4_k_8x8_i8mm,
+                                         "q6_K_8x8_i8mm": mul_mat_q6_k_8x8_i8mm}

@@ -13,11 +13,19 @@ the count it chose and now and then tries another count once; it keeps the count
 were fastest. Steps are timed per kind (one token, or a batch), because a batch has more work per
 region than one token; a kind with no timings yet follows the one-token steps' choice. How busy the
 machine is belongs to the process, not to one context: :func:`governor` gives every context the same one.
+
+The first steps start from the cores other work leaves free (:func:`start_count`, read once per
+process): a learner's first generation is short, and on a busy 2-core machine its first 2-thread steps
+(a prompt, a few tokens) took seconds each before any timing could say so. Fewer threads than the
+start are tried at once; more only on the probe schedule, and only when the cores are free then.
 """
 from __future__ import annotations
 
+import os
 import statistics
+import time
 from collections import deque
+from typing import Callable
 
 KEEP = 5            # timings kept per (kind, count): the median of these is the estimate
 PROBE_MIN = 8       # steps between two tries of another count, while the counts are close
@@ -30,14 +38,45 @@ def candidates(n_max: int) -> tuple[int, ...]:
     return tuple(sorted({max(1, n_max), max(1, n_max // 2), 1}, reverse=True))
 
 
+def busy_cores(window: float = 0.05) -> float | None:
+    """How many cores other work keeps busy right now: /proc/stat's idle share over ``window`` seconds,
+    read while this process waits (so its own earlier work does not count, as it would in the load
+    average). None where there is no /proc/stat (macOS, Windows)."""
+    def sample():
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        return sum(v), v[3] + (v[4] if len(v) > 4 else 0)        # all jiffies, idle + iowait
+    try:
+        t0, i0 = sample()
+        time.sleep(window)
+        t1, i1 = sample()
+    except (OSError, ValueError, IndexError):
+        return None
+    n = os.cpu_count() or 1
+    return n * (1 - (i1 - i0) / (t1 - t0)) if t1 > t0 else None
+
+
+def start_count(n_max: int, busy: float | None, n_cpus: int | None = None) -> int:
+    """The count to start from: the largest candidate not above the cores that other work leaves free
+    (``busy``: cores in use, None: unknown, all threads). A momentary reading only moves the start:
+    the step timings decide from there."""
+    if busy is None:
+        return max(1, n_max)
+    free = (n_cpus or os.cpu_count() or n_max) - busy
+    return next((n for n in candidates(n_max) if n <= free + 0.5), 1)
+
+
 class Governor:
     """Chooses the thread count of each step (``choose``) from the step times it is told (``record``).
     The first step of each kind is not counted: it pays for first-touch of the weights and, on a cold
-    cache, for compiling the kernels."""
+    cache, for compiling the kernels. ``start``: the count of the first steps (all threads if None)."""
 
-    def __init__(self, n_max: int):
+    def __init__(self, n_max: int, start: int | None = None, busy: Callable[[], float | None] | None = None):
         self.n_max = n_max
         self.counts = candidates(n_max)
+        self.start = self.counts[0] if start is None else max(1, min(start, self.counts[0]))
+        self.busy = busy                        # cores other work keeps busy now (busy_cores), asked before
+        self.n_skipped = 0                      # ... a try of more threads: a loaded machine's is a slow step
         self.times: dict[tuple[str, int], deque] = {}
         self.current: dict[str, int] = {}
         self.wait: dict[str, int] = {}          # steps between two tries of another count, per kind
@@ -54,20 +93,27 @@ class Governor:
         if len(self.counts) == 1:
             return self.counts[0]
         if kind not in self.current:
-            self.current[kind] = self.counts[0]
+            self.current[kind] = self.start
             self.wait[kind], self.since[kind] = PROBE_MIN, 0
         if kind != "token" and not any((kind, n) in self.times for n in self.counts):
-            self.current[kind] = self.current.get("token", self.counts[0])   # no timings yet: the one-token choice
+            self.current[kind] = self.current.get("token", self.start)   # no timings yet: the one-token choice
             return self.current[kind]
         self.since[kind] += 1
-        untried = [n for n in self.counts if (kind, n) not in self.times]
+        untried = [n for n in self.counts if (kind, n) not in self.times and n <= self.current[kind]]
         if kind == "token" and untried and self.seen.get(kind, 0) >= 1:
-            return untried[0]                   # one-token steps try every count early on
+            return untried[0]                   # one-token steps try fewer threads early on (never costly)
         if self.since[kind] >= self.wait[kind]:
             self.since[kind] = 0
             others = [n for n in self.counts if n != self.current[kind]]
             self._next += 1
-            return others[self._next % len(others)]
+            n = others[self._next % len(others)]
+            if n > self.current[kind] and self.busy is not None:
+                b = self.busy()                 # beside two busy processes one 2-thread step took 3.3 s
+                if b is not None and start_count(n, b) < n:
+                    self.n_skipped += 1
+                    self.wait[kind] = min(PROBE_MAX, 2 * self.wait[kind])
+                    return self.current[kind]
+            return n
         return self.current[kind]
 
     def record(self, kind: str, n: int, seconds: float) -> None:
@@ -98,7 +144,8 @@ _SHARED: list[Governor] = []
 def governor(n_max: int) -> Governor:
     """The process's governor for up to ``n_max`` threads (a new one when the maximum changes)."""
     if not _SHARED or _SHARED[0].n_max != n_max:
-        _SHARED[:] = [Governor(n_max)]
+        _SHARED[:] = [Governor(n_max, start_count(n_max, busy_cores() if n_max > 1 else None),
+                               busy=lambda: busy_cores(0.03))]
     return _SHARED[0]
 
 

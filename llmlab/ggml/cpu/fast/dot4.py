@@ -35,12 +35,13 @@ import functools
 
 import numpy as np
 from llvmlite import ir
+import numba
 from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .... import config
-from ._common import NOPYTHON, as_f32, fma, hsum8
+from ._common import NOPYTHON, as_f32, fma, hsum8, limit_threads, restore_threads
 from .quants import groups as _groups, pair_sums
 from .repack import repack_step
 from .quantize import quantize_q8_0 as _q8_0, quantize_q8_1 as _q8_1, quantize_q8_k as _q8_k
@@ -66,7 +67,6 @@ def host_isas() -> tuple[str, ...]:
 
 
 def _compiles_for_host() -> bool:
-    import numba
     return (numba.config.CPU_NAME or "host") == "host" and not numba.config.CPU_FEATURES
 
 
@@ -326,26 +326,21 @@ def _mul_mat(qs, qh, d, m, x, out, step):
 
 
 # out (T, R) = x (T, K) float32 times the packed weight: activations quantized to the weight's partner
-# type (q8_1 for q4_1, q8_0 otherwise), then the lane sums and float steps; rows in parallel or serial.
+# type (q8_1 for q4_1, q8_0 otherwise), then the lane sums and float steps; row groups on at most
+# n_threads threads (1: serial, 0: the step's count).
 
 @njit(parallel=True, **NOPYTHON)
-def mul_mat_vnni(qs, qh, d, m, x, out):
+def mul_mat_vnni(qs, qh, d, m, x, out, n_threads):
+    prev = limit_threads(n_threads)
     _mul_mat(qs, qh, d, m, x, out, _step_vnni)
-
-
-@njit(**NOPYTHON)
-def mul_mat_vnni_serial(qs, qh, d, m, x, out):
-    _mul_mat(qs, qh, d, m, x, out, _step_vnni)
+    restore_threads(prev)
 
 
 @njit(parallel=True, **NOPYTHON)
-def mul_mat_avx2(qs, qh, d, m, x, out):
+def mul_mat_avx2(qs, qh, d, m, x, out, n_threads):
+    prev = limit_threads(n_threads)
     _mul_mat(qs, qh, d, m, x, out, _step_avx2)
-
-
-@njit(**NOPYTHON)
-def mul_mat_avx2_serial(qs, qh, d, m, x, out):
-    _mul_mat(qs, qh, d, m, x, out, _step_avx2)
+    restore_threads(prev)
 
 
 # ---- q4_K in the REPACK buffer: ggml_gemv / ggml_gemm_q4_K_8x8_q8_K --------------------------------
@@ -419,26 +414,20 @@ def _mul_mat_q4_k(qs, sc, mn, d, dmin, x, out, dots):
                 out[t, g * nr + r] = acc[t, r] - accm[t, r]
 
 
-# out (T, R) = x (T, K) times a packed q4_K weight in the REPACK buffer; rows in parallel or serial.
+# out (T, R) = x (T, K) times a packed q4_K weight in the REPACK buffer; row groups on at most n_threads.
 
 @njit(parallel=True, **NOPYTHON)
-def mul_mat_q4_k_vnni(qs, sc, mn, d, dmin, x, out):
+def mul_mat_q4_k_vnni(qs, sc, mn, d, dmin, x, out, n_threads):
+    prev = limit_threads(n_threads)
     _mul_mat_q4_k(qs, sc, mn, d, dmin, x, out, q4_k_dots_vnni)
-
-
-@njit(**NOPYTHON)
-def mul_mat_q4_k_vnni_serial(qs, sc, mn, d, dmin, x, out):
-    _mul_mat_q4_k(qs, sc, mn, d, dmin, x, out, q4_k_dots_vnni)
+    restore_threads(prev)
 
 
 @njit(parallel=True, **NOPYTHON)
-def mul_mat_q4_k_avx2(qs, sc, mn, d, dmin, x, out):
+def mul_mat_q4_k_avx2(qs, sc, mn, d, dmin, x, out, n_threads):
+    prev = limit_threads(n_threads)
     _mul_mat_q4_k(qs, sc, mn, d, dmin, x, out, q4_k_dots_avx2)
-
-
-@njit(**NOPYTHON)
-def mul_mat_q4_k_avx2_serial(qs, sc, mn, d, dmin, x, out):
-    _mul_mat_q4_k(qs, sc, mn, d, dmin, x, out, q4_k_dots_avx2)
+    restore_threads(prev)
 
 
 # ---- q6_K: ggml_vec_dot_q6_K_q8_K (below 8 activation rows) and the tiled kernel (from 8 on) ----------
@@ -535,30 +524,23 @@ def _mul_mat_q6_k(qs, sc, d, x, out, quads, subs, tiled):
 
 
 @njit(parallel=True, **NOPYTHON)
-def mul_mat_q6_k_vnni(qs, sc, d, x, out, tiled):
+def mul_mat_q6_k_vnni(qs, sc, d, x, out, tiled, n_threads):
+    prev = limit_threads(n_threads)
     _mul_mat_q6_k(qs, sc, d, x, out, q6_k_quads_vnni, q6_k_subs_vnni, tiled)
-
-
-@njit(**NOPYTHON)
-def mul_mat_q6_k_vnni_serial(qs, sc, d, x, out, tiled):
-    _mul_mat_q6_k(qs, sc, d, x, out, q6_k_quads_vnni, q6_k_subs_vnni, tiled)
+    restore_threads(prev)
 
 
 @njit(parallel=True, **NOPYTHON)
-def mul_mat_q6_k_avx2(qs, sc, d, x, out, tiled):
+def mul_mat_q6_k_avx2(qs, sc, d, x, out, tiled, n_threads):
+    prev = limit_threads(n_threads)
     _mul_mat_q6_k(qs, sc, d, x, out, q6_k_quads_avx2, q6_k_subs_avx2, tiled)
+    restore_threads(prev)
 
 
-@njit(**NOPYTHON)
-def mul_mat_q6_k_avx2_serial(qs, sc, d, x, out, tiled):
-    _mul_mat_q6_k(qs, sc, d, x, out, q6_k_quads_avx2, q6_k_subs_avx2, tiled)
-
-
-# the entry points per instruction set: (threaded, serial) for the legacy quants, q4_K and q6_K
-KERNELS = {"vnni": {"legacy": (mul_mat_vnni, mul_mat_vnni_serial), "q4_k": (mul_mat_q4_k_vnni, mul_mat_q4_k_vnni_serial),
-                    "q6_k": (mul_mat_q6_k_vnni, mul_mat_q6_k_vnni_serial)},
-           "avx2": {"legacy": (mul_mat_avx2, mul_mat_avx2_serial), "q4_k": (mul_mat_q4_k_avx2, mul_mat_q4_k_avx2_serial),
-                    "q6_k": (mul_mat_q6_k_avx2, mul_mat_q6_k_avx2_serial)}}
+# the entry points per instruction set for the legacy quants, q4_K and q6_K: each takes n_threads last
+# (1 for work too small to wake other threads, 0 for the step's count), so one compiled kernel serves both
+KERNELS = {"vnni": {"legacy": mul_mat_vnni, "q4_k": mul_mat_q4_k_vnni, "q6_k": mul_mat_q6_k_vnni},
+           "avx2": {"legacy": mul_mat_avx2, "q4_k": mul_mat_q4_k_avx2, "q6_k": mul_mat_q6_k_avx2}}
 
 
 # ---- packing (once per weight, at load) ---------------------------------------------------------

@@ -1,14 +1,56 @@
-"""numba twins of ggml-cpu's row ops: RMS norm and the RoPE rotation (their float order matters), and
-SET_ROWS into the KV cache (f32 -> f16 by F16C, as ggml's conversion rounds)."""
+"""numba twins of ggml-cpu's row ops: RMS norm, the RoPE cache and rotation (their float order matters),
+and SET_ROWS into the KV cache (f32 -> f16 by F16C, as ggml's conversion rounds)."""
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic, overload
 
-from numba import types
-from numba.extending import overload
-
+from ..libm import libm
 from ._common import f32_to_f16_bits, fma
+
+
+@intrinsic
+def _call_f32(typingctx, fn, x):
+    """Call the C function at address ``fn`` (float -> float). The address comes at run time, so LLVM
+    cannot treat the call as its own cosf/sinf: no constant folding, no sincosf, no vector library;
+    the bits are those of the C library the reference calls through ctypes."""
+    def codegen(context, builder, signature, args):
+        f32 = ir.FloatType()
+        ptr = builder.inttoptr(args[0], ir.FunctionType(f32, [f32]).as_pointer())
+        return builder.call(ptr, [context.cast(builder, args[1], signature.args[1], types.float32)])
+    return types.float32(types.intp, x), codegen
+
+
+@njit(cache=True)
+def _rope_cache(pos, half, fs, ts, af, cosf, sinf, cos, sin):
+    for i in range(pos.shape[0]):
+        th = np.float32(pos[i])
+        for k in range(half):
+            t = fs * th
+            cos[i, k] = _call_f32(cosf, t) * af
+            sin[i, k] = _call_f32(sinf, t) * af
+            th = th * ts
+
+
+def rope_cache(pos, n_dims: int, freq_base: float, freq_scale: float = 1.0, attn_factor: float = 1.0):
+    """ggml_rope_cache_init as ``ops.rope_cache`` computes it (theta times theta_scale in float, the C
+    library's cosf/sinf), one call per step instead of one ctypes call per pair; None without a C
+    math library (the reference then rounds NumPy's double cos)."""
+    lib = libm()
+    if not lib:
+        return None
+    f32 = np.float32
+    ts = f32(lib.powf(float(f32(freq_base)), float(f32(-2.0) / f32(n_dims))))
+    pos = np.ascontiguousarray(pos, np.int32)
+    cos = np.empty((len(pos), n_dims // 2), f32)
+    sin = np.empty_like(cos)
+    addr = [ctypes.cast(getattr(lib, f), ctypes.c_void_p).value for f in ("cosf", "sinf")]
+    _rope_cache(pos, n_dims // 2, f32(freq_scale), ts, f32(attn_factor), addr[0], addr[1], cos, sin)
+    return cos, sin
 
 
 @njit(cache=True)

@@ -23,7 +23,8 @@ class Kernels:
     """numba kernels of one layout: ``threaded`` (prange over row groups) and ``serial`` (its twin for
     small work; None: the threaded kernel in a one-thread region), the packer ``pack(rows, tname, K)``,
     and the arguments after the packed arrays: generic kernels take the quantized activations
-    (``quantize(x)``), byte-dot ones x and out, then ``extra``."""
+    (``quantize(x)``), byte-dot ones x and out, then ``extra``, then the thread limit (``n_threads``:
+    1 serial, 0 the step's count; they have no serial twin)."""
     threaded: Callable
     serial: Callable | None
     pack: Callable
@@ -41,7 +42,7 @@ class Twin:
 
 
 def _byte_dot(family: str, pack: Callable, extra: tuple = ()) -> dict:
-    return {isa: Kernels(*k[family], pack, extra=extra) for isa, k in dot4.KERNELS.items()}
+    return {isa: Kernels(k[family], None, pack, extra=extra) for isa, k in dot4.KERNELS.items()}
 
 
 _NO_S = np.zeros((0, 0), np.float32)    # q8_0 activations have no s (q4_1's min term reads q8_1's)

@@ -9,10 +9,15 @@ Everything of ``arm_dotprod_fp16`` holds, except:
 - q4_0, q4_1, q8_0, q4_K and q6_K set ``.nrows = 2``: where both the weight's and the activations' row
   counts are even, one ``vmmlaq_s32`` call forms 2x2 outputs, with one accumulator per output instead
   of NEON's even and odd blocks (a prompt of 16 tokens and one of 17 take different kernels);
-- REPACK: q4_0 and q8_0 as 4x8, the K-quants as 8x8, each with its own float steps.
+- REPACK: q4_0 and q8_0 as 4x8, the K-quants as 8x8, each with its own float steps. q4_K's gemv adds
+  every 32 values' scaled integer dot with its own fma, its gemm (vmmlaq_s32 tiles) the whole
+  super-block's at once after the mins, unfused; q6_K multiplies then adds once per super-block in
+  both (8x4 fuses its gemv).
 
-llmlab reproduces the paths SmolLM2 takes (q4_1 both ways, the q8_0 head as 4x8); the other types'
-i8mm kernels are not written yet and run a float stand-in on this profile."""
+llmlab reproduces the paths SmolLM2 and Gemma 3 take: q4_1 both ways, q5_0 (one row at a time), q8_0
+as 4x8, q4_K and q6_K as 8x8 (``repack_gemm``). The other i8mm kernels (among them q4_0 and q5_K in
+the REPACK buffer, and the 2x2 mmla steps of q4_0, q8_0, q4_K and q6_K weights left out of it) are not
+written yet and run a float stand-in on this profile."""
 from ..simd import hadd_tree, pairwise
 from . import CPUProfile
 
@@ -40,7 +45,8 @@ PROFILE = CPUProfile(
                     "iq4_nl": "iq4_nl_4x4", "mxfp4": "mxfp4_4x4", "q8_0": "q8_0_4x8"},
     notes=("no tinyBLAS (MATMUL_INT8 undefines GGML_USE_LLAMAFILE): f16 products accumulate in float16 always",
            "q4_1 x q8_1 by 2x2 vmmlaq_s32 tiles when both row counts are even: one accumulator per output",
-           "q8_0 weights repacked 4x8, multiplied with one fma per block"),
+           "q8_0 weights repacked 4x8, multiplied with one fma per block",
+           "q4_K and q6_K repacked 8x8: gemm (vmmlaq_s32) with one unfused float step per super-block"),
     f16_lanes=8,
     f16_arr=4,
     f16_acc="f16",
