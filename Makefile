@@ -25,7 +25,7 @@ HTML_DIR ?= build/html
 TEACHER_HTML_DIR ?= build/html-teacher
 IS_ROOT := $(shell [ "$$(id -u)" = 0 ] && echo 1)
 
-.PHONY: setup setup-dev system-deps browser-deps demo lint test test-slow test-browser test-all bench bench-notebook lab notebooks teacher html handout clean oracle-avx2 test-avx2 arm64-deps oracle-arm64 test-arm64 refs-arm64 rpc-server
+.PHONY: setup setup-dev system-deps browser-deps demo lint test test-slow test-browser test-all bench bench-notebook lab notebooks teacher html handout clean oracle-avx2 test-avx2 arm64-deps oracle-arm64 test-arm64 refs-arm64 rpc-server arm64-root test-arm64-native test-arm64-native-quick
 
 setup: system-deps $(STAMP_LAB)
 setup-dev: system-deps $(STAMP_DEV)
@@ -133,13 +133,16 @@ test-avx2: oracle-avx2
 ARM64_ORACLE ?= $(HOME)/.cache/llmlab/oracle-arm64
 ARM64_ARCHS  ?= armv8.2-a+dotprod+fp16 armv8.6-a+dotprod+i8mm+fp16
 
+# command:package pairs; the arm64 root (arm64-root) needs only qemu and debootstrap, the oracle the cross compilers
+ARM64_DEPS ?= qemu-aarch64-static:qemu-user-static debootstrap:debootstrap aarch64-linux-gnu-g++:g++-aarch64-linux-gnu \
+              aarch64-linux-gnu-gcc:gcc-aarch64-linux-gnu ninja:ninja-build cmake:cmake
 arm64-deps:
-	@missing=""; for t in qemu-aarch64-static:qemu-user-static aarch64-linux-gnu-g++:g++-aarch64-linux-gnu ninja:ninja-build cmake:cmake; do \
+	@missing=""; for t in $(ARM64_DEPS); do \
 	  command -v $${t%%:*} >/dev/null 2>&1 || missing="$$missing $${t#*:}"; done; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    echo "installing$$missing with apt-get"; \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing gcc-aarch64-linux-gnu >/dev/null; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	  else echo "error: missing system packages:$$missing (apt-get install$$missing)"; exit 1; fi; fi
 
 oracle-arm64: setup-dev arm64-deps
@@ -167,6 +170,32 @@ test-arm64: oracle-arm64
 	$(PY) -m llmlab fetch smollm2 --quiet
 	$(PY) -m llmlab fetch gemma3 --quiet
 	$(PY) -m pytest -q --arm64 --slow $(ARM64_TESTS) -k "arm" $(PYTEST_ARGS)
+
+# llmlab itself on linux/arm64: an arm64 Debian root (debootstrap from Debian's mirror, numpy/numba/llvmlite
+# and the runtime dependencies as aarch64 wheels from PyPI) that qemu-user runs through binfmt, made once
+# (~11 min on 2 cores) in $(ARM64_ROOT_CACHE)/arm64-root/<release>-<key>/ (tools/arm64/make_root.sh);
+# tools/arm64/run_in_root.sh runs one command in it, the checkout bound read-only. Needs root.
+ARM64_ROOT_CACHE ?= $(HOME)/.cache/llmlab
+arm64-root: ARM64_DEPS = qemu-aarch64-static:qemu-user-static debootstrap:debootstrap
+arm64-root: arm64-deps
+	PYTHON=$(PYTHON) tools/arm64/make_root.sh $(ARM64_ROOT_CACHE)
+
+# in the root: detection (the host's x86 cpuinfo, real ARM ones bound over /proc/cpuinfo), generate with
+# both kernel sets giving the ARM references' tokens (both models), no x86 byte-dot kernel compiled.
+# Speeds printed are emulated. numba's cache of the root is kept beside it (compiled once per CPU that
+# /proc/cpuinfo shows: LLVM's target). On 2 cores: the whole suite ~45 min, each fast-kernel generation
+# ~11 min (its warm-up batch runs the NumPy NEON kernels under emulation), each reference one ~2 min.
+# The quick subset (~2 min once the root exists, ~14 min from nothing): the root's isolation, detection,
+# and SmolLM2 with the reference kernels.
+ARM64_NATIVE_TESTS ?= tests/test_arm64_native.py
+test-arm64-native: setup-dev arm64-root
+	$(PY) -m llmlab fetch smollm2 --quiet
+	$(PY) -m llmlab fetch gemma3 --quiet
+	$(PY) -m pytest -q -s --arm64-native --slow $(ARM64_NATIVE_TESTS) $(PYTEST_ARGS)
+
+test-arm64-native-quick: setup-dev arm64-root
+	$(PY) -m llmlab fetch smollm2 --quiet
+	$(PY) -m pytest -q -s --arm64-native $(ARM64_NATIVE_TESTS) $(PYTEST_ARGS)
 
 # regenerate llmlab/data/refs/<arm profile>/ from the oracle (~30 min under qemu per profile, both models)
 refs-arm64: oracle-arm64

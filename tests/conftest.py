@@ -86,6 +86,8 @@ def pytest_addoption(parser):
     parser.addoption("--slow", action="store_true", help="also run the slow suites (notebooks, full-model llama.cpp runs)")
     parser.addoption("--arm64", action="store_true",
                      help="also run the live comparisons with the aarch64 llama.cpp under qemu (make test-arm64)")
+    parser.addoption("--arm64-native", action="store_true",
+                     help="also run llmlab itself in an arm64 Debian root under qemu (make test-arm64-native)")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -100,6 +102,11 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "arm64" in item.keywords:
                 item.add_marker(no_qemu)
+    if not config.getoption("--arm64-native"):
+        no_root = pytest.mark.skip(reason="llmlab in an arm64 root under qemu: run with --arm64-native (make test-arm64-native)")
+        for item in items:
+            if "arm64_native" in item.keywords:
+                item.add_marker(no_root)
     if config.getoption("--slow"):
         if not config.getoption("--arm64"):
             # the ARM profiles' whole stored-reference suites (~20 min) belong to make test-arm64; the default
@@ -108,7 +115,8 @@ def pytest_collection_modifyitems(config, items):
             keep, drop = [], []
             for item in items:
                 params = getattr(getattr(item, "callspec", None), "params", {})
-                on_arm = "slow" in item.keywords and any(isinstance(v, str) and v in arm for v in params.values())
+                on_arm = ("slow" in item.keywords and "arm64_native" not in item.keywords
+                          and any(isinstance(v, str) and v in arm for v in params.values()))
                 (drop if on_arm else keep).append(item)
             if drop:
                 config.hook.pytest_deselected(items=drop)
