@@ -96,11 +96,24 @@ def mul_mat_q8_0_4x4(raw: np.ndarray, qtype, x: np.ndarray, cpu=None) -> np.ndar
     """arch/arm/repack.cpp ``ggml_gemv/gemm_q8_0_4x4_q8_0`` (NEON dotprod): per output and block, the
     32-product integer dot (vdotq_laneq_s32, exact) times d_x*d_w; gemv fuses it into the accumulator
     (vfmaq_f32), gemm, for activation rows in groups of 4, multiplies then adds (vmlaq_f32: fmul + fadd)."""
+    return _mul_mat_q8_0_arm(raw, qtype, x, cpu, fused_gemm=False)
+
+
+def mul_mat_q8_0_4x8(raw: np.ndarray, qtype, x: np.ndarray, cpu=None) -> np.ndarray:
+    """arch/arm/repack.cpp ``ggml_gemv/gemm_q8_0_4x8_q8_0`` (MATMUL_INT8): per output and block the
+    integer dot (vdotq_s32 in gemv, vmmlaq_s32 in gemm, exact) and ``acc = fma((float) isum, d_x*d_w,
+    acc)`` in both (vfmaq_f32): the 4x4 gemm's separate multiply and add are gone."""
+    return _mul_mat_q8_0_arm(raw, qtype, x, cpu, fused_gemm=True)
+
+
+def _mul_mat_q8_0_arm(raw, qtype, x, cpu, fused_gemm: bool) -> np.ndarray:
+    """The ARM q8_0 REPACK kernels: one float step per output and block, fused (gemv, and gemm where
+    ``fused_gemm``) or a multiply then an add (the 4x4 gemm's activation rows in groups of 4)."""
     x = np.asarray(x, float32).reshape(-1, x.shape[-1])
     w = weight_blocks(raw, qtype, x.shape[1])
     a = quantize_activations(x, "q8_0", cpu)
     T, nb = a.shape
-    n_gemm = T - T % 4
+    n_gemm = 0 if fused_gemm else T - T % 4                               # rows that multiply, then add
     qa = a["qs"].astype(float64)                                          # (T, nb, 32)
     da = a["d"].astype(float32)
     out = np.empty((T, len(w)), float32)
@@ -113,27 +126,6 @@ def mul_mat_q8_0_4x4(raw: np.ndarray, qtype, x: np.ndarray, cpu=None) -> np.ndar
             d = (da[:, b, None] * dw[None, :, b]).astype(float32)
             acc[:n_gemm] = (acc[:n_gemm] + (d[:n_gemm] * isum[:n_gemm]).astype(float32)).astype(float32)
             acc[n_gemm:] = fma64(isum[n_gemm:].astype(float64), d[n_gemm:], acc[n_gemm:])
-        out[:, r0:r0 + len(ws)] = acc
-    return out
-
-
-def mul_mat_q8_0_4x8(raw: np.ndarray, qtype, x: np.ndarray, cpu=None) -> np.ndarray:
-    """arch/arm/repack.cpp ``ggml_gemv/gemm_q8_0_4x8_q8_0`` (MATMUL_INT8): per output and block the
-    integer dot (vdotq_s32 in gemv, vmmlaq_s32 in gemm, exact) and ``acc = fma((float) isum, d_x*d_w,
-    acc)`` in both (vfmaq_f32): the 4x4 gemm's separate multiply and add are gone."""
-    x = np.asarray(x, float32).reshape(-1, x.shape[-1])
-    w = weight_blocks(raw, qtype, x.shape[1])
-    a = quantize_activations(x, "q8_0", cpu)
-    T, nb = a.shape
-    qa, da = a["qs"].astype(float64), a["d"].astype(float32)
-    out = np.empty((T, len(w)), float32)
-    for r0 in range(0, len(w), ROW_CHUNK):
-        ws = w[r0:r0 + ROW_CHUNK]
-        qw, dw = ws["qs"].astype(float64), ws["d"].astype(float32)
-        acc = np.zeros((T, len(ws)), float32)
-        for b in range(nb):
-            isum = (qa[:, b] @ qw[:, b].T).astype(float32)
-            acc = fma64(isum.astype(float64), (da[:, b, None] * dw[None, :, b]).astype(float32), acc)
         out[:, r0:r0 + len(ws)] = acc
     return out
 
