@@ -3,6 +3,7 @@ and SET_ROWS into the KV cache (f32 -> f16 by F16C, as ggml's conversion rounds)
 from __future__ import annotations
 
 import ctypes
+import functools
 
 import numpy as np
 from llvmlite import ir
@@ -36,6 +37,13 @@ def _rope_cache(pos, half, fs, ts, af, cosf, sinf, cos, sin):
             th = th * ts
 
 
+@functools.cache
+def _cos_sin_addresses() -> tuple[int, int]:
+    """The addresses of the C library's cosf and sinf, looked up once."""
+    lib = libm()
+    return tuple(ctypes.cast(getattr(lib, f), ctypes.c_void_p).value for f in ("cosf", "sinf"))
+
+
 def rope_cache(pos, n_dims: int, freq_base: float, freq_scale: float = 1.0, attn_factor: float = 1.0):
     """ggml_rope_cache_init as ``ops.rope_cache`` computes it (theta times theta_scale in float, the C
     library's cosf/sinf), one call per step instead of one ctypes call per pair; None without a C
@@ -48,8 +56,8 @@ def rope_cache(pos, n_dims: int, freq_base: float, freq_scale: float = 1.0, attn
     pos = np.ascontiguousarray(pos, np.int32)
     cos = np.empty((len(pos), n_dims // 2), f32)
     sin = np.empty_like(cos)
-    addr = [ctypes.cast(getattr(lib, f), ctypes.c_void_p).value for f in ("cosf", "sinf")]
-    _rope_cache(pos, n_dims // 2, f32(freq_scale), ts, f32(attn_factor), addr[0], addr[1], cos, sin)
+    cosf, sinf = _cos_sin_addresses()
+    _rope_cache(pos, n_dims // 2, f32(freq_scale), ts, f32(attn_factor), cosf, sinf, cos, sin)
     return cos, sin
 
 
