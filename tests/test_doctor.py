@@ -100,8 +100,8 @@ def test_minimum_versions_match_pyproject():
 
 
 def test_render_without_dot_is_a_message_and_a_static_drawing(monkeypatch):
-    from llmlab.ggml import dot as gdot
-    from llmlab.ggml import dot_fallback
+    from llmlab.ggml import graphviz as gdot
+    from llmlab.ggml import graphviz_fallback
     text = textwrap.dedent("""\
         digraph G { rankdir=TB; node [shape=box, style="rounded,filled"]; // a comment
           a [label="x\\nleaf", fillcolor="#fddbc7", shape=ellipse];
@@ -109,10 +109,10 @@ def test_render_without_dot_is_a_message_and_a_static_drawing(monkeypatch):
           subgraph cluster_0 { label="split 0"; b; }
           a -> b -> c; a -> c [style=dashed, constraint=false, label="skip"];
         }""")
-    g = dot_fallback.parse(text)
+    g = graphviz_fallback.parse(text)
     assert list(g.nodes) == ["a", "b", "c"] and g.nodes["a"]["label"] == "x\nleaf"
     assert [(a, b) for a, b, _ in g.edges] == [("a", "b"), ("b", "c"), ("a", "c")] and g.attrs["rankdir"] == "TB"
-    assert {n: r for n, (r, _) in dot_fallback.layout(g).items()} == {"a": 0, "b": 1, "c": 2}
+    assert {n: r for n, (r, _) in graphviz_fallback.layout(g).items()} == {"a": 0, "b": 1, "c": 2}
     monkeypatch.setattr(gdot, "has_dot", lambda: False)
     out = gdot.render(text)
     assert isinstance(out, str) and "\n" not in out             # one line, printable anywhere
@@ -123,7 +123,7 @@ def test_render_without_dot_is_a_message_and_a_static_drawing(monkeypatch):
 
 def test_notebook_graphs_without_dot(monkeypatch):
     from llmlab import nb
-    from llmlab.ggml import dot as gdot
+    from llmlab.ggml import graphviz as gdot
     from llmlab.viz import overview
     monkeypatch.setattr(gdot, "has_dot", lambda: False)
     html = nb.graph("digraph { a -> b; b -> c; }", "no-dot-test").data

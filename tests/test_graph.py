@@ -8,7 +8,7 @@ from llmlab.ggml import GGMLContext, build_forward, build_forward_expand, graph_
 from llmlab.ggml import ops as ggml
 from llmlab.ggml import quant
 from llmlab.ggml.alloc import FreeList, reserve
-from llmlab.ggml.dot import has_dot, render, to_dot
+from llmlab.ggml.graphviz import has_dot, render, to_dot
 
 RNG = np.random.default_rng(0)
 

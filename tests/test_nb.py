@@ -35,7 +35,7 @@ def test_live_view_renders_once_and_updates(capsys):
     assert [type(p).__name__ for p in view.panes_box.children] == ["Image", "HTML"]
     png = view.panes_box.children[0].value
     # drawn at twice the resolution, shown at the figure's own size (not stretched to the cell's width)
-    from llmlab.nb.live import HIDPI, png_size
+    from llmlab.viz.live import HIDPI, png_size
     css = -(-png_size(png)[0] // HIDPI)
     assert png_size(png)[0] >= 2 * 80 * 1.5 and view.panes_box.children[0].layout.width == f"{css}px"
     assert f"width='{css}'" in bundle["text/html"]
@@ -304,7 +304,7 @@ def test_handout(tmp_path, capsys):
 def test_graph_carries_its_full_picture():
     """The full-size picture is in the output itself (a link to a file outside the folder JupyterLab
     serves would be a 404), fitted above it and at its own size in a section that opens on a click."""
-    from llmlab.ggml.dot import has_dot
+    from llmlab.ggml.graphviz import has_dot
     if not has_dot():
         pytest.skip("Graphviz's dot is not installed")
     html = nb.graph("digraph { a -> b; b -> c; }", "full-picture-test", folder="test").data

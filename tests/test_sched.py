@@ -11,7 +11,7 @@ from llmlab.llama.tiny import write_tiny
 from llmlab.ggml.sched import AccelBackend, CPUBackend, Scheduler
 from llmlab.ggml import quant
 from llmlab.ggml.sched.placement import layer_devices
-from llmlab.ggml.cpu.threads import mul_mat_chunking, rows_blocks, rows_interleaved, trace_nodes
+from llmlab.ggml.cpu.thread_trace import mul_mat_chunking, rows_blocks, rows_interleaved, trace_nodes
 
 TOKENS = [3, 17, 5, 99, 42, 7, 1, 250]
 

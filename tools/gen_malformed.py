@@ -9,7 +9,7 @@ tensor data not packed as gguf.cpp packs it, NaN weights. ``expected.json`` maps
 one error line ``python -m llmlab logits -m FILE -p hello`` must print (and ``describe`` to what
 was changed). ``load_and_run(path)`` is that command's path through the library.
 
-The hypothesis suite (tests/test_reliability.py) uses ``base_writer`` and ``write_raw`` to mutate
+The hypothesis suite (tests/test_malformed_gguf.py) uses ``base_writer`` and ``write_raw`` to mutate
 the same model at random.
 """
 from __future__ import annotations

@@ -33,7 +33,7 @@ from ..viz import fonts as _fonts
 # its threads, so it is set on importing llmlab.nb, the notebooks' first line; a value the user set wins.
 if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
     os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
-from .live import figure_png, live  # noqa: F401  (re-exported)
+from ..viz.live import figure_png, live  # noqa: F401  (re-exported)
 
 ROOT = Path(__file__).resolve().parent.parent.parent          # the folder llmlab is imported from
 # the checkout llmlab runs from, or None where it is installed (site-packages: Colab, a hub, a wheel)
@@ -219,11 +219,11 @@ def graph(dot, name: str, folder: str = "graphs", max_height: int = 640):
     import re
 
     from IPython.display import HTML
-    from ..ggml.dot import has_dot
+    from ..ggml.graphviz import has_dot
     text = dot if isinstance(dot, str) else getattr(dot, "source", str(dot))
     if not has_dot():
-        from ..ggml import dot_fallback
-        return HTML(dot_fallback.html(text, max_height))
+        from ..ggml import graphviz_fallback
+        return HTML(graphviz_fallback.html(text, max_height))
     import graphviz
     svg = graphviz.Source(text).pipe(format="svg").decode("utf-8")
     svg = svg[svg.index("<svg"):]                       # drop the XML prolog and doctype

@@ -196,10 +196,10 @@ def top_attended(probs: np.ndarray, texts: Sequence[str], query: int, k: int = 3
 
 def heads_widget(trace, labels: Sequence[str], layer: int = 0, head: int = 0, query: int | None = None):
     """Sliders for layer and head over a traced decode, redrawing :func:`plot_head`: one
-    :func:`llmlab.nb.live` view (live in JupyterLab, its first picture elsewhere). Not displayed:
+    :func:`llmlab.viz.live` view (live in JupyterLab, its first picture elsewhere). Not displayed:
     show it with ``display(...)`` or as a cell's last value; ``.box.children[0]`` holds the sliders."""
     import ipywidgets as W
-    from ..nb import live
+    from .live import live
     layers = sorted(trace.layers)
     controls = {"layer": W.SelectionSlider(options=layers, value=layer, description="layer"),
                 "head": W.IntSlider(value=head, min=0, max=trace.n_head - 1, description="head")}

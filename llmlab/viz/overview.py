@@ -49,8 +49,8 @@ def pipeline_graph() -> HTML:
 def dot_html(src: str) -> HTML:
     """Graphviz source as inline SVG scaled to the notebook's width (the simplified drawing without ``dot``)."""
     if shutil.which("dot") is None:
-        from ..ggml import dot_fallback
-        return HTML(dot_fallback.html(src) + "<details><summary>Graphviz source</summary><pre>"
+        from ..ggml import graphviz_fallback
+        return HTML(graphviz_fallback.html(src) + "<details><summary>Graphviz source</summary><pre>"
                     + _html.escape(src) + "</pre></details>")
     import graphviz
     svg = graphviz.Source(src).pipe(format="svg").decode()

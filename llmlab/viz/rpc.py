@@ -6,9 +6,10 @@ RPC_RGB = ["#a1d99b", "#fdae6b", "#bcbddc", "#c7e9c0"]     # one per RPC device,
 
 
 def color_devices(names) -> dict[str, str]:
-    """Give each RPC device a colour in both scheduler drawings (llmlab.ggml.viz, llmlab.ggml.dot), which look
+    """Give each RPC device a colour in both scheduler drawings (llmlab.viz.sched, llmlab.ggml.graphviz), which look
     backends up by name; returns name -> colour."""
-    from ..ggml import dot, viz
+    from ..ggml import graphviz as dot
+    from . import sched as viz
     out = {}
     for i, n in enumerate(n for n in names if n.startswith("RPC")):
         out[n] = viz.BACKEND_RGB[n] = dot.BACKEND_COLORS[n] = RPC_RGB[i % len(RPC_RGB)]

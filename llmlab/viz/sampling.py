@@ -1,5 +1,5 @@
 """Pictures of the sampler chain: the next-token distribution before and after each sampler, and a
-live view to turn the knobs (``llmlab.nb.live``: its default picture where widgets cannot run)."""
+live view to turn the knobs (``llmlab.viz.live``: its default picture where widgets cannot run)."""
 from __future__ import annotations
 
 import numpy as np
@@ -60,9 +60,9 @@ def chain_figure(logits, tokenizer, params: SamplingParams | None = None, top: i
 
 def chain_live(logits, tokenizer, top: int = 12, show: bool = True):
     """Sliders for temperature, top-k, top-p, min-p and seed over :func:`chain_figure`, as one
-    ``llmlab.nb.live`` view (live in JupyterLab, its default picture anywhere else)."""
+    ``llmlab.viz.live`` view (live in JupyterLab, its default picture anywhere else)."""
     import ipywidgets as W
-    from ..nb import live
+    from .live import live
     d = SamplingParams(seed=0)
     knobs = dict(temp=W.FloatSlider(value=d.temp, min=0.0, max=2.0, step=0.05, description="temperature"),
                  top_k=W.IntSlider(value=d.top_k, min=0, max=100, description="top-k"),

@@ -45,9 +45,9 @@ import ipywidgets as widgets
 from IPython.display import display
 from llmlab import models
 from llmlab.ggml import GGMLContext, ops as ggml, build_forward, graph_compute, plan_memory
-from llmlab.ggml.dot import to_dot, render
+from llmlab.ggml.graphviz import to_dot, render
 from llmlab.ggml.stats import op_table, format_table
-from llmlab.ggml import viz
+from llmlab.viz import sched as vsched
 from llmlab.llama import Model, Context, Batch
 from llmlab.ggml.sched import Scheduler, CPUBackend, AccelBackend
 from llmlab.ggml.sched import backend as gb
@@ -242,7 +242,7 @@ print(format_table(rows, ["op", "nodes", "flops", "share"]))
 mm = next(r for r in rows if r["op"] == "MUL_MAT")
 print(f"\nMUL_MAT share of FLOPs on this graph: {100 * mm['share']:.2f}%")
 assert mm["share"] > 0.9
-viz.plot_op_share(rows); plt.tight_layout(); plt.show()
+vsched.plot_op_share(rows); plt.tight_layout(); plt.show()
 
 # %% [markdown]
 # ## 5. One interface for every backend: `ggml_backend_i`
@@ -330,8 +330,8 @@ display(table(["platform", "backend source", "ops it accelerates", "how"], gb.PL
 # %%
 sched = Scheduler([AccelBackend(), CPUBackend()], n_gpu_layers=10)
 s = sched.schedule(sctx.build_graph(8))
-viz.plot_passes(s); plt.tight_layout(); plt.show()
-print(viz.split_lines(s))
+vsched.plot_passes(s); plt.tight_layout(); plt.show()
+print(vsched.split_lines(s))
 
 
 # %% [markdown]
@@ -346,7 +346,7 @@ def show_ngl(n_gpu_layers, layer_from, layer_to):
     sc = Scheduler([AccelBackend(), CPUBackend()], n_gpu_layers=n_gpu_layers)
     gg = sctx.build_graph(8)
     sch = sc.schedule(gg)
-    text = (f"<pre>{viz.split_lines(sch)}\n{sch.n_splits} splits, {sch.n_copies} copies, "
+    text = (f"<pre>{vsched.split_lines(sch)}\n{sch.n_splits} splits, {sch.n_copies} copies, "
             f"{sch.bytes_to_copy:,} bytes copied per run</pre>")
     pic = nb.graph(to_dot(gg, layers=range(layer_from, layer_to + 1), color_by="backend", schedule=sch,
                           show_leafs=False), "smollm2-sched", folder="06")
@@ -377,7 +377,7 @@ tiny32 = Model(write_tiny(nb.build_dir("06") / "tiny32.gguf", "llama", n_layer=3
 sched32 = Scheduler([AccelBackend(), CPUBackend()], n_gpu_layers=20)
 c32 = Context(tiny32, n_ctx=32, sched=sched32)
 got = c32.decode(Batch.from_tokens([1, 2, 3], logits="all"))
-print(viz.split_lines(sched32.last))
+print(vsched.split_lines(sched32.last))
 assert sched32.last.n_splits == 2
 assert [r["backend"] for r in sched32.last.summary()] == ["CPU", "ACCEL"]
 ref32 = Context(tiny32, n_ctx=32).decode(Batch.from_tokens([1, 2, 3], logits="all"))
@@ -423,7 +423,7 @@ print(format_table(rows))
 # shared counter, and recorded.
 
 # %%
-from llmlab.ggml.cpu.threads import trace_nodes
+from llmlab.ggml.cpu.thread_trace import trace_nodes
 from llmlab.ggml.cpu.executor import run_nodes
 tctx = Context(model, n_ctx=256)
 tg = tctx.graph_for(Batch.from_tokens(toks, logits="all"))   # placed in the cache, inputs set, nothing computed
@@ -431,7 +431,7 @@ end = next(i for i, t in enumerate(tg.gf.nodes) if t.name == "l_out-0") + 1
 traces = trace_nodes(tg.gf.nodes[:end], nth=4)
 run_nodes(tg.gf.nodes[end:])                             # the rest of the graph on the plain path
 assert np.array_equal(tg.t_logits.numpy(), ref)          # threaded layer 0 + plain rest == plain run
-viz.plot_partitions(traces, nth=4); plt.show()
+vsched.plot_partitions(traces, nth=4); plt.show()
 for t in traces:
     if t.kind == "chunks":
         print(f"{t.name:<14} chunks per thread: {[len(w) for w in t.work]}")
@@ -555,8 +555,8 @@ if live:
         "The printing press changed Europe because", add_bos=True, special=True)
     rpc_tokens, rpc_secs = rpc_lab.greedy(rctx, prompt_ids, 5, devs)
     print("devices:", [b.name for b in rctx.sched.backends])
-    print(viz.split_lines(rctx.sched.last))
-    viz.plot_passes(rctx.sched.last, title="one decode step, placed over two rpc-servers and the CPU")
+    print(vsched.split_lines(rctx.sched.last))
+    vsched.plot_passes(rctx.sched.last, title="one decode step, placed over two rpc-servers and the CPU")
     plt.tight_layout(); plt.show()
 
 # %% [markdown]

@@ -42,7 +42,7 @@ def plot_partitions(traces, nth: int, width: float = 10.0):
     import matplotlib.pyplot as plt
     from matplotlib.colors import ListedColormap
 
-    from ..viz.layout import label_boxes
+    from .layout import label_boxes
     pick = {}
     for t in traces:
         if t.kind not in pick and t.kind in ("interleaved", "blocks", "chunks"):

@@ -118,9 +118,9 @@ def has_dot() -> bool:
 def render(dot_text: str, fmt: str = "svg"):
     """A ``graphviz.Source`` (shown inline by Jupyter) when Graphviz's ``dot`` program exists;
     otherwise a one-line message saying so, with the install hint (a ``str``), which Jupyter shows
-    with a simplified static drawing under it (:mod:`llmlab.ggml.dot_fallback`)."""
+    with a simplified static drawing under it (:mod:`llmlab.ggml.graphviz_fallback`)."""
     if not has_dot():
-        from .dot_fallback import StaticGraph
+        from .graphviz_fallback import StaticGraph
         return StaticGraph(dot_text)
     import graphviz
     src = graphviz.Source(dot_text, format=fmt)

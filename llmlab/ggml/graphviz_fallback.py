@@ -1,5 +1,5 @@
 """A graph drawn without Graphviz: where the ``dot`` program is missing, the graph functions
-(:func:`llmlab.ggml.dot.render`, ``nb.graph``, ``viz.overview.pipeline_graph``) say so in one line
+(:func:`llmlab.ggml.graphviz.render`, ``nb.graph``, ``viz.overview.pipeline_graph``) say so in one line
 and show this static drawing instead of raising.
 
 It reads the DOT text llmlab writes (nodes with a label and fill colour, edges, ``rankdir``), puts
@@ -271,7 +271,7 @@ def html(dot_text: str, max_height: int = 640) -> str:
 
 
 class StaticGraph(str):
-    """What :func:`llmlab.ggml.dot.render` returns without ``dot``: the one-line message (a ``str``,
+    """What :func:`llmlab.ggml.graphviz.render` returns without ``dot``: the one-line message (a ``str``,
     printable anywhere), which Jupyter shows with the static drawing under it."""
 
     def __new__(cls, dot_text: str):

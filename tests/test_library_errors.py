@@ -1,5 +1,6 @@
-"""The second round of reliability fixes (issue 26), library side: stale temporaries, progress lines on
-Ctrl-C, library misuse (detokenize, Context, positions), batches refused before the cache changes."""
+"""The library's errors, each one clear error with nothing left half done: stale temporaries, progress
+lines on Ctrl-C, library misuse (detokenize, Context, positions), batches refused before the cache changes,
+work and memory bounded before the work, a model file cut short or rewritten in use, poisoned weights."""
 from __future__ import annotations
 
 import io
