@@ -16,6 +16,18 @@ OP_COLORS = {
     "TRANSPOSE": "#f7f7f7", "NONE": "#ffffff",
 }
 BACKEND_COLORS = {"CPU": "#9ecae1", "ACCEL": "#fc9272", "?": "#dddddd"}
+RPC_COLORS = ("#a1d99b", "#fdae6b", "#bcbddc", "#c7e9c0")     # one per RPC device, beside CPU's blue and ACCEL's red
+
+
+def backend_colors(names) -> dict[str, str]:
+    """Each backend's colour in the scheduler drawings (``to_dot`` and :mod:`llmlab.viz.sched`), for the
+    backends ``names`` of one schedule: CPU and ACCEL their own, the RPC devices in turn from ``RPC_COLORS``.
+    A name without a colour is left out (each drawing has its grey for it)."""
+    names = list(names)
+    out = {n: BACKEND_COLORS[n] for n in names if n in BACKEND_COLORS}
+    for i, n in enumerate(n for n in names if n.startswith("RPC")):
+        out[n] = RPC_COLORS[i % len(RPC_COLORS)]
+    return out
 
 
 def _layer_from_name(t: Tensor) -> int | None:
@@ -62,9 +74,11 @@ def to_dot(graph, layers: int | Iterable[int] | None = None, color_by: str = "op
         raise ValueError(f"{len(nodes)} nodes is too many to draw; pick a layer or a range (max_nodes={max_nodes})")
     keep = {id(n) for n in nodes}
 
+    by_backend = backend_colors(b.name for b in getattr(schedule, "backends", ()))
+
     def color(t: Tensor) -> str:
         if color_by == "backend" and schedule is not None:
-            return BACKEND_COLORS.get(schedule.backend_of(t), "#dddddd")
+            return by_backend.get(schedule.backend_of(t), "#dddddd")
         return OP_COLORS.get(t.op, "#ffffff")
 
     lines = ["digraph G {", '  rankdir=TB; node [shape=box, style="rounded,filled", fontname="Helvetica", fontsize=9];',

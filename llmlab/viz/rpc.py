@@ -2,19 +2,6 @@
 one token, and the time a decode step spends on the wire."""
 from __future__ import annotations
 
-RPC_RGB = ["#a1d99b", "#fdae6b", "#bcbddc", "#c7e9c0"]     # one per RPC device, beside CPU's blue and ACCEL's red
-
-
-def color_devices(names) -> dict[str, str]:
-    """Give each RPC device a colour in both scheduler drawings (llmlab.viz.sched, llmlab.ggml.graphviz), which look
-    backends up by name; returns name -> colour."""
-    from ..ggml import graphviz as dot
-    from . import sched as viz
-    out = {}
-    for i, n in enumerate(n for n in names if n.startswith("RPC")):
-        out[n] = viz.BACKEND_RGB[n] = dot.BACKEND_COLORS[n] = RPC_RGB[i % len(RPC_RGB)]
-    return out
-
 
 def plot_traffic(phases: dict[str, list[dict]], ax=None, title: str = "bytes on the wire, per command"):
     """Grouped horizontal bars: for each phase (e.g. "load", "one token"), bytes out + in of each command, on

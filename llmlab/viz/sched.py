@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-BACKEND_RGB = {"CPU": "#9ecae1", "ACCEL": "#fc9272"}
+from ..ggml.graphviz import backend_colors
+
 THREAD_COLORS = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7"]
 
 
@@ -21,7 +22,8 @@ def plot_passes(schedule, ax=None, title: str = "ggml_backend_sched_split_graph,
     rows.append(split_row)
     labels.append(f"5: cut into {schedule.n_splits} splits ({schedule.n_copies} copies)")
     data = np.array(rows) + 1                              # -1 -> 0 (unassigned)
-    cmap = ListedColormap(["#e0e0e0"] + [BACKEND_RGB.get(n, "#bbbbbb") for n in names])
+    colors = backend_colors(names)
+    cmap = ListedColormap(["#e0e0e0"] + [colors.get(n, "#bbbbbb") for n in names])
     if ax is None:
         _, ax = plt.subplots(figsize=(10, 0.45 * len(rows) + 1.4))
     ax.imshow(data, aspect="auto", cmap=cmap, vmin=0, vmax=len(names), interpolation="nearest")
@@ -29,7 +31,7 @@ def plot_passes(schedule, ax=None, title: str = "ggml_backend_sched_split_graph,
     ax.set_xlabel("node index (topological order)")
     for s in schedule.splits[1:]:
         ax.axvline(s.i_start - 0.5, color="black", lw=0.8)
-    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in ["#e0e0e0"] + [BACKEND_RGB.get(n, "#bbb") for n in names]]
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in ["#e0e0e0"] + [colors.get(n, "#bbb") for n in names]]
     ax.legend(handles, ["unassigned"] + names, loc="upper right", ncol=3, bbox_to_anchor=(1, -0.3), frameon=False)
     ax.set_title(title, fontsize=12, loc="left")
     return ax

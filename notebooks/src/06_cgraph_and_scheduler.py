@@ -550,7 +550,6 @@ if live:
     cpu_before = [s.cpu_seconds() for s in servers]
     rctx = Context(model, n_ctx=64, devices=[s.endpoint for s in servers], n_gpu_layers=20, tensor_split=[1, 1])
     devs = rctx.sched.backends[:-1]                      # the two RPC devices; the CPU comes last
-    vrpc.color_devices([b.name for b in rctx.sched.backends])
     prompt_ids = Tokenizer.from_model(paths["smollm2"]).tokenize(
         "The printing press changed Europe because", add_bos=True, special=True)
     rpc_tokens, rpc_secs = rpc_lab.greedy(rctx, prompt_ids, 5, devs)
