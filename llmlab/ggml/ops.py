@@ -13,7 +13,7 @@ from .context import GGMLContext
 from .tensor import F32, FLAG_INPUT, FLAG_OUTPUT, FLAG_PARAM, I32, Tensor, row_strides
 
 # ggml.h's rope mode bits (``mode & GGML_ROPE_TYPE_NEOX``: rotate pairs (i, i + n_dims/2), not (2i, 2i+1));
-# which mode an architecture uses is llama.h's LLAMA_ROPE_TYPE_* (llmlab.llama.arch.spec)
+# which mode an architecture uses is llama.h's LLAMA_ROPE_TYPE_* (llmlab.llama.hparams)
 GGML_ROPE_TYPE_NEOX = 2
 
 

@@ -2,7 +2,7 @@
 ``sampling`` (the sampler chain) and ``chat`` (chat templates) work on their outputs."""
 from .batch import Batch
 from .context import Context
-from .hparams import HParams, load_hparams
-from .model import Model
+from .hparams import HParams
+from .model import Model, load_hparams
 
 __all__ = ["Batch", "Context", "HParams", "Model", "load_hparams"]

@@ -1,16 +1,19 @@
-"""Hyperparameters read from the GGUF ``{arch}.*`` keys, as llama_model::load_hparams does.
+"""The hyperparameters (llama_hparams, llama-hparams.h): the numbers the graph builders and the KV cache
+read, and the rules derived from them (which layers are sliding-window).
 
-The keys every architecture shares are read here; what an architecture adds (its RoPE type, its
-sliding-window pattern, its own keys) comes from its spec (``llmlab.llama.arch``).
+They know no architecture: ``llama_model::load_hparams`` (:func:`llmlab.llama.model.load_hparams`) fills
+them from the GGUF ``{arch}.*`` keys and the architecture's spec (``llmlab.llama.arch``), which sits above
+this module and reads it.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .. import LLMLabError
-from ..ggml.gguf.meta import Metadata
-from .arch import get_arch
-from .arch.spec import LLAMA_ROPE_TYPE_NORM
+from ..ggml.ops import GGML_ROPE_TYPE_NEOX
+
+# llama.h's llama_rope_type: which RoPE an architecture uses (the values are ggml's rope mode bits)
+LLAMA_ROPE_TYPE_NORM = 0
+LLAMA_ROPE_TYPE_NEOX = GGML_ROPE_TYPE_NEOX
 
 
 @dataclass
@@ -54,56 +57,3 @@ class HParams:
 
     def rope_base(self, il: int) -> float:
         return self.rope_freq_base_swa if self.is_swa(il) else self.rope_freq_base
-
-
-def _get(kv: dict, key: str, default=None, required=True):
-    if key in kv:
-        return kv[key]
-    if required and default is None:
-        raise LLMLabError(f"GGUF metadata is missing {key!r}")
-    return default
-
-
-def _scalar(v, key: str) -> int:
-    if isinstance(v, (list, tuple)) or hasattr(v, "__len__") and not isinstance(v, str):
-        vals = set(int(x) for x in v)
-        if len(vals) != 1:
-            raise LLMLabError(f"{key}: per-layer values {sorted(vals)} are not supported")
-        return vals.pop()
-    return int(v)
-
-
-def load_hparams(kv: dict, n_vocab: int | None = None) -> HParams:
-    kv = Metadata.of(kv)   # every key read below is type- and range-checked (llmlab.ggml.gguf.meta)
-    arch = kv.get("general.architecture")
-    if arch is None:
-        raise LLMLabError("GGUF metadata has no general.architecture")
-    spec = get_arch(arch)
-    a = arch + "."
-    n_embd = int(_get(kv, a + "embedding_length"))
-    n_head = _scalar(_get(kv, a + "attention.head_count"), a + "attention.head_count")
-    n_head_kv = _scalar(kv.get(a + "attention.head_count_kv", n_head), a + "attention.head_count_kv")
-    if n_head <= 0 or n_head_kv <= 0 or n_head % n_head_kv:
-        raise LLMLabError(f"{arch}: head_count {n_head} is not a multiple of head_count_kv {n_head_kv}")
-    head_k = int(kv.get(a + "attention.key_length", n_embd // n_head))
-    head_v = int(kv.get(a + "attention.value_length", n_embd // n_head))
-    if n_vocab is None:
-        n_vocab = int(kv.get(a + "vocab_size", 0)) or len(kv.get("tokenizer.ggml.tokens", []))
-    hp = HParams(
-        arch=arch, n_vocab=n_vocab,
-        n_ctx_train=int(_get(kv, a + "context_length")),
-        n_embd=n_embd, n_layer=int(_get(kv, a + "block_count")),
-        n_ff=_scalar(_get(kv, a + "feed_forward_length"), a + "feed_forward_length"),
-        n_head=n_head, n_head_kv=n_head_kv, n_embd_head_k=head_k, n_embd_head_v=head_v,
-        n_rot=int(kv.get(a + "rope.dimension_count", head_k)),
-        f_norm_rms_eps=float(_get(kv, a + "attention.layer_norm_rms_epsilon")),
-        rope_freq_base=float(kv.get(a + "rope.freq_base", 10000.0)),
-        rope_freq_scale=1.0 / float(kv.get(a + "rope.scaling.factor", 1.0) or 1.0),
-        n_swa=int(kv.get(a + "attention.sliding_window", 0)),
-    )
-    hp.rope_freq_base_swa = hp.rope_freq_base
-    for name, value in spec.hparams.items():       # the facts llama.cpp hard-codes for the architecture
-        setattr(hp, name, value)
-    if spec.load_hparams is not None:              # the architecture's own branch of load_hparams
-        spec.load_hparams(hp, kv)
-    return hp

@@ -17,7 +17,7 @@ from ..ggml.context import GGMLContext
 from ..ggml.tensor import Tensor
 from .arch import get_arch
 from .arch.spec import ArchSpec, TensorSpec
-from .hparams import HParams, load_hparams
+from .hparams import HParams
 from .validate import validate_model
 
 
@@ -100,3 +100,59 @@ class Model:
         hp = self.hparams
         return (f"Model({self.path.name}: {hp.arch}, {hp.n_layer} layers, n_embd {hp.n_embd}, "
                 f"{hp.n_head}/{hp.n_head_kv} heads of {hp.n_embd_head_k}, vocab {hp.n_vocab})")
+
+
+# ---- llama_model::load_hparams
+def _get(kv: dict, key: str, default=None, required=True):
+    if key in kv:
+        return kv[key]
+    if required and default is None:
+        raise LLMLabError(f"GGUF metadata is missing {key!r}")
+    return default
+
+
+def _scalar(v, key: str) -> int:
+    if isinstance(v, (list, tuple)) or hasattr(v, "__len__") and not isinstance(v, str):
+        vals = set(int(x) for x in v)
+        if len(vals) != 1:
+            raise LLMLabError(f"{key}: per-layer values {sorted(vals)} are not supported")
+        return vals.pop()
+    return int(v)
+
+
+def load_hparams(kv: dict, n_vocab: int | None = None) -> HParams:
+    """llama_model::load_hparams: the keys every architecture shares, then what its spec adds (the facts
+    llama.cpp hard-codes for it, its own branch of the function)."""
+    kv = Metadata.of(kv)   # every key read below is type- and range-checked (llmlab.ggml.gguf.meta)
+    arch = kv.get("general.architecture")
+    if arch is None:
+        raise LLMLabError("GGUF metadata has no general.architecture")
+    spec = get_arch(arch)
+    a = arch + "."
+    n_embd = int(_get(kv, a + "embedding_length"))
+    n_head = _scalar(_get(kv, a + "attention.head_count"), a + "attention.head_count")
+    n_head_kv = _scalar(kv.get(a + "attention.head_count_kv", n_head), a + "attention.head_count_kv")
+    if n_head <= 0 or n_head_kv <= 0 or n_head % n_head_kv:
+        raise LLMLabError(f"{arch}: head_count {n_head} is not a multiple of head_count_kv {n_head_kv}")
+    head_k = int(kv.get(a + "attention.key_length", n_embd // n_head))
+    head_v = int(kv.get(a + "attention.value_length", n_embd // n_head))
+    if n_vocab is None:
+        n_vocab = int(kv.get(a + "vocab_size", 0)) or len(kv.get("tokenizer.ggml.tokens", []))
+    hp = HParams(
+        arch=arch, n_vocab=n_vocab,
+        n_ctx_train=int(_get(kv, a + "context_length")),
+        n_embd=n_embd, n_layer=int(_get(kv, a + "block_count")),
+        n_ff=_scalar(_get(kv, a + "feed_forward_length"), a + "feed_forward_length"),
+        n_head=n_head, n_head_kv=n_head_kv, n_embd_head_k=head_k, n_embd_head_v=head_v,
+        n_rot=int(kv.get(a + "rope.dimension_count", head_k)),
+        f_norm_rms_eps=float(_get(kv, a + "attention.layer_norm_rms_epsilon")),
+        rope_freq_base=float(kv.get(a + "rope.freq_base", 10000.0)),
+        rope_freq_scale=1.0 / float(kv.get(a + "rope.scaling.factor", 1.0) or 1.0),
+        n_swa=int(kv.get(a + "attention.sliding_window", 0)),
+    )
+    hp.rope_freq_base_swa = hp.rope_freq_base
+    for name, value in spec.hparams.items():       # the facts llama.cpp hard-codes for the architecture
+        setattr(hp, name, value)
+    if spec.load_hparams is not None:              # the architecture's own branch of load_hparams
+        spec.load_hparams(hp, kv)
+    return hp

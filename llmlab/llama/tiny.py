@@ -17,7 +17,7 @@ import numpy as np
 from ..ggml.gguf import GGUFFile, GGUFWriter
 from ..ggml.gguf.constants import ValueType
 from .arch import get_arch
-from .hparams import load_hparams
+from .model import load_hparams
 
 U32, F32 = ValueType.UINT32, ValueType.FLOAT32
 

@@ -4,7 +4,7 @@ table (``LLM_TENSOR_NAMES``, the ``create_tensor`` calls of ``load_tensors``), i
 random test model.
 
 Each architecture module (``llama.py``, ``gemma3.py``, ``qwen2.py``) ends with one :class:`ArchSpec`;
-``arch/__init__.py`` registers it in one line. ``hparams.py``, ``model.py`` and ``tiny.py`` only read
+``arch/__init__.py`` registers it in one line. ``model.py`` (load_hparams, the tensors) and ``tiny.py`` only read
 specs, so adding an architecture is one new file and one registry line.
 
 The tensors are :class:`TensorSpec` rows built from the shared table below (``ATTN_Q``, ``FFN_UP``,
@@ -16,16 +16,9 @@ that no tensor is missing and none is left unused.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
-from ...ggml.ops import GGML_ROPE_TYPE_NEOX
-
-if TYPE_CHECKING:
-    from ..hparams import HParams
-
-# llama.h's llama_rope_type: which RoPE an architecture uses (the values are ggml's rope mode bits)
-LLAMA_ROPE_TYPE_NORM = 0
-LLAMA_ROPE_TYPE_NEOX = GGML_ROPE_TYPE_NEOX
+from ..hparams import LLAMA_ROPE_TYPE_NEOX, LLAMA_ROPE_TYPE_NORM, HParams  # noqa: F401  (the specs' RoPE types)
 
 Shape = Callable[["HParams"], tuple[int, ...]]
 
