@@ -58,6 +58,7 @@ class Side:
 
 
 def run_llmlab(path, ids: list[int], n_gen: int, threads: int, cpu=None, kernels: str = "fast") -> Side:
+    from .generate import greedy
     from .ggml.cpu.fast import set_threads
     from .llama import Batch, Context, Model
     set_threads(threads)
@@ -68,15 +69,15 @@ def run_llmlab(path, ids: list[int], n_gen: int, threads: int, cpu=None, kernels
     ctx.decode(Batch.from_tokens(ids, logits="last"))               # warm-up with the same shapes, as
     ctx.decode(Batch.from_tokens(ids[:1], pos0=len(ids), logits="last"))    # llama-bench does: every
     ctx.clear()                                                     # kernel compiled (or loaded) once
+    steps = greedy(ctx, ids)                                        # the engine's loop, argmax each step
     t0 = time.perf_counter()
-    logits = ctx.decode(Batch.from_tokens(ids, logits="last"))[-1]
+    step = next(steps)
     t_pp = time.perf_counter() - t0
     out: list[int] = []
     t0 = time.perf_counter()
-    for i in range(n_gen):
-        tok = int(np.argmax(logits))
-        out.append(tok)
-        logits = ctx.decode(Batch.from_tokens([tok], pos0=len(ids) + i, logits="last"))[-1]
+    for _ in range(n_gen):
+        out.append(step.token)
+        step = next(steps)
     t_tg = time.perf_counter() - t0
     return Side(len(ids) / t_pp, n_gen / t_tg if n_gen else 0.0, peak_rss_mb(), load, out)
 

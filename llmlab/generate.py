@@ -7,12 +7,16 @@ end-of-generation token, the token budget or a stop string.
 token (UTF-8 safe: a token ending inside a character prints nothing until the character is
 whole; text that may be the start of a stop string is held back too). A :class:`Generation`
 record keeps the ids, the text, why it stopped, where the cache ends and llama.cpp's timings.
+
+The loop itself is :func:`decode_loop` (decode a batch, hand back its logits, take the next token); ``generate``
+samples and stops around it, and :func:`greedy` takes the argmax each step for whoever needs the steps
+themselves (``bench``, the RPC lab of notebook 06, :func:`prefill_decode_run` of notebook 04, notebook 03).
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Generator, Iterator, Sequence
 
 import numpy as np
 
@@ -94,6 +98,44 @@ def _decode(ctx, tokens: list[int], pos0: int) -> np.ndarray:
         raise
 
 
+@dataclass
+class Step:
+    """One decode of the loop: the batch it ran (``tokens`` at positions ``pos0``, ``pos0 + 1``, ...), the
+    logits of its last position, the seconds the decode took, and the token taken from the logits (set by
+    whoever samples: :func:`greedy`, :func:`generate`)."""
+    tokens: list[int]
+    pos0: int
+    logits: np.ndarray
+    decode_s: float
+    token: int | None = None
+
+
+def decode_loop(ctx, prompt: Sequence[int], n_past: int = 0) -> Generator[Step, int, None]:
+    """llama.cpp's loop without its sampler: decode ``prompt`` at ``n_past, n_past + 1, ...`` and yield the
+    :class:`Step`; ``send`` it the next token, which is decoded as the next one-token batch, at the next
+    position, and so on. The caller samples, and stops when it wants (``generate``: at an end-of-generation
+    token, the budget, a stop string). Every decode checks its model file and its logits (``_decode``)."""
+    batch, pos = [int(t) for t in prompt], n_past
+    while True:
+        t0 = time.perf_counter()
+        logits = _decode(ctx, batch, pos)
+        token = yield Step(batch, pos, logits, time.perf_counter() - t0)
+        pos += len(batch)
+        batch = [int(token)]
+
+
+def greedy(ctx, prompt: Sequence[int], n_past: int = 0) -> Iterator[Step]:
+    """:func:`decode_loop` taking the first of the largest logits each step (``np.argmax``, as llama.cpp's
+    greedy sampler), with no end: the caller takes as many steps as it needs. Step k's ``token`` is the
+    k-th token generated; computing step k + 1 decodes it."""
+    loop = decode_loop(ctx, prompt, n_past)
+    step = next(loop)
+    while True:
+        step.token = int(np.argmax(step.logits))
+        yield step
+        step = loop.send(step.token)
+
+
 def generate(ctx, tokenizer, prompt: Sequence[int], n_predict: int = -1,
              sampler: Callable[[np.ndarray], int] | None = None, stop: Sequence[str] = (), n_past: int = 0,
              result: Generation | None = None, accept_prompt: bool = True) -> Iterator[tuple[int, str]]:
@@ -126,13 +168,14 @@ def generate(ctx, tokenizer, prompt: Sequence[int], n_predict: int = -1,
     stream, held = StreamDecoder(tokenizer), ""
 
     t0 = time.perf_counter()
-    logits = _decode(ctx, prompt, n_past)
-    t.n_prompt, t.t_prompt = len(prompt), time.perf_counter() - t0
+    loop = decode_loop(ctx, prompt, n_past)
+    step = next(loop)
+    t.n_prompt, t.t_prompt = len(prompt), step.decode_s
     r.n_past += len(prompt)
     r.n_decoded += len(prompt)
     for i in range(budget):
         t1 = time.perf_counter()
-        token = int(sampler(logits))
+        token = step.token = int(sampler(step.logits))
         t.n_sample, t.t_sample = t.n_sample + 1, t.t_sample + time.perf_counter() - t1
         if i == 0:
             t.t_first = time.perf_counter() - t0
@@ -154,13 +197,42 @@ def generate(ctx, tokenizer, prompt: Sequence[int], n_predict: int = -1,
             return
         if i == budget - 1:
             break
-        t1 = time.perf_counter()
-        logits = _decode(ctx, [token], r.n_past)
-        t.n_eval, t.t_eval = t.n_eval + 1, t.t_eval + time.perf_counter() - t1
+        step = loop.send(token)
+        t.n_eval, t.t_eval = t.n_eval + 1, t.t_eval + step.decode_s
         r.n_past += 1
         r.n_decoded += 1
         r.pending = []
     r.stop_reason = "length"
+
+
+def prefill_decode_run(model_path, prompt: Sequence[int], n_decode: int = 8, n_ctx: int = 512) -> dict:
+    """Prefill ``prompt`` with llmlab in one batch, then decode ``n_decode`` greedy tokens one at a time
+    (notebook 04: what the KV cache saves).
+
+    One untimed run with the same shapes comes first (kernels loaded). Returns the times (``prefill_s``,
+    ``decode_s`` per step), the generated ids, the last step's logits
+    (``last_logits``, computed from the cache), those of a fresh one-batch run over the whole sequence
+    (``fresh_logits``, recomputing every K and V), and ``max_abs_diff`` between the two.
+    """
+    from .llama import Context, Model
+    model = Model(model_path)
+    prompt = [int(t) for t in prompt]
+    warm = Context(model, n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx)     # the same shapes once, untimed:
+    warm.decode(Batch.from_tokens(prompt, logits="last"))                  # kernels loaded (or compiled) first,
+    warm.decode(Batch.from_tokens(prompt[:1], pos0=len(prompt), logits="last"))   # as llama-bench warms up
+    del warm
+    steps = greedy(Context(model, n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx), prompt)
+    step = next(steps)
+    prefill_s, out, decode_s = step.decode_s, [], []
+    for _ in range(n_decode):
+        out.append(step.token)
+        step = next(steps)
+        decode_s.append(step.decode_s)
+    fresh = Context(model, n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx)
+    full = fresh.decode(Batch.from_tokens(prompt + out, logits="last"))
+    return dict(n_prompt=len(prompt), prefill_s=prefill_s, decode_s=decode_s, generated=out,
+                last_logits=step.logits, fresh_logits=full[-1],
+                max_abs_diff=float(np.abs(full[-1] - step.logits).max()), logits_scale=float(np.abs(full[-1]).max()))
 
 
 class ChatSession:

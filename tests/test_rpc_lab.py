@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import struct
+from itertools import islice
 
 import pytest
 
+from llmlab.generate import greedy
 from llmlab.ggml import rpc, rpc_lab
 from llmlab.llama import Context, Model
 from llmlab.nb import exercises as ex
@@ -62,8 +64,9 @@ def test_traffic_tables_and_tokens_through_two_servers(rpc_bin, smollm2_path):
         ctx = Context(model, n_ctx=64, devices=[s.endpoint for s in servers], n_gpu_layers=20, tensor_split=[1, 1])
         devs = ctx.sched.backends[:-1]
         ids = [1, 504, 3458, 282, 4649, 314]
-        got, secs = rpc_lab.greedy(ctx, ids, 4, devs)
-        want, _ = rpc_lab.greedy(Context(model, n_ctx=64, kernels="reference"), ids, 4)
+        run = rpc_lab.labelled(devs, greedy(ctx, ids), 4)
+        got, secs = [s.token for s in run], [s.decode_s for s in run]
+        want = [s.token for s in islice(greedy(Context(model, n_ctx=64, kernels="reference"), ids), 4)]
         assert got == want and len(secs) == 4
         assert all(s.cpu_seconds() > b for s, b in zip(servers, before))
         first, one = rpc_lab.phase_rows(devs, "prompt"), rpc_lab.phase_rows(devs, "token 2")

@@ -258,24 +258,19 @@ def record_rows(raw: bytes) -> list[dict]:
     return rows
 
 
-def greedy(ctx, ids: list[int], n: int, backends=()) -> tuple[list[int], list[float]]:
-    """``n`` greedy tokens after the prompt ``ids`` on ``ctx``, the messages of ``backends`` labelled "prompt"
-    (the first decode: it also uploads the weights and clears the KV cache) and "token 1".."token n-1";
-    returns the tokens and the seconds of each decode."""
-    import numpy as np
-
-    from ..llama.batch import Batch
-    out, secs = [], []
-    batch = Batch.from_tokens(ids, logits="last")
-    for i in range(n):
-        set_phase(backends, "prompt" if i == 0 else f"token {i}")
-        t0 = time.perf_counter()
-        logits = ctx.decode(batch)
-        secs.append(time.perf_counter() - t0)
-        out.append(int(np.argmax(logits[-1])))
-        batch = Batch.from_tokens([out[-1]], pos0=len(ids) + i, logits="all")
-    set_phase(backends, "")
-    return out, secs
+def labelled(backends, steps, n: int) -> list:
+    """The first ``n`` items of ``steps``, an iterator that computes one decode per item (e.g.
+    ``llmlab.generate.greedy``), with the messages of ``backends`` labelled "prompt" while the first is
+    computed (it also uploads the weights and clears the KV cache) and "token 1".."token n-1" while the
+    others are; unlabelled after."""
+    out = []
+    try:
+        for i in range(n):
+            set_phase(backends, "prompt" if i == 0 else f"token {i}")
+            out.append(next(steps))
+    finally:
+        set_phase(backends, "")
+    return out
 
 
 def sent_record(backend, node) -> bytes:

@@ -206,14 +206,13 @@ def kv_size_table(rows: list[dict]) -> HTML:
 def model_kv_shape(path: str | Path) -> dict:
     """``name``, ``n_layer``, ``n_embd_gqa`` (and the sliding-window layout) of a GGUF model, for :func:`kv_size_rows`."""
     from ..ggml.gguf import GGUFFile
+    from ..llama.model import load_hparams
     kv = GGUFFile(path).kv
-    arch = kv["general.architecture"]
-    n_layer, n_head_kv = kv[f"{arch}.block_count"], kv[f"{arch}.attention.head_count_kv"]
-    n_embd, n_head = kv[f"{arch}.embedding_length"], kv[f"{arch}.attention.head_count"]
-    head = kv.get(f"{arch}.attention.key_length", n_embd // n_head)
-    d = dict(name=kv.get("general.name", Path(path).stem), n_layer=n_layer, n_embd_gqa=head * n_head_kv)
-    if f"{arch}.attention.sliding_window" in kv and arch == "gemma3":
-        d.update(n_layer_swa=sum(il % 6 != 5 for il in range(n_layer)), n_swa=kv[f"{arch}.attention.sliding_window"])
+    hp = load_hparams(kv)               # the architecture's own rules: which layers slide, and how far
+    d = dict(name=kv.get("general.name", Path(path).stem), n_layer=hp.n_layer, n_embd_gqa=hp.n_embd_k_gqa)
+    n_layer_swa = sum(hp.is_swa(il) for il in range(hp.n_layer))
+    if n_layer_swa:
+        d.update(n_layer_swa=n_layer_swa, n_swa=hp.n_swa)
     return d
 
 
@@ -235,39 +234,3 @@ def ubatch_attention_rows(n_tokens: int, n_ubatch: int, n_kv: int, head_dim: int
 def ubatch_attention_table(rows: list[dict]) -> HTML:
     return table(["case", "Q", "K", "QK^T", "bytes (f32)"],
                  [[r["case"], list(r["q"]), list(r["k"]), list(r["kq"]), human_bytes(r["bytes"])] for r in rows])
-
-
-# ---------------------------------------------------------------------------------------------- prefill / decode
-def prefill_decode_run(model_path: str | Path, prompt: Sequence[int], n_decode: int = 8, n_ctx: int = 512) -> dict:
-    """Prefill ``prompt`` with llmlab in one batch, then decode ``n_decode`` greedy tokens one at a time.
-
-    One untimed run with the same shapes comes first (kernels loaded). Returns the times (``prefill_s``,
-    ``decode_s`` per step), the generated ids, the last step's logits
-    (``last_logits``, computed from the cache), those of a fresh one-batch run over the whole sequence
-    (``fresh_logits``, recomputing every K and V), and ``max_abs_diff`` between the two.
-    """
-    import time
-    from ..llama.batch import Batch
-    from ..llama import Context, Model
-    model = Model(model_path)
-    prompt = [int(t) for t in prompt]
-    warm = Context(model, n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx)     # the same shapes once, untimed:
-    warm.decode(Batch.from_tokens(prompt, logits="last"))                  # kernels loaded (or compiled) first,
-    warm.decode(Batch.from_tokens(prompt[:1], pos0=len(prompt), logits="last"))   # as llama-bench warms up
-    del warm
-    ctx = Context(model, n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx)
-    t0 = time.perf_counter()
-    logits = ctx.decode(Batch.from_tokens(prompt, logits="last"))
-    prefill_s = time.perf_counter() - t0
-    out, decode_s = [], []
-    for i in range(n_decode):
-        tok = int(np.argmax(logits[-1]))
-        out.append(tok)
-        t0 = time.perf_counter()
-        logits = ctx.decode(Batch.from_tokens([tok], pos0=len(prompt) + i, logits="last"))
-        decode_s.append(time.perf_counter() - t0)
-    fresh = Context(model, n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx)
-    full = fresh.decode(Batch.from_tokens(prompt + out, logits="last"))
-    return dict(n_prompt=len(prompt), prefill_s=prefill_s, decode_s=decode_s, generated=out,
-                last_logits=logits[-1], fresh_logits=full[-1],
-                max_abs_diff=float(np.abs(full[-1] - logits[-1]).max()), logits_scale=float(np.abs(full[-1]).max()))

@@ -130,8 +130,9 @@ if nb.has_oracle("llama.cpp's attention row of the decode step"):
 
 # %%
 from llmlab.llamacpp.cpu import banner, expect, close
+from llmlab.generate import prefill_decode_run
 CPU, EXACT = banner()          # whose arithmetic llmlab reproduces, and whether it is this machine's llama.cpp
-run = vk.prefill_decode_run(p, prompt, n_decode=4)
+run = prefill_decode_run(p, prompt, n_decode=4)
 print(f"prefill: {run['n_prompt']} tokens in {run['prefill_s'] * 1e3:.0f} ms "
       f"({run['prefill_s'] * 1e3 / run['n_prompt']:.0f} ms/token)")
 print("decode steps (ms):", [round(s * 1e3) for s in run["decode_s"]],

@@ -521,7 +521,9 @@ if cap is not None:
 # exits, and finds the binary that `make rpc-server` built. Without it, this section says so and skips.
 
 # %%
+from itertools import islice
 from llmlab.ggml import rpc, rpc_lab
+from llmlab.generate import greedy
 from llmlab.viz import rpc as vrpc
 from llmlab.llama.vocab import Tokenizer
 
@@ -552,7 +554,8 @@ if live:
     devs = rctx.sched.backends[:-1]                      # the two RPC devices; the CPU comes last
     prompt_ids = Tokenizer.from_model(paths["smollm2"]).tokenize(
         "The printing press changed Europe because", add_bos=True, special=True)
-    rpc_tokens, rpc_secs = rpc_lab.greedy(rctx, prompt_ids, 5, devs)
+    rpc_run = rpc_lab.labelled(devs, greedy(rctx, prompt_ids), 5)   # 5 greedy tokens, the traffic labelled per decode
+    rpc_tokens, rpc_secs = [s.token for s in rpc_run], [s.decode_s for s in rpc_run]
     print("devices:", [b.name for b in rctx.sched.backends])
     print(vsched.split_lines(rctx.sched.last))
     vsched.plot_passes(rctx.sched.last, title="one decode step, placed over two rpc-servers and the CPU")
@@ -577,7 +580,7 @@ if live:
 
 # %%
 if live:
-    local_tokens, local_secs = rpc_lab.greedy(Context(model, n_ctx=64), prompt_ids, 5)
+    local_tokens = [s.token for s in islice(greedy(Context(model, n_ctx=64), prompt_ids), 5)]
     cpu_used = [s.cpu_seconds() - c for s, c in zip(servers, cpu_before)]
     print("through RPC:", rpc_tokens, repr(Tokenizer.from_model(paths["smollm2"]).detokenize(rpc_tokens)))
     print("local run:  ", local_tokens)
