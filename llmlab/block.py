@@ -127,9 +127,8 @@ def gelu_f64(x):
 
 # ---- the probe -----------------------------------------------------------------------------------------------
 
-# the node that adds the attention output to the residual stream, by architecture (its builder's name for it)
-RESIDUAL_MID = {"llama": "ffn_inp", "qwen2": "ffn_inp", "gemma3": "sa_out"}
-_NAME = re.compile(r"^(attn_norm|Qcur|Kcur|ffn_swiglu|ffn_geglu|ffn_inp|sa_out|l_out)-(\d+)$")
+# the nodes the probe keeps; the one adding attention's output to the stream is named by the spec (``residual_mid``)
+_NAMES = ("attn_norm", "Qcur", "Kcur", "ffn_swiglu", "ffn_geglu", "l_out")
 
 
 @dataclass
@@ -196,16 +195,15 @@ def trace(model, tokens) -> BlockTrace:
     toks = [int(t) for t in tokens]
     if not toks:
         raise ValueError("trace needs at least one token")
-    if model.arch not in RESIDUAL_MID:
-        raise ValueError(f"no residual map for architecture {model.arch!r}: one of {sorted(RESIDUAL_MID)}")
-    act = "gelu" if model.arch == "gemma3" else "silu"
-    out = BlockTrace(model.arch, toks, act, rope_mode_name(hp.rope_type), float(hp.f_norm_rms_eps))
-    mid_name = RESIDUAL_MID[model.arch]
+    spec = model.spec                        # the architecture's names for the nodes it builds
+    out = BlockTrace(model.arch, toks, spec.ffn_act, rope_mode_name(hp.rope_type), float(hp.f_norm_rms_eps))
+    mid_name = spec.residual_mid
+    kept = re.compile(rf"^({'|'.join(map(re.escape, _NAMES + (mid_name,)))})-(\d+)$")
 
     def on_node(t) -> None:
         if t.name:
             out.names.setdefault(t.name, t.op)
-        m = _NAME.match(t.name or "")
+        m = kept.match(t.name or "")
         if m is None:
             return
         kind, il = m.group(1), int(m.group(2))

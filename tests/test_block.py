@@ -43,9 +43,8 @@ def _check_trace(model, tr, n_tokens):
 def test_block_nodes_bit_exact_tiny(tiny, arch, mode, act):
     tr = B.trace(tiny[arch], TOKENS)
     assert (tr.rope_mode, tr.act) == (mode, act)
-    from llmlab.viz.block import BLOCK_STEPS          # the diagram names nodes the graph really has
-    if arch in BLOCK_STEPS:
-        assert all(f"{name}-0" in tr.names for name, _, _ in BLOCK_STEPS[arch])
+    from llmlab.viz.block import block_steps          # the diagram names nodes the graph really has
+    assert all(f"{name}-0" in tr.names for name, _, _ in block_steps(arch))
     _check_trace(tiny[arch], tr, len(TOKENS))
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from llmlab import models
 from llmlab.ggml.gguf import GGUFFile, GGUFWriter
 from llmlab.llama.chat import (BUILTINS, ChatTemplate, ChatTemplateError, llama_chat_apply_template,
                                llm_chat_detect_template, render_jinja)
@@ -56,7 +57,7 @@ def test_builtin_formats_equal_llama_cpp(family, add_ass):
 def test_smollm2_template_equals_llama_cpp():
     """SmolLM2's Jinja template renders as llama.cpp formats it (llama.cpp detects ChatML from the
     same source), except that the template adds SmolLM's default system turn when there is none."""
-    t = ChatTemplate.from_model("smollm2")
+    t = ChatTemplate.from_model(models.resolve("smollm2"))
     assert not t.builtin and llm_chat_detect_template(t.source) == "chatml"
     for chat in CONVERSATIONS:
         for add_ass in (True, False):
@@ -67,7 +68,7 @@ def test_smollm2_template_equals_llama_cpp():
 
 def test_gemma3_template_equals_llama_cpp():
     """The Gemma 3 file has no tokenizer.chat_template: its family's built-in, llama.cpp's "gemma"."""
-    t = ChatTemplate.from_model("gemma3")
+    t = ChatTemplate.from_model(models.resolve("gemma3"))
     assert t.source == "gemma" and t.add_bos and t.bos_token == "<bos>"
     for chat in CONVERSATIONS:
         for add_ass in (True, False):
@@ -93,7 +94,7 @@ def test_detection_follows_llama_cpp_order():
 
 
 def test_format_single_is_the_new_turn():
-    t = ChatTemplate.from_model("smollm2")
+    t = ChatTemplate.from_model(models.resolve("smollm2"))
     past = CONVERSATIONS[1] + [{"role": "assistant", "content": "4"}]
     assert t.format_single(past, {"role": "user", "content": "and 3+3?"}) == \
         "<|im_start|>user\nand 3+3?<|im_end|>\n<|im_start|>assistant\n"
@@ -211,7 +212,7 @@ def session(tiny_chat, template=None, system="Be brief."):
     from llmlab.generate import ChatSession
     from llmlab.llama import Context
     model, tok = tiny_chat
-    return ChatSession(Context(model, n_ctx=512), tok, template or ChatTemplate.from_model("smollm2", tok), system=system)
+    return ChatSession(Context(model, n_ctx=512), tok, template or ChatTemplate.from_model(models.resolve("smollm2"), tok), system=system)
 
 
 def check_cache(chat):

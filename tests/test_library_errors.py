@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from llmlab import LLMLabError
+from llmlab import LLMLabError, models
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "tests" / "data" / "malformed"
@@ -122,7 +122,7 @@ def test_library_misuse_ends_in_a_clear_error(tiny_model):
     from llmlab.llama.batch import Batch, BatchError
     from llmlab.llama.context import Context
     from llmlab.llama.vocab import Tokenizer
-    tok = Tokenizer.from_model("smollm2")
+    tok = Tokenizer.from_model(models.resolve("smollm2"))
     for ids in ([True], [1.0], ["a"]):
         with pytest.raises(LLMLabError, match="is not an integer"):
             tok.detokenize(ids)
@@ -378,7 +378,7 @@ def test_a_poisoned_scale_is_the_same_error_on_both_kernel_sets(tmp_path, wtype,
 
 def test_a_word_too_long_for_memory_is_refused_before_its_merge(monkeypatch):
     from llmlab.llama.vocab import Tokenizer, bpe
-    tok = Tokenizer.from_model("smollm2")
+    tok = Tokenizer.from_model(models.resolve("smollm2"))
     monkeypatch.setattr(bpe, "MERGE_BYTES_PER_SYMBOL", 1 << 40)     # as if memory were tiny
     assert tok.tokenize("hello world") == [28120, 905]                  # short words: no check at all
     with pytest.raises(LLMLabError, match="run of 300,000 characters .* would need about"):

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from conftest import ref_tokens
-from llmlab import LLMLabError
+from llmlab import LLMLabError, models
 from llmlab.llama.vocab import Tokenizer, Vocab
 from llmlab.llama.vocab.pretokenize import PRE_TOKENIZERS, PreTokenizer
 from llmlab.llama.vocab.stream import StreamDecoder
@@ -20,7 +20,7 @@ _TOKENIZERS: dict[str, Tokenizer] = {}
 
 def tokenizer(name: str) -> Tokenizer:
     if name not in _TOKENIZERS:
-        _TOKENIZERS[name] = Tokenizer.from_model(name)
+        _TOKENIZERS[name] = Tokenizer.from_model(models.resolve(name))
     return _TOKENIZERS[name]
 
 

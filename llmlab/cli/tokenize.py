@@ -51,7 +51,7 @@ def parse_ids(args: list[str]) -> list[int]:
 def run_tokenize(args) -> int:
     from ..llama.vocab import Tokenizer
     text = args.text if args.text is not None else read_text(args.file)
-    tok = Tokenizer.from_model(args.model)
+    tok = Tokenizer.from_model(models.resolve(args.model))
     ids = tok.tokenize(text, add_bos=args.bos, special=args.special)
     if args.json:
         print(dumps({"ids": ids}))
@@ -70,6 +70,6 @@ def run_tokenize(args) -> int:
 def run_detokenize(args) -> int:
     from ..llama.vocab import Tokenizer
     ids = parse_ids(args.ids)
-    tok = Tokenizer.from_model(args.model)
+    tok = Tokenizer.from_model(models.resolve(args.model))
     sys.stdout.write(tok.detokenize(ids, special=args.special) + "\n")
     return 0

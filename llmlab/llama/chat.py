@@ -491,18 +491,19 @@ class ChatTemplate:
 
     @classmethod
     def from_model(cls, model, tokenizer=None) -> "ChatTemplate":
-        """The template of a GGUF model (a path, registry name or open ``GGUFFile``); without
-        ``tokenizer.chat_template`` the built-in of its family (Gemma's for Gemma models, else
-        ChatML, llama.cpp's default)."""
+        """The template of a GGUF model (a path or an open ``GGUFFile``; ``llmlab.models.resolve`` gives a
+        registered model's path); without ``tokenizer.chat_template`` the built-in its architecture's spec
+        names (``ArchSpec.chat_template``: Gemma's for Gemma 3), else ChatML, llama.cpp's default."""
         from ..ggml.gguf import GGUFFile
-        from .. import models
-        gguf = model if isinstance(model, GGUFFile) else GGUFFile(models.resolve(model))
+        from .arch import ARCHS
+        gguf = model if isinstance(model, GGUFFile) else GGUFFile(model)
         kv = gguf.kv
         source = kv.get("tokenizer.chat_template")
         if source is not None and not isinstance(source, str):
             raise ChatTemplateError(f"tokenizer.chat_template must be a string, not {type(source).__name__}")
         if source is None:
-            source = "gemma" if str(kv.get("general.architecture", "")).startswith("gemma") else "chatml"
+            spec = ARCHS.get(str(kv.get("general.architecture", "")))
+            source = spec.chat_template if spec is not None else "chatml"
         if tokenizer is None:
             from .vocab import Tokenizer
             tokenizer = Tokenizer.from_model(gguf.path)

@@ -5,32 +5,25 @@ arrays) and returns a matplotlib figure or HTML; the numbers come from :mod:`llm
 """
 from __future__ import annotations
 
-from typing import Sequence
-
 import numpy as np
 
 from .. import block as B
 
-# the steps of one layer as the builders name their nodes: (node, label, kind); kind colours the box
-BLOCK_STEPS = {
-    "llama": [("attn_norm", "RMSNorm × w\nattn_norm", "norm"), ("Qcur", "Q, K, V projections\nRoPE on Q and K\nQcur, Kcur, Vcur", "attn"),
-              ("kqv_out", "attention\nkq → kq_soft_max → kqv_out", "attn"), ("attn_out", "output projection\nattn_out", "attn"),
-              ("ffn_inp", "+ (residual)\nffn_inp", "add"), ("ffn_norm", "RMSNorm × w\nffn_norm", "norm"),
-              ("ffn_swiglu", "silu(gate) * up\nffn_gate, ffn_up, ffn_swiglu", "ffn"), ("ffn_out", "down projection\nffn_out", "ffn"),
-              ("l_out", "+ (residual)\nl_out", "add")],
-    "gemma3": [("attn_norm", "RMSNorm × w\nattn_norm", "norm"),
-               ("Qcur", "Q, K, V projections\nRMSNorm of Q and K per head\nRoPE on Q and K", "attn"),
-               ("kqv_out", "attention\nkq → kq_soft_max → kqv_out", "attn"), ("attn_post_norm", "RMSNorm × w\nattn_post_norm", "norm"),
-               ("sa_out", "+ (residual)\nsa_out", "add"), ("ffn_norm", "RMSNorm × w\nffn_norm", "norm"),
-               ("ffn_geglu", "gelu(gate) * up\nffn_gate, ffn_up, ffn_geglu", "ffn"), ("ffn_out", "down projection\nffn_out", "ffn"),
-               ("ffn_post_norm", "RMSNorm × w\nffn_post_norm", "norm"), ("l_out", "+ (residual)\nl_out", "add")],
-}
 _FILL = {"norm": "#fde2a7", "attn": "#e8f1f8", "ffn": "#d5f0c8", "add": "#f4d4d4"}
+
+
+def block_steps(arch: str) -> tuple[tuple[str, str, str], ...]:
+    """One layer of ``arch`` as its spec draws it: ``(node, label, kind)`` in graph order (``ArchSpec.block_steps``)."""
+    from ..llama.arch import get_arch
+    steps = get_arch(arch).block_steps
+    if not steps:
+        raise ValueError(f"architecture {arch!r} has no block_steps in its spec: nothing to draw")
+    return steps
 
 
 def block_dot(arch: str) -> str:
     """Graphviz source of one layer: the stream enters at the top; each ⊕ adds a branch back into it."""
-    steps = BLOCK_STEPS[arch]
+    steps = block_steps(arch)
     lines = ['digraph block {', 'rankdir=TB; bgcolor="transparent"; nodesep=0.3; ranksep=0.22;',
              'node [shape=box, style="rounded,filled", fontname="Helvetica", fontsize=13, color="#555577"];',
              'edge [color="#555555", fontname="Helvetica", fontsize=11];',
@@ -235,11 +228,3 @@ def plot_stream(traces: dict, labels: dict, highlight: dict):
         ax.legend(fontsize=9)
     fig.tight_layout()
     return fig
-
-
-def stream_table(tr, texts: Sequence[str], layers: Sequence[int]):
-    """The RMS of each token's stream row at a few layers (an HTML table)."""
-    from .html import table
-    rms = tr.stream_rms()
-    return table(["token"] + [("embd" if il == 0 else f"after layer {il - 1}") for il in layers],
-                 [[f"{t}: {texts[t] or '·'}"] + [f"{rms[il, t]:.3g}" for il in layers] for t in range(rms.shape[1])])

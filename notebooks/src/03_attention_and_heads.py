@@ -147,7 +147,7 @@ for key in ids:
 blocks = {name: B.trace(mdl[name], ids[(name, "zh")]) for name in mdl}
 display(vb.block_graph("llama"))
 for name, tb in blocks.items():          # every box of the diagrams is a node of the real graph
-    assert all(f"{node}-0" in tb.names for node, _, _ in vb.BLOCK_STEPS[mdl[name].arch])
+    assert all(f"{node}-0" in tb.names for node, _, _ in vb.block_steps(mdl[name].arch))
 layer0 = [f"{n} ({op})" for n, op in blocks["SmolLM2"].names.items() if n.endswith("-0")]
 print(f"SmolLM2's {len(layer0)} named nodes of layer 0, in the order the graph computes them:")
 print(" -> ".join(layer0))
@@ -932,20 +932,18 @@ display(table(["llmlab profile", "vs llama.cpp on AVX2", "vs llama.cpp on AVX-51
 # the two best candidates are almost tied, and the last bits decide:
 
 # %%
-def greedy(cpu, ids, n):
-    ctx = Context(smol, n_ctx=128, cpu=cpu)
-    lg = ctx.decode(Batch.from_tokens(ids, logits="last"))[-1]
-    out, tops = [], []
-    for k in range(n):
-        out.append(int(lg.argmax()))
-        tops.append(np.sort(lg)[-2:][::-1])
-        lg = ctx.decode(Batch.from_tokens([out[-1]], pos0=len(ids) + k, logits="last"))[-1]
-    return out, tops
+from itertools import islice
+from llmlab.generate import greedy
+
+def greedy_tops(cpu, ids, n):
+    """n greedy tokens through the engine's loop, and the two best logits of each step."""
+    steps = list(islice(greedy(Context(smol, n_ctx=128, cpu=cpu), ids), n))
+    return [s.token for s in steps], [np.sort(s.logits)[-2:][::-1] for s in steps]
 
 ids0 = R["avx2"]["p0_ids"].tolist()
 ga, gb = R["avx2"]["p0_greedy"], R["avx512"]["p0_greedy"]
 split = next(k for k in range(min(len(ga), len(gb))) if ga[k] != gb[k])
-runs = {cpu: greedy(cpu, ids0, split + 1) for cpu in ("avx2", "avx512")}
+runs = {cpu: greedy_tops(cpu, ids0, split + 1) for cpu in ("avx2", "avx512")}
 for cpu, (toks, tops) in runs.items():
     assert toks == R[cpu]["p0_greedy"][:split + 1].tolist()   # llmlab follows each CPU's llama.cpp
     t1, t2 = tops[split]

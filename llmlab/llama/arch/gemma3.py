@@ -90,4 +90,14 @@ SPEC = S.ArchSpec(
     hparams=dict(rope_type=S.LLAMA_ROPE_TYPE_NEOX, swa_pattern=6, rope_freq_base_swa=10000.0, embd_scale=True),
     load_hparams=_load_hparams,
     tiny_kv=_tiny_kv,
+    ffn_act="gelu",
+    residual_mid="sa_out",
+    block_steps=(
+        ("attn_norm", "RMSNorm × w\nattn_norm", "norm"),
+        ("Qcur", "Q, K, V projections\nRMSNorm of Q and K per head\nRoPE on Q and K", "attn"),
+        ("kqv_out", "attention\nkq → kq_soft_max → kqv_out", "attn"), ("attn_post_norm", "RMSNorm × w\nattn_post_norm", "norm"),
+        ("sa_out", "+ (residual)\nsa_out", "add"), ("ffn_norm", "RMSNorm × w\nffn_norm", "norm"),
+        ("ffn_geglu", "gelu(gate) * up\nffn_gate, ffn_up, ffn_geglu", "ffn"), ("ffn_out", "down projection\nffn_out", "ffn"),
+        ("ffn_post_norm", "RMSNorm × w\nffn_post_norm", "norm"), ("l_out", "+ (residual)\nl_out", "add")),
+    chat_template="gemma",
 )

@@ -63,10 +63,19 @@ def _tiny_kv(hd: int, n_vocab: int, sliding_window: int) -> dict:
     return {"rope.freq_base": 10000.0, "rope.dimension_count": hd, "vocab_size": n_vocab}
 
 
+# one layer as notebook 03 draws it: the builder's named nodes, in graph order
+BLOCK_STEPS = (
+    ("attn_norm", "RMSNorm × w\nattn_norm", "norm"), ("Qcur", "Q, K, V projections\nRoPE on Q and K\nQcur, Kcur, Vcur", "attn"),
+    ("kqv_out", "attention\nkq → kq_soft_max → kqv_out", "attn"), ("attn_out", "output projection\nattn_out", "attn"),
+    ("ffn_inp", "+ (residual)\nffn_inp", "add"), ("ffn_norm", "RMSNorm × w\nffn_norm", "norm"),
+    ("ffn_swiglu", "silu(gate) * up\nffn_gate, ffn_up, ffn_swiglu", "ffn"), ("ffn_out", "down projection\nffn_out", "ffn"),
+    ("l_out", "+ (residual)\nl_out", "add"))
+
 SPEC = S.ArchSpec(
     name="llama",
     builder=BuildLlama,
     layer_tensors=S.LAYER_TENSORS + tuple(t.not_required() for t in (S.ATTN_Q_B, S.ATTN_K_B, S.ATTN_V_B, S.ATTN_OUT_B)),
     hparams=dict(rope_type=S.LLAMA_ROPE_TYPE_NORM),
     tiny_kv=_tiny_kv,
+    block_steps=BLOCK_STEPS,
 )

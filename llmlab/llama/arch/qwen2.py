@@ -7,7 +7,7 @@ Graph: ``llm_build_qwen2`` (src/models/qwen2.cpp).
 from __future__ import annotations
 
 from . import spec as S
-from .llama import BuildLlama
+from .llama import BLOCK_STEPS, BuildLlama
 
 
 class BuildQwen2(BuildLlama):
@@ -32,4 +32,7 @@ SPEC = S.ArchSpec(
     model_tensors=S.MODEL_TENSORS + (S.OUTPUT_B,),
     hparams=dict(rope_type=S.LLAMA_ROPE_TYPE_NEOX),
     tiny_kv=_tiny_kv,
+    # llama's layer with biased projections; qwen2.cpp leaves the projected attention output unnamed
+    block_steps=(BLOCK_STEPS[0], ("Qcur", "Q, K, V projections + biases\nRoPE on Q and K\nQcur, Kcur, Vcur", "attn"),
+                 ("kqv_out", "attention, output projection\nkq → kq_soft_max → kqv_out", "attn")) + BLOCK_STEPS[4:],
 )

@@ -101,7 +101,12 @@ class ArchSpec:
     - ``layer_tensors`` / ``model_tensors``: its rows of the tensor table, in load order;
     - ``builder``: its ``llm_build_*`` (an :class:`~llmlab.llama.graph.LLMGraph` subclass);
     - ``tiny_kv(head_dim, n_vocab, sliding_window)``: the extra ``{arch}.*`` metadata of a tiny test model
-      (key suffix -> int or float); the tiny model's tensors are the required rows.
+      (key suffix -> int or float); the tiny model's tensors are the required rows;
+    - what the teaching views read off its graph (``llmlab.block``, ``llmlab.viz.block``): ``ffn_act``, the gate
+      activation its builder passes to ``build_ffn`` (LLM_FFN_SILU / LLM_FFN_GELU); ``residual_mid``, its
+      name for the stream after attention's residual add; ``block_steps``, one layer as a diagram:
+      ``(node, label, kind)`` in graph order, kind one of norm, attn, ffn, add (a residual addition);
+    - ``chat_template``: the llama.cpp built-in template a file of it without ``tokenizer.chat_template`` uses.
     """
 
     name: str
@@ -111,6 +116,10 @@ class ArchSpec:
     hparams: dict[str, Any] = field(default_factory=dict)
     load_hparams: Callable[["HParams", dict], None] | None = None
     tiny_kv: Callable[[int, int, int], dict[str, int | float]] = lambda hd, n_vocab, sliding_window: {}
+    ffn_act: str = "silu"
+    residual_mid: str = "ffn_inp"
+    block_steps: tuple[tuple[str, str, str], ...] = ()
+    chat_template: str = "chatml"
 
     @property
     def layer_attrs(self) -> tuple[str, ...]:

@@ -34,7 +34,7 @@ register("gpt2", None, BPE)   # a missing pre falls back to 'default'; an unknow
 class Tokenizer:
     """A GGUF model's tokenizer.
 
-    >>> tok = Tokenizer.from_model("smollm2")
+    >>> tok = Tokenizer.from_model(models.resolve("smollm2"))     # llmlab.models: a registry name -> its file
     >>> tok.tokenize("Hello world")
     [19556, 905]
     """
@@ -50,10 +50,10 @@ class Tokenizer:
         self._pieces: dict[tuple[int, bool], bytes] = {}
 
     @classmethod
-    def from_model(cls, name_or_path: str | os.PathLike | None = None) -> "Tokenizer":
-        """A registered model name ("smollm2", "gemma3") or a path to a .gguf file."""
-        from ... import models
-        return cls(Vocab.from_file(models.resolve(name_or_path)))
+    def from_model(cls, path: str | os.PathLike) -> "Tokenizer":
+        """The tokenizer of a .gguf file (``llmlab.models.resolve`` gives a registered model's: the model
+        library does not fetch models)."""
+        return cls(Vocab.from_file(path))
 
     @property
     def kind(self) -> str:
