@@ -71,3 +71,117 @@ def test_qwen2_from_its_spec_alone(tmp_path):
     w.write(tmp_path / "missing.gguf")
     with pytest.raises(LLMLabError, match=r"missing tensor 'blk.1.attn_k.bias' \(expected shape \[32\]\)"):
         Model(tmp_path / "missing.gguf")
+
+
+# ---- a new architecture is its spec and one registry line ------------------------------------------------------
+
+@pytest.mark.parametrize("base", ["llama", "gemma3", "qwen2"])
+def test_a_new_architecture_needs_only_its_spec_and_registry_line(tmp_path, smollm2_path, base):
+    """A copy of a built-in spec under a name nothing in llmlab knows, registered at run time: the block
+    references (``block.trace``), the pictures (``viz.block``), the KV-cache views (``viz.kv``) and the chat
+    template's default work on a tiny model of it, and give what they give for the original."""
+    import dataclasses
+
+    import matplotlib
+    matplotlib.use("Agg")
+    from llmlab import block as B
+    from llmlab.ggml.gguf import GGUFFile, GGUFWriter
+    from llmlab.llama.chat import ChatTemplate
+    from llmlab.viz import block as vb, kv as vk
+
+    def tiny(arch):       # a real tokenizer, without the file's own chat template: the spec's default applies
+        w = GGUFWriter.from_file(GGUFFile(write_tiny(tmp_path / f"src-{arch}.gguf", arch, n_layer=6, seed=7,
+                                                     sliding_window=4, vocab_from=smollm2_path)))
+        del w.kv["tokenizer.chat_template"]
+        return w.write(tmp_path / f"{arch}.gguf") or tmp_path / f"{arch}.gguf"
+
+    register_arch(dataclasses.replace(get_arch(base), name="newarch"))
+    try:
+        paths = {a: tiny(a) for a in (base, "newarch")}
+        models = {a: Model(p) for a, p in paths.items()}
+        traces = {a: B.trace(m, TOKENS) for a, m in models.items()}
+        old, new = traces[base], traces["newarch"]
+        assert (new.act, new.rope_mode, sorted(new.layers)) == (old.act, old.rope_mode, sorted(old.layers))
+        for il in old.layers:
+            for f in ("x", "attn_norm", "q", "k", "glu", "attn", "mid", "ffn", "out"):
+                assert np.array_equal(getattr(new[il], f), getattr(old[il], f)), (il, f)
+            assert np.array_equal(B.glu(new[il].gate, new[il].up, new.act), new[il].glu)
+        assert vb.block_dot("newarch") == vb.block_dot(base)
+        assert all(f"{node}-0" in new.names for node, _, _ in vb.block_steps("newarch"))
+        vb.plot_glu(new, 1, 2)
+        shapes = {a: vk.model_kv_shape(p) for a, p in paths.items()}
+        assert {k: v for k, v in shapes["newarch"].items() if k != "name"} == \
+            {k: v for k, v in shapes[base].items() if k != "name"}
+        assert shapes["newarch"].get("n_layer_swa", 0) == sum(models["newarch"].hparams.is_swa(il) for il in range(6))
+        assert vk.kv_size_rows([shapes["newarch"]], [64])[0]["bytes"] == vk.kv_size_rows([shapes[base]], [64])[0]["bytes"]
+        ctx = Context(models["newarch"], n_ctx=64)
+        ctx.decode(Batch.from_tokens(TOKENS, logits="last"))
+        for il in range(6):
+            vk.plot_cells(ctx.kv.layer_cache(il))
+        assert ChatTemplate.from_model(paths["newarch"]).source == ChatTemplate.from_model(paths[base]).source
+    finally:
+        ARCHS.pop("newarch", None)
+        import matplotlib.pyplot as plt
+        plt.close("all")
+
+
+# the modules whose strings may equal an architecture's name without meaning one
+NOT_AN_ARCHITECTURE = {
+    "llmlab/llama/vocab/vocab.py": "'llama' is a vocabulary type (tokenizer.ggml.model: SentencePiece)",
+    "llmlab/llama/vocab/tokenizer.py": "'llama' is a vocabulary type (tokenizer.ggml.model: SentencePiece)",
+    "llmlab/data/__init__.py": "'gemma3' is a model of llmlab.models' registry, whose reference files are named",
+}
+
+
+def names_in_logic(source: str, names) -> list[tuple[int, str]]:
+    """``(line, name)`` for each of ``names`` (or a prefix of one, 4 letters or more, in ``startswith``) that ``source`` tests in
+    its logic: compared with (``==``, ``in``), used as a key of a dict or an index, or as the prefix of a
+    ``startswith`` / ``endswith``. Docstrings, messages and keyword arguments are not logic."""
+    import ast
+
+    def consts(node):
+        items = node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else [node]
+        return [n.value for n in items if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        hits = []
+        if isinstance(node, ast.Compare):
+            hits = [c for side in [node.left, *node.comparators] for c in consts(side) if c in names]
+        elif isinstance(node, ast.Dict):
+            hits = [c for k in node.keys if k is not None for c in consts(k) if c in names]
+        elif isinstance(node, ast.Subscript):
+            hits = [c for c in consts(node.slice) if c in names]
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                node.func.attr in ("startswith", "endswith") and node.args:
+            hits = [c for c in consts(node.args[0]) if len(c) >= 4 and any(n.startswith(c) for n in names)]
+        found += [(node.lineno, c) for c in hits]
+    return sorted(found)
+
+
+def test_no_module_outside_the_specs_names_an_architecture():
+    """Architecture knowledge lives in ``llmlab/llama/arch/``: no other module of the package tests an
+    architecture's name (``NOT_AN_ARCHITECTURE``: the strings that only look like one)."""
+    from pathlib import Path
+
+    import llmlab
+    root = Path(llmlab.__file__).resolve().parent
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root.parent).as_posix()
+        if not rel.startswith("llmlab/llama/arch/") and rel not in NOT_AN_ARCHITECTURE:
+            found += [f"{rel}:{line}: {name!r}" for line, name in names_in_logic(path.read_text(encoding="utf-8"), ARCHS)]
+    assert found == []
+
+
+def test_the_architecture_check_finds_what_it_should():
+    """The check itself: each test the specs replaced is found; other strings and names are not."""
+    src = ('act = "gelu" if model.arch == "gemma3" else "silu"\n'
+           'MID = {"llama": "ffn_inp", "gemma3": "sa_out"}\n'
+           'x = STEPS["qwen2"]\n'
+           'if a in ("llama", "qwen2"): pass\n'
+           'y = str(arch).startswith("gemma")\n'
+           'ok = vocab.model == "bert" and {"gpt2": 1}["gpt2"] and f(arch="llama")\n'
+           '"""llama, gemma3 and qwen2 in a docstring"""\n')
+    assert names_in_logic(src, ARCHS) == [(1, "gemma3"), (2, "gemma3"), (2, "llama"), (3, "qwen2"), (4, "llama"),
+                                          (4, "qwen2"), (5, "gemma")]
