@@ -44,10 +44,3 @@ def fastdiv(n, fd: tuple[int, int, int]) -> np.ndarray:
 def fastmodulo(n, fd: tuple[int, int, int]) -> np.ndarray:
     """``fastmodulo``: n - fastdiv(n) * d."""
     return (np.asarray(n, np.uint64) - fastdiv(n, fd).astype(np.uint64) * np.uint64(fd[2])).astype(np.uint32)
-
-
-def first_failure(d: int, n_max: int) -> int | None:
-    """The smallest n < n_max where fastdiv(n, d) != n // d, or None: the kernel's indices stay far below it."""
-    n = np.arange(n_max, dtype=np.uint64)
-    bad = np.nonzero(fastdiv(n, init_fastdiv_values(d)).astype(np.uint64) != n // np.uint64(d))[0]
-    return int(bad[0]) if bad.size else None

@@ -27,14 +27,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import LLMLabError, config
+from .defs import GGML_GLU_OP, GGML_MAX_NAME, GGML_MAX_OP_PARAMS, GGML_MAX_SRC, GGML_OP, GGML_OPS, GGML_UNARY_OP
 from .sched.backend import Backend
-from .tensor import GGML_MAX_SRC, Tensor
+from .tensor import Tensor
 
 # ---- ggml-rpc.h / ggml.h of the vendored llama.cpp
 RPC_PROTO_MAJOR_VERSION, RPC_PROTO_MINOR_VERSION, RPC_PROTO_PATCH_VERSION = 7, 0, 0
 RPC_CONN_CAPS_SIZE = 24                  # transport.h: zeros = plain TCP (no RDMA upgrade)
-GGML_MAX_OP_PARAMS = 64
-GGML_MAX_NAME = 64
 GGML_TENSOR_FLAG_COMPUTE = 16            # ggml_visit_parents_graph sets it on every node; ggml-cpu skips nodes without it
 HASH_THRESHOLD = 10 * 1024 * 1024        # weights above this try SET_TENSOR_HASH first (rpc-server -c keeps a cache)
 GGML_PREC_F32 = 10
@@ -53,27 +52,6 @@ RPC_TENSOR_FIELDS = (("id", "Q", 1), ("type", "I", 1), ("buffer", "Q", 1), ("ne"
                      ("op", "I", 1), ("op_params", "i", 16), ("flags", "i", 1), ("src", "Q", 10),
                      ("view_src", "Q", 1), ("view_offs", "Q", 1), ("data", "Q", 1), ("name", "64s", 1),
                      ("use_count", "i", 1))
-
-# enum ggml_op (101 ops: ggml-rpc.h static_asserts GGML_OP_COUNT == 101), and the unary / glu sub-enums
-GGML_OPS = (
-    "NONE DUP ADD ADD_ID ADD1 ACC SUB MUL DIV SQR SQRT LOG SIN COS SUM SUM_ROWS CUMSUM MEAN ARGMAX COUNT_EQUAL "
-    "REPEAT REPEAT_BACK CONCAT SILU_BACK NORM RMS_NORM RMS_NORM_BACK GROUP_NORM L2_NORM MUL_MAT MUL_MAT_ID "
-    "OUT_PROD SCALE SET CPY CONT RESHAPE VIEW PERMUTE TRANSPOSE GET_ROWS GET_ROWS_BACK SET_ROWS DIAG "
-    "DIAG_MASK_INF DIAG_MASK_ZERO SOFT_MAX SOFT_MAX_BACK ROPE ROPE_BACK CLAMP CONV_TRANSPOSE_1D IM2COL "
-    "IM2COL_BACK IM2COL_3D COL2IM_1D CONV_2D CONV_3D CONV_2D_DW CONV_TRANSPOSE_2D POOL_1D POOL_2D POOL_2D_BACK "
-    "UPSCALE PAD PAD_REFLECT_1D ROLL ARANGE TIMESTEP_EMBEDDING ARGSORT TOP_K LEAKY_RELU TRI FILL FLASH_ATTN_EXT "
-    "FLASH_ATTN_BACK SSM_CONV SSM_SCAN WIN_PART WIN_UNPART GET_REL_POS ADD_REL_POS RWKV_WKV6 GATED_LINEAR_ATTN "
-    "RWKV_WKV7 SOLVE_TRI GATED_DELTA_NET LIGHTNING_INDEXER DSV4_HC_COMB DSV4_HC_PRE DSV4_HC_POST UNARY "
-    "MAP_CUSTOM1 MAP_CUSTOM2 MAP_CUSTOM3 CUSTOM CROSS_ENTROPY_LOSS CROSS_ENTROPY_LOSS_BACK OPT_STEP_ADAMW "
-    "OPT_STEP_SGD GLU").split()
-assert len(GGML_OPS) == 101
-GGML_OP = {name: i for i, name in enumerate(GGML_OPS)}
-GGML_UNARY_OP = {name: i for i, name in enumerate(
-    "ABS SGN NEG STEP TANH ELU RELU SIGMOID GELU GELU_QUICK SILU HARDSWISH HARDSIGMOID EXP EXPM1 SOFTPLUS "
-    "GELU_ERF XIELU FLOOR CEIL ROUND TRUNC".split())}
-GGML_GLU_OP = {name: i for i, name in enumerate(
-    "REGLU GEGLU SWIGLU SWIGLU_OAI GEGLU_ERF GEGLU_QUICK SWIGLU_CLAMP".split())}
-
 
 def _f(x: float) -> int:
     """A float32's bits as the int32 ggml stores in op_params."""

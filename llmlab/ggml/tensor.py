@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .defs import GGML_MAX_DIMS, GGML_MAX_SRC  # noqa: F401  (ggml.h's limits, read here as ggml_tensor's)
 from .types import GGMLType, SCALAR_DTYPES, ggml_type
-
-GGML_MAX_DIMS = 4
-GGML_MAX_SRC = 10
 
 # tensor flags, as ggml's enum ggml_tensor_flag
 FLAG_INPUT = 1

@@ -37,11 +37,8 @@ from pathlib import Path
 import numpy as np
 
 from .. import LLMLabError
+from ..ggml.defs import GGML_MAX_DIMS, GGML_MAX_NAME, GGML_MAX_OP_PARAMS, GGML_MAX_SRC
 
-GGML_MAX_DIMS = 4
-GGML_MAX_OP_PARAMS = 64
-GGML_MAX_SRC = 10
-GGML_MAX_NAME = 64
 GGML_OBJECT_SIZE = 32   # struct ggml_object: offs, size, next, type + 4 bytes padding
 
 

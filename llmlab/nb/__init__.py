@@ -163,16 +163,9 @@ def warm_kernels(model: str = "smollm2") -> float:
 
 # ---------------------------------------------------------------- versions and the oracle
 
-def _version(dist: str) -> str | None:
-    from importlib import metadata
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return None
-
-
 def versions() -> dict[str, str | None]:
     from .. import __version__
+    from ..doctor import _version          # the environment check's reader of installed versions
     out = {"python": platform.python_version(), "llmlab": __version__}
     for dist in ("numpy", "numba", "matplotlib", "ipywidgets", "llama-cpp-python", "gguf"):
         out[dist] = _version(dist)

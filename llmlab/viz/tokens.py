@@ -133,18 +133,6 @@ def plot_replay(symbols0: list[str], steps, title: str = "", ax=None):
     return ax.figure
 
 
-def byte_fallback_rows(tok: Tokenizer, text: str) -> list[list]:
-    """Each token of ``text`` with its type: shows rare characters falling back to <0xXX> byte tokens."""
-    names = {Attr.NORMAL: "normal", Attr.BYTE: "byte", Attr.CONTROL: "control", Attr.USER_DEFINED: "user-defined",
-             Attr.UNKNOWN: "unknown"}
-    rows = []
-    for i in tok.tokenize(text):
-        attr = int(tok.vocab.attrs[i])
-        kind = next((n for a, n in names.items() if attr & a), "other")
-        rows.append([i, repr(tok.vocab.tokens[i]), kind, tok.token_to_piece(i).hex(" ")])
-    return rows
-
-
 def characters_html(tok: Tokenizer, text: str, px: int = 36) -> HTML:
     """Each character of ``text`` (spaces left out): drawn from a font outline (``fonts.glyph_svg``,
     so it shows even where the browser has no font for it), its code point, Unicode name, UTF-8

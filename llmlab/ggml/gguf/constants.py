@@ -6,11 +6,12 @@ from enum import IntEnum
 import numpy as np
 
 from ... import LLMLabError
+from ..defs import GGML_MAX_DIMS
 
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
 DEFAULT_ALIGNMENT = 32
-MAX_DIMS = 4
+MAX_DIMS = GGML_MAX_DIMS        # gguf.cpp checks n_dims against ggml.h's limit
 
 
 class ValueType(IntEnum):

@@ -1,0 +1,31 @@
+"""What ggml.h defines for everyone, once: its limits (``GGML_MAX_*``) and the op enums (``enum ggml_op``
+and the ``ggml_unary_op`` / ``ggml_glu_op`` sub-enums), numbered as the llama.cpp that llama-cpp-python
+vendors numbers them. The tensor, the GGUF reader and writer, the RPC wire format and the ctypes mirror of
+``struct ggml_tensor`` read them from here; llmlab's own op names (``Tensor.op``) are these names.
+"""
+from __future__ import annotations
+
+GGML_MAX_DIMS = 4
+GGML_MAX_SRC = 10
+GGML_MAX_OP_PARAMS = 64          # bytes
+GGML_MAX_NAME = 64
+
+# enum ggml_op (101 ops: ggml-rpc.h static_asserts GGML_OP_COUNT == 101), and the unary / glu sub-enums
+GGML_OPS = (
+    "NONE DUP ADD ADD_ID ADD1 ACC SUB MUL DIV SQR SQRT LOG SIN COS SUM SUM_ROWS CUMSUM MEAN ARGMAX COUNT_EQUAL "
+    "REPEAT REPEAT_BACK CONCAT SILU_BACK NORM RMS_NORM RMS_NORM_BACK GROUP_NORM L2_NORM MUL_MAT MUL_MAT_ID "
+    "OUT_PROD SCALE SET CPY CONT RESHAPE VIEW PERMUTE TRANSPOSE GET_ROWS GET_ROWS_BACK SET_ROWS DIAG "
+    "DIAG_MASK_INF DIAG_MASK_ZERO SOFT_MAX SOFT_MAX_BACK ROPE ROPE_BACK CLAMP CONV_TRANSPOSE_1D IM2COL "
+    "IM2COL_BACK IM2COL_3D COL2IM_1D CONV_2D CONV_3D CONV_2D_DW CONV_TRANSPOSE_2D POOL_1D POOL_2D POOL_2D_BACK "
+    "UPSCALE PAD PAD_REFLECT_1D ROLL ARANGE TIMESTEP_EMBEDDING ARGSORT TOP_K LEAKY_RELU TRI FILL FLASH_ATTN_EXT "
+    "FLASH_ATTN_BACK SSM_CONV SSM_SCAN WIN_PART WIN_UNPART GET_REL_POS ADD_REL_POS RWKV_WKV6 GATED_LINEAR_ATTN "
+    "RWKV_WKV7 SOLVE_TRI GATED_DELTA_NET LIGHTNING_INDEXER DSV4_HC_COMB DSV4_HC_PRE DSV4_HC_POST UNARY "
+    "MAP_CUSTOM1 MAP_CUSTOM2 MAP_CUSTOM3 CUSTOM CROSS_ENTROPY_LOSS CROSS_ENTROPY_LOSS_BACK OPT_STEP_ADAMW "
+    "OPT_STEP_SGD GLU").split()
+assert len(GGML_OPS) == 101
+GGML_OP = {name: i for i, name in enumerate(GGML_OPS)}
+GGML_UNARY_OP = {name: i for i, name in enumerate(
+    "ABS SGN NEG STEP TANH ELU RELU SIGMOID GELU GELU_QUICK SILU HARDSWISH HARDSIGMOID EXP EXPM1 SOFTPLUS "
+    "GELU_ERF XIELU FLOOR CEIL ROUND TRUNC".split())}
+GGML_GLU_OP = {name: i for i, name in enumerate(
+    "REGLU GEGLU SWIGLU SWIGLU_OAI GEGLU_ERF GEGLU_QUICK SWIGLU_CLAMP".split())}
