@@ -129,11 +129,11 @@ def rpc_timeout() -> float:
 
 def parallel_min_work() -> int:
     """LLMLAB_PARALLEL_MIN_WORK: R * K * T multiply-adds of a quantized product below which it runs on one
-    thread (cplan scales it for other ops). On a quiet 2-core machine threading pays from about 262144
-    (matvecs per token: SmolLM2 12.2 -> 8.1 ms, Gemma 20.8 -> 15.5 ms; only the K/V projections stay
-    serial). Where the other core is busy (a shared machine), a threaded call can cost milliseconds waiting
-    for the second thread: 2097152 keeps every layer serial. Read when a kernel is bound (a plan build),
-    never per call."""
+    thread (cplan scales it for other ops). Threads pay only when a product's work covers waking and joining
+    them: the default, 2^18, threads the per-token matvecs of the small models but their K/V projections.
+    Where other processes hold the cores, a threaded call waits for a thread the OS has not scheduled: a
+    larger value (2097152) keeps every layer serial. Read when a kernel is bound (a plan build), never per
+    call."""
     return _env_int("LLMLAB_PARALLEL_MIN_WORK", 1 << 18, 0)
 
 

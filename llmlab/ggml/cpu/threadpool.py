@@ -3,9 +3,9 @@
 ggml's threadpool runs a graph on the count it is given (llama.cpp's ``-t``, by default
 ``cpu_get_num_math()``: the physical cores). On a quiet machine a parallel region costs microseconds.
 Beside other work (a browser, a second notebook, a compiler) a region waits for whichever of its
-threads the OS has not scheduled yet, and a decode step has hundreds of regions: on this project's
-2-core machine, with other processes busy, SmolLM2 decoded at 0.2-2 tok/s on 2 threads and at 15-22
-tok/s on 1 thread, in the same minutes.
+threads the OS has not scheduled yet, and a decode step has hundreds of regions: so on a busy machine
+fewer threads can be many times faster than more, and which count wins changes from minute to minute.
+No fixed count is right; only timing the steps tells.
 
 llmlab's results never depend on the thread count (each output row is summed by one thread in a
 fixed order), so the count may change between any two steps. :class:`Governor` times each step with
@@ -15,8 +15,8 @@ region than one token; a kind with no timings yet follows the one-token steps' c
 machine is belongs to the process, not to one context: :func:`governor` gives every context the same one.
 
 The first steps start from the cores other work leaves free (:func:`start_count`, read once per
-process): a learner's first generation is short, and on a busy 2-core machine its first 2-thread steps
-(a prompt, a few tokens) took seconds each before any timing could say so. Fewer threads than the
+process): a learner's first generation is short, and steps on more threads than there are free cores
+would each wait in every region before any timing could say so. Fewer threads than the
 start are tried at once; more only on the probe schedule, and only when the cores are free then.
 """
 from __future__ import annotations
@@ -108,7 +108,7 @@ class Governor:
             self._next += 1
             n = others[self._next % len(others)]
             if n > self.current[kind] and self.busy is not None:
-                b = self.busy()                 # beside two busy processes one 2-thread step took 3.3 s
+                b = self.busy()                 # a probe beyond the free cores waits in every region: skip it
                 if b is not None and start_count(n, b) < n:
                     self.n_skipped += 1
                     self.wait[kind] = min(PROBE_MAX, 2 * self.wait[kind])
