@@ -53,6 +53,7 @@ from llmlab.ggml.sched import Scheduler, CPUBackend, AccelBackend
 from llmlab.ggml.sched import backend as gb
 from llmlab.viz.html import table
 from llmlab.nb import exercises as ex
+from llmlab import block as B, attention as Att
 
 # %% [markdown]
 # ## 1. One layer by hand: creating an op records a node, nothing more
@@ -136,26 +137,16 @@ for t in gf.leafs:
 graph_compute(gf)
 print("l_out-0[0, :5] =", out.numpy()[0, :5])
 
-# the same layer written as plain NumPy formulas
-X = x.numpy(); W = {k: t.numpy() for k, t in w.items()}
-rms = lambda a: a / np.sqrt((a * a).mean(-1, keepdims=True) + 1e-5)
-h = rms(X) * W["attn_norm"]
-def rope(a):     # adjacent pairs, theta = p * base^(-2i/d)
-    th = np.arange(n_tok)[:, None] * 10000.0 ** (-np.arange(0, head_dim, 2) / head_dim)
-    c, s = np.cos(th)[:, None], np.sin(th)[:, None]
-    o = a.copy(); o[..., 0::2] = a[..., 0::2] * c - a[..., 1::2] * s; o[..., 1::2] = a[..., 0::2] * s + a[..., 1::2] * c
-    return o
-Q = rope((h @ W["wq"].T).reshape(n_tok, n_head, head_dim)); K = rope((h @ W["wk"].T).reshape(n_tok, n_head_kv, head_dim))
+# the same layer from notebook 03's references: RMSNorm, RoPE (NORM: adjacent pairs) and attention
+X, W, P = x.numpy(), {k: t.numpy() for k, t in w.items()}, np.arange(n_tok)
+h = B.rms_norm(X, 1e-5, W["attn_norm"])
+Q = B.rope_f64((h @ W["wq"].T).reshape(n_tok, n_head, head_dim), P, "norm", 10000.0)
+K = B.rope_f64((h @ W["wk"].T).reshape(n_tok, n_head_kv, head_dim), P, "norm", 10000.0)
 V = (h @ W["wv"].T).reshape(n_tok, n_head_kv, head_dim)
-heads = []
-for hh in range(n_head):
-    s = Q[:, hh] @ K[:, hh // 2].T / np.sqrt(head_dim) + np.triu(np.full((n_tok, n_tok), -np.inf), 1)
-    p = np.exp(s - s.max(-1, keepdims=True)); p /= p.sum(-1, keepdims=True)
-    heads.append(p @ V[:, hh // 2])
-A = np.concatenate(heads, -1) @ W["wo"].T + X
-g_ = rms(A) * W["ffn_norm"]
-gate, up = g_ @ W["ffn_gate"].T, g_ @ W["ffn_up"].T
-ref = (gate / (1 + np.exp(-gate)) * up) @ W["ffn_down"].T + A
+heads = Att.attention(*(a.transpose(1, 0, 2) for a in (Q, K, V)), Att.causal_mask(n_tok), head_dim ** -0.5)
+A = Att.merge_heads(heads) @ W["wo"].T + X
+g_ = B.rms_norm(A, 1e-5, W["ffn_norm"])
+ref = (B.silu_f64(g_ @ W["ffn_gate"].T) * (g_ @ W["ffn_up"].T)) @ W["ffn_down"].T + A
 assert np.allclose(out.numpy(), ref, rtol=1e-4, atol=1e-5)
 print("the graph's layer equals the NumPy layer:", np.abs(out.numpy() - ref).max())
 
