@@ -6,15 +6,17 @@ import json
 import os
 import subprocess
 import sys
+from itertools import islice
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from conftest import ref_logits
 from llmlab import LLMLabError, models
-from llmlab.generate import Generation, generate
+from llmlab.generate import Generation, generate, greedy, prefill_decode_run
 from llmlab.llama.sampling import SamplingParams, common_sampler_init
-from llmlab.llama import Context, Model
+from llmlab.llama import Batch, Context, Model
 from llmlab.llama.tiny import write_tiny
 from llmlab.llama.vocab import Tokenizer
 
@@ -41,6 +43,31 @@ def run(tiny, script, prompt="Hi", n_predict=-1, stop=(), ctx=None):
     out = Generation()
     items = list(generate(ctx, tok, tok.tokenize(prompt), n_predict, scripted(script), stop, result=out))
     return items, out, ctx
+
+
+def test_greedy_is_the_hand_written_loop_bit_for_bit(tiny):
+    """bench, the RPC lab, notebooks 03 and 04 take their greedy tokens from generate.greedy: the tokens,
+    logits and positions of prefill then one-token decodes with argmax, and generate's default sampler agrees."""
+    model, tok = tiny
+    ids = tok.tokenize("The capital of France is", add_bos=True)
+    ctx = Context(model, n_ctx=64)
+    logits = ctx.decode(Batch.from_tokens(ids, logits="last"))[-1]
+    want, want_logits = [], []
+    for i in range(6):
+        want.append(int(np.argmax(logits)))
+        want_logits.append(logits)
+        logits = ctx.decode(Batch.from_tokens([want[-1]], pos0=len(ids) + i, logits="last"))[-1]
+    steps = list(islice(greedy(Context(model, n_ctx=64), ids), 7))
+    assert [s.token for s in steps[:6]] == want and steps[0].tokens == ids
+    assert all(np.array_equal(s.logits, lg) for s, lg in zip(steps, want_logits + [logits]))
+    assert [s.pos0 for s in steps] == [0] + [len(ids) + i for i in range(6)] and all(s.decode_s > 0 for s in steps)
+    got = [t for t, _ in generate(Context(model, n_ctx=64), tok, ids, 6)]
+    assert got == want[:len(got)] and (len(got) == 6 or got[-1] in tok.vocab.eog)
+    run = prefill_decode_run(model.path, ids, n_decode=4, n_ctx=64)
+    assert run["generated"] == want[:4] and np.array_equal(run["last_logits"], want_logits[4])
+    assert run["n_prompt"] == len(ids) and len(run["decode_s"]) == 4
+    fresh = Context(model, n_ctx=64).decode(Batch.from_tokens(ids + want[:4], logits="last"))[-1]
+    assert np.array_equal(run["fresh_logits"], fresh)
 
 
 def test_stops_at_an_end_of_generation_token(tiny):

@@ -389,3 +389,22 @@ def test_to_dot_and_render():
         assert "<svg" in svg and "act&#45;0" in svg and "SILU f32 [4]" in svg
     else:                                          # no Graphviz: a message that says so and counts the edges
         assert "not installed" in out and f"{dot.count('->')} edges" in out
+
+
+def test_backend_colours_have_one_home():
+    """Both scheduler drawings read ggml.graphviz.backend_colors: CPU and ACCEL their own, RPC devices in
+    turn, the same for a schedule's backends whatever drew before (nothing is patched at run time)."""
+    from types import SimpleNamespace
+
+    from llmlab.ggml.graphviz import BACKEND_COLORS, RPC_COLORS, backend_colors
+    names = ["RPC0[127.0.0.1:50052]", "RPC1[127.0.0.1:50053]", "CPU"]
+    assert backend_colors(names) == {names[0]: RPC_COLORS[0], names[1]: RPC_COLORS[1], "CPU": BACKEND_COLORS["CPU"]}
+    assert backend_colors(["ACCEL", "CPU", "mystery"]) == {"ACCEL": BACKEND_COLORS["ACCEL"], "CPU": BACKEND_COLORS["CPU"]}
+    ctx = GGMLContext()
+    a = leaf(ctx, "a", 4)
+    b = ggml.set_name(ggml.silu(ctx, a), "act-0")
+    g = build_forward(ggml.set_name(ggml.silu(ctx, b), "act2-0"))
+    sched = SimpleNamespace(backends=[SimpleNamespace(name=n) for n in names],
+                            backend_of=lambda t: names[1] if t.name == "act-0" else "?")
+    dot = to_dot(g, color_by="backend", schedule=sched)
+    assert f'fillcolor="{RPC_COLORS[1]}"' in dot and 'fillcolor="#dddddd"' in dot

@@ -92,6 +92,26 @@ def test_traffic_tables_and_tokens_through_two_servers(rpc_bin, smollm2_path):
         rpc_lab.stop_all(servers)
 
 
+def test_labelled_names_each_decode_and_clears_after():
+    """The traffic of the first decode is "prompt", then "token 1", ...; unlabelled after, even on an error."""
+    from types import SimpleNamespace
+    devs = [SimpleNamespace(conn=SimpleNamespace(traffic=SimpleNamespace(phase=""))) for _ in range(2)]
+    seen = []
+
+    def steps():
+        while True:
+            seen.append([d.conn.traffic.phase for d in devs])
+            if len(seen) == 5:
+                raise RuntimeError("a decode failed")
+            yield len(seen)
+    assert rpc_lab.labelled(devs, steps(), 3) == [1, 2, 3]
+    assert seen == [["prompt"] * 2, ["token 1"] * 2, ["token 2"] * 2] and all(d.conn.traffic.phase == "" for d in devs)
+    it = steps()
+    with pytest.raises(RuntimeError, match="a decode failed"):
+        rpc_lab.labelled(devs, it, 5)
+    assert all(d.conn.traffic.phase == "" for d in devs)
+
+
 def test_record_rows_byte_offsets():
     rec = rpc.RPC_TENSOR.pack(7, 0, 0xAB, 4, 3, 1, 1, 4, 16, 48, 48, 0, *([0] * 16), 16, 5, 6, *([0] * 8), 0, 0,
                               0x1000, b"x", 2)
