@@ -14,8 +14,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from llmlab.llama.batch import Batch, BatchAllocator, BatchError, UBatch, split_simple
-from llmlab.llama.kv_cache import (ContextFullError, KVCache, KVCacheISWA, Memory, context_shift, is_masked_swa,
-                             kv_cache_bytes, swa_cache_size)
+from llmlab.llama.hparams import is_masked_swa
+from llmlab.llama.kv_cache import KVCache, kv_cache_bytes
+from llmlab.llama.kv_cache_iswa import KVCacheISWA, swa_cache_size
+from llmlab.llama.memory import ContextFullError, Memory, context_shift
 
 INT_MAX = 2**31 - 1
 

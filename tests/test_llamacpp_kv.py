@@ -9,7 +9,8 @@ llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not ins
 
 from llmlab.llama.batch import Batch, BatchAllocator, BatchError  # noqa: E402
 from llmlab.ggml.gguf import GGUFFile  # noqa: E402
-from llmlab.llama.kv_cache import KVCache, KVCacheISWA, kv_cache_bytes, make_kv_cache  # noqa: E402
+from llmlab.llama.kv_cache import KVCache, kv_cache_bytes  # noqa: E402
+from llmlab.llama.kv_cache_iswa import KVCacheISWA, make_kv_cache  # noqa: E402
 from llmlab.llamacpp.eval_callback import _logs, kv_cache_report  # noqa: E402
 
 MiB = 1024 * 1024

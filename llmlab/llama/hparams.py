@@ -6,6 +6,9 @@ sliding-window pattern, its own keys) comes from its spec (``llmlab.llama.arch``
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
 
 from .. import LLMLabError
 from ..ggml.gguf.meta import Metadata
@@ -107,3 +110,37 @@ def load_hparams(kv: dict, n_vocab: int | None = None) -> HParams:
     if spec.load_hparams is not None:              # the architecture's own branch of load_hparams
         spec.load_hparams(hp, kv)
     return hp
+
+
+# --------------------------------------------------------------------------------------------------------------
+# sliding windows (llama_hparams::is_masked_swa)
+# --------------------------------------------------------------------------------------------------------------
+def _swa_none(n_swa, p0, p1):
+    return np.zeros(np.broadcast(p0, p1).shape, bool)
+
+
+def _swa_standard(n_swa, p0, p1):
+    return p1 - p0 >= n_swa
+
+
+def _swa_chunked(n_swa, p0, p1):
+    return p0 < (p1 // n_swa) * n_swa
+
+
+def _swa_symmetric(n_swa, p0, p1):
+    half = n_swa // 2
+    d = p1 - p0
+    return (d < -half) | (d > half)
+
+
+SWA_TYPES: dict[str, Callable] = {"none": _swa_none, "standard": _swa_standard,
+                                  "chunked": _swa_chunked, "symmetric": _swa_symmetric}
+
+
+def is_masked_swa(n_swa: int, swa_type: str, p0, p1):
+    """True where a query at position ``p1`` may not see a key at ``p0`` because of the window.
+
+    Works on scalars and broadcasts over arrays. ``standard`` (Gemma 3):
+    masked when ``p1 - p0 >= n_swa``.
+    """
+    return SWA_TYPES[swa_type](n_swa, np.asarray(p0), np.asarray(p1))

@@ -19,16 +19,18 @@ see it. Everything the cache does is bookkeeping on that metadata
   and, for a sliding-window cache, less than ``n_swa`` positions back.
 
 Models with sliding-window layers (Gemma 3) get two caches
-(:class:`KVCacheISWA`, ``llama-kv-cache-iswa.cpp``): one for the global
-layers and one, whose cells may be recycled once they fall out of the window,
-for the local layers.
+(:class:`~llmlab.llama.kv_cache_iswa.KVCacheISWA`, ``llama-kv-cache-iswa.cpp``):
+one for the global layers and one, whose cells may be recycled once they fall
+out of the window, for the local layers. The interface both offer a context is
+:class:`~llmlab.llama.memory.Memory` (``llama-memory.h``); the sliding-window
+rule is the hyperparameters' (:func:`~llmlab.llama.hparams.is_masked_swa`).
 
 The metadata here is NumPy arrays (``pos``, ``shift``, a boolean
 ``seq[cell, seq_id]`` matrix) so each operation reads as one line of array
 math; the K/V data are arrays of the cache type (``float16`` for f16,
 ``float32`` for f32, raw q8_0 blocks for q8_0), one row per cell::
 
-    cache = make_kv_cache(n_ctx=512, n_layer=30, n_embd_k_gqa=192)   # or KVCache(...) / KVCacheISWA(...)
+    cache = make_kv_cache(n_ctx=512, n_layer=30, n_embd_k_gqa=192)   # kv_cache_iswa; or KVCache(...)
     ubatches = BatchAllocator(Batch.from_tokens(ids), memory=cache).split_all(n_ubatch=512)
     slots = cache.prepare(ubatches)               # raises ContextFullError if they do not fit
     for ub, slot in zip(ubatches, slots):
@@ -47,12 +49,13 @@ A graph that keeps its own K/V tensors can use the cache for its cells only
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Protocol, Sequence, runtime_checkable
+from typing import Callable, Sequence
 
 import numpy as np
 
-from .. import LLMLabError
 from .batch import LLAMA_MAX_SEQ, UBatch
+from .hparams import SWA_TYPES, is_masked_swa
+from .memory import ContextFullError
 from ..ggml.cpu.journal import rows_written
 from ..ggml.cpu.quants import quantize_activations
 from ..ggml.quant import dequantize
@@ -60,44 +63,6 @@ from ..ggml.types import GGMLType, ggml_type
 
 N_KV_PAD = 256   # llama_kv_cache::get_n_kv pads the attended cells to a multiple of 256
 CACHE_TYPES = ("f32", "f16", "q8_0")
-
-
-class ContextFullError(LLMLabError):
-    """The KV cache has no room for a batch (llama_decode's return value 1)."""
-
-
-# --------------------------------------------------------------------------------------------------------------
-# sliding windows (llama_hparams::is_masked_swa)
-# --------------------------------------------------------------------------------------------------------------
-def _swa_none(n_swa, p0, p1):
-    return np.zeros(np.broadcast(p0, p1).shape, bool)
-
-
-def _swa_standard(n_swa, p0, p1):
-    return p1 - p0 >= n_swa
-
-
-def _swa_chunked(n_swa, p0, p1):
-    return p0 < (p1 // n_swa) * n_swa
-
-
-def _swa_symmetric(n_swa, p0, p1):
-    half = n_swa // 2
-    d = p1 - p0
-    return (d < -half) | (d > half)
-
-
-SWA_TYPES: dict[str, Callable] = {"none": _swa_none, "standard": _swa_standard,
-                                  "chunked": _swa_chunked, "symmetric": _swa_symmetric}
-
-
-def is_masked_swa(n_swa: int, swa_type: str, p0, p1):
-    """True where a query at position ``p1`` may not see a key at ``p0`` because of the window.
-
-    Works on scalars and broadcasts over arrays. ``standard`` (Gemma 3):
-    masked when ``p1 - p0 >= n_swa``.
-    """
-    return SWA_TYPES[swa_type](n_swa, np.asarray(p0), np.asarray(p1))
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -127,45 +92,6 @@ def kv_cache_bytes(n_ctx: int, n_layer: int, n_embd_k_gqa: int, n_embd_v_gqa: in
     n_embd_v_gqa = n_embd_k_gqa if n_embd_v_gqa is None else n_embd_v_gqa
     tk, tv = cache_type(type_k), cache_type(type_v or type_k)
     return n_ctx * n_layer * (tk.row_size(n_embd_k_gqa) + tv.row_size(n_embd_v_gqa))
-
-
-# --------------------------------------------------------------------------------------------------------------
-# the memory interface (llama_memory_i)
-# --------------------------------------------------------------------------------------------------------------
-@runtime_checkable
-class Memory(Protocol):
-    """What a context asks of its memory, whichever it is (llama.cpp's ``llama_memory_i`` and the
-    ``llama_memory_context_i`` it hands out per batch): :class:`KVCache` and :class:`KVCacheISWA` implement it,
-    a recurrent or paged memory would too.
-
-    - a batch: ``prepare(ubatches)`` places every micro-batch as a dry run and returns one placement each
-      (raises :class:`ContextFullError`, leaving the memory unchanged); ``apply_ubatch(placement, ubatch)``
-      really places one;
-    - per layer: ``layer_cache(il)`` holds its K/V rows (``k(il, n)``, ``v(il, n)``, ``size``, ``type_k``,
-      ``type_v``), ``n_kv(il)`` cells are attended, ``k_idxs(placement, il)`` are the cells this micro-batch
-      writes, ``kq_mask(ubatch, n_kv, il=il)`` is its mask;
-    - sequences: ``seq_rm``, ``seq_cp``, ``seq_keep``, ``seq_add``, ``seq_div``, ``seq_pos_min``,
-      ``seq_pos_max``, ``clear``;
-    - ``state()`` / ``restore(state)``: the bookkeeping, saved and put back.
-    """
-
-    def prepare(self, ubatches: Sequence[UBatch]) -> list: ...
-    def apply_ubatch(self, placement, ubatch: UBatch) -> None: ...
-    def layer_cache(self, il: int) -> "KVCache": ...
-    def n_kv(self, il: int | None = None) -> int: ...
-    def k_idxs(self, placement, il: int) -> np.ndarray: ...
-    def kq_mask(self, ubatch: UBatch, n_kv: int | None = None, causal: bool = True,
-                il: int | None = None) -> np.ndarray: ...
-    def seq_rm(self, seq_id: int, p0: int | None = None, p1: int | None = None) -> bool: ...
-    def seq_cp(self, seq_src: int, seq_dst: int, p0: int | None = None, p1: int | None = None) -> None: ...
-    def seq_keep(self, seq_id: int) -> None: ...
-    def seq_add(self, seq_id: int, p0: int | None, p1: int | None, delta: int) -> None: ...
-    def seq_div(self, seq_id: int, p0: int | None, p1: int | None, d: int) -> None: ...
-    def seq_pos_min(self, seq_id: int) -> int: ...
-    def seq_pos_max(self, seq_id: int) -> int: ...
-    def clear(self) -> None: ...
-    def state(self): ...
-    def restore(self, state) -> None: ...
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -593,195 +519,6 @@ class KVCache:
                 f"k={self.type_k.name}x{self.n_embd_k_gqa}, v={self.type_v.name}x{self.n_embd_v_gqa}{swa})")
 
 
-# --------------------------------------------------------------------------------------------------------------
-# interleaved sliding-window attention: two caches (llama_kv_cache_iswa)
-# --------------------------------------------------------------------------------------------------------------
-def swa_cache_size(size_base: int, n_swa: int, n_ubatch: int, n_seq_max: int = 1, swa_full: bool = False) -> int:
-    """Cells of the sliding-window cache: the window (per sequence) plus one micro-batch, padded to 256.
-
-    With ``swa_full`` (llama.cpp's default context parameter) it is as big as the base cache.
-    """
-    if swa_full:
-        return size_base
-    return -(-min(size_base, n_swa * n_seq_max + n_ubatch) // 256) * 256
-
-
-class KVCacheISWA:
-    """Two :class:`KVCache` s: ``base`` for the global layers, ``swa`` for the sliding-window ones.
-
-    Sequence operations go to both; ``prepare`` returns, per micro-batch, a
-    pair of slots ``(base_slot, swa_slot)``; the per-layer calls (``store``,
-    ``k``, ``v``, ``kq_mask``, ``n_kv``) take the layer index and route to the
-    layer's cache.
-    """
-
-    def __init__(self, size: int, layers_base: Sequence[int], layers_swa: Sequence[int], n_embd_k_gqa: int,
-                 n_embd_v_gqa: int | None = None, type_k: str = "f16", type_v: str | None = None,
-                 n_seq_max: int = 1, n_swa: int = 512, swa_type: str = "standard", n_ubatch: int = 512,
-                 swa_full: bool = False, allocate: bool = True):
-        size_swa = swa_cache_size(size, n_swa, n_ubatch, n_seq_max, swa_full)
-        kw = dict(n_embd_k_gqa=n_embd_k_gqa, n_embd_v_gqa=n_embd_v_gqa, type_k=type_k, type_v=type_v,
-                  n_seq_max=n_seq_max, allocate=allocate)
-        self.base = KVCache(size, list(layers_base), **kw)
-        self.swa = KVCache(size_swa, list(layers_swa), n_swa=n_swa, swa_type=swa_type, **kw)
-        self._by_layer = {il: self.base for il in self.base.layers} | {il: self.swa for il in self.swa.layers}
-
-    @property
-    def caches(self) -> tuple[KVCache, KVCache]:
-        return self.base, self.swa
-
-    def layer_cache(self, il: int) -> KVCache:
-        try:
-            return self._by_layer[il]
-        except KeyError:
-            raise KeyError(f"layer {il} has no KV cache here") from None
-
-    @property
-    def size(self) -> int:
-        return self.base.size
-
-    @property
-    def n_seq_max(self) -> int:
-        return self.base.n_seq_max
-
-    # sequence operations: both caches
-    def seq_rm(self, seq_id, p0=None, p1=None) -> bool:
-        return self.base.seq_rm(seq_id, p0, p1) & self.swa.seq_rm(seq_id, p0, p1)
-
-    def seq_cp(self, seq_src, seq_dst, p0=None, p1=None) -> None:
-        self.base.seq_cp(seq_src, seq_dst, p0, p1)
-        self.swa.seq_cp(seq_src, seq_dst, p0, p1)
-
-    def seq_keep(self, seq_id) -> None:
-        self.base.seq_keep(seq_id)
-        self.swa.seq_keep(seq_id)
-
-    def seq_add(self, seq_id, p0, p1, delta) -> None:
-        self.base.seq_add(seq_id, p0, p1, delta)
-        self.swa.seq_add(seq_id, p0, p1, delta)
-
-    def seq_div(self, seq_id, p0, p1, d) -> None:
-        self.base.seq_div(seq_id, p0, p1, d)
-        self.swa.seq_div(seq_id, p0, p1, d)
-
-    def clear(self) -> None:
-        self.base.clear()
-        self.swa.clear()
-
-    # the base cache holds every position the SWA cache holds, and more: ask the SWA cache (as llama.cpp)
-    def seq_pos_min(self, seq_id: int) -> int:
-        return self.swa.seq_pos_min(seq_id)
-
-    def seq_pos_max(self, seq_id: int) -> int:
-        return self.swa.seq_pos_max(seq_id)
-
-    @property
-    def can_shift(self) -> bool:
-        return self.base.size == self.swa.size
-
-    @property
-    def has_shift(self) -> bool:
-        return self.base.has_shift or self.swa.has_shift
-
-    def apply_k_shift(self, rope) -> None:
-        self.base.apply_k_shift(rope)
-        self.swa.apply_k_shift(rope)
-
-    def prepare(self, ubatches: Sequence[UBatch]) -> list[tuple[Slot, Slot]]:
-        return list(zip(self.base.prepare(ubatches), self.swa.prepare(ubatches)))
-
-    def apply_ubatch(self, slots: tuple[Slot, Slot], ubatch: UBatch) -> None:
-        self.base.apply_ubatch(slots[0], ubatch)
-        self.swa.apply_ubatch(slots[1], ubatch)
-
-    def state(self):
-        return self.base.state(), self.swa.state()
-
-    def restore(self, state) -> None:
-        self.base.restore(state[0])
-        self.swa.restore(state[1])
-
-    # per layer
-    def _slot(self, il, slots):
-        return slots[0] if self.layer_cache(il) is self.base else slots[1]
-
-    def k_idxs(self, slots: tuple[Slot, Slot], il: int) -> np.ndarray:
-        return self._slot(il, slots).idxs
-
-    def store(self, il: int, slots: tuple[Slot, Slot], k_cur, v_cur) -> None:
-        self.layer_cache(il).store(il, self._slot(il, slots), k_cur, v_cur)
-
-    def k(self, il, n_kv=None):
-        return self.layer_cache(il).k(il, n_kv)
-
-    def v(self, il, n_kv=None):
-        return self.layer_cache(il).v(il, n_kv)
-
-    def k_float(self, il, n_kv=None):
-        return self.layer_cache(il).k_float(il, n_kv)
-
-    def v_float(self, il, n_kv=None):
-        return self.layer_cache(il).v_float(il, n_kv)
-
-    def n_kv(self, il: int | None = None) -> int:
-        return (self.base if il is None else self.layer_cache(il)).n_kv()
-
-    def kq_mask(self, ubatch: UBatch, n_kv: int | None = None, causal: bool = True, il: int | None = None) -> np.ndarray:
-        """The mask of layer ``il``'s cache (``il=None``: the base cache's)."""
-        return (self.base if il is None else self.layer_cache(il)).kq_mask(ubatch, n_kv, causal)
-
-    def total_bytes(self) -> int:
-        return self.base.total_bytes() + self.swa.total_bytes()
-
-    def __repr__(self) -> str:
-        return f"KVCacheISWA(base={self.base!r}, swa={self.swa!r})"
-
-
-def make_kv_cache(n_ctx: int, n_layer: int, n_embd_k_gqa: int, n_embd_v_gqa: int | None = None,
-                  swa_layers: Sequence[int] = (), n_swa: int = 0, swa_type: str = "standard",
-                  type_k: str = "f16", type_v: str | None = None, n_seq_max: int = 1, n_ubatch: int = 512,
-                  swa_full: bool = False, allocate: bool = True) -> KVCache | KVCacheISWA:
-    """The cache llama.cpp creates for a model (``llama_model::create_memory``).
-
-    A plain :class:`KVCache` of ``n_ctx`` cells for all layers, or, when some
-    layers use a sliding window (``swa_layers``, e.g. Gemma 3's ``il % 6 < 5``),
-    a :class:`KVCacheISWA`. ``n_ctx`` is the context size after llama.cpp's
-    padding (a multiple of 256).
-    """
-    kw = dict(n_embd_k_gqa=n_embd_k_gqa, n_embd_v_gqa=n_embd_v_gqa, type_k=type_k, type_v=type_v,
-              n_seq_max=n_seq_max, allocate=allocate)
-    swa = sorted(set(int(i) for i in swa_layers))
-    if not swa:
-        return KVCache(n_ctx, n_layer, **kw)
-    base = [il for il in range(n_layer) if il not in swa]
-    return KVCacheISWA(n_ctx, base, swa, n_swa=n_swa, swa_type=swa_type, n_ubatch=n_ubatch, swa_full=swa_full, **kw)
-
-
-# --------------------------------------------------------------------------------------------------------------
-# running out of room: the context shift of llama.cpp's tools
-# --------------------------------------------------------------------------------------------------------------
-def context_shift(cache: KVCache | KVCacheISWA, seq_id: int = 0, n_keep: int = 0, n_discard: int | None = None) -> int:
-    """Make room in a full context as llama.cpp's CLI and server do; returns the number of positions dropped.
-
-    Keeps the first ``n_keep`` positions (e.g. the system prompt), drops the
-    next ``n_discard`` (default: half of the rest) and slides the remainder
-    down by ``n_discard`` with :meth:`KVCache.seq_add`. The stored K rows must
-    then be re-rotated (``apply_k_shift``) before the next decode.
-    """
-    if not cache.can_shift:
-        raise ContextFullError("this KV cache cannot shift its context (the sliding-window cache is smaller than "
-                               "the base cache; use swa_full)")
-    n_past = cache.seq_pos_max(seq_id) + 1
-    n_left = n_past - n_keep
-    if n_discard is None:
-        n_discard = n_left // 2
-    if n_discard <= 0 or n_left <= 0:
-        raise ContextFullError(f"nothing to discard: sequence {seq_id} has {n_past} positions, {n_keep} kept")
-    n_discard = min(n_discard, n_left)
-    cache.seq_rm(seq_id, n_keep, n_keep + n_discard)
-    cache.seq_add(seq_id, n_keep + n_discard, n_past, -n_discard)
-    return n_discard
-
 
 # --------------------------------------------------------------------------------------------------------------
 # row conversion for the cache types
@@ -813,6 +550,4 @@ def _to_float(t: GGMLType, rows: np.ndarray, n_embd: int) -> np.ndarray:
     return dequantize(np.ascontiguousarray(rows).reshape(-1), t.name).reshape(len(rows), n_embd)
 
 
-__all__ = ["Memory", "KVCache", "KVCacheISWA", "Slot", "make_kv_cache", "ContextFullError", "kv_cache_bytes", "swa_cache_size",
-           "CTX_PAD", "padded_n_ctx",
-           "context_shift", "is_masked_swa", "SWA_TYPES", "CACHE_TYPES", "N_KV_PAD"]
+__all__ = ["KVCache", "Slot", "kv_cache_bytes", "cache_type", "CTX_PAD", "padded_n_ctx", "CACHE_TYPES", "N_KV_PAD"]

@@ -53,7 +53,9 @@ from IPython.display import display
 
 from llmlab import models
 from llmlab.llama.batch import Batch, BatchAllocator
-from llmlab.llama.kv_cache import KVCache, KVCacheISWA, ContextFullError, context_shift, kv_cache_bytes, swa_cache_size
+from llmlab.llama.kv_cache import KVCache, kv_cache_bytes
+from llmlab.llama.kv_cache_iswa import KVCacheISWA, swa_cache_size
+from llmlab.llama.memory import ContextFullError, context_shift
 from llmlab.viz import kv as vk
 from llmlab.viz.html import table
 from llmlab import llamacpp
