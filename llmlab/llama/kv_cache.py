@@ -53,15 +53,16 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .batch import LLAMA_MAX_SEQ, UBatch
+from .batch import UBatch
 from .hparams import SWA_TYPES, is_masked_swa
+from .kv_cells import KVCells
 from .memory import ContextFullError
 from ..ggml.cpu.journal import rows_written
 from ..ggml.cpu.quants import quantize_activations
 from ..ggml.quant import dequantize
 from ..ggml.types import GGMLType, ggml_type
 
-N_KV_PAD = 256   # llama_kv_cache::get_n_kv pads the attended cells to a multiple of 256
+N_KV_PAD = 256   # llama_kv_cache::get_n_kv pads the attended cells so the graph keeps its shape and can be reused
 CACHE_TYPES = ("f32", "f16", "q8_0")
 
 
@@ -116,15 +117,9 @@ class Slot:
         return f"Slot({len(i)} cells {where})"
 
 
-def _range(p0, p1):
-    """llama.cpp's convention: a negative (or None) p0 means 0, a negative (or None) p1 means infinity."""
-    p0 = 0 if p0 is None or p0 < 0 else int(p0)
-    p1 = np.iinfo(np.int32).max if p1 is None or p1 < 0 else int(p1)
-    return p0, p1
-
-
-class KVCache:
-    """A unified (single-stream) ``llama_kv_cache``.
+class KVCache(KVCells):
+    """A unified (single-stream) ``llama_kv_cache``: its cells (:class:`~llmlab.llama.kv_cells.KVCells`:
+    positions, sequences and the ``seq_*`` operations), plus the K/V rows, the slot search and the mask.
 
     Parameters: ``size`` cells; ``layers``: the layer indices it stores (an int
     ``n`` means ``range(n)``); ``n_embd_k_gqa``/``n_embd_v_gqa``: the width of
@@ -137,29 +132,18 @@ class KVCache:
     def __init__(self, size: int, layers: int | Sequence[int], n_embd_k_gqa: int, n_embd_v_gqa: int | None = None,
                  type_k: str = "f16", type_v: str | None = None, n_seq_max: int = 1,
                  n_swa: int = 0, swa_type: str = "none", allocate: bool = True):
-        if size < 1:
-            raise ValueError(f"KV cache size must be >= 1 cell, not {size}")
-        if not 1 <= n_seq_max <= LLAMA_MAX_SEQ:
-            raise ValueError(f"n_seq_max = {n_seq_max} is outside [1, {LLAMA_MAX_SEQ}]")
+        super().__init__(size, n_seq_max)                   # the cell metadata (llama_kv_cells)
         if swa_type not in SWA_TYPES:
             raise ValueError(f"unknown swa_type {swa_type!r} (known: {', '.join(SWA_TYPES)})")
         if swa_type != "none" and n_swa < 1:
             raise ValueError(f"a sliding-window cache needs n_swa >= 1, not {n_swa}")
-        self.size = int(size)
         self.layers = list(range(layers)) if isinstance(layers, int) else [int(i) for i in layers]
         self.n_embd_k_gqa = int(n_embd_k_gqa)
         self.n_embd_v_gqa = int(n_embd_k_gqa if n_embd_v_gqa is None else n_embd_v_gqa)
         self.type_k = cache_type(type_k)
         self.type_v = cache_type(type_v or type_k)
-        self.n_seq_max = int(n_seq_max)
         self.n_swa = int(n_swa)
         self.swa_type = swa_type
-        # cell metadata (llama_kv_cells)
-        self.pos = np.full(self.size, -1, np.int32)          # -1: empty
-        self.shift = np.zeros(self.size, np.int32)           # accumulated position shift since the last K-shift
-        self.seq = np.zeros((self.size, self.n_seq_max), bool)
-        self.has_shift = False
-        self.head = 0
         # data: one row per cell
         self._k: dict[int, np.ndarray] = {}
         self._v: dict[int, np.ndarray] = {}
@@ -210,136 +194,11 @@ class KVCache:
         """size x n_layer x (K row + V row) bytes, as llama.cpp reports it."""
         return self.size_k_bytes() + self.size_v_bytes()
 
-    # -- cell queries -------------------------------------------------------------------------------------------
-    @property
-    def used(self) -> int:
-        """Number of non-empty cells."""
-        return int((self.pos >= 0).sum())
-
-    def used_max_p1(self) -> int:
-        """Index of the last non-empty cell + 1 (0 if none)."""
-        nz = np.flatnonzero(self.pos >= 0)
-        return int(nz[-1]) + 1 if len(nz) else 0
-
     def n_kv(self, il: int | None = None) -> int:
         """Cells the attention looks at (any layer ``il`` of this cache): ``used_max_p1`` padded to 256, at most ``size`` (``get_n_kv``)."""
         return min(self.size, max(N_KV_PAD, -(-self.used_max_p1() // N_KV_PAD) * N_KV_PAD))
 
-    def is_empty(self, i: int) -> bool:
-        return bool(self.pos[i] < 0)
-
-    def seq_ids(self, i: int) -> frozenset[int]:
-        """The set of sequences cell ``i`` belongs to."""
-        return frozenset(np.flatnonzero(self.seq[i]).tolist())
-
-    def seq_pos_min(self, seq_id: int) -> int:
-        """Smallest position of ``seq_id`` in the cache, -1 if it has none."""
-        p = self.pos[self.seq[:, self._sid(seq_id)]]
-        return int(p.min()) if len(p) else -1
-
-    def seq_pos_max(self, seq_id: int) -> int:
-        """Largest position of ``seq_id`` in the cache, -1 if it has none."""
-        p = self.pos[self.seq[:, self._sid(seq_id)]]
-        return int(p.max()) if len(p) else -1
-
-    def cells(self) -> list[tuple[int, frozenset[int]]]:
-        """(pos, seq ids) of every cell: the picture of the cache."""
-        return [(int(p), self.seq_ids(i)) for i, p in enumerate(self.pos)]
-
-    def _sid(self, seq_id: int) -> int:
-        if not 0 <= seq_id < self.n_seq_max:
-            raise ValueError(f"seq_id {seq_id} is outside [0, {self.n_seq_max})")
-        return int(seq_id)
-
-    # -- clearing cells -----------------------------------------------------------------------------------------
-    def _clear(self, sel: np.ndarray) -> None:
-        """Empty the cells selected by the boolean mask ``sel`` and pull ``head`` back to the first of them."""
-        self.pos[sel] = -1
-        self.shift[sel] = 0
-        self.seq[sel] = False
-        freed = np.flatnonzero(sel)
-        if len(freed) and freed[0] < self.head:
-            self.head = int(freed[0])
-
-    def clear(self) -> None:
-        """Empty all cells (``llama_memory_clear``); the data is left as is."""
-        self._clear(np.ones(self.size, bool))
-        self.head = 0
-        self.has_shift = False
-
-    # -- sequence operations ------------------------------------------------------------------------------------
-    def seq_rm(self, seq_id: int, p0: int | None = None, p1: int | None = None) -> bool:
-        """Remove ``seq_id`` from the cells at positions [p0, p1); ``seq_id < 0`` removes every sequence there.
-
-        A cell left with no sequence becomes empty; ``head`` moves back to the
-        first freed cell if that is before it. Returns True (a KV cache can
-        always remove a range).
-        """
-        p0, p1 = _range(p0, p1)
-        in_range = (self.pos >= p0) & (self.pos < p1)
-        if seq_id < 0:
-            self._clear(in_range)
-            return True
-        s = self._sid(seq_id)
-        hit = in_range & self.seq[:, s]
-        self.seq[hit, s] = False
-        self._clear(hit & ~self.seq.any(axis=1))
-        return True
-
-    def seq_cp(self, seq_src: int, seq_dst: int, p0: int | None = None, p1: int | None = None) -> None:
-        """Let ``seq_dst`` also see the cells of ``seq_src`` at positions [p0, p1): shared, not copied."""
-        a, b = self._sid(seq_src), self._sid(seq_dst)
-        if a == b:
-            return
-        p0, p1 = _range(p0, p1)
-        self.seq[(self.pos >= p0) & (self.pos < p1) & self.seq[:, a], b] = True
-
-    def seq_keep(self, seq_id: int) -> None:
-        """Keep only ``seq_id``: its cells lose every other sequence, all other cells are emptied."""
-        s = self._sid(seq_id)
-        mine = self.seq[:, s].copy()
-        self.seq[mine] = False
-        self.seq[mine, s] = True
-        self._clear((self.pos >= 0) & ~mine)
-
-    def seq_add(self, seq_id: int, p0: int | None, p1: int | None, delta: int) -> None:
-        """Shift the positions of ``seq_id``'s cells in [p0, p1) by ``delta`` (``llama_memory_seq_add``).
-
-        Cells pushed below position 0 are emptied. The shift is also recorded
-        per cell (``shift``) so the K rows can be re-rotated later
-        (:meth:`apply_k_shift`). ``head`` goes to the first freed cell, or to 0.
-        """
-        s = self._sid(seq_id)
-        if delta == 0:
-            return
-        p0, p1 = _range(p0, p1)
-        if p0 == p1:
-            return
-        hit = (self.pos >= p0) & (self.pos < p1) & self.seq[:, s]
-        self.pos[hit] += delta
-        self.shift[hit] += delta
-        self.has_shift = True
-        gone = hit & (self.pos < 0)
-        self._clear(gone)
-        freed = np.flatnonzero(gone)
-        self.head = int(freed[0]) if len(freed) else 0
-
-    def seq_div(self, seq_id: int, p0: int | None, p1: int | None, d: int) -> None:
-        """Divide the positions of ``seq_id``'s cells in [p0, p1) by ``d`` (self-extend), recording the shift."""
-        s = self._sid(seq_id)
-        if d == 1:
-            return
-        if d < 1:
-            raise ValueError(f"seq_div needs d >= 1, not {d}")
-        p0, p1 = _range(p0, p1)
-        if p0 == p1:
-            return
-        hit = (self.pos >= p0) & (self.pos < p1) & self.seq[:, s]
-        old = self.pos[hit]
-        self.pos[hit] = old // d
-        self.shift[hit] += old - self.pos[hit]
-        self.has_shift = True
-
+    # -- shifting positions -------------------------------------------------------------------------------------
     @property
     def can_shift(self) -> bool:
         return True
@@ -447,13 +306,6 @@ class KVCache:
         c.restore(self.state())
         return c
 
-    def state(self):
-        """The cell metadata, copied (``state_write`` without the K/V data): :meth:`restore` puts it back."""
-        return self.pos.copy(), self.shift.copy(), self.seq.copy(), self.head, self.has_shift
-
-    def restore(self, state) -> None:
-        pos, shift, seq, self.head, self.has_shift = state
-        self.pos, self.shift, self.seq = pos.copy(), shift.copy(), seq.copy()
 
     def prepare(self, ubatches: Sequence[UBatch]) -> list[Slot]:
         """Find a slot for every micro-batch, as a dry run (``prepare``): the cells are rolled back afterwards.

@@ -14,6 +14,10 @@ import numpy as np
 from .batch import UBatch
 from .kv_cache import KVCache, Slot
 
+# llama_kv_cache_iswa: "the SWA cache is always padded to 256 for performance" (llama.cpp issue 17037),
+# so its n_kv, padded to N_KV_PAD, never reads past the cache
+SWA_CACHE_PAD = 256
+
 
 def swa_cache_size(size_base: int, n_swa: int, n_ubatch: int, n_seq_max: int = 1, swa_full: bool = False) -> int:
     """Cells of the sliding-window cache: the window (per sequence) plus one micro-batch, padded to 256.
@@ -22,7 +26,7 @@ def swa_cache_size(size_base: int, n_swa: int, n_ubatch: int, n_seq_max: int = 1
     """
     if swa_full:
         return size_base
-    return -(-min(size_base, n_swa * n_seq_max + n_ubatch) // 256) * 256
+    return -(-min(size_base, n_swa * n_seq_max + n_ubatch) // SWA_CACHE_PAD) * SWA_CACHE_PAD
 
 
 class KVCacheISWA:
@@ -176,4 +180,4 @@ def make_kv_cache(n_ctx: int, n_layer: int, n_embd_k_gqa: int, n_embd_v_gqa: int
     return KVCacheISWA(n_ctx, base, swa, n_swa=n_swa, swa_type=swa_type, n_ubatch=n_ubatch, swa_full=swa_full, **kw)
 
 
-__all__ = ["KVCacheISWA", "make_kv_cache", "swa_cache_size"]
+__all__ = ["KVCacheISWA", "make_kv_cache", "swa_cache_size", "SWA_CACHE_PAD"]

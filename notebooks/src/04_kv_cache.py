@@ -15,7 +15,7 @@
 # 3. **Memory**: how big the cache is (the formula and llama.cpp's own numbers), and why a batch is cut into
 #    micro-batches.
 #
-# `llmlab.llama.kv_cache` rebuilds `llama_kv_cells` / `llama_kv_cache` (`src/llama-kv-cells.h`,
+# `llmlab.llama.kv_cells` and `llmlab.llama.kv_cache` rebuild `llama_kv_cells` / `llama_kv_cache` (`src/llama-kv-cells.h`,
 # `src/llama-kv-cache.cpp`); its tests drive it and a line-by-line transliteration of llama.cpp's loops through
 # thousands of random operation sequences, and compare it with llama.cpp itself through the C API.
 #
