@@ -81,9 +81,43 @@ def run_llmlab(path, ids: list[int], n_gen: int, threads: int, cpu=None, kernels
 
 
 def run_llama_cpp(path, ids: list[int], n_gen: int, threads: int) -> Side:
-    """The same run in llama.cpp, in a process of its own (:mod:`llmlab.llamacpp.speed`)."""
-    from .llamacpp.speed import measure
-    return Side(**measure(path, ids, n_gen, threads))
+    """The same run in llama.cpp, set up as llama-cpp-python's ``Llama(n_ctx=len(ids) + n_gen + 1,
+    n_batch=512, n_threads=threads)``, in a llama.cpp worker of its own (its peak memory is llama.cpp's)."""
+    from .llamacpp.worker import isolated_once
+    return Side(**isolated_once(_llama_cpp_side, str(path), [int(i) for i in ids], int(n_gen), int(threads)))
+
+
+def _llama_cpp_side(path: str, ids: list[int], n_gen: int, threads: int) -> dict:
+    """:func:`run_llama_cpp`, in the worker."""
+    from . import LLMLabError
+    from .llamacpp.session import Session
+    n_ctx = len(ids) + n_gen + 1
+    n_batch = min(n_ctx, 512)
+    t0 = time.perf_counter()
+    s = Session(path, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch, n_threads=threads, flash_attn=False,
+                no_perf=False)
+    load = time.perf_counter() - t0
+
+    def decode(tokens, pos0):
+        for i in range(0, len(tokens), n_batch):             # Llama.eval: n_batch tokens per llama_decode
+            if s.decode(tokens[i:i + n_batch], pos0=pos0 + i, logits="last") != 0:
+                raise LLMLabError(f"llama_decode failed: {s.log(300)}")
+
+    with s:
+        decode(ids, 0)                                        # warm-up with the same shapes
+        s.seq_rm(-1, -1, -1)
+        t0 = time.perf_counter()
+        decode(ids, 0)
+        t_pp = time.perf_counter() - t0
+        out: list[int] = []
+        t0 = time.perf_counter()
+        for i in range(n_gen):
+            tok = int(np.argmax(s.logits([-1])[0]))
+            out.append(tok)
+            decode([tok], len(ids) + i)
+        t_tg = time.perf_counter() - t0
+    return {"prefill_tokens_per_s": len(ids) / t_pp, "decode_tokens_per_s": n_gen / t_tg if n_gen else 0.0,
+            "peak_rss_mb": peak_rss_mb(), "load_s": load, "ids": out}
 
 
 def plot_speeds(sides: dict, title: str = "", ax=None):

@@ -11,7 +11,7 @@ from llmlab.llama.batch import Batch, BatchAllocator, BatchError  # noqa: E402
 from llmlab.ggml.gguf import GGUFFile  # noqa: E402
 from llmlab.llama.kv_cache import KVCache, kv_cache_bytes  # noqa: E402
 from llmlab.llama.kv_cache_iswa import KVCacheISWA, make_kv_cache  # noqa: E402
-from llmlab.llama.hparams import load_hparams  # noqa: E402
+from llmlab.llama import load_hparams  # noqa: E402
 from llmlab.llamacpp.eval_callback import kv_cache_report  # noqa: E402
 from llmlab.llamacpp.session import Session  # noqa: E402
 from llmlab.llamacpp.worker import open_remote  # noqa: E402

@@ -51,8 +51,8 @@ def test_objects_of_a_crashed_worker_say_so(forget):
         remote.decode([1])
 
 
-def test_only_llamacpp_functions_run_in_the_worker():
-    with pytest.raises(ValueError, match="only module-level functions of llmlab.llamacpp"):
+def test_only_llmlab_functions_run_in_the_worker():
+    with pytest.raises(ValueError, match="only module-level functions of llmlab"):
         worker.isolated(os.getpid)
     with pytest.raises(ValueError, match="only module-level functions"):
         worker.isolated(lambda: 1)

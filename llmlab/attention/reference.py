@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..llama.hparams import is_masked_swa
+from ..llama.hparams import HParams
 
 
 def split_heads(x: np.ndarray, n_head: int) -> np.ndarray:
@@ -56,7 +56,7 @@ def causal_mask(n_q: int, n_kv: int | None = None, q_pos=None, kv_pos=None, wind
     kp = np.arange(n_kv) if kv_pos is None else np.asarray(kv_pos)
     ok = kp[None, :] <= qp[:, None]
     if window:                                  # the sliding window of Gemma 3's local layers
-        ok &= ~is_masked_swa(window, "standard", kp[None, :], qp[:, None])
+        ok &= ~HParams.is_masked_swa(window, "standard", kp[None, :], qp[:, None])
     return np.where(ok, 0.0, -np.inf)
 
 

@@ -6,9 +6,6 @@ sliding-window pattern, its own keys) comes from its spec (``llmlab.llama.arch``
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
-
-import numpy as np
 
 from .. import LLMLabError
 from ..ggml.gguf.meta import Metadata
@@ -54,6 +51,22 @@ class HParams:
 
     def is_swa(self, il: int) -> bool:
         return self.n_swa > 0 and self.swa_pattern > 0 and il % self.swa_pattern < self.swa_pattern - 1
+
+    # the sliding-window rule (llama_hparams::is_masked_swa), per llama_swa_type: is the key at position p0
+    # hidden from a query at p1? Plain functions of NumPy arrays (or scalars), broadcasting.
+    SWA_TYPES = {
+        "none": lambda n_swa, p0, p1: (p1 - p0) != (p1 - p0),
+        "standard": lambda n_swa, p0, p1: p1 - p0 >= n_swa,                 # Gemma 3: the last n_swa positions
+        "chunked": lambda n_swa, p0, p1: p0 < (p1 // n_swa) * n_swa,        # only the query's own chunk
+        "symmetric": lambda n_swa, p0, p1: (p1 - p0 < -(n_swa // 2)) | (p1 - p0 > n_swa // 2),
+    }
+
+    @staticmethod
+    def is_masked_swa(n_swa: int, swa_type: str, p0, p1):
+        """True where a query at position ``p1`` may not see a key at ``p0`` because of the window
+        (scalars or arrays, broadcast). ``standard`` (Gemma 3): masked when ``p1 - p0 >= n_swa``."""
+        import numpy as np
+        return HParams.SWA_TYPES[swa_type](n_swa, np.asarray(p0), np.asarray(p1))
 
     def rope_base(self, il: int) -> float:
         return self.rope_freq_base_swa if self.is_swa(il) else self.rope_freq_base
@@ -110,37 +123,3 @@ def load_hparams(kv: dict, n_vocab: int | None = None) -> HParams:
     if spec.load_hparams is not None:              # the architecture's own branch of load_hparams
         spec.load_hparams(hp, kv)
     return hp
-
-
-# --------------------------------------------------------------------------------------------------------------
-# sliding windows (llama_hparams::is_masked_swa)
-# --------------------------------------------------------------------------------------------------------------
-def _swa_none(n_swa, p0, p1):
-    return np.zeros(np.broadcast(p0, p1).shape, bool)
-
-
-def _swa_standard(n_swa, p0, p1):
-    return p1 - p0 >= n_swa
-
-
-def _swa_chunked(n_swa, p0, p1):
-    return p0 < (p1 // n_swa) * n_swa
-
-
-def _swa_symmetric(n_swa, p0, p1):
-    half = n_swa // 2
-    d = p1 - p0
-    return (d < -half) | (d > half)
-
-
-SWA_TYPES: dict[str, Callable] = {"none": _swa_none, "standard": _swa_standard,
-                                  "chunked": _swa_chunked, "symmetric": _swa_symmetric}
-
-
-def is_masked_swa(n_swa: int, swa_type: str, p0, p1):
-    """True where a query at position ``p1`` may not see a key at ``p0`` because of the window.
-
-    Works on scalars and broadcasts over arrays. ``standard`` (Gemma 3):
-    masked when ``p1 - p0 >= n_swa``.
-    """
-    return SWA_TYPES[swa_type](n_swa, np.asarray(p0), np.asarray(p1))

@@ -23,7 +23,7 @@ Models with sliding-window layers (Gemma 3) get two caches
 one for the global layers and one, whose cells may be recycled once they fall
 out of the window, for the local layers. The interface both offer a context is
 :class:`~llmlab.llama.memory.Memory` (``llama-memory.h``); the sliding-window
-rule is the hyperparameters' (:func:`~llmlab.llama.hparams.is_masked_swa`).
+rule is the hyperparameters' (:meth:`~llmlab.llama.hparams.HParams.is_masked_swa`).
 
 The metadata here is NumPy arrays (``pos``, ``shift``, a boolean
 ``seq[cell, seq_id]`` matrix) so each operation reads as one line of array
@@ -54,7 +54,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from .batch import UBatch
-from .hparams import SWA_TYPES, is_masked_swa
+from .hparams import HParams
 from .kv_cells import KVCells
 from .memory import ContextFullError
 from ..ggml.cpu.journal import rows_written
@@ -133,8 +133,8 @@ class KVCache(KVCells):
                  type_k: str = "f16", type_v: str | None = None, n_seq_max: int = 1,
                  n_swa: int = 0, swa_type: str = "none", allocate: bool = True):
         super().__init__(size, n_seq_max)                   # the cell metadata (llama_kv_cells)
-        if swa_type not in SWA_TYPES:
-            raise ValueError(f"unknown swa_type {swa_type!r} (known: {', '.join(SWA_TYPES)})")
+        if swa_type not in HParams.SWA_TYPES:
+            raise ValueError(f"unknown swa_type {swa_type!r} (known: {', '.join(HParams.SWA_TYPES)})")
         if swa_type != "none" and n_swa < 1:
             raise ValueError(f"a sliding-window cache needs n_swa >= 1, not {n_swa}")
         self.layers = list(range(layers)) if isinstance(layers, int) else [int(i) for i in layers]
@@ -249,7 +249,7 @@ class KVCache(KVCells):
             ids = np.flatnonzero(self.seq[i])
             if len(ids) != 1 or self.swa_type == "none":
                 return False
-            return bool(is_masked_swa(self.n_swa, self.swa_type, self.pos[i], pos_max[int(ids[0])] + 1))
+            return bool(HParams.is_masked_swa(self.n_swa, self.swa_type, self.pos[i], pos_max[int(ids[0])] + 1))
 
         idxs: list[int] = []
         n_tested = 0
@@ -347,7 +347,7 @@ class KVCache(KVCells):
         if causal:
             visible &= p0 <= p1
         if self.swa_type != "none":
-            visible &= ~is_masked_swa(self.n_swa, self.swa_type, p0, p1)
+            visible &= ~HParams.is_masked_swa(self.n_swa, self.swa_type, p0, p1)
         return np.where(visible, np.float32(0), np.float32(-np.inf))
 
     def layer_cache(self, il: int) -> "KVCache":

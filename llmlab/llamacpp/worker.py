@@ -2,8 +2,8 @@
 
 llama.cpp is C++; when it dies (its AMX path raises SIGILL at the first decode on some Intel Xeons, an
 assertion aborts, a bad pointer segfaults) it takes the process with it. So llmlab never loads it in
-the caller's process: :func:`isolated` sends a function of :mod:`llmlab.llamacpp` and its arguments to
-one persistent worker (``python -m llmlab.llamacpp.worker``, started on first use), which runs it and
+the caller's process: :func:`isolated` sends a function of llmlab (mostly of :mod:`llmlab.llamacpp`) and
+its arguments to one persistent worker (``python -m llmlab.llamacpp.worker``, started on first use), which runs it and
 sends back the result: NumPy arrays, captured nodes, token ids. If the worker dies, the call raises
 :class:`LlamaCppCrashed` naming the signal, and the next call starts a new worker.
 
@@ -182,15 +182,19 @@ _WORKER = Worker()
 atexit.register(_WORKER.stop)
 
 
+def _ours(mod: str) -> bool:
+    return mod == "llmlab" or mod.startswith("llmlab.")
+
+
 def _name(fn: Callable) -> tuple[str, str]:
-    mod, qual = fn.__module__, fn.__qualname__
-    if not mod.startswith("llmlab.llamacpp") or "<" in qual:
-        raise ValueError(f"only module-level functions of llmlab.llamacpp run in the worker, not {mod}.{qual}")
+    mod, qual = getattr(fn, "__module__", "") or "", getattr(fn, "__qualname__", "")
+    if not _ours(mod) or "<" in qual or not qual:
+        raise ValueError(f"only module-level functions of llmlab run in the llama.cpp worker, not {mod}.{qual}")
     return mod, qual
 
 
 def _resolve(mod: str, qual: str):
-    if not mod.startswith("llmlab.llamacpp"):
+    if not _ours(mod):
         raise ValueError(f"refusing to run {mod}.{qual} in the llama.cpp worker")
     obj = importlib.import_module(mod)
     for part in qual.split("."):
@@ -201,7 +205,7 @@ def _resolve(mod: str, qual: str):
 def isolated(fn: Callable, *args, **kwargs):
     """``fn(*args, **kwargs)`` in the llama.cpp worker; its result, or its exception, comes back here.
 
-    ``fn`` is a module-level function of :mod:`llmlab.llamacpp`. Raises :class:`LlamaCppCrashed` if the
+    ``fn`` is a module-level function of llmlab (usually of :mod:`llmlab.llamacpp`). Raises :class:`LlamaCppCrashed` if the
     worker dies meanwhile.
     """
     if _IN_WORKER:
