@@ -46,9 +46,13 @@ class LlamaCppCrashed(LLMLabError):
         return (type(self), (str(self), self.signal_name, self.log))
 
 
-def _write(f, obj) -> None:
+def _frame(obj) -> bytes:
     data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    f.write(_HEADER.pack(len(data)) + data)
+    return _HEADER.pack(len(data)) + data
+
+
+def _write(f, obj) -> None:
+    f.write(_frame(obj))
     f.flush()
 
 
@@ -140,11 +144,13 @@ class Worker:
 
     def request(self, what: str, msg: tuple) -> Any:
         """Send one request, return its result (re-raising the worker's exception)."""
+        frame = _frame(msg)                      # an argument that does not pickle fails here, harmlessly
         with self.lock:
             if self.proc is None or self.proc.poll() is not None:
                 self._start()
             try:
-                _write(self.proc.stdin, msg)
+                self.proc.stdin.write(frame)
+                self.proc.stdin.flush()
                 reply = _read(self.proc.stdout)
             except (BrokenPipeError, OSError):
                 reply = None
@@ -163,6 +169,9 @@ class Worker:
             self.proc.kill()
             self.proc.wait()
             self.proc = None
+        if self.err is not None:
+            self.err.close()
+            self.err = None
 
     def stop(self) -> None:
         with self.lock:
@@ -205,8 +214,8 @@ def _resolve(mod: str, qual: str):
 def isolated(fn: Callable, *args, **kwargs):
     """``fn(*args, **kwargs)`` in the llama.cpp worker; its result, or its exception, comes back here.
 
-    ``fn`` is a module-level function of llmlab (usually of :mod:`llmlab.llamacpp`). Raises :class:`LlamaCppCrashed` if the
-    worker dies meanwhile.
+    ``fn`` is a module-level function of llmlab (usually of :mod:`llmlab.llamacpp`). Raises
+    :class:`LlamaCppCrashed` if the worker dies meanwhile.
     """
     if _IN_WORKER:
         return fn(*args, **kwargs)
