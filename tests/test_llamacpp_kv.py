@@ -52,7 +52,8 @@ def llama_session(path, n_ctx=256, n_batch=64, n_ubatch=16, n_seq_max=3, n_threa
 
 def decode(sess, batch: Batch) -> int:
     """llama_decode of an llmlab Batch (its tokens, positions, sequences and output flags)."""
-    return sess.decode(batch.tokens.tolist(), pos=batch.pos.tolist(), seq_ids=[list(s) for s in batch.seq_ids],
+    return sess.decode([int(t) for t in batch.tokens], pos=[int(p) for p in batch.pos],
+                       seq_ids=[[int(s) for s in ids] for ids in batch.seq_ids],
                        logits=[bool(x) for x in batch.logits])
 
 
