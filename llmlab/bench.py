@@ -3,13 +3,12 @@ token generation (tg) in tokens per second, then ratios.
 
 Both engines get the same file, the same thread count and the same tokens: a prompt of
 ``n_prompt`` tokens cut from a real text, decoded in one batch, then ``n_gen`` greedy steps of one
-token each. llama.cpp runs in a child process so that each side's peak memory is its own.
+token each. llama.cpp runs in a process of its own so that each side's peak memory is its own.
 Decode is bound by memory bandwidth: every step reads every weight once (the tied LM head
 included), so ``decode_gb_per_s`` = weight bytes x decode tokens/s says how close each side is.
 """
 from __future__ import annotations
 
-import json
 import os
 import resource
 import subprocess
@@ -82,40 +81,44 @@ def run_llmlab(path, ids: list[int], n_gen: int, threads: int, cpu=None, kernels
     return Side(len(ids) / t_pp, n_gen / t_tg if n_gen else 0.0, peak_rss_mb(), load, out)
 
 
-_LLAMA_CHILD = r"""
-import json, sys, time
-import numpy as np
-from llama_cpp import Llama
-from llmlab.bench import peak_rss_mb
-a = json.loads(sys.argv[1])
-t0 = time.perf_counter()
-llm = Llama(a["path"], n_ctx=len(a["ids"]) + a["n_gen"] + 1, n_batch=512, n_ubatch=512, n_threads=a["threads"],
-            n_threads_batch=a["threads"], verbose=False)
-load = time.perf_counter() - t0
-n_vocab = llm.n_vocab()
-last = lambda: np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(n_vocab,))
-llm.eval(a["ids"]); llm.reset()                          # warm-up with the same shapes
-t0 = time.perf_counter(); llm.eval(a["ids"]); t_pp = time.perf_counter() - t0
-out = []
-t0 = time.perf_counter()
-for i in range(a["n_gen"]):
-    tok = int(np.argmax(last()))
-    out.append(tok)
-    llm.eval([tok])
-t_tg = time.perf_counter() - t0
-print(json.dumps({"prefill_tokens_per_s": len(a["ids"]) / t_pp, "decode_tokens_per_s": a["n_gen"] / t_tg if a["n_gen"] else 0.0,
-                  "peak_rss_mb": peak_rss_mb(), "load_s": load, "ids": out}))
-"""
-
-
 def run_llama_cpp(path, ids: list[int], n_gen: int, threads: int) -> Side:
-    arg = json.dumps({"path": str(path), "ids": [int(i) for i in ids], "n_gen": n_gen, "threads": threads})
-    env = dict(os.environ, LLAMA_CPP_LOG_LEVEL="error")
-    res = subprocess.run([sys.executable, "-c", _LLAMA_CHILD, arg], capture_output=True, text=True, env=env)
-    if res.returncode != 0:
-        tail = (res.stderr.strip().splitlines() or ["no output"])[-1]
-        raise RuntimeError(f"llama.cpp bench failed: {tail}")
-    return Side(**json.loads(res.stdout.strip().splitlines()[-1]))
+    """The same run in llama.cpp, set up as llama-cpp-python's ``Llama(n_ctx=len(ids) + n_gen + 1,
+    n_batch=512, n_threads=threads)``, in a llama.cpp worker of its own (its peak memory is llama.cpp's)."""
+    from .llamacpp.worker import isolated_once
+    return Side(**isolated_once(_llama_cpp_side, str(path), [int(i) for i in ids], int(n_gen), int(threads)))
+
+
+def _llama_cpp_side(path: str, ids: list[int], n_gen: int, threads: int) -> dict:
+    """:func:`run_llama_cpp`, in the worker."""
+    from . import LLMLabError
+    from .llamacpp.session import Session
+    n_ctx = len(ids) + n_gen + 1
+    n_batch = min(n_ctx, 512)
+    t0 = time.perf_counter()
+    s = Session(path, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch, n_threads=threads, flash_attn=False,
+                no_perf=False)
+    load = time.perf_counter() - t0
+
+    def decode(tokens, pos0):
+        for i in range(0, len(tokens), n_batch):             # Llama.eval: n_batch tokens per llama_decode
+            if s.decode(tokens[i:i + n_batch], pos0=pos0 + i, logits="last") != 0:
+                raise LLMLabError(f"llama_decode failed: {s.log(300)}")
+
+    with s:
+        decode(ids, 0)                                        # warm-up with the same shapes
+        s.seq_rm(-1, -1, -1)
+        t0 = time.perf_counter()
+        decode(ids, 0)
+        t_pp = time.perf_counter() - t0
+        out: list[int] = []
+        t0 = time.perf_counter()
+        for i in range(n_gen):
+            tok = int(np.argmax(s.logits([-1])[0]))
+            out.append(tok)
+            decode([tok], len(ids) + i)
+        t_tg = time.perf_counter() - t0
+    return {"prefill_tokens_per_s": len(ids) / t_pp, "decode_tokens_per_s": n_gen / t_tg if n_gen else 0.0,
+            "peak_rss_mb": peak_rss_mb(), "load_s": load, "ids": out}
 
 
 def plot_speeds(sides: dict, title: str = "", ax=None):

@@ -1,10 +1,12 @@
 """One install hint per missing piece and operating system: what ``doctor`` prints, and what a figure
-or a graph cell says when a font or Graphviz is missing. No imports of llmlab or of third-party
-packages, so that every module can use it on a machine where little else is installed."""
+or a graph cell says when a font or Graphviz is missing. No imports of third-party packages or of llmlab
+beyond its root (the oracle's version), so that every module can use it on a machine where little else is installed."""
 from __future__ import annotations
 
 import sys
 from pathlib import Path
+
+from . import LLAMA_CPP_PYTHON
 
 # (distribution, minimum version as in pyproject.toml, conda-forge name, needed by): "core" always, "lab" for the notebooks
 PACKAGES = (
@@ -37,7 +39,7 @@ _HINTS = {
                             "macos": "install the Symbola font (outline emoji, which matplotlib can draw; "
                                      "Apple Color Emoji it cannot)",
                             "windows": "Segoe UI Emoji ships with Windows: update Windows"},
-    "llama_cpp": {"any": "python -m pip install llama-cpp-python==0.3.36 (builds llama.cpp from source: "
+    "llama_cpp": {"any": f"python -m pip install llama-cpp-python=={LLAMA_CPP_PYTHON} (builds llama.cpp from source: "
                          "needs a C++ compiler and CMake; `make test` does it on Linux)"},
     "numba_cache": {"any": "set NUMBA_CACHE_DIR to a folder you can write (numba then caches its compiled "
                            "kernels there)"},

@@ -133,9 +133,10 @@ def llama_cpp_src() -> Path:
     """The llama.cpp source that llama-cpp-python 0.3.36 vendors, unpacked from its sdist once
     (tools/llama_cpp_source.sh: a copy already unpacked by the oracle or rpc-server builds, else PyPI)."""
     script = Path(__file__).resolve().parent.parent / "tools" / "llama_cpp_source.sh"
-    out = subprocess.run(["bash", str(script), str(Path.home() / ".cache" / "llmlab"), "0.3.36"],
+    from llmlab import LLAMA_CPP_PYTHON
+    out = subprocess.run(["bash", str(script), str(Path.home() / ".cache" / "llmlab"), LLAMA_CPP_PYTHON],
                          env={**os.environ, "PYTHON": sys.executable}, capture_output=True, text=True)
-    assert out.returncode == 0, f"could not unpack llama-cpp-python 0.3.36's sdist: {out.stderr.strip()[-500:]}"
+    assert out.returncode == 0, f"could not unpack llama-cpp-python {LLAMA_CPP_PYTHON}'s sdist: {out.stderr.strip()[-500:]}"
     return Path(out.stdout.strip().splitlines()[-1])
 
 

@@ -24,10 +24,15 @@ def smollm2(smollm2_path):
 
 @pytest.fixture(scope="module")
 def llama(smollm2_path):
-    """llama-cpp-python's defaults (flash attention off, f16 KV cache), 2 threads, every logit kept."""
-    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (optional oracle)")
-    return llama_cpp.Llama(str(smollm2_path), n_ctx=256, n_threads=2, n_threads_batch=2, logits_all=True,
-                           verbose=False)
+    """llama.cpp as llama-cpp-python's ``Llama(n_ctx=256, n_threads=2, logits_all=True)`` sets it up (flash
+    attention off, f16 KV cache, batches of 256), in the llama.cpp worker."""
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (optional oracle)")
+    from llmlab.llamacpp.session import Session
+    from llmlab.llamacpp.worker import open_remote
+    sess = open_remote(Session, str(smollm2_path), n_ctx=256, n_batch=256, n_threads=2, flash_attn=False,
+                       no_perf=False)
+    yield sess
+    sess.close()
 
 
 def sequence(n: int = N_SEQ) -> list[int]:
@@ -37,12 +42,7 @@ def sequence(n: int = N_SEQ) -> list[int]:
 
 def llama_cpp_chunks(llm, seq: list[int], chunks: tuple[int, ...]) -> np.ndarray:
     """llama.cpp's logits at every position when ``seq`` is decoded in ``chunks`` (one llama_decode each)."""
-    llm.reset()
-    i = 0
-    for c in chunks:
-        llm.eval(seq[i:i + c])
-        i += c
-    return np.array(llm.scores[:len(seq)], np.float32)
+    return llm.eval_chunks(seq, list(chunks))
 
 
 def llmlab_chunks(model, seq: list[int], chunks: tuple[int, ...]) -> np.ndarray:

@@ -14,8 +14,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from llmlab.llama.batch import Batch, BatchAllocator, BatchError, UBatch, split_simple
-from llmlab.llama.kv_cache import (ContextFullError, KVCache, KVCacheISWA, Memory, context_shift, is_masked_swa,
-                             kv_cache_bytes, swa_cache_size)
+from llmlab.llama.hparams import HParams
+from llmlab.llama.kv_cache import KVCache, kv_cache_bytes
+from llmlab.llama.kv_cache_iswa import KVCacheISWA, swa_cache_size
+from llmlab.llama.memory import ContextFullError, Memory, context_shift
 
 INT_MAX = 2**31 - 1
 
@@ -364,6 +366,7 @@ def test_sliding_window_cache_recycles_cells():
 
 
 def test_is_masked_swa_types():
+    is_masked_swa = HParams.is_masked_swa
     assert is_masked_swa(4, "standard", 0, 4) and not is_masked_swa(4, "standard", 1, 4)
     assert is_masked_swa(4, "chunked", 3, 4) and not is_masked_swa(4, "chunked", 4, 7)
     assert is_masked_swa(4, "symmetric", 0, 3) and not is_masked_swa(4, "symmetric", 5, 3)

@@ -9,24 +9,22 @@ llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not ins
 
 from llmlab.llama.batch import Batch, BatchAllocator, BatchError  # noqa: E402
 from llmlab.ggml.gguf import GGUFFile  # noqa: E402
-from llmlab.llama.kv_cache import KVCache, KVCacheISWA, kv_cache_bytes, make_kv_cache  # noqa: E402
-from llmlab.llamacpp.eval_callback import _logs, kv_cache_report  # noqa: E402
+from llmlab.llama.kv_cache import KVCache, kv_cache_bytes  # noqa: E402
+from llmlab.llama.kv_cache_iswa import KVCacheISWA, make_kv_cache  # noqa: E402
+from llmlab.llama import load_hparams  # noqa: E402
+from llmlab.llamacpp.eval_callback import kv_cache_report  # noqa: E402
+from llmlab.llamacpp.session import Session  # noqa: E402
+from llmlab.llamacpp.worker import open_remote  # noqa: E402
 
 MiB = 1024 * 1024
 
 
 def cache_for(path, n_ctx, type_k, n_ubatch=512):
     """llmlab's cache for a model, sized as llama.cpp sizes it (swa_full off)."""
-    kv = GGUFFile(path).kv
-    arch = kv["general.architecture"]
-    n_layer, n_head_kv = kv[f"{arch}.block_count"], kv[f"{arch}.attention.head_count_kv"]
-    n_embd, n_head = kv[f"{arch}.embedding_length"], kv[f"{arch}.attention.head_count"]
-    head_k = kv.get(f"{arch}.attention.key_length", n_embd // n_head)
-    head_v = kv.get(f"{arch}.attention.value_length", n_embd // n_head)
-    swa = [il for il in range(n_layer) if il % 6 != 5] if arch == "gemma3" else []   # Gemma 3: 5 local, 1 global
-    return make_kv_cache(n_ctx, n_layer, head_k * n_head_kv, head_v * n_head_kv, swa_layers=swa,
-                         n_swa=kv.get(f"{arch}.attention.sliding_window", 0), type_k=type_k, n_ubatch=n_ubatch,
-                         allocate=False)
+    hp = load_hparams(GGUFFile(path).kv)
+    swa = [il for il in range(hp.n_layer) if hp.is_swa(il)]          # Gemma 3: 5 local layers, then 1 global
+    return make_kv_cache(n_ctx, hp.n_layer, hp.n_embd_k_gqa, hp.n_embd_v_gqa, swa_layers=swa, n_swa=hp.n_swa,
+                         type_k=type_k, n_ubatch=n_ubatch, allocate=False)
 
 
 @pytest.mark.parametrize("type_k", ["f32", "f16", "q8_0"])
@@ -44,41 +42,19 @@ def test_memory_accounting_matches_llama_cpp(real_model, type_k):
         assert c.total_bytes() == kv_cache_bytes(c.size, len(c.layers), c.n_embd_k_gqa, c.n_embd_v_gqa, type_k)
 
 
-class LlamaSession:
-    """A llama.cpp context with a unified KV cache for several sequences, driven through the C API."""
+def llama_session(path, n_ctx=256, n_batch=64, n_ubatch=16, n_seq_max=3, n_threads=1, **kw):
+    """A llama.cpp context (flash attention as llama.cpp chooses) in the llama.cpp worker, by default with
+    a unified KV cache for several sequences."""
+    kw.setdefault("kv_unified", True)
+    return open_remote(Session, str(path), n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_seq_max=n_seq_max,
+                       n_threads=n_threads, flash_attn="auto", **kw)
 
-    def __init__(self, path, n_ctx=256, n_seq_max=3):
-        lc = self.lc = llama_cpp
-        _logs(lc)
-        self.model = lc.llama_model_load_from_file(str(path).encode(), lc.llama_model_default_params())
-        cp = lc.llama_context_default_params()
-        cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max = n_ctx, 64, 16, n_seq_max
-        cp.kv_unified = True
-        cp.n_threads = cp.n_threads_batch = 1
-        self.ctx = lc.llama_init_from_model(self.model, cp)
-        self.mem = lc.llama_get_memory(self.ctx)
 
-    def decode(self, batch: Batch) -> int:
-        lc = self.lc
-        n = batch.n_tokens
-        b = lc.llama_batch_init(n, 0, 4)
-        try:
-            for i in range(n):
-                b.token[i], b.pos[i], b.logits[i] = batch.tokens[i], batch.pos[i], batch.logits[i]
-                b.n_seq_id[i] = len(batch.seq_ids[i])
-                for j, s in enumerate(batch.seq_ids[i]):
-                    b.seq_id[i][j] = s
-            b.n_tokens = n
-            return lc.llama_decode(self.ctx, b)
-        finally:
-            lc.llama_batch_free(b)
-
-    def pos_range(self, s):
-        return self.lc.llama_memory_seq_pos_min(self.mem, s), self.lc.llama_memory_seq_pos_max(self.mem, s)
-
-    def close(self):
-        self.lc.llama_free(self.ctx)
-        self.lc.llama_model_free(self.model)
+def decode(sess, batch: Batch) -> int:
+    """llama_decode of an llmlab Batch (its tokens, positions, sequences and output flags)."""
+    return sess.decode([int(t) for t in batch.tokens], pos=[int(p) for p in batch.pos],
+                       seq_ids=[[int(s) for s in ids] for ids in batch.seq_ids],
+                       logits=[bool(x) for x in batch.logits])
 
 
 OPS = {
@@ -88,15 +64,11 @@ OPS = {
     "seq_add": lambda c, s, p0, p1, d: c.seq_add(s, p0, p1, d),
     "seq_div": lambda c, s, p0, p1, d: c.seq_div(s, p0, p1, d),
 }
-LLAMA_OPS = {
-    "seq_rm": "llama_memory_seq_rm", "seq_cp": "llama_memory_seq_cp", "seq_keep": "llama_memory_seq_keep",
-    "seq_add": "llama_memory_seq_add", "seq_div": "llama_memory_seq_div",
-}
 
 
 def run_script(path, script, n_seq=3):
     """Apply the same decodes and sequence operations to llama.cpp and to llmlab; compare after each step."""
-    sess = LlamaSession(path, n_seq_max=n_seq)
+    sess = llama_session(path, n_seq_max=n_seq)
     ours = KVCache(256, 1, 4, n_seq_max=n_seq, allocate=False)
     try:
         for step in script:
@@ -107,10 +79,10 @@ def run_script(path, script, n_seq=3):
                 ubs = BatchAllocator(batch, n_seq_max=n_seq, memory=ours).split_all(16)
                 for ub, slot in zip(ubs, ours.prepare(ubs)):
                     ours.apply_ubatch(slot, ub)
-                assert sess.decode(batch) == 0, step
+                assert decode(sess, batch) == 0, step
             else:
                 OPS[step[0]](ours, *step[1:])
-                getattr(llama_cpp, LLAMA_OPS[step[0]])(sess.mem, *step[1:])
+                getattr(sess, step[0])(*step[1:])          # llama_memory_seq_rm, ... of the same name
             for s in range(n_seq):
                 assert (ours.seq_pos_min(s), ours.seq_pos_max(s)) == sess.pos_range(s), (step, s)
     finally:
@@ -148,15 +120,15 @@ def test_random_operation_sequences_agree_with_llama_cpp(smollm2_path):
 
 
 def test_inconsistent_positions_are_refused_by_both(smollm2_path):
-    sess = LlamaSession(smollm2_path)
+    sess = llama_session(smollm2_path)
     ours = KVCache(256, 1, 4, n_seq_max=3, allocate=False)
     try:
         first = Batch.from_tokens([1, 2, 3])
-        assert sess.decode(first) == 0
+        assert decode(sess, first) == 0
         ubs = BatchAllocator(first, n_seq_max=3, memory=ours).split_all(16)
         ours.apply_ubatch(ours.prepare(ubs)[0], ubs[0])
         bad = Batch.from_tokens([4], pos0=5)                         # a gap: 3, 4 are missing
-        assert sess.decode(bad) != 0
+        assert decode(sess, bad) != 0
         with pytest.raises(BatchError, match="Y = X \\+ 1"):
             BatchAllocator(bad, n_seq_max=3, memory=ours)
     finally:
@@ -189,30 +161,21 @@ def test_stored_rows_are_llama_cpp_cache_rows(smollm2_path, type_k):
 @pytest.mark.slow
 def test_sliding_window_cache_recycles_like_llama_cpp(gemma3_path):
     """1400 tokens through Gemma 3 with a 1024-cell window cache: both purge the same old positions."""
-    lc = llama_cpp
-    _logs(lc)
-    model = lc.llama_model_load_from_file(str(gemma3_path).encode(), lc.llama_model_default_params())
-    cp = lc.llama_context_default_params()
-    cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.swa_full = 2048, 512, 512, False
-    cp.n_threads = cp.n_threads_batch = 2
-    ctx = lc.llama_init_from_model(model, cp)
-    mem = lc.llama_get_memory(ctx)
+    sess = llama_session(gemma3_path, n_ctx=2048, n_batch=512, n_ubatch=512, n_seq_max=1, n_threads=2,
+                         swa_full=False, kv_unified=None)
     ours = cache_for(gemma3_path, 2048, "f16")
     try:
         assert isinstance(ours, KVCacheISWA) and ours.swa.size == 1024
-        sess = LlamaSession.__new__(LlamaSession)
-        sess.lc, sess.ctx, sess.mem = lc, ctx, mem
         start = 0
         for n in (512, 512, 300, 76):
             batch = Batch.from_tokens(range(1000, 1000 + n), pos0=start)
             ubs = BatchAllocator(batch, memory=ours).split_all(512)
             for ub, slots in zip(ubs, ours.prepare(ubs)):
                 ours.apply_ubatch(slots, ub)
-            assert sess.decode(batch) == 0
+            assert decode(sess, batch) == 0
             start += n
             assert (ours.seq_pos_min(0), ours.seq_pos_max(0)) == sess.pos_range(0)
             assert ours.base.seq_pos_min(0) == 0                     # the global layers keep everything
         assert ours.seq_pos_min(0) > 0                                # the window cache has dropped old positions
     finally:
-        lc.llama_free(ctx)
-        lc.llama_model_free(model)
+        sess.close()

@@ -1,7 +1,5 @@
-"""Live comparison with llama.cpp (llama-cpp-python, vocab only) on generated text."""
+"""Live comparison with llama.cpp (llama-cpp-python, vocab only, in the llama.cpp worker) on generated text."""
 from __future__ import annotations
-
-import ctypes
 
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
@@ -12,39 +10,34 @@ from llmlab.llama.vocab import Tokenizer, Vocab
 llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (optional oracle)")
 
 from test_tokenizer import ALPHABET, texts, tokenizer  # noqa: E402
+from llmlab.llamacpp import session  # noqa: E402
+from llmlab.llamacpp.worker import isolated  # noqa: E402
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                           HealthCheck.function_scoped_fixture])
-_LLAMAS: dict[str, object] = {}
+def llama(path) -> str:
+    """The model whose vocabulary the worker loads (once per file)."""
+    return str(path)
 
 
-def llama(path) -> object:
-    key = str(path)
-    if key not in _LLAMAS:
-        _LLAMAS[key] = llama_cpp.Llama(key, vocab_only=True, verbose=False)
-    return _LLAMAS[key]
+def llama_tokenize(llm: str, raw: bytes, add_bos: bool, special: bool) -> list[int]:
+    return isolated(session.tokenize, llm, raw, add_bos, special)
 
 
-def llama_detokenize(llm, ids: list[int], special: bool) -> bytes:
+def llama_detokenize(llm: str, ids: list[int], special: bool) -> bytes:
     """``llama_detokenize`` itself (``Llama.detokenize`` goes piece by piece through a 32-byte buffer)."""
-    vocab = llama_cpp.llama_model_get_vocab(llm._model.model)
-    arr = (llama_cpp.llama_token * max(1, len(ids)))(*ids)
-    size = 64 + 64 * len(ids)
-    buf = ctypes.create_string_buffer(size)
-    n = llama_cpp.llama_detokenize(vocab, arr, len(ids), buf, size, False, special)
-    assert n >= 0
-    return buf.raw[:n]
+    return isolated(session.detokenize, llm, ids, special)
 
 
-def check(tok: Tokenizer, llm, text: str) -> None:
+def check(tok: Tokenizer, llm: str, text: str) -> None:
     raw = text.encode()
     for add_bos in (False, True):
         for special in (False, True):
-            want = llm.tokenize(raw, add_bos=add_bos, special=special)
+            want = llama_tokenize(llm, raw, add_bos=add_bos, special=special)
             assert tok.tokenize(text, add_bos=add_bos, special=special) == want, (text, add_bos, special)
     for special in (False, True):
         assert tok.detokenize_bytes(want, special) == llama_detokenize(llm, want, special)
-    plain = llm.tokenize(raw, add_bos=False, special=False)
+    plain = llama_tokenize(llm, raw, add_bos=False, special=False)
     if llama_detokenize(llm, plain, False) == raw:   # round trip wherever llama.cpp's does
         assert tok.detokenize(tok.tokenize(text)) == text
 
@@ -53,12 +46,11 @@ def check(tok: Tokenizer, llm, text: str) -> None:
 def test_every_token_piece(name):
     """``token_to_piece`` of every id, with and without special, equals ``llama_token_to_piece``."""
     tok, llm = tokenizer(name), llama(models.resolve(name))
-    vocab = llama_cpp.llama_model_get_vocab(llm._model.model)
-    buf = ctypes.create_string_buffer(512)
     for special in (False, True):
+        pieces = isolated(session.token_pieces, llm, special)
+        assert len(pieces) == len(tok)
         for i in range(len(tok)):
-            n = llama_cpp.llama_token_to_piece(vocab, i, buf, 512, 0, special)
-            assert tok.token_to_piece(i, special) == buf.raw[:n], (i, special)
+            assert tok.token_to_piece(i, special) == pieces[i], (i, special)
 
 
 @pytest.mark.parametrize("name", ["smollm2", "gemma3"])

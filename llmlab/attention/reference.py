@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..llama.hparams import HParams
+
 
 def split_heads(x: np.ndarray, n_head: int) -> np.ndarray:
     """(n_tokens, n_head * d) -> (n_head, n_tokens, d): each head gets its own slice of every row."""
@@ -53,8 +55,8 @@ def causal_mask(n_q: int, n_kv: int | None = None, q_pos=None, kv_pos=None, wind
     qp = np.arange(n_q) if q_pos is None else np.asarray(q_pos)
     kp = np.arange(n_kv) if kv_pos is None else np.asarray(kv_pos)
     ok = kp[None, :] <= qp[:, None]
-    if window:
-        ok &= qp[:, None] - kp[None, :] < window
+    if window:                                  # the sliding window of Gemma 3's local layers
+        ok &= ~HParams.is_masked_swa(window, "standard", kp[None, :], qp[:, None])
     return np.where(ok, 0.0, -np.inf)
 
 

@@ -1,7 +1,7 @@
 """``diff-llama-cpp``: run a prompt through llama.cpp and through llmlab, compare the graphs node by node."""
 from __future__ import annotations
 
-from .. import LLMLabError, config, models
+from .. import LLAMA_CPP_PYTHON, LLMLabError, config, models
 from ._cpu import add_cpu_argument, resolve_cpu
 from ._common import add_flash_attn, dumps, flash_attn, positive_int
 
@@ -37,7 +37,7 @@ def run(args) -> int:
     from .. import llamacpp
     layers = parse_layers(args.layers)
     if not llamacpp.available():
-        raise LLMLabError("diff-llama-cpp needs llama-cpp-python (pip install llama-cpp-python==0.3.36)")
+        raise LLMLabError(f"diff-llama-cpp needs llama-cpp-python (pip install llama-cpp-python=={LLAMA_CPP_PYTHON})")
     path = models.resolve(args.model)
     cpu = resolve_cpu(args)
     flash = flash_attn(args)

@@ -36,7 +36,8 @@ def binary(cache: Path | None = None) -> Path | None:
     try:
         version = md.version("llama-cpp-python")
     except md.PackageNotFoundError:
-        version = "0.3.36"
+        from .. import LLAMA_CPP_PYTHON
+        version = LLAMA_CPP_PYTHON
     r = subprocess.run(["bash", str(BUILD_SCRIPT), str(cache or config.home()), version],
                        env={**os.environ, "RPC_SERVER_NO_BUILD": "1"}, capture_output=True, text=True)
     if r.returncode != 0 or not r.stdout.strip():

@@ -26,7 +26,9 @@ from ..ggml.cpu.threadpool import Governor, governor
 from ..ggml.sched.backend import CPUBackend
 from .graph import KVView
 from ..ggml.tensor import Tensor
-from .kv_cache import Memory, make_kv_cache, padded_n_ctx
+from .kv_cache import padded_n_ctx
+from .kv_cache_iswa import make_kv_cache
+from .memory import Memory
 from .model import Model
 from .validate import check_kv_memory
 

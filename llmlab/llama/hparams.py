@@ -55,5 +55,21 @@ class HParams:
     def is_swa(self, il: int) -> bool:
         return self.n_swa > 0 and self.swa_pattern > 0 and il % self.swa_pattern < self.swa_pattern - 1
 
+    # the sliding-window rule (llama_hparams::is_masked_swa), per llama_swa_type: is the key at position p0
+    # hidden from a query at p1? Plain functions of NumPy arrays (or scalars), broadcasting.
+    SWA_TYPES = {
+        "none": lambda n_swa, p0, p1: (p1 - p0) != (p1 - p0),
+        "standard": lambda n_swa, p0, p1: p1 - p0 >= n_swa,                 # Gemma 3: the last n_swa positions
+        "chunked": lambda n_swa, p0, p1: p0 < (p1 // n_swa) * n_swa,        # only the query's own chunk
+        "symmetric": lambda n_swa, p0, p1: (p1 - p0 < -(n_swa // 2)) | (p1 - p0 > n_swa // 2),
+    }
+
+    @staticmethod
+    def is_masked_swa(n_swa: int, swa_type: str, p0, p1):
+        """True where a query at position ``p1`` may not see a key at ``p0`` because of the window
+        (scalars or arrays, broadcast). ``standard`` (Gemma 3): masked when ``p1 - p0 >= n_swa``."""
+        import numpy as np
+        return HParams.SWA_TYPES[swa_type](n_swa, np.asarray(p0), np.asarray(p1))
+
     def rope_base(self, il: int) -> float:
         return self.rope_freq_base_swa if self.is_swa(il) else self.rope_freq_base

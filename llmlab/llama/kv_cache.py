@@ -19,16 +19,18 @@ see it. Everything the cache does is bookkeeping on that metadata
   and, for a sliding-window cache, less than ``n_swa`` positions back.
 
 Models with sliding-window layers (Gemma 3) get two caches
-(:class:`KVCacheISWA`, ``llama-kv-cache-iswa.cpp``): one for the global
-layers and one, whose cells may be recycled once they fall out of the window,
-for the local layers.
+(:class:`~llmlab.llama.kv_cache_iswa.KVCacheISWA`, ``llama-kv-cache-iswa.cpp``):
+one for the global layers and one, whose cells may be recycled once they fall
+out of the window, for the local layers. The interface both offer a context is
+:class:`~llmlab.llama.memory.Memory` (``llama-memory.h``); the sliding-window
+rule is the hyperparameters' (:meth:`~llmlab.llama.hparams.HParams.is_masked_swa`).
 
 The metadata here is NumPy arrays (``pos``, ``shift``, a boolean
 ``seq[cell, seq_id]`` matrix) so each operation reads as one line of array
 math; the K/V data are arrays of the cache type (``float16`` for f16,
 ``float32`` for f32, raw q8_0 blocks for q8_0), one row per cell::
 
-    cache = make_kv_cache(n_ctx=512, n_layer=30, n_embd_k_gqa=192)   # or KVCache(...) / KVCacheISWA(...)
+    cache = make_kv_cache(n_ctx=512, n_layer=30, n_embd_k_gqa=192)   # kv_cache_iswa; or KVCache(...)
     ubatches = BatchAllocator(Batch.from_tokens(ids), memory=cache).split_all(n_ubatch=512)
     slots = cache.prepare(ubatches)               # raises ContextFullError if they do not fit
     for ub, slot in zip(ubatches, slots):
@@ -47,57 +49,21 @@ A graph that keeps its own K/V tensors can use the cache for its cells only
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Protocol, Sequence, runtime_checkable
+from typing import Callable, Sequence
 
 import numpy as np
 
-from .. import LLMLabError
-from .batch import LLAMA_MAX_SEQ, UBatch
+from .batch import UBatch
+from .hparams import HParams
+from .kv_cells import KVCells
+from .memory import ContextFullError
 from ..ggml.cpu.journal import rows_written
 from ..ggml.cpu.quants import quantize_activations
 from ..ggml.quant import dequantize
 from ..ggml.types import GGMLType, ggml_type
 
-N_KV_PAD = 256   # llama_kv_cache::get_n_kv pads the attended cells to a multiple of 256
+N_KV_PAD = 256   # llama_kv_cache::get_n_kv pads the attended cells so the graph keeps its shape and can be reused
 CACHE_TYPES = ("f32", "f16", "q8_0")
-
-
-class ContextFullError(LLMLabError):
-    """The KV cache has no room for a batch (llama_decode's return value 1)."""
-
-
-# --------------------------------------------------------------------------------------------------------------
-# sliding windows (llama_hparams::is_masked_swa)
-# --------------------------------------------------------------------------------------------------------------
-def _swa_none(n_swa, p0, p1):
-    return np.zeros(np.broadcast(p0, p1).shape, bool)
-
-
-def _swa_standard(n_swa, p0, p1):
-    return p1 - p0 >= n_swa
-
-
-def _swa_chunked(n_swa, p0, p1):
-    return p0 < (p1 // n_swa) * n_swa
-
-
-def _swa_symmetric(n_swa, p0, p1):
-    half = n_swa // 2
-    d = p1 - p0
-    return (d < -half) | (d > half)
-
-
-SWA_TYPES: dict[str, Callable] = {"none": _swa_none, "standard": _swa_standard,
-                                  "chunked": _swa_chunked, "symmetric": _swa_symmetric}
-
-
-def is_masked_swa(n_swa: int, swa_type: str, p0, p1):
-    """True where a query at position ``p1`` may not see a key at ``p0`` because of the window.
-
-    Works on scalars and broadcasts over arrays. ``standard`` (Gemma 3):
-    masked when ``p1 - p0 >= n_swa``.
-    """
-    return SWA_TYPES[swa_type](n_swa, np.asarray(p0), np.asarray(p1))
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -130,45 +96,6 @@ def kv_cache_bytes(n_ctx: int, n_layer: int, n_embd_k_gqa: int, n_embd_v_gqa: in
 
 
 # --------------------------------------------------------------------------------------------------------------
-# the memory interface (llama_memory_i)
-# --------------------------------------------------------------------------------------------------------------
-@runtime_checkable
-class Memory(Protocol):
-    """What a context asks of its memory, whichever it is (llama.cpp's ``llama_memory_i`` and the
-    ``llama_memory_context_i`` it hands out per batch): :class:`KVCache` and :class:`KVCacheISWA` implement it,
-    a recurrent or paged memory would too.
-
-    - a batch: ``prepare(ubatches)`` places every micro-batch as a dry run and returns one placement each
-      (raises :class:`ContextFullError`, leaving the memory unchanged); ``apply_ubatch(placement, ubatch)``
-      really places one;
-    - per layer: ``layer_cache(il)`` holds its K/V rows (``k(il, n)``, ``v(il, n)``, ``size``, ``type_k``,
-      ``type_v``), ``n_kv(il)`` cells are attended, ``k_idxs(placement, il)`` are the cells this micro-batch
-      writes, ``kq_mask(ubatch, n_kv, il=il)`` is its mask;
-    - sequences: ``seq_rm``, ``seq_cp``, ``seq_keep``, ``seq_add``, ``seq_div``, ``seq_pos_min``,
-      ``seq_pos_max``, ``clear``;
-    - ``state()`` / ``restore(state)``: the bookkeeping, saved and put back.
-    """
-
-    def prepare(self, ubatches: Sequence[UBatch]) -> list: ...
-    def apply_ubatch(self, placement, ubatch: UBatch) -> None: ...
-    def layer_cache(self, il: int) -> "KVCache": ...
-    def n_kv(self, il: int | None = None) -> int: ...
-    def k_idxs(self, placement, il: int) -> np.ndarray: ...
-    def kq_mask(self, ubatch: UBatch, n_kv: int | None = None, causal: bool = True,
-                il: int | None = None) -> np.ndarray: ...
-    def seq_rm(self, seq_id: int, p0: int | None = None, p1: int | None = None) -> bool: ...
-    def seq_cp(self, seq_src: int, seq_dst: int, p0: int | None = None, p1: int | None = None) -> None: ...
-    def seq_keep(self, seq_id: int) -> None: ...
-    def seq_add(self, seq_id: int, p0: int | None, p1: int | None, delta: int) -> None: ...
-    def seq_div(self, seq_id: int, p0: int | None, p1: int | None, d: int) -> None: ...
-    def seq_pos_min(self, seq_id: int) -> int: ...
-    def seq_pos_max(self, seq_id: int) -> int: ...
-    def clear(self) -> None: ...
-    def state(self): ...
-    def restore(self, state) -> None: ...
-
-
-# --------------------------------------------------------------------------------------------------------------
 # the cache
 # --------------------------------------------------------------------------------------------------------------
 @dataclass
@@ -190,15 +117,9 @@ class Slot:
         return f"Slot({len(i)} cells {where})"
 
 
-def _range(p0, p1):
-    """llama.cpp's convention: a negative (or None) p0 means 0, a negative (or None) p1 means infinity."""
-    p0 = 0 if p0 is None or p0 < 0 else int(p0)
-    p1 = np.iinfo(np.int32).max if p1 is None or p1 < 0 else int(p1)
-    return p0, p1
-
-
-class KVCache:
-    """A unified (single-stream) ``llama_kv_cache``.
+class KVCache(KVCells):
+    """A unified (single-stream) ``llama_kv_cache``: its cells (:class:`~llmlab.llama.kv_cells.KVCells`:
+    positions, sequences and the ``seq_*`` operations), plus the K/V rows, the slot search and the mask.
 
     Parameters: ``size`` cells; ``layers``: the layer indices it stores (an int
     ``n`` means ``range(n)``); ``n_embd_k_gqa``/``n_embd_v_gqa``: the width of
@@ -211,29 +132,18 @@ class KVCache:
     def __init__(self, size: int, layers: int | Sequence[int], n_embd_k_gqa: int, n_embd_v_gqa: int | None = None,
                  type_k: str = "f16", type_v: str | None = None, n_seq_max: int = 1,
                  n_swa: int = 0, swa_type: str = "none", allocate: bool = True):
-        if size < 1:
-            raise ValueError(f"KV cache size must be >= 1 cell, not {size}")
-        if not 1 <= n_seq_max <= LLAMA_MAX_SEQ:
-            raise ValueError(f"n_seq_max = {n_seq_max} is outside [1, {LLAMA_MAX_SEQ}]")
-        if swa_type not in SWA_TYPES:
-            raise ValueError(f"unknown swa_type {swa_type!r} (known: {', '.join(SWA_TYPES)})")
+        super().__init__(size, n_seq_max)                   # the cell metadata (llama_kv_cells)
+        if swa_type not in HParams.SWA_TYPES:
+            raise ValueError(f"unknown swa_type {swa_type!r} (known: {', '.join(HParams.SWA_TYPES)})")
         if swa_type != "none" and n_swa < 1:
             raise ValueError(f"a sliding-window cache needs n_swa >= 1, not {n_swa}")
-        self.size = int(size)
         self.layers = list(range(layers)) if isinstance(layers, int) else [int(i) for i in layers]
         self.n_embd_k_gqa = int(n_embd_k_gqa)
         self.n_embd_v_gqa = int(n_embd_k_gqa if n_embd_v_gqa is None else n_embd_v_gqa)
         self.type_k = cache_type(type_k)
         self.type_v = cache_type(type_v or type_k)
-        self.n_seq_max = int(n_seq_max)
         self.n_swa = int(n_swa)
         self.swa_type = swa_type
-        # cell metadata (llama_kv_cells)
-        self.pos = np.full(self.size, -1, np.int32)          # -1: empty
-        self.shift = np.zeros(self.size, np.int32)           # accumulated position shift since the last K-shift
-        self.seq = np.zeros((self.size, self.n_seq_max), bool)
-        self.has_shift = False
-        self.head = 0
         # data: one row per cell
         self._k: dict[int, np.ndarray] = {}
         self._v: dict[int, np.ndarray] = {}
@@ -284,136 +194,11 @@ class KVCache:
         """size x n_layer x (K row + V row) bytes, as llama.cpp reports it."""
         return self.size_k_bytes() + self.size_v_bytes()
 
-    # -- cell queries -------------------------------------------------------------------------------------------
-    @property
-    def used(self) -> int:
-        """Number of non-empty cells."""
-        return int((self.pos >= 0).sum())
-
-    def used_max_p1(self) -> int:
-        """Index of the last non-empty cell + 1 (0 if none)."""
-        nz = np.flatnonzero(self.pos >= 0)
-        return int(nz[-1]) + 1 if len(nz) else 0
-
     def n_kv(self, il: int | None = None) -> int:
         """Cells the attention looks at (any layer ``il`` of this cache): ``used_max_p1`` padded to 256, at most ``size`` (``get_n_kv``)."""
         return min(self.size, max(N_KV_PAD, -(-self.used_max_p1() // N_KV_PAD) * N_KV_PAD))
 
-    def is_empty(self, i: int) -> bool:
-        return bool(self.pos[i] < 0)
-
-    def seq_ids(self, i: int) -> frozenset[int]:
-        """The set of sequences cell ``i`` belongs to."""
-        return frozenset(np.flatnonzero(self.seq[i]).tolist())
-
-    def seq_pos_min(self, seq_id: int) -> int:
-        """Smallest position of ``seq_id`` in the cache, -1 if it has none."""
-        p = self.pos[self.seq[:, self._sid(seq_id)]]
-        return int(p.min()) if len(p) else -1
-
-    def seq_pos_max(self, seq_id: int) -> int:
-        """Largest position of ``seq_id`` in the cache, -1 if it has none."""
-        p = self.pos[self.seq[:, self._sid(seq_id)]]
-        return int(p.max()) if len(p) else -1
-
-    def cells(self) -> list[tuple[int, frozenset[int]]]:
-        """(pos, seq ids) of every cell: the picture of the cache."""
-        return [(int(p), self.seq_ids(i)) for i, p in enumerate(self.pos)]
-
-    def _sid(self, seq_id: int) -> int:
-        if not 0 <= seq_id < self.n_seq_max:
-            raise ValueError(f"seq_id {seq_id} is outside [0, {self.n_seq_max})")
-        return int(seq_id)
-
-    # -- clearing cells -----------------------------------------------------------------------------------------
-    def _clear(self, sel: np.ndarray) -> None:
-        """Empty the cells selected by the boolean mask ``sel`` and pull ``head`` back to the first of them."""
-        self.pos[sel] = -1
-        self.shift[sel] = 0
-        self.seq[sel] = False
-        freed = np.flatnonzero(sel)
-        if len(freed) and freed[0] < self.head:
-            self.head = int(freed[0])
-
-    def clear(self) -> None:
-        """Empty all cells (``llama_memory_clear``); the data is left as is."""
-        self._clear(np.ones(self.size, bool))
-        self.head = 0
-        self.has_shift = False
-
-    # -- sequence operations ------------------------------------------------------------------------------------
-    def seq_rm(self, seq_id: int, p0: int | None = None, p1: int | None = None) -> bool:
-        """Remove ``seq_id`` from the cells at positions [p0, p1); ``seq_id < 0`` removes every sequence there.
-
-        A cell left with no sequence becomes empty; ``head`` moves back to the
-        first freed cell if that is before it. Returns True (a KV cache can
-        always remove a range).
-        """
-        p0, p1 = _range(p0, p1)
-        in_range = (self.pos >= p0) & (self.pos < p1)
-        if seq_id < 0:
-            self._clear(in_range)
-            return True
-        s = self._sid(seq_id)
-        hit = in_range & self.seq[:, s]
-        self.seq[hit, s] = False
-        self._clear(hit & ~self.seq.any(axis=1))
-        return True
-
-    def seq_cp(self, seq_src: int, seq_dst: int, p0: int | None = None, p1: int | None = None) -> None:
-        """Let ``seq_dst`` also see the cells of ``seq_src`` at positions [p0, p1): shared, not copied."""
-        a, b = self._sid(seq_src), self._sid(seq_dst)
-        if a == b:
-            return
-        p0, p1 = _range(p0, p1)
-        self.seq[(self.pos >= p0) & (self.pos < p1) & self.seq[:, a], b] = True
-
-    def seq_keep(self, seq_id: int) -> None:
-        """Keep only ``seq_id``: its cells lose every other sequence, all other cells are emptied."""
-        s = self._sid(seq_id)
-        mine = self.seq[:, s].copy()
-        self.seq[mine] = False
-        self.seq[mine, s] = True
-        self._clear((self.pos >= 0) & ~mine)
-
-    def seq_add(self, seq_id: int, p0: int | None, p1: int | None, delta: int) -> None:
-        """Shift the positions of ``seq_id``'s cells in [p0, p1) by ``delta`` (``llama_memory_seq_add``).
-
-        Cells pushed below position 0 are emptied. The shift is also recorded
-        per cell (``shift``) so the K rows can be re-rotated later
-        (:meth:`apply_k_shift`). ``head`` goes to the first freed cell, or to 0.
-        """
-        s = self._sid(seq_id)
-        if delta == 0:
-            return
-        p0, p1 = _range(p0, p1)
-        if p0 == p1:
-            return
-        hit = (self.pos >= p0) & (self.pos < p1) & self.seq[:, s]
-        self.pos[hit] += delta
-        self.shift[hit] += delta
-        self.has_shift = True
-        gone = hit & (self.pos < 0)
-        self._clear(gone)
-        freed = np.flatnonzero(gone)
-        self.head = int(freed[0]) if len(freed) else 0
-
-    def seq_div(self, seq_id: int, p0: int | None, p1: int | None, d: int) -> None:
-        """Divide the positions of ``seq_id``'s cells in [p0, p1) by ``d`` (self-extend), recording the shift."""
-        s = self._sid(seq_id)
-        if d == 1:
-            return
-        if d < 1:
-            raise ValueError(f"seq_div needs d >= 1, not {d}")
-        p0, p1 = _range(p0, p1)
-        if p0 == p1:
-            return
-        hit = (self.pos >= p0) & (self.pos < p1) & self.seq[:, s]
-        old = self.pos[hit]
-        self.pos[hit] = old // d
-        self.shift[hit] += old - self.pos[hit]
-        self.has_shift = True
-
+    # -- shifting positions -------------------------------------------------------------------------------------
     @property
     def can_shift(self) -> bool:
         return True
@@ -464,7 +249,7 @@ class KVCache:
             ids = np.flatnonzero(self.seq[i])
             if len(ids) != 1 or self.swa_type == "none":
                 return False
-            return bool(is_masked_swa(self.n_swa, self.swa_type, self.pos[i], pos_max[int(ids[0])] + 1))
+            return bool(HParams.is_masked_swa(self.n_swa, self.swa_type, self.pos[i], pos_max[int(ids[0])] + 1))
 
         idxs: list[int] = []
         n_tested = 0
@@ -521,13 +306,6 @@ class KVCache:
         c.restore(self.state())
         return c
 
-    def state(self):
-        """The cell metadata, copied (``state_write`` without the K/V data): :meth:`restore` puts it back."""
-        return self.pos.copy(), self.shift.copy(), self.seq.copy(), self.head, self.has_shift
-
-    def restore(self, state) -> None:
-        pos, shift, seq, self.head, self.has_shift = state
-        self.pos, self.shift, self.seq = pos.copy(), shift.copy(), seq.copy()
 
     def prepare(self, ubatches: Sequence[UBatch]) -> list[Slot]:
         """Find a slot for every micro-batch, as a dry run (``prepare``): the cells are rolled back afterwards.
@@ -569,7 +347,7 @@ class KVCache:
         if causal:
             visible &= p0 <= p1
         if self.swa_type != "none":
-            visible &= ~is_masked_swa(self.n_swa, self.swa_type, p0, p1)
+            visible &= ~HParams.is_masked_swa(self.n_swa, self.swa_type, p0, p1)
         return np.where(visible, np.float32(0), np.float32(-np.inf))
 
     def layer_cache(self, il: int) -> "KVCache":
@@ -592,195 +370,6 @@ class KVCache:
         return (f"KVCache(size={self.size}, used={self.used}, head={self.head}, layers={len(self.layers)}, "
                 f"k={self.type_k.name}x{self.n_embd_k_gqa}, v={self.type_v.name}x{self.n_embd_v_gqa}{swa})")
 
-
-# --------------------------------------------------------------------------------------------------------------
-# interleaved sliding-window attention: two caches (llama_kv_cache_iswa)
-# --------------------------------------------------------------------------------------------------------------
-def swa_cache_size(size_base: int, n_swa: int, n_ubatch: int, n_seq_max: int = 1, swa_full: bool = False) -> int:
-    """Cells of the sliding-window cache: the window (per sequence) plus one micro-batch, padded to 256.
-
-    With ``swa_full`` (llama.cpp's default context parameter) it is as big as the base cache.
-    """
-    if swa_full:
-        return size_base
-    return -(-min(size_base, n_swa * n_seq_max + n_ubatch) // 256) * 256
-
-
-class KVCacheISWA:
-    """Two :class:`KVCache` s: ``base`` for the global layers, ``swa`` for the sliding-window ones.
-
-    Sequence operations go to both; ``prepare`` returns, per micro-batch, a
-    pair of slots ``(base_slot, swa_slot)``; the per-layer calls (``store``,
-    ``k``, ``v``, ``kq_mask``, ``n_kv``) take the layer index and route to the
-    layer's cache.
-    """
-
-    def __init__(self, size: int, layers_base: Sequence[int], layers_swa: Sequence[int], n_embd_k_gqa: int,
-                 n_embd_v_gqa: int | None = None, type_k: str = "f16", type_v: str | None = None,
-                 n_seq_max: int = 1, n_swa: int = 512, swa_type: str = "standard", n_ubatch: int = 512,
-                 swa_full: bool = False, allocate: bool = True):
-        size_swa = swa_cache_size(size, n_swa, n_ubatch, n_seq_max, swa_full)
-        kw = dict(n_embd_k_gqa=n_embd_k_gqa, n_embd_v_gqa=n_embd_v_gqa, type_k=type_k, type_v=type_v,
-                  n_seq_max=n_seq_max, allocate=allocate)
-        self.base = KVCache(size, list(layers_base), **kw)
-        self.swa = KVCache(size_swa, list(layers_swa), n_swa=n_swa, swa_type=swa_type, **kw)
-        self._by_layer = {il: self.base for il in self.base.layers} | {il: self.swa for il in self.swa.layers}
-
-    @property
-    def caches(self) -> tuple[KVCache, KVCache]:
-        return self.base, self.swa
-
-    def layer_cache(self, il: int) -> KVCache:
-        try:
-            return self._by_layer[il]
-        except KeyError:
-            raise KeyError(f"layer {il} has no KV cache here") from None
-
-    @property
-    def size(self) -> int:
-        return self.base.size
-
-    @property
-    def n_seq_max(self) -> int:
-        return self.base.n_seq_max
-
-    # sequence operations: both caches
-    def seq_rm(self, seq_id, p0=None, p1=None) -> bool:
-        return self.base.seq_rm(seq_id, p0, p1) & self.swa.seq_rm(seq_id, p0, p1)
-
-    def seq_cp(self, seq_src, seq_dst, p0=None, p1=None) -> None:
-        self.base.seq_cp(seq_src, seq_dst, p0, p1)
-        self.swa.seq_cp(seq_src, seq_dst, p0, p1)
-
-    def seq_keep(self, seq_id) -> None:
-        self.base.seq_keep(seq_id)
-        self.swa.seq_keep(seq_id)
-
-    def seq_add(self, seq_id, p0, p1, delta) -> None:
-        self.base.seq_add(seq_id, p0, p1, delta)
-        self.swa.seq_add(seq_id, p0, p1, delta)
-
-    def seq_div(self, seq_id, p0, p1, d) -> None:
-        self.base.seq_div(seq_id, p0, p1, d)
-        self.swa.seq_div(seq_id, p0, p1, d)
-
-    def clear(self) -> None:
-        self.base.clear()
-        self.swa.clear()
-
-    # the base cache holds every position the SWA cache holds, and more: ask the SWA cache (as llama.cpp)
-    def seq_pos_min(self, seq_id: int) -> int:
-        return self.swa.seq_pos_min(seq_id)
-
-    def seq_pos_max(self, seq_id: int) -> int:
-        return self.swa.seq_pos_max(seq_id)
-
-    @property
-    def can_shift(self) -> bool:
-        return self.base.size == self.swa.size
-
-    @property
-    def has_shift(self) -> bool:
-        return self.base.has_shift or self.swa.has_shift
-
-    def apply_k_shift(self, rope) -> None:
-        self.base.apply_k_shift(rope)
-        self.swa.apply_k_shift(rope)
-
-    def prepare(self, ubatches: Sequence[UBatch]) -> list[tuple[Slot, Slot]]:
-        return list(zip(self.base.prepare(ubatches), self.swa.prepare(ubatches)))
-
-    def apply_ubatch(self, slots: tuple[Slot, Slot], ubatch: UBatch) -> None:
-        self.base.apply_ubatch(slots[0], ubatch)
-        self.swa.apply_ubatch(slots[1], ubatch)
-
-    def state(self):
-        return self.base.state(), self.swa.state()
-
-    def restore(self, state) -> None:
-        self.base.restore(state[0])
-        self.swa.restore(state[1])
-
-    # per layer
-    def _slot(self, il, slots):
-        return slots[0] if self.layer_cache(il) is self.base else slots[1]
-
-    def k_idxs(self, slots: tuple[Slot, Slot], il: int) -> np.ndarray:
-        return self._slot(il, slots).idxs
-
-    def store(self, il: int, slots: tuple[Slot, Slot], k_cur, v_cur) -> None:
-        self.layer_cache(il).store(il, self._slot(il, slots), k_cur, v_cur)
-
-    def k(self, il, n_kv=None):
-        return self.layer_cache(il).k(il, n_kv)
-
-    def v(self, il, n_kv=None):
-        return self.layer_cache(il).v(il, n_kv)
-
-    def k_float(self, il, n_kv=None):
-        return self.layer_cache(il).k_float(il, n_kv)
-
-    def v_float(self, il, n_kv=None):
-        return self.layer_cache(il).v_float(il, n_kv)
-
-    def n_kv(self, il: int | None = None) -> int:
-        return (self.base if il is None else self.layer_cache(il)).n_kv()
-
-    def kq_mask(self, ubatch: UBatch, n_kv: int | None = None, causal: bool = True, il: int | None = None) -> np.ndarray:
-        """The mask of layer ``il``'s cache (``il=None``: the base cache's)."""
-        return (self.base if il is None else self.layer_cache(il)).kq_mask(ubatch, n_kv, causal)
-
-    def total_bytes(self) -> int:
-        return self.base.total_bytes() + self.swa.total_bytes()
-
-    def __repr__(self) -> str:
-        return f"KVCacheISWA(base={self.base!r}, swa={self.swa!r})"
-
-
-def make_kv_cache(n_ctx: int, n_layer: int, n_embd_k_gqa: int, n_embd_v_gqa: int | None = None,
-                  swa_layers: Sequence[int] = (), n_swa: int = 0, swa_type: str = "standard",
-                  type_k: str = "f16", type_v: str | None = None, n_seq_max: int = 1, n_ubatch: int = 512,
-                  swa_full: bool = False, allocate: bool = True) -> KVCache | KVCacheISWA:
-    """The cache llama.cpp creates for a model (``llama_model::create_memory``).
-
-    A plain :class:`KVCache` of ``n_ctx`` cells for all layers, or, when some
-    layers use a sliding window (``swa_layers``, e.g. Gemma 3's ``il % 6 < 5``),
-    a :class:`KVCacheISWA`. ``n_ctx`` is the context size after llama.cpp's
-    padding (a multiple of 256).
-    """
-    kw = dict(n_embd_k_gqa=n_embd_k_gqa, n_embd_v_gqa=n_embd_v_gqa, type_k=type_k, type_v=type_v,
-              n_seq_max=n_seq_max, allocate=allocate)
-    swa = sorted(set(int(i) for i in swa_layers))
-    if not swa:
-        return KVCache(n_ctx, n_layer, **kw)
-    base = [il for il in range(n_layer) if il not in swa]
-    return KVCacheISWA(n_ctx, base, swa, n_swa=n_swa, swa_type=swa_type, n_ubatch=n_ubatch, swa_full=swa_full, **kw)
-
-
-# --------------------------------------------------------------------------------------------------------------
-# running out of room: the context shift of llama.cpp's tools
-# --------------------------------------------------------------------------------------------------------------
-def context_shift(cache: KVCache | KVCacheISWA, seq_id: int = 0, n_keep: int = 0, n_discard: int | None = None) -> int:
-    """Make room in a full context as llama.cpp's CLI and server do; returns the number of positions dropped.
-
-    Keeps the first ``n_keep`` positions (e.g. the system prompt), drops the
-    next ``n_discard`` (default: half of the rest) and slides the remainder
-    down by ``n_discard`` with :meth:`KVCache.seq_add`. The stored K rows must
-    then be re-rotated (``apply_k_shift``) before the next decode.
-    """
-    if not cache.can_shift:
-        raise ContextFullError("this KV cache cannot shift its context (the sliding-window cache is smaller than "
-                               "the base cache; use swa_full)")
-    n_past = cache.seq_pos_max(seq_id) + 1
-    n_left = n_past - n_keep
-    if n_discard is None:
-        n_discard = n_left // 2
-    if n_discard <= 0 or n_left <= 0:
-        raise ContextFullError(f"nothing to discard: sequence {seq_id} has {n_past} positions, {n_keep} kept")
-    n_discard = min(n_discard, n_left)
-    cache.seq_rm(seq_id, n_keep, n_keep + n_discard)
-    cache.seq_add(seq_id, n_keep + n_discard, n_past, -n_discard)
-    return n_discard
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -813,6 +402,4 @@ def _to_float(t: GGMLType, rows: np.ndarray, n_embd: int) -> np.ndarray:
     return dequantize(np.ascontiguousarray(rows).reshape(-1), t.name).reshape(len(rows), n_embd)
 
 
-__all__ = ["Memory", "KVCache", "KVCacheISWA", "Slot", "make_kv_cache", "ContextFullError", "kv_cache_bytes", "swa_cache_size",
-           "CTX_PAD", "padded_n_ctx",
-           "context_shift", "is_masked_swa", "SWA_TYPES", "CACHE_TYPES", "N_KV_PAD"]
+__all__ = ["KVCache", "Slot", "kv_cache_bytes", "cache_type", "CTX_PAD", "padded_n_ctx", "CACHE_TYPES", "N_KV_PAD"]

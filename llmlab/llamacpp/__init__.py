@@ -5,15 +5,22 @@
 returns every node it computed: name, op, shape, type and values.
 ``diff(llmlab_nodes, capture)`` aligns the two graphs by node name.
 
+llama.cpp's model, context and batch are handled in one place
+(:class:`~llmlab.llamacpp.session.Session`), and always in a worker process
+(:mod:`~llmlab.llamacpp.worker`): a crash of llama.cpp raises
+:class:`LlamaCppCrashed` instead of ending the caller's process.
+
 llama-cpp-python is optional: this package imports without it, and
 ``capture`` raises a clear error when it is missing.
 """
 from __future__ import annotations
 
+from .. import LLAMA_CPP_PYTHON
 from .diff import DiffReport, NodeDiff, diff, float32_tolerance
 
-__all__ = ["capture", "run_logits", "cached_vs_fresh", "tokenize", "Capture", "Node", "diff", "DiffReport", "NodeDiff", "float32_tolerance",
-           "llmlab_nodes", "available"]
+__all__ = ["capture", "run_logits", "cached_vs_fresh", "tokenize", "context_report", "Capture", "Node", "diff",
+           "DiffReport", "NodeDiff", "float32_tolerance", "llmlab_nodes", "available", "LlamaCppCrashed",
+           "LLAMA_CPP_PYTHON"]
 
 
 def available() -> bool:
@@ -26,6 +33,9 @@ def __getattr__(name):
     if name in ("capture", "run_logits", "cached_vs_fresh", "tokenize", "context_report", "Capture", "Node"):
         from . import eval_callback as _c
         return getattr(_c, name)
+    if name == "LlamaCppCrashed":
+        from .worker import LlamaCppCrashed
+        return LlamaCppCrashed
     if name == "llmlab_nodes":
         from .bridge import llmlab_nodes
         return llmlab_nodes

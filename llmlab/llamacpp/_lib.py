@@ -1,7 +1,7 @@
 """llama-cpp-python, imported on first use: llmlab imports without it."""
 from __future__ import annotations
 
-from .. import LLMLabError
+from .. import LLAMA_CPP_PYTHON, LLMLabError
 
 
 def llama_cpp():
@@ -9,5 +9,5 @@ def llama_cpp():
     try:
         import llama_cpp
     except ImportError as e:
-        raise LLMLabError("this needs llama-cpp-python (pip install llama-cpp-python==0.3.36)") from e
+        raise LLMLabError(f"this needs llama-cpp-python (pip install llama-cpp-python=={LLAMA_CPP_PYTHON})") from e
     return llama_cpp

@@ -17,7 +17,6 @@ check ``result_output`` against the logits of a run without the callback).
 """
 from __future__ import annotations
 
-import ctypes
 import re
 import time
 from dataclasses import dataclass, field
@@ -29,10 +28,10 @@ import numpy as np
 from .. import LLMLabError
 from ..ggml.ops import VIEW_OPS
 from . import ggml_tensor as gt
+from . import session
 from ._lib import llama_cpp
-
-FLASH_ATTN = {"on": 1, "off": 0, "auto": -1, True: 1, False: 0}
-
+from .session import Session, flash_attn_type
+from .worker import isolated
 
 @dataclass
 class Node:
@@ -169,40 +168,6 @@ def _want(values) -> Callable[[str], bool]:
     return lambda name: name in wanted
 
 
-class _Logs:
-    """Route llama.cpp's log lines into a list instead of stderr, while loaded."""
-
-    def __init__(self, lc):
-        self.lines: list[str] = []
-        self.lc = lc
-        self.cb = lc.llama_log_callback(self._on)
-
-    def _on(self, level, text, user):
-        try:
-            self.lines.append(text.decode(errors="replace"))
-        except Exception:   # never let an exception cross into C
-            pass
-
-    def __enter__(self):
-        self.lc.llama_log_set(self.cb, ctypes.c_void_p())
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
-_LOGS = None
-
-
-def _logs(lc) -> _Logs:
-    global _LOGS
-    if _LOGS is None:
-        _LOGS = _Logs(lc)
-        _LOGS.__enter__()
-        lc.llama_backend_init()
-    return _LOGS
-
-
 def capture(model_path: str | Path, tokens: Iterable[int], flash_attn: bool | str = False, n_threads: int = 1,
             values: bool | Iterable[str] | Callable[[str], bool] = True, output: str = "all",
             n_ctx: int | None = None, type_k: str = "f16", type_v: str | None = None,
@@ -220,29 +185,30 @@ def capture(model_path: str | Path, tokens: Iterable[int], flash_attn: bool | st
     records which micro-batch's graph computed it. ``n_ctx`` defaults to the
     token count; llama.cpp pads it to a multiple of 256, and attention looks
     at ``n_kv`` = 256-padded cells.
+
+    llama.cpp runs in llmlab's worker process (:mod:`llmlab.llamacpp.worker`): if it crashes, this
+    raises :class:`~llmlab.llamacpp.worker.LlamaCppCrashed`. A predicate for ``values`` must be a
+    module-level function (it is sent to the worker).
     """
-    lc = llama_cpp()
-    gt.check_layout()
     toks = [int(t) for t in tokens]
     if not toks:
         raise ValueError("capture needs at least one token")
     if output not in ("all", "last"):
         raise ValueError(f"output must be 'all' or 'last', not {output!r}")
-    fa = FLASH_ATTN.get(flash_attn)
-    if fa is None:
-        raise ValueError(f"flash_attn must be on, off or auto, not {flash_attn!r}")
-    path = Path(model_path)
-    if not path.is_file():
-        raise LLMLabError(f"model file not found: {path}")
-    from ..ggml.types import ggml_type
-    tk, tv = ggml_type(type_k), ggml_type(type_v or type_k)
-    logs = _logs(lc)
-    n_log0 = len(logs.lines)
+    flash_attn_type(flash_attn)
+    if not Path(model_path).is_file():
+        raise LLMLabError(f"model file not found: {model_path}")
+    if not (isinstance(values, bool) or callable(values)):
+        values = list(values)
+    return isolated(capture_here, model_path, toks, flash_attn, n_threads, values, output, n_ctx, type_k, type_v,
+                    [int(t) for t in prefix], n_ubatch)
 
-    mparams = lc.llama_model_default_params()
-    model = lc.llama_model_load_from_file(str(path).encode(), mparams)
-    if not model:
-        raise LLMLabError(f"llama.cpp could not load {path}: {''.join(logs.lines[n_log0:])[-500:]}")
+
+def capture_here(model_path, toks: list[int], flash_attn, n_threads, values, output, n_ctx, type_k, type_v,
+                 pre: list[int], n_ubatch) -> Capture:
+    """:func:`capture`, in this process."""
+    gt.check_layout()
+    fa = flash_attn_type(flash_attn)
     nodes: list[Node] = []
     errors: list[BaseException] = []
     want = _want(values)
@@ -271,58 +237,26 @@ def capture(model_path: str | Path, tokens: Iterable[int], flash_attn: bool | st
             errors.append(e)
             return False
 
-    cb = lc.ggml_backend_sched_eval_callback(on_node)
-    pre = [int(t) for t in prefix]
     n = len(toks)
-    cparams = lc.llama_context_default_params()
-    cparams.n_ctx = max(len(pre) + n, n_ctx or 0)
-    cparams.n_batch = max(n, len(pre), 1)
-    cparams.n_ubatch = min(n_ubatch or cparams.n_batch, cparams.n_batch)
-    cparams.n_threads = cparams.n_threads_batch = n_threads
-    cparams.flash_attn_type = fa
-    cparams.type_k, cparams.type_v = tk.id, tv.id
-    cparams.cb_eval = cb
-    cparams.cb_eval_user_data = None
-    cparams.no_perf = True
-    params = dict(n_ctx=cparams.n_ctx, n_batch=cparams.n_batch, n_ubatch=cparams.n_ubatch, n_prefix=len(pre),
-                  n_threads=n_threads, flash_attn=bool(fa),
-                  type_k=tk.name, type_v=tv.name, swa_full=bool(cparams.swa_full), kv_unified=bool(cparams.kv_unified))
-    ctx = lc.llama_init_from_model(model, cparams)
-    if not ctx:
-        lc.llama_model_free(model)
-        raise LLMLabError(f"llama.cpp could not create a context: {''.join(logs.lines[n_log0:])[-500:]}")
-    batch = lc.llama_batch_init(max(n, len(pre)), 0, 1)
-
-    def fill(ids, p0, want_out):
-        for i, tok in enumerate(ids):
-            batch.token[i], batch.pos[i], batch.n_seq_id[i] = tok, p0 + i, 1
-            batch.seq_id[i][0] = 0
-            batch.logits[i] = want_out(i)
-        batch.n_tokens = len(ids)
-
-    try:
-        if pre:
-            fill(pre, 0, lambda i: False)
-            if lc.llama_decode(ctx, batch) != 0:
-                raise LLMLabError(f"llama_decode of the prefix failed: {''.join(logs.lines[n_log0:])[-500:]}")
-        fill(toks, len(pre), lambda i: output == "all" or i == n - 1)
+    n_batch = max(n, len(pre), 1)
+    with Session(model_path, n_ctx=max(len(pre) + n, n_ctx or 0), n_batch=n_batch, n_ubatch=n_ubatch,
+                 n_threads=n_threads, flash_attn=fa, type_k=type_k, type_v=type_v, cb_eval=on_node) as s:
+        p = s.params
+        params = dict(n_ctx=p["n_ctx"], n_batch=p["n_batch"], n_ubatch=p["n_ubatch"], n_prefix=len(pre),
+                      n_threads=n_threads, flash_attn=bool(fa), type_k=p["type_k"], type_v=p["type_v"],
+                      swa_full=p["swa_full"], kv_unified=p["kv_unified"])
+        if pre and s.decode(pre, logits="none") != 0:
+            raise LLMLabError(f"llama_decode of the prefix failed: {s.log(500)}")
         watching[0] = True
         t0 = time.perf_counter()
-        rc = lc.llama_decode(ctx, batch)
+        rc = s.decode(toks, pos0=len(pre), logits=output)
         seconds = time.perf_counter() - t0
         if errors:
             raise errors[0]
         if rc != 0:
-            raise LLMLabError(f"llama_decode failed ({rc}): {''.join(logs.lines[n_log0:])[-500:]}")
-        n_vocab = lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(model))
-        rows = range(n) if output == "all" else [n - 1]
-        logits = np.stack([np.ctypeslib.as_array(lc.llama_get_logits_ith(ctx, i), shape=(n_vocab,)).copy()
-                           for i in rows])
-        params["n_ctx"] = lc.llama_n_ctx(ctx)
-    finally:
-        lc.llama_batch_free(batch)
-        lc.llama_free(ctx)
-        lc.llama_model_free(model)
+            raise LLMLabError(f"llama_decode failed ({rc}): {s.log(500)}")
+        logits = s.logits(range(n) if output == "all" else [n - 1])
+        params["n_ctx"] = s.n_ctx
     label_nodes(nodes)
     return Capture(nodes=nodes, logits=logits, tokens=toks, flash_attn=bool(fa), params=params, seconds=seconds)
 
@@ -331,37 +265,16 @@ def run_logits(model_path: str | Path, tokens: Iterable[int], flash_attn: bool |
                n_ctx: int | None = None, n_ubatch: int | None = None) -> np.ndarray:
     """llama.cpp's logits for every position of ``tokens``, without the callback (the fused, normal run).
     ``n_ubatch``: micro-batch size (default: all tokens in one; 1 decodes token by token)."""
-    lc = llama_cpp()
-    toks = [int(t) for t in tokens]
-    _logs(lc)
-    model = lc.llama_model_load_from_file(str(model_path).encode(), lc.llama_model_default_params())
-    if not model:
-        raise LLMLabError(f"llama.cpp could not load {model_path}")
+    return isolated(run_logits_here, model_path, [int(t) for t in tokens], flash_attn, n_threads, n_ctx, n_ubatch)
+
+
+def run_logits_here(model_path, toks: list[int], flash_attn, n_threads, n_ctx, n_ubatch) -> np.ndarray:
     n = len(toks)
-    cparams = lc.llama_context_default_params()
-    cparams.n_ctx = max(n, n_ctx or 0)
-    cparams.n_batch = n
-    cparams.n_ubatch = min(n_ubatch or n, n)
-    cparams.n_threads = cparams.n_threads_batch = n_threads
-    cparams.flash_attn_type = FLASH_ATTN[flash_attn]
-    cparams.no_perf = True
-    ctx = lc.llama_init_from_model(model, cparams)
-    batch = lc.llama_batch_init(n, 0, 1)
-    try:
-        for i, tok in enumerate(toks):
-            batch.token[i], batch.pos[i], batch.n_seq_id[i] = tok, i, 1
-            batch.seq_id[i][0] = 0
-            batch.logits[i] = True
-        batch.n_tokens = n
-        if lc.llama_decode(ctx, batch) != 0:
+    with Session(model_path, n_ctx=max(n, n_ctx or 0), n_batch=n, n_ubatch=n_ubatch, n_threads=n_threads,
+                 flash_attn=flash_attn) as s:
+        if s.decode(toks, logits="all") != 0:
             raise LLMLabError("llama_decode failed")
-        n_vocab = lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(model))
-        return np.stack([np.ctypeslib.as_array(lc.llama_get_logits_ith(ctx, i), shape=(n_vocab,)).copy()
-                         for i in range(n)])
-    finally:
-        lc.llama_batch_free(batch)
-        lc.llama_free(ctx)
-        lc.llama_model_free(model)
+        return s.logits(range(n))
 
 
 def cached_vs_fresh(model_path: str | Path, prompt: Iterable[int], generated: Iterable[int], n_ctx: int = 64,
@@ -369,18 +282,24 @@ def cached_vs_fresh(model_path: str | Path, prompt: Iterable[int], generated: It
     """llama.cpp's logits for the last token of ``prompt + generated``, computed two ways: the prompt in
     one batch and then each generated token alone, reading the KV cache (``cached``), and everything in
     one fresh batch (``fresh``). Returns ``(cached, fresh)``, each of shape ``(n_vocab,)``."""
-    lc = llama_cpp()
-    _logs(lc)
-    prompt, generated = [int(t) for t in prompt], [int(t) for t in generated]
-    llm = lc.Llama(str(model_path), n_ctx=n_ctx, n_threads=n_threads, logits_all=True, verbose=False)
-    llm.eval(prompt)
-    for t in generated:
-        llm.eval([t])
-    cached = np.array(llm.scores[llm.n_tokens - 1])
-    del llm
-    fresh_llm = lc.Llama(str(model_path), n_ctx=n_ctx, n_threads=n_threads, logits_all=True, verbose=False)
-    fresh_llm.eval(prompt + generated)
-    fresh = np.array(fresh_llm.scores[fresh_llm.n_tokens - 1])
+    return isolated(cached_vs_fresh_here, model_path, [int(t) for t in prompt], [int(t) for t in generated],
+                    n_ctx, n_threads)
+
+
+def cached_vs_fresh_here(model_path, prompt: list[int], generated: list[int], n_ctx: int, n_threads: int):
+    # as llama-cpp-python's Llama(n_ctx, n_threads, logits_all=True).eval: batches of n_batch = min(n_ctx, 512)
+    # tokens, and n_threads_batch = the CPU count
+    import os
+    n_batch = min(n_ctx, 512)
+    kw = dict(n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads, n_threads_batch=os.cpu_count() or 1, no_perf=False)
+    seq = prompt + generated
+
+    def chunks(n):
+        return [min(n_batch, n - i) for i in range(0, n, n_batch)]
+    with Session(model_path, **kw) as s:
+        cached = s.eval_chunks(seq, chunks(len(prompt)) + [1] * len(generated))[-1]
+    with Session(model_path, **kw) as s:
+        fresh = s.eval_chunks(seq, chunks(len(seq)))[-1]
     return cached, fresh
 
 
@@ -390,37 +309,8 @@ def tokenize(model_path: str | Path, text: str | list[str], add_special: bool = 
 
     ``text`` may be a list of texts: the vocabulary is then loaded once and a list of id lists returned.
     """
-    lc = llama_cpp()
-    vocab = _vocab(lc, str(Path(model_path).resolve()))
-    out = []
-    for t in ([text] if isinstance(text, str) else text):
-        raw = t.encode()
-        cap = len(raw) + 8
-        buf = (lc.llama_token * cap)()
-        n = lc.llama_tokenize(vocab, raw, len(raw), buf, cap, add_special, parse_special)
-        if n < 0:                      # the buffer was too small: -n is the size needed
-            buf = (lc.llama_token * -n)()
-            n = lc.llama_tokenize(vocab, raw, len(raw), buf, -n, add_special, parse_special)
-        if n < 0:
-            raise LLMLabError(f"llama_tokenize failed ({n})")
-        out.append(list(buf[:n]))
-    return out[0] if isinstance(text, str) else out
-
-
-_VOCABS: dict[str, object] = {}
-
-
-def _vocab(lc, path: str):
-    """A vocabulary-only llama.cpp model per file, loaded once per process (kept: a few MB)."""
-    if path not in _VOCABS:
-        _logs(lc)
-        mp = lc.llama_model_default_params()
-        mp.vocab_only = True
-        model = lc.llama_model_load_from_file(path.encode(), mp)
-        if not model:
-            raise LLMLabError(f"llama.cpp could not load {path}")
-        _VOCABS[path] = model
-    return lc.llama_model_get_vocab(_VOCABS[path])
+    return isolated(session.tokenize, model_path, text if isinstance(text, (str, bytes)) else list(text),
+                    add_special, parse_special)
 
 
 _KV_LINE = re.compile(r"llama_kv_cache: size = +([\d.]+) MiB \( *(\d+) cells, +(\d+) layers, +(\d+)/(\d+) seqs\), "
@@ -439,28 +329,8 @@ def context_report(model_path: str | Path, n_ctx: int, n_ubatch: int = 512, n_ba
     of the intermediate tensors of one micro-batch, which grows with
     ``n_ubatch``). MiB to two decimals, as llama.cpp prints them.
     """
-    from ..ggml.types import ggml_type
-    lc = llama_cpp()
-    logs = _logs(lc)
-    model = lc.llama_model_load_from_file(str(model_path).encode(), lc.llama_model_default_params())
-    if not model:
-        raise LLMLabError(f"llama.cpp could not load {model_path}")
-    cp = lc.llama_context_default_params()
-    cp.n_ctx, cp.n_seq_max, cp.n_ubatch = n_ctx, n_seq_max, n_ubatch
-    cp.n_batch = max(n_batch or cp.n_batch, n_ubatch)
-    cp.type_k, cp.type_v = ggml_type(type_k).id, ggml_type(type_v or type_k).id
-    cp.flash_attn_type = FLASH_ATTN[flash_attn]
-    cp.swa_full = swa_full
-    n0 = len(logs.lines)
-    ctx = lc.llama_init_from_model(model, cp)
-    try:
-        if not ctx:
-            raise LLMLabError(f"llama.cpp refused the context: {''.join(logs.lines[n0:])[-400:]}")
-        text = "".join(logs.lines[n0:])
-    finally:
-        if ctx:
-            lc.llama_free(ctx)
-        lc.llama_model_free(model)
+    text = isolated(context_log_here, model_path, n_ctx, n_ubatch, n_batch, type_k, type_v, flash_attn, swa_full,
+                    n_seq_max)
     kv = [dict(mib=float(m[0]), cells=int(m[1]), layers=int(m[2]), type_k=m[5], k_mib=float(m[6]),
                type_v=m[7], v_mib=float(m[8])) for m in _KV_LINE.findall(text)]
     return dict(kv=kv, compute_mib={dev: float(mib) for dev, mib in _COMPUTE_LINE.findall(text)})
@@ -472,3 +342,18 @@ def kv_cache_report(model_path: str | Path, n_ctx: int, type_k: str = "f16", typ
     """The ``kv`` part of :func:`context_report`."""
     return context_report(model_path, n_ctx, n_ubatch, type_k=type_k, type_v=type_v, flash_attn=flash_attn,
                           swa_full=swa_full, n_seq_max=n_seq_max)["kv"]
+
+
+def context_log_here(model_path, n_ctx, n_ubatch, n_batch, type_k, type_v, flash_attn, swa_full, n_seq_max) -> str:
+    """llama.cpp's log lines while it makes a context with these parameters (n_threads left at its default)."""
+    n_batch = max(n_batch or llama_cpp().llama_context_default_params().n_batch, n_ubatch)
+    try:
+        s = Session(model_path, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_seq_max=n_seq_max,
+                    n_threads=None, flash_attn=flash_attn, type_k=type_k, type_v=type_v, swa_full=swa_full,
+                    no_perf=True)
+    except LLMLabError as e:
+        if "could not create a context" in str(e):
+            raise LLMLabError(str(e).replace("could not create a context", "refused the context")) from None
+        raise
+    with s:
+        return s.logs.since(s.log_ctx)

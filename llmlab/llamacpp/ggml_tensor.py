@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import LLMLabError
+from .. import LLAMA_CPP_PYTHON, LLMLabError
 from ..ggml.defs import GGML_MAX_DIMS, GGML_MAX_NAME, GGML_MAX_OP_PARAMS, GGML_MAX_SRC
 
 GGML_OBJECT_SIZE = 32   # struct ggml_object: offs, size, next, type + 4 bytes padding
@@ -74,7 +74,7 @@ def llama_cpp_lib_dir() -> Path:
     import importlib.util
     spec = importlib.util.find_spec("llama_cpp")
     if spec is None or not spec.submodule_search_locations:
-        raise LLMLabError("llama-cpp-python is not installed (pip install llama-cpp-python==0.3.36)")
+        raise LLMLabError(f"llama-cpp-python is not installed (pip install llama-cpp-python=={LLAMA_CPP_PYTHON})")
     return Path(list(spec.submodule_search_locations)[0]) / "lib"
 
 
@@ -112,7 +112,7 @@ def check_layout() -> None:
     want = lib.ggml_tensor_overhead() - GGML_OBJECT_SIZE
     if ctypes.sizeof(GGMLTensor) != want:
         raise LLMLabError(f"ggml_tensor layout mismatch: ctypes struct is {ctypes.sizeof(GGMLTensor)} bytes, "
-                          f"the library's is {want}; this llama-cpp-python is not the 0.3.36 layout llmlab reads")
+                          f"the library's is {want}; this llama-cpp-python is not the {LLAMA_CPP_PYTHON} layout llmlab reads")
     ctx = lib.ggml_init(GGMLInitParams(16 * 1024, None, False))
     try:
         p = lib.ggml_new_tensor_2d(ctx, 0, 3, 5)                 # f32, ne = [3, 5]

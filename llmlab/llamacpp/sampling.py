@@ -9,10 +9,39 @@ import numpy as np
 
 from ..llama.sampling import SamplingParams, TokenDataArray
 from ._lib import llama_cpp
+from .worker import open_remote
 
 
 class LlamaCppChain:
-    """A ``llama_sampler_chain`` of llama.cpp's samplers in ``params.samplers`` order, then ``dist``."""
+    """A ``llama_sampler_chain`` of llama.cpp's samplers in ``params.samplers`` order, then ``dist``, kept in
+    llmlab's llama.cpp worker process (:mod:`~llmlab.llamacpp.worker`); the methods are :class:`Chain`'s."""
+
+    def __init__(self, params: SamplingParams, n_vocab: int):
+        self._remote = open_remote(Chain, params, n_vocab)
+
+    def apply(self, logits) -> TokenDataArray:
+        return self._remote.apply(np.asarray(logits, np.float32).reshape(-1))
+
+    def accept(self, token: int) -> None:
+        self._remote.accept(int(token))
+
+    def sample(self, logits) -> int:
+        return self._remote.sample(np.asarray(logits, np.float32).reshape(-1))
+
+    def close(self) -> None:
+        if self._remote is not None:
+            self._remote.close()
+            self._remote = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class Chain:
+    """The chain itself, in this process."""
     _chain = None
 
     def __init__(self, params: SamplingParams, n_vocab: int):

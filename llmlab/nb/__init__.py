@@ -175,11 +175,36 @@ def versions() -> dict[str, str | None]:
 def has_oracle(purpose: str = "the comparison with llama.cpp", module: str = "llama_cpp") -> bool:
     """True when the reference implementation is importable; otherwise prints one line saying that
     ``purpose`` is skipped, and returns False. The oracle comes with ``make test`` (dev extras)."""
-    if importlib.util.find_spec(module) is not None:
-        return True
-    print(f"skipped: {purpose} needs {ORACLES.get(module, module)}, the test oracle "
-          f"(`make test` installs it; everything else in this notebook runs without it)")
-    return False
+    if importlib.util.find_spec(module) is None:
+        print(f"skipped: {purpose} needs {ORACLES.get(module, module)}, the test oracle "
+              f"(`make test` installs it; everything else in this notebook runs without it)")
+        return False
+    if module == "llama_cpp":
+        from ..llamacpp.worker import last_crash
+        crash = last_crash()
+        if crash is not None:                    # it will crash again: say so once per comparison, and go on
+            print(f"skipped: {purpose}: llama.cpp crashed on this machine earlier ({crash})")
+            return False
+    return True
+
+
+def one_line_oracle_crashes() -> bool:
+    """In IPython, show a crash of llama.cpp (:class:`~llmlab.llamacpp.worker.LlamaCppCrashed`: its worker
+    process died, the kernel did not) as one line instead of a traceback. Returns whether it is installed."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    ip = get_ipython()
+    if ip is None:
+        return False
+    from ..llamacpp.worker import LlamaCppCrashed
+
+    def one_line(shell, etype, value, tb, tb_offset=None):
+        print(f"llama.cpp crashed, this comparison stops here: {value}")
+        return []
+    ip.set_custom_exc((LlamaCppCrashed,), one_line)
+    return True
 
 
 def build_dir(*parts: str) -> Path:
@@ -238,6 +263,7 @@ def setup(models=("smollm2",), threads: int | None = None, warm: bool = False, q
     """Prepare a notebook: matplotlib defaults and fonts, threads, models (fetched once), kernels
     warmed when ``warm``, and one line each of versions and CPU profile. Returns the model paths."""
     fonts = set_matplotlib_defaults()
+    one_line_oracle_crashes()
     from ..ggml.cpu import profiles
     profiles.warn_if_unreproduced(stream=sys.stdout)   # the engine's one-line note, said here, in the output
     if not quiet:

@@ -10,7 +10,8 @@ from typing import Sequence
 
 import numpy as np
 
-from ..llama.kv_cache import KVCache, cache_type, kv_cache_bytes, swa_cache_size
+from ..llama.kv_cache import KVCache, cache_type, kv_cache_bytes
+from ..llama.kv_cache_iswa import swa_cache_size
 from .html import HTML, table
 
 SEQ_COLORS = ["#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3", "#8c8c8c"]

@@ -15,7 +15,7 @@
 # 3. **Memory**: how big the cache is (the formula and llama.cpp's own numbers), and why a batch is cut into
 #    micro-batches.
 #
-# `llmlab.llama.kv_cache` rebuilds `llama_kv_cells` / `llama_kv_cache` (`src/llama-kv-cells.h`,
+# `llmlab.llama.kv_cells` and `llmlab.llama.kv_cache` rebuild `llama_kv_cells` / `llama_kv_cache` (`src/llama-kv-cells.h`,
 # `src/llama-kv-cache.cpp`); its tests drive it and a line-by-line transliteration of llama.cpp's loops through
 # thousands of random operation sequences, and compare it with llama.cpp itself through the C API.
 #
@@ -53,7 +53,9 @@ from IPython.display import display
 
 from llmlab import models
 from llmlab.llama.batch import Batch, BatchAllocator
-from llmlab.llama.kv_cache import KVCache, KVCacheISWA, ContextFullError, context_shift, kv_cache_bytes, swa_cache_size
+from llmlab.llama.kv_cache import KVCache, kv_cache_bytes
+from llmlab.llama.kv_cache_iswa import KVCacheISWA, swa_cache_size
+from llmlab.llama.memory import ContextFullError, context_shift
 from llmlab.viz import kv as vk
 from llmlab.viz.html import table
 from llmlab import llamacpp
