@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -35,12 +34,47 @@ def prompt_tokens(tokenizer, n: int) -> list[int]:
 
 
 def peak_rss_mb() -> float:
-    """This process's peak resident memory (VmHWM: per address space, so a child started from a big
-    parent reports its own, unlike ru_maxrss, which survives exec)."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    """This process's peak resident memory in MiB, on every OS: Linux's VmHWM (per address space, so a
+    child started from a big parent reports its own, unlike ru_maxrss, which survives exec), Windows'
+    PeakWorkingSetSize, else ``getrusage`` (kilobytes on Linux, bytes on macOS); 0.0 where none answers."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    if sys.platform == "win32":
+        return _windows_peak_working_set() / (1 << 20)
+    try:
+        import resource
+    except ModuleNotFoundError:
+        return 0.0
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / (1 << 20) if sys.platform == "darwin" else peak / 1024
+
+
+def _windows_peak_working_set() -> int:
+    """GetProcessMemoryInfo(GetCurrentProcess()).PeakWorkingSetSize in bytes (0 if the call fails)."""
+    import ctypes
+    from ctypes import wintypes
+
+    class Counters(ctypes.Structure):          # PROCESS_MEMORY_COUNTERS (psapi.h)
+        _fields_ = [("cb", wintypes.DWORD), ("PageFaultCount", wintypes.DWORD),
+                    ("PeakWorkingSetSize", ctypes.c_size_t), ("WorkingSetSize", ctypes.c_size_t),
+                    ("QuotaPeakPagedPoolUsage", ctypes.c_size_t), ("QuotaPagedPoolUsage", ctypes.c_size_t),
+                    ("QuotaPeakNonPagedPoolUsage", ctypes.c_size_t), ("QuotaNonPagedPoolUsage", ctypes.c_size_t),
+                    ("PagefileUsage", ctypes.c_size_t), ("PeakPagefileUsage", ctypes.c_size_t)]
+    c = Counters()
+    c.cb = ctypes.sizeof(c)
+    k32 = ctypes.WinDLL("kernel32")
+    k32.GetCurrentProcess.restype = wintypes.HANDLE
+    try:
+        get = ctypes.WinDLL("psapi").GetProcessMemoryInfo   # K32GetProcessMemoryInfo in kernel32 since Windows 7
+    except (OSError, AttributeError):
+        get = k32.K32GetProcessMemoryInfo
+    get.argtypes = [wintypes.HANDLE, ctypes.POINTER(Counters), wintypes.DWORD]
+    get.restype = wintypes.BOOL
+    return c.PeakWorkingSetSize if get(k32.GetCurrentProcess(), ctypes.byref(c), c.cb) else 0
 
 
 def weight_bytes(model) -> int:

@@ -337,7 +337,10 @@ def _cap_address_space(extra: int):
     """Cap this process's address space at what it uses now plus ``extra`` (Linux); the old limit, or None."""
     if not sys.platform.startswith("linux"):
         return None
-    import resource
+    try:
+        import resource
+    except ModuleNotFoundError:
+        return None
     old = resource.getrlimit(resource.RLIMIT_AS)
     cap = _address_space() + extra
     if old[1] == resource.RLIM_INFINITY or cap < old[1]:
