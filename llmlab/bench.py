@@ -177,13 +177,8 @@ def plot_speeds(sides: dict, title: str = "", ax=None):
 def cpu_model() -> str:
     """The CPU's name as the OS gives it (speed ratios differ by vendor: say which CPU a figure comes from)."""
     import platform
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    from .ggml.cpu import profiles
+    return profiles.cpu_features().model or platform.processor() or platform.machine()
 
 
 @contextmanager

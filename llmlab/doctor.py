@@ -29,10 +29,9 @@ from .hints import PACKAGES, hint, in_conda, system
 
 EXIT_MISSING = 1          # a required piece is missing (usage errors and bad input stay 2, as everywhere)
 MIN_PYTHON = (3, 11)
-# SIMD features worth naming (Linux /proc/cpuinfo and macOS sysctl spellings, lower case)
+# SIMD features worth naming (in Linux's /proc/cpuinfo spelling, which the detector uses on every OS)
 FEATURES = ("sse3", "ssse3", "avx", "f16c", "fma", "avx2", "avx_vnni", "avx512f", "avx512bw", "avx512_vnni",
-            "avx512vnni", "avx512_bf16", "amx_int8", "asimd", "asimddp", "asimdhp", "fphp", "sve", "i8mm",
-            "feat_dotprod", "feat_fp16", "feat_i8mm", "feat_bf16", "feat_sme")
+            "avx512_bf16", "amx_int8", "asimd", "asimddp", "asimdhp", "fphp", "sve", "i8mm", "bf16", "sme")
 
 @dataclass
 class Check:
@@ -127,43 +126,23 @@ def check_fonts() -> list[Check]:
     return [c1, c2]
 
 
-def cpu_features() -> list[str]:
-    """The SIMD features this CPU reports that matter to ggml (Linux: /proc/cpuinfo; macOS: sysctl)."""
-    flags: set[str] = set()
-    if system() == "macos":
-        for key in ("machdep.cpu.features", "machdep.cpu.leaf7_features"):
-            try:
-                out = subprocess.run(["sysctl", "-n", key], capture_output=True, text=True, timeout=10).stdout
-            except (OSError, subprocess.SubprocessError):
-                out = ""
-            flags |= {f.lower().replace("avx1.0", "avx") for f in out.split()}
-        try:
-            out = subprocess.run(["sysctl", "hw.optional"], capture_output=True, text=True, timeout=10).stdout
-        except (OSError, subprocess.SubprocessError):
-            out = ""
-        for line in out.splitlines():      # hw.optional.arm.FEAT_DotProd: 1
-            k, _, v = line.partition(":")
-            if v.strip() == "1":
-                flags.add(k.strip().rsplit(".", 1)[-1].lower())
-    else:
-        try:
-            with open("/proc/cpuinfo") as f:
-                for line in f:
-                    if line.startswith(("flags", "Features")):
-                        flags = set(line.split(":", 1)[1].split())
-                        flags |= {"sse3"} if "pni" in flags else set()     # Linux calls SSE3 "pni"
-                        break
-        except OSError:
-            pass
-    return [f for f in FEATURES if f in flags]
+def cpu_features() -> tuple[list[str], str]:
+    """The SIMD features this CPU reports that matter to ggml, and where they were read: the CPU profiles'
+    detector (``llmlab.ggml.cpu.profiles.cpu_features``: /proc/cpuinfo, macOS's sysctls, or CPUID and
+    IsProcessorFeaturePresent on Windows); nothing without numpy, which that package needs."""
+    if _missing("numpy", "numba"):
+        return [], "not read (needs numpy and numba)"
+    from .ggml.cpu import profiles
+    found = profiles.cpu_features()
+    return [f for f in FEATURES if f in found.flags], found.source
 
 
 def check_cpu() -> list[Check]:
     machine = platform.machine() or "?"
-    feats = cpu_features()
+    feats, feats_from = cpu_features()
     if _missing("numpy", "numba"):
         return [Check("cpu", "warn", False, f"{machine}; cannot choose a CPU profile without numpy and numba",
-                      data={"machine": machine, "features": feats})]
+                      data={"machine": machine, "features": feats, "features_source": feats_from})]
     from .ggml.cpu import profiles
     try:
         d = profiles.detect()
@@ -171,14 +150,15 @@ def check_cpu() -> list[Check]:
         build = profiles._from_system_info(info) if info else None
     except Exception as e:
         return [Check("cpu", "warn", False, f"{machine}; cannot choose a CPU profile: {type(e).__name__}: {e}",
-                      data={"machine": machine, "features": feats})]
+                      data={"machine": machine, "features": feats, "features_source": feats_from})]
     arm = machine.lower() in ("arm64", "aarch64") or machine.lower().startswith("arm")
-    summary = (f"{machine}, {' '.join(feats) or 'no SIMD features read'}; profile {d.profile.name} "
+    summary = (f"{machine}, {' '.join(feats) or 'no SIMD features read'} (from {feats_from}); profile {d.profile.name} "
                f"(from {d.source}); bit-identical to this machine's llama.cpp: {'yes' if d.reproduced else 'no'}")
     if not d.reproduced and arm:
         summary += " (llmlab computes an x86 profile's arithmetic here; ARM profiles are future work)"
     cpu = Check("cpu", "ok" if d.reproduced else "warn", False, summary,
-                data={"machine": machine, "features": feats, "profile": d.profile.name, "source": d.source,
+                data={"machine": machine, "features": feats, "features_source": feats_from,
+                      "profile": d.profile.name, "source": d.source,
                       "reproduced": d.reproduced, "detail": d.detail})
     version = _version("llama-cpp-python")
     if info is None:
@@ -247,7 +227,8 @@ def run_checks(lab: bool = True) -> list[Check]:
     numpy_ok = _version("numpy") is not None
     checks += check_cpu() if numpy_ok else [Check("cpu", "warn", False, f"{platform.machine()}; the CPU profile "
                                                   "needs numpy", data={"machine": platform.machine(),
-                                                                       "features": cpu_features()})]
+                                                                       "features": [], "features_source":
+                                                                       "not read (needs numpy)"})]
     checks += check_numba()
     return checks
 
