@@ -169,13 +169,17 @@ def check_cpu() -> list[Check]:
                        "system_info": None, "profile": None, "reproduces": None})
     else:
         same = build is d.profile
+        amx = profiles.uses_amx(info)
         llama = Check("llama_cpp", "ok" if same else "warn", False,
                       f"llama-cpp-python {version}: its build is "
-                      + (f"the {build.name} profile" if build else "no profile llmlab has")
+                      + (f"the {build.name} profile" if build else
+                         "AVX-512 with AMX (AMX_INT8 = 1), which llmlab does not reproduce (its q4_1/q8_0 products "
+                         "run on AMX tiles; in some VMs they crash)" if amx else "no profile llmlab has")
                       + (", the one llmlab computes: bit-identical" if same else
                          f"; llmlab computes {d.profile.name}: not bit-identical"),
+                      hint("llama_cpp_amx") if amx else None,
                       data={"installed": True, "version": version, "system_info": info.strip(),
-                            "profile": build.name if build else None, "reproduces": same})
+                            "profile": build.name if build else None, "reproduces": same, "amx": amx})
     return [cpu, llama]
 
 

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,6 +15,8 @@ import pytest
 from llmlab.ggml.cpu import profiles
 from llmlab.ggml.cpu.simd import halves, hadd_tree, reduce_tree, tree_lanes
 from llmlab.ggml.cpu.vec import expf_bits, expf_scalef, soft_max_rows, vec_dot_f16
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_registry_has_one_file_per_instruction_set():
@@ -259,3 +262,41 @@ def test_intel_mac_sysctls_map_to_linux_names():
     flags = profiles.darwin_flags(ctl)
     assert {"avx", "pni", "f16c", "avx2", "fma", "avx512_vnni"} <= flags and "asimddp" not in flags
     assert profiles._from_flags(flags, "x86_64").name == "avx512"
+
+
+# ---- Intel AMX: a llama.cpp that uses it is no profile's arithmetic; the oracle is built without it
+
+SPR = ("AVX = 1 | AVX_VNNI = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | BMI2 = 1 | AVX512 = 1 | AVX512_VBMI = 1 | "
+       "AVX512_VNNI = 1 | AVX512_BF16 = 1 | AMX_INT8 = 1 | LLAMAFILE = 1 | OPENMP = 1 | REPACK = 1 |")
+
+
+def test_a_llama_cpp_with_amx_is_not_reproduced_and_doctor_says_so():
+    assert profiles.uses_amx(SPR) and not profiles.uses_amx(SPR.replace("AMX_INT8 = 1", ""))
+    assert profiles._from_system_info(SPR) is None
+    assert profiles._from_system_info(SPR.replace("AMX_INT8 = 1 | ", "")).name == "avx512"
+    code = ("import json, llmlab.ggml.cpu.profiles as p\n"
+            f"p.llama_cpp_system_info = lambda: {SPR!r}\n"
+            "p.cpu_flags = lambda: {'avx2', 'fma', 'f16c', 'avx512f', 'avx512bw', 'avx512dq', 'avx512vl', 'amx_int8'}\n"
+            "import platform; platform.machine = lambda: 'x86_64'\n"
+            "from llmlab import doctor\n"
+            "checks = {c.name: c for c in doctor.check_cpu()}\n"
+            "print(json.dumps([checks['cpu'].data['reproduced'], checks['llama_cpp'].data['amx'], "
+            "checks['llama_cpp'].summary, checks['llama_cpp'].hint, p.detect().profile.name]))\n")
+    out = _run(code)
+    reproduced, amx, summary, hint, prof = json.loads(out.stdout)
+    assert (reproduced, amx, prof) == (False, True, "avx512"), out.stderr
+    assert "AMX_INT8 = 1" in summary and "does not reproduce" in summary and "oracle_build.py" in hint
+
+
+def test_the_oracle_build_turns_amx_off_only_where_the_cpu_has_it():
+    tool = [sys.executable, str(ROOT / "tools" / "oracle_build.py"), "--dry-run", "--flags"]
+    r = subprocess.run([*tool, "avx2 fma f16c"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == "oracle: native (no AMX on this CPU)"
+    spr = "avx2 fma f16c avx512f avx512bw avx512dq avx512vl avx512_vnni avx512_bf16 amx_tile amx_int8"
+    r = subprocess.run([*tool, spr], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    for flag in ("-DGGML_NATIVE=OFF", "-DGGML_AVX512=ON", "-DGGML_AVX512_VNNI=ON", "-DGGML_AVX512_VBMI=OFF",
+                 "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_TILE=OFF"):
+        assert flag in r.stdout
+    other = subprocess.run([*tool, spr.replace("avx512_bf16", "")], capture_output=True, text=True, timeout=60)
+    assert other.stdout.split("kept in ")[1] != r.stdout.split("kept in ")[1]      # a wheel folder per set of flags

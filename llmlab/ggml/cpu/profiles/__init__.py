@@ -350,8 +350,16 @@ def cpu_flags() -> set[str]:
     return set(cpu_features().flags)
 
 
+def uses_amx(info: str | None) -> bool:
+    """Does this llama.cpp build send weights through ggml's AMX buffer type (``AMX_INT8 = 1``)? Its q4_1 and
+    q8_0 products then run on AMX tiles, whose arithmetic no profile computes (README, "Intel AMX")."""
+    return bool(info) and parse_system_info(info).get("AMX_INT8") == "1"
+
+
 def _from_system_info(info: str) -> CPUProfile | None:
     keys = parse_system_info(info)
+    if uses_amx(info):
+        return None
     best = None
     for prof in PROFILES.values():          # the most specific profile whose keys all match
         # ggml lists only the features it was built with: a missing key means "= 0"
@@ -395,6 +403,9 @@ def detect() -> Detection:
             return Detection(prof, "llama.cpp", True, info.strip())
     flags = cpu_flags()
     prof = _from_flags(flags)
+    if prof is not None and uses_amx(info):
+        return Detection(prof, cpu_features().source, False, "this machine's llama.cpp uses AMX (AMX_INT8 = 1), "
+                         "whose arithmetic no profile computes; `make test` builds an oracle without it")
     if prof is not None:
         return Detection(prof, cpu_features().source, True)
     return Detection(nearest(), "default", False, "no profile reproduces this CPU")
