@@ -61,7 +61,10 @@ $(STAMP_LAB): pyproject.toml | $(VENV)/bin/python
 	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $@
 
-$(STAMP_DEV): $(STAMP_LAB) pyproject.toml
+# the oracle: llama.cpp built natively, except on a CPU with AMX (tools/oracle_build.py: AVX-512 without AMX,
+# a wheel kept per flags, never pip's cache); then the rest of the dev extras
+$(STAMP_DEV): $(STAMP_LAB) pyproject.toml tools/oracle_build.py
+	$(PY) tools/oracle_build.py
 	CMAKE_BUILD_PARALLEL_LEVEL=2 $(PIP) -e '.[dev,lab]'
 	touch $@
 

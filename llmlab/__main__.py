@@ -8,8 +8,9 @@ def _interrupted(signum, frame):          # until the CLI takes over: nothing to
     os._exit(130)
 
 
-signal.signal(signal.SIGINT, _interrupted)
-signal.signal(signal.SIGTERM, _interrupted)     # SIGTERM is handled as Ctrl-C is
+for _name in ("SIGINT", "SIGTERM", "SIGBREAK"):    # SIGTERM (and Windows' Ctrl-Break) as Ctrl-C is, where it exists
+    if hasattr(signal, _name):
+        signal.signal(getattr(signal, _name), _interrupted)
 
 import sys  # noqa: E402
 

@@ -10,7 +10,6 @@ included), so ``decode_gb_per_s`` = weight bytes x decode tokens/s says how clos
 from __future__ import annotations
 
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -34,12 +33,47 @@ def prompt_tokens(tokenizer, n: int) -> list[int]:
 
 
 def peak_rss_mb() -> float:
-    """This process's peak resident memory (VmHWM: per address space, so a child started from a big
-    parent reports its own, unlike ru_maxrss, which survives exec)."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    """This process's peak resident memory in MiB, on every OS: Linux's VmHWM (per address space, so a
+    child started from a big parent reports its own, unlike ru_maxrss, which survives exec), Windows'
+    PeakWorkingSetSize, else ``getrusage`` (kilobytes on Linux, bytes on macOS); 0.0 where none answers."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    if sys.platform == "win32":
+        return _windows_peak_working_set() / (1 << 20)
+    try:
+        import resource
+    except ModuleNotFoundError:
+        return 0.0
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / (1 << 20) if sys.platform == "darwin" else peak / 1024
+
+
+def _windows_peak_working_set() -> int:
+    """GetProcessMemoryInfo(GetCurrentProcess()).PeakWorkingSetSize in bytes (0 if the call fails)."""
+    import ctypes
+    from ctypes import wintypes
+
+    class Counters(ctypes.Structure):          # PROCESS_MEMORY_COUNTERS (psapi.h)
+        _fields_ = [("cb", wintypes.DWORD), ("PageFaultCount", wintypes.DWORD),
+                    ("PeakWorkingSetSize", ctypes.c_size_t), ("WorkingSetSize", ctypes.c_size_t),
+                    ("QuotaPeakPagedPoolUsage", ctypes.c_size_t), ("QuotaPagedPoolUsage", ctypes.c_size_t),
+                    ("QuotaPeakNonPagedPoolUsage", ctypes.c_size_t), ("QuotaNonPagedPoolUsage", ctypes.c_size_t),
+                    ("PagefileUsage", ctypes.c_size_t), ("PeakPagefileUsage", ctypes.c_size_t)]
+    c = Counters()
+    c.cb = ctypes.sizeof(c)
+    k32 = ctypes.WinDLL("kernel32")
+    k32.GetCurrentProcess.restype = wintypes.HANDLE
+    try:
+        get = ctypes.WinDLL("psapi").GetProcessMemoryInfo   # K32GetProcessMemoryInfo in kernel32 since Windows 7
+    except (OSError, AttributeError):
+        get = k32.K32GetProcessMemoryInfo
+    get.argtypes = [wintypes.HANDLE, ctypes.POINTER(Counters), wintypes.DWORD]
+    get.restype = wintypes.BOOL
+    return c.PeakWorkingSetSize if get(k32.GetCurrentProcess(), ctypes.byref(c), c.cb) else 0
 
 
 def weight_bytes(model) -> int:
@@ -147,13 +181,8 @@ def plot_speeds(sides: dict, title: str = "", ax=None):
 def cpu_model() -> str:
     """The CPU's name as the OS gives it (speed ratios differ by vendor: say which CPU a figure comes from)."""
     import platform
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    from .ggml.cpu import profiles
+    return profiles.cpu_features().model or platform.processor() or platform.machine()
 
 
 @contextmanager

@@ -19,6 +19,8 @@ LLMLAB_DOT4                dot4's byte-dot kernels: unset (the best the host run
                            ``0`` (off: the generic kernels), ``vnni`` or ``avx2``
 LLMLAB_DEBUG               any non-empty value: the CLI prints tracebacks (``--debug``)  off
 LLMLAB_RPC_TIMEOUT         seconds an rpc-server may take to answer (a positive number)  120
+LLMLAB_CPUINFO             the file Linux's CPU features are read from (tests stand a     /proc/cpuinfo
+                           damaged file or a FIFO in for it)
 LLMLAB_ARM64_ORACLE        where ``make oracle-arm64`` keeps the aarch64 llama.cpp        ~/.cache/llmlab/
                            builds (the ARM profiles' oracle, run under qemu-user)       oracle-arm64
 =========================  ===========================================================  ==============
@@ -86,6 +88,12 @@ def arm64_oracle() -> Path:
     ~/.cache/llmlab/oracle-arm64 (where ``make oracle-arm64`` puts them)."""
     text = _env("LLMLAB_ARM64_ORACLE")
     return Path(text).expanduser() if text else Path.home() / ".cache" / "llmlab" / "oracle-arm64"
+
+
+def cpuinfo() -> Path:
+    """LLMLAB_CPUINFO: the file read for the CPU's features on Linux, else /proc/cpuinfo."""
+    text = _env("LLMLAB_CPUINFO")
+    return Path(text) if text else Path("/proc/cpuinfo")
 
 
 def cpu() -> str | None:

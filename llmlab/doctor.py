@@ -29,10 +29,9 @@ from .hints import PACKAGES, hint, in_conda, system
 
 EXIT_MISSING = 1          # a required piece is missing (usage errors and bad input stay 2, as everywhere)
 MIN_PYTHON = (3, 11)
-# SIMD features worth naming (Linux /proc/cpuinfo and macOS sysctl spellings, lower case)
+# SIMD features worth naming (in Linux's /proc/cpuinfo spelling, which the detector uses on every OS)
 FEATURES = ("sse3", "ssse3", "avx", "f16c", "fma", "avx2", "avx_vnni", "avx512f", "avx512bw", "avx512_vnni",
-            "avx512vnni", "avx512_bf16", "amx_int8", "asimd", "asimddp", "asimdhp", "fphp", "sve", "i8mm",
-            "feat_dotprod", "feat_fp16", "feat_i8mm", "feat_bf16", "feat_sme")
+            "avx512_bf16", "amx_int8", "asimd", "asimddp", "asimdhp", "fphp", "sve", "i8mm", "bf16", "sme")
 
 @dataclass
 class Check:
@@ -127,43 +126,23 @@ def check_fonts() -> list[Check]:
     return [c1, c2]
 
 
-def cpu_features() -> list[str]:
-    """The SIMD features this CPU reports that matter to ggml (Linux: /proc/cpuinfo; macOS: sysctl)."""
-    flags: set[str] = set()
-    if system() == "macos":
-        for key in ("machdep.cpu.features", "machdep.cpu.leaf7_features"):
-            try:
-                out = subprocess.run(["sysctl", "-n", key], capture_output=True, text=True, timeout=10).stdout
-            except (OSError, subprocess.SubprocessError):
-                out = ""
-            flags |= {f.lower().replace("avx1.0", "avx") for f in out.split()}
-        try:
-            out = subprocess.run(["sysctl", "hw.optional"], capture_output=True, text=True, timeout=10).stdout
-        except (OSError, subprocess.SubprocessError):
-            out = ""
-        for line in out.splitlines():      # hw.optional.arm.FEAT_DotProd: 1
-            k, _, v = line.partition(":")
-            if v.strip() == "1":
-                flags.add(k.strip().rsplit(".", 1)[-1].lower())
-    else:
-        try:
-            with open("/proc/cpuinfo") as f:
-                for line in f:
-                    if line.startswith(("flags", "Features")):
-                        flags = set(line.split(":", 1)[1].split())
-                        flags |= {"sse3"} if "pni" in flags else set()     # Linux calls SSE3 "pni"
-                        break
-        except OSError:
-            pass
-    return [f for f in FEATURES if f in flags]
+def cpu_features() -> tuple[list[str], str]:
+    """The SIMD features this CPU reports that matter to ggml, and where they were read: the CPU profiles'
+    detector (``llmlab.ggml.cpu.profiles.cpu_features``: /proc/cpuinfo, macOS's sysctls, or CPUID and
+    IsProcessorFeaturePresent on Windows); nothing without numpy, which that package needs."""
+    if _missing("numpy", "numba"):
+        return [], "not read (needs numpy and numba)"
+    from .ggml.cpu import profiles
+    found = profiles.cpu_features()
+    return [f for f in FEATURES if f in found.flags], found.source
 
 
 def check_cpu() -> list[Check]:
     machine = platform.machine() or "?"
-    feats = cpu_features()
+    feats, feats_from = cpu_features()
     if _missing("numpy", "numba"):
         return [Check("cpu", "warn", False, f"{machine}; cannot choose a CPU profile without numpy and numba",
-                      data={"machine": machine, "features": feats})]
+                      data={"machine": machine, "features": feats, "features_source": feats_from})]
     from .ggml.cpu import profiles
     try:
         d = profiles.detect()
@@ -171,14 +150,15 @@ def check_cpu() -> list[Check]:
         build = profiles._from_system_info(info) if info else None
     except Exception as e:
         return [Check("cpu", "warn", False, f"{machine}; cannot choose a CPU profile: {type(e).__name__}: {e}",
-                      data={"machine": machine, "features": feats})]
+                      data={"machine": machine, "features": feats, "features_source": feats_from})]
     arm = machine.lower() in ("arm64", "aarch64") or machine.lower().startswith("arm")
-    summary = (f"{machine}, {' '.join(feats) or 'no SIMD features read'}; profile {d.profile.name} "
+    summary = (f"{machine}, {' '.join(feats) or 'no SIMD features read'} (from {feats_from}); profile {d.profile.name} "
                f"(from {d.source}); bit-identical to this machine's llama.cpp: {'yes' if d.reproduced else 'no'}")
     if not d.reproduced and arm:
         summary += " (llmlab computes an x86 profile's arithmetic here; ARM profiles are future work)"
     cpu = Check("cpu", "ok" if d.reproduced else "warn", False, summary,
-                data={"machine": machine, "features": feats, "profile": d.profile.name, "source": d.source,
+                data={"machine": machine, "features": feats, "features_source": feats_from,
+                      "profile": d.profile.name, "source": d.source,
                       "reproduced": d.reproduced, "detail": d.detail})
     version = _version("llama-cpp-python")
     if info is None:
@@ -189,13 +169,17 @@ def check_cpu() -> list[Check]:
                        "system_info": None, "profile": None, "reproduces": None})
     else:
         same = build is d.profile
+        amx = profiles.uses_amx(info)
         llama = Check("llama_cpp", "ok" if same else "warn", False,
                       f"llama-cpp-python {version}: its build is "
-                      + (f"the {build.name} profile" if build else "no profile llmlab has")
+                      + (f"the {build.name} profile" if build else
+                         "AVX-512 with AMX (AMX_INT8 = 1), which llmlab does not reproduce (its quantized products "
+                         "run on AMX tiles; in some VMs they crash)" if amx else "no profile llmlab has")
                       + (", the one llmlab computes: bit-identical" if same else
                          f"; llmlab computes {d.profile.name}: not bit-identical"),
+                      hint("llama_cpp_amx") if amx else None,
                       data={"installed": True, "version": version, "system_info": info.strip(),
-                            "profile": build.name if build else None, "reproduces": same})
+                            "profile": build.name if build else None, "reproduces": same, "amx": amx})
     return [cpu, llama]
 
 
@@ -247,7 +231,8 @@ def run_checks(lab: bool = True) -> list[Check]:
     numpy_ok = _version("numpy") is not None
     checks += check_cpu() if numpy_ok else [Check("cpu", "warn", False, f"{platform.machine()}; the CPU profile "
                                                   "needs numpy", data={"machine": platform.machine(),
-                                                                       "features": cpu_features()})]
+                                                                       "features": [], "features_source":
+                                                                       "not read (needs numpy)"})]
     checks += check_numba()
     return checks
 
@@ -283,6 +268,134 @@ def format_report(rep: dict) -> str:
     return "\n".join(lines)
 
 
+# ---------------------------------------------------------------- the room check: one line per learner machine
+
+ROOM_FIELDS = ("host", "os", "python", "machine", "cpu", "features_from", "profile", "bit_identical", "threading",
+               "threads", "kernels", "oracle", "ready")
+
+_ORACLE_PROBE = r"""
+import sys
+import llama_cpp
+info = llama_cpp.llama_print_system_info().decode("utf-8", "replace")
+print("info", " ".join(info.split()), flush=True)
+if len(sys.argv) > 1:                      # a cached model: one decode, where AMX or a bad build would crash
+    llm = llama_cpp.Llama(model_path=sys.argv[1], n_ctx=64, n_threads=1, verbose=False)
+    llm.eval([llm.token_bos(), 1, 2])
+    print("decoded", flush=True)
+"""
+
+
+def oracle_state(timeout: float = 180.0) -> tuple[str, dict]:
+    """Whether the local llama.cpp runs: loaded and, with a cached model, one decode, in a child process (a
+    crash of llama.cpp, SIGILL on an AMX guest say, is this answer, not the end of doctor)."""
+    if _missing("llama_cpp"):
+        return "not installed", {"installed": False}
+    args = [sys.executable, "-c", _ORACLE_PROBE]
+    from . import models
+    try:
+        spec = models.spec_for("smollm2")
+        if models.is_cached(spec):
+            args.append(str(models.model_path(spec)))
+    except Exception:          # noqa: BLE001 - no cache folder, a bad LLMLAB_HOME: load only
+        pass
+    try:
+        p = subprocess.run(args, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return f"hangs (no answer in {timeout:g} s)", {"installed": True, "runs": False}
+    info = next((ln[5:] for ln in p.stdout.splitlines() if ln.startswith("info ")), "")
+    amx = "AMX_INT8 = 1" in info
+    if p.returncode < 0:
+        import signal
+        try:
+            sig = signal.Signals(-p.returncode).name
+        except ValueError:
+            sig = str(-p.returncode)
+        return f"crashes ({sig}{', AMX' if amx else ''})", {"installed": True, "runs": False, "signal": sig, "amx": amx}
+    if p.returncode != 0:
+        last = (p.stderr.strip().splitlines() or ["?"])[-1][:120]
+        return f"fails ({last})", {"installed": True, "runs": False, "amx": amx}
+    decoded = "decoded" in p.stdout.split()
+    return ("runs" + ("" if decoded else " (loaded; no cached model to decode)") + (", AMX" if amx else ""),
+            {"installed": True, "runs": True, "decoded": decoded, "amx": amx})
+
+
+def kernel_cache_state() -> tuple[str, dict]:
+    """How many of llmlab's kernels numba's cache holds for these sources, without compiling any: "warm",
+    "cold" (nothing cached: the first run compiles for minutes), "stale" (cached for other sources) or
+    "not writable"."""
+    import numba
+    from .ggml.cpu import numba_cache as nc
+    base = Path(numba.config.CACHE_DIR) if numba.config.CACHE_DIR else None
+    digest, entries, stale, writable = nc.sources_digest(), 0, False, True
+    for src in nc._kernel_folders():
+        where = base / nc._user_subpath(src) if base else src / "__pycache__"
+        if not where.is_dir():
+            continue
+        found = sum(1 for f in where.glob("*.nbi"))
+        stamp = where / nc.STAMP
+        try:
+            fresh = stamp.read_text(encoding="utf-8", errors="replace").strip() == digest
+        except OSError:
+            fresh = False
+        if found and not fresh:
+            stale = True
+        entries += found if fresh else 0
+        writable = writable and _writable(where)
+    state = "stale" if stale and not entries else "warm" if entries else "cold"
+    text = f"{state} ({entries} kernel entries cached)" + ("" if writable else ", cache not writable")
+    return text, {"state": state, "entries": entries, "writable": writable,
+                  "dir": str(base) if base else "next to the kernels"}
+
+
+def threading_layer() -> str:
+    """The threading layer numba's parallel kernels run on here (tbb, omp or workqueue), found by running a
+    tiny parallel function (compiled, not cached: a second or two)."""
+    import numba
+
+    @numba.njit(parallel=True, cache=False)
+    def _probe(n):
+        s = 0
+        for i in numba.prange(n):
+            s += i
+        return s
+    try:
+        _probe(64)
+        return numba.threading_layer()
+    except Exception as e:          # noqa: BLE001 - no layer at all: say why
+        return f"none ({type(e).__name__}: {e})"
+
+
+def room(lab: bool = True) -> dict:
+    """What a teacher checks on each learner's machine before the day, as one flat record (:data:`ROOM_FIELDS`)."""
+    import socket
+    rep = report(lab)
+    checks = rep["checks"]
+    cpu = checks.get("cpu", {}).get("data", {})
+    threads = checks.get("threads", {}).get("data", {})
+    rec = {"host": socket.gethostname(), "os": f"{platform.system()} {platform.release()}".strip(),
+           "python": platform.python_version(), "machine": platform.machine(),
+           "cpu": "", "features_from": cpu.get("features_source", "?"), "profile": cpu.get("profile") or "?",
+           "bit_identical": cpu.get("reproduced"), "threading": "?", "threads": threads.get("threads"),
+           "kernels": "?", "oracle": "?", "ready": rep["ok"]}
+    if not _missing("numpy", "numba"):
+        from .ggml.cpu import profiles
+        rec["cpu"] = profiles.cpu_features().model
+        rec["threading"] = threading_layer()
+        rec["kernels"] = kernel_cache_state()[0]
+    rec["oracle"] = oracle_state()[0]
+    if rep["missing"]:
+        rec["ready"] = f"no: missing {', '.join(rep['missing'])}"
+    return rec
+
+
+def format_room(rec: dict) -> str:
+    """One line: ``llmlab-room host=...; os=...; ...`` (values never hold ';' or a line break)."""
+    def clean(v) -> str:
+        v = "yes" if v is True else "no" if v is False else "?" if v is None else str(v)
+        return " ".join(v.replace(";", ",").split())
+    return "llmlab-room " + "; ".join(f"{k}={clean(rec[k])}" for k in ROOM_FIELDS)
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m llmlab.doctor [--json] [--cli]``: the same as ``python -m llmlab doctor``, for a
     machine where the rest of llmlab cannot even be imported (numpy missing)."""
@@ -297,9 +410,16 @@ def add_arguments(p) -> None:
     p.add_argument("--json", action="store_true", help="one strict JSON object instead of lines")
     p.add_argument("--cli", action="store_true",
                    help="check for the command line only: JupyterLab, ipywidgets and Graphviz become optional")
+    p.add_argument("--room", action="store_true",
+                   help="one line for a teacher to collect from each learner's machine: OS, CPU profile, numba's "
+                        "threading layer, the kernel cache, whether llama.cpp runs, ready or not (--json: an object)")
 
 
 def run(args) -> int:
+    if getattr(args, "room", False):
+        rec = room(lab=not args.cli)
+        print(json.dumps(rec, allow_nan=False) if args.json else format_room(rec))
+        return 0 if rec["ready"] is True else EXIT_MISSING
     rep = report(lab=not args.cli)
     print(json.dumps(rep, indent=2, allow_nan=False) if args.json else format_report(rep))
     return rep["exit_code"]

@@ -41,6 +41,10 @@ _HINTS = {
                             "windows": "Segoe UI Emoji ships with Windows: update Windows"},
     "llama_cpp": {"any": f"python -m pip install llama-cpp-python=={LLAMA_CPP_PYTHON} (builds llama.cpp from source: "
                          "needs a C++ compiler and CMake; `make test` does it on Linux)"},
+    "llama_cpp_amx": {"any": "rebuild it without AMX: python tools/oracle_build.py in a checkout (what `make test` "
+                             "runs), or CMAKE_ARGS='-DGGML_NATIVE=OFF -DGGML_AVX512=ON -DGGML_AMX_TILE=OFF "
+                             "-DGGML_AMX_INT8=OFF' python -m pip install --no-cache-dir --force-reinstall "
+                             "llama-cpp-python==0.3.36"},
     "numba_cache": {"any": "set NUMBA_CACHE_DIR to a folder you can write (numba then caches its compiled "
                            "kernels there)"},
 }

@@ -153,18 +153,8 @@ def fetch(name: str, quiet: bool = False, verify: bool = False) -> Path:
 
 def _locked(path: Path):
     """An exclusive lock on ``path``'s model (released when the process ends, however it ends)."""
-    import contextlib
-    import fcntl
-
-    @contextlib.contextmanager
-    def lock():
-        fd = os.open(path.with_name(path.name + ".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)
-    return lock()
+    from .filelock import exclusive
+    return exclusive(path.with_name(path.name + ".lock"))
 
 
 def _remove_stale(path: Path) -> None:

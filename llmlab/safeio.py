@@ -1,6 +1,6 @@
 """Files from anywhere: read only regular files (never block on a FIFO), write atomically.
 
-- ``open_regular(path)`` opens read-only and non-blocking, then checks with ``fstat`` that what it
+- ``open_regular(path)`` opens read-only and non-blocking (where the OS has FIFOs), then checks with ``fstat`` that what it
   opened is a regular file: a FIFO, a device or a directory is refused with a precise message
   instead of hanging or being misreported as missing.
 - ``read_regular(path, max_bytes)`` reads a whole (capped) regular file.
@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import stat
 import tempfile
@@ -39,7 +38,8 @@ def not_regular(path, st: os.stat_result) -> LLMLabError:
 
 def open_regular(path) -> BinaryIO:
     """A read-only binary file object for ``path``, which must be a regular file."""
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0) \
+        | getattr(os, "O_BINARY", 0)          # Windows: without it the C runtime turns CR LF into LF
     try:
         fd = os.open(path, flags)
     except FileNotFoundError:
@@ -52,8 +52,8 @@ def open_regular(path) -> BinaryIO:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise not_regular(path, st)
-        if hasattr(os, "O_NONBLOCK"):
-            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+        if hasattr(os, "O_NONBLOCK"):              # opened non-blocking (a FIFO must not hang the open)
+            os.set_blocking(fd, True)              # reads of the regular file then block as usual
         return os.fdopen(fd, "rb")
     except BaseException:
         os.close(fd)
@@ -106,7 +106,8 @@ def atomic_write(path, inputs=()) -> Iterator[BinaryIO]:
     try:
         umask = os.umask(0)
         os.umask(umask)
-        os.fchmod(fd, 0o666 & ~umask)                  # the mode a plain open() would give
+        if hasattr(os, "fchmod"):                      # the mode a plain open() would give (POSIX;
+            os.fchmod(fd, 0o666 & ~umask)              # Windows has no such modes before 3.13)
         with os.fdopen(fd, "wb") as fh:
             fd = -1
             yield fh

@@ -6,6 +6,8 @@ import json
 import os
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,6 +15,8 @@ import pytest
 from llmlab.ggml.cpu import profiles
 from llmlab.ggml.cpu.simd import halves, hadd_tree, reduce_tree, tree_lanes
 from llmlab.ggml.cpu.vec import expf_bits, expf_scalef, soft_max_rows, vec_dot_f16
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_registry_has_one_file_per_instruction_set():
@@ -176,3 +180,123 @@ def test_cli_takes_cpu_and_reports_it(smollm2_path):
     bad = subprocess.run([sys.executable, "-m", "llmlab", "logits", "-m", str(smollm2_path), "-p", "x", "--cpu", "z80"],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "invalid choice" in bad.stderr
+
+
+# ---- the one CPU detector: a damaged or hostile /proc/cpuinfo, and the readers of the other OSes
+
+def test_cpuinfo_of_random_bytes_or_no_flags_line_is_read_without_a_traceback(tmp_path):
+    junk = tmp_path / "cpuinfo"
+    junk.write_bytes(bytes(np.random.default_rng(1).integers(0, 256, 200_000, dtype=np.uint8)))
+    text, why = profiles.read_cpuinfo(junk)
+    assert why == "" and isinstance(text, str)
+    flags, _ = profiles.parse_cpuinfo(text)
+    assert all(f.isascii() and f.isprintable() for f in flags)
+    junk.write_bytes(b"flags\t: avx2 fma \xff\xfe f16c\nmodel name\t: Some CPU \xc3(\n")
+    assert profiles.parse_cpuinfo(profiles.read_cpuinfo(junk)[0]) == ({"avx2", "fma", "f16c"}, "Some CPU (")
+    big = tmp_path / "big"
+    big.write_bytes(b"x" * 5000)
+    assert len(profiles.read_cpuinfo(big, max_bytes=1000)[0]) == 1000
+
+
+def test_cpuinfo_that_is_a_fifo_or_a_directory_is_passed_over_at_once(tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    t0 = time.monotonic()
+    assert profiles.read_cpuinfo(fifo) == ("", f"{fifo}: not a regular file")
+    assert profiles.read_cpuinfo(tmp_path)[0] == "" and profiles.read_cpuinfo(tmp_path / "none")[1]
+    assert time.monotonic() - t0 < 1
+
+
+@pytest.mark.parametrize("kind", ["fifo", "random"])
+def test_commands_and_nb_setup_run_with_a_hostile_cpuinfo(tmp_path, kind):
+    """A FIFO made every command and nb.setup hang; random bytes gave a traceback (issue 37). Now the
+    features come from CPUID (LLVM) and doctor says so."""
+    info = tmp_path / "cpuinfo"
+    if kind == "fifo":
+        os.mkfifo(info)
+    else:
+        info.write_bytes(bytes(np.random.default_rng(2).integers(0, 256, 100_000, dtype=np.uint8)))
+    env = {"LLMLAB_CPUINFO": str(info), "LLMLAB_CPU": ""}
+    r = subprocess.run([sys.executable, "-m", "llmlab", "doctor", "--cli", "--json"], capture_output=True, text=True,
+                       timeout=120, env={**os.environ, **env})
+    assert r.returncode in (0, 1), r.stderr
+    cpu = json.loads(r.stdout)["checks"]["cpu"]["data"]
+    assert cpu["features_source"] in ("cpuid", "none")
+    if profiles.machine() == "x86_64" and "avx2" in profiles.llvm_flags():
+        assert "avx2" in cpu["features"] and cpu["profile"] in ("avx2", "avx512")
+    r = _run("from llmlab import nb; nb.setup(models=())", **env)
+    assert r.returncode == 0 and "CPU profile:" in r.stdout, r.stderr
+
+
+def test_cpu_features_say_where_they_came_from():
+    found = profiles.cpu_features()
+    assert found.source in ("/proc/cpuinfo", "sysctl", "cpuid", "cpuid+IsProcessorFeaturePresent", "none")
+    assert profiles.cpu_flags() == set(found.flags)
+    if sys.platform.startswith("linux") and os.path.exists("/proc/cpuinfo"):
+        assert found.source == "/proc/cpuinfo" and found.model
+
+
+def test_llvm_host_features_agree_with_cpuinfo_on_the_profile():
+    """CPUID through LLVM (Windows' reader, and Linux's fallback) picks the profile /proc/cpuinfo picks."""
+    llvm = profiles.llvm_flags()
+    if not llvm:
+        pytest.skip("llvmlite gives no host features here")
+    assert profiles._from_flags(llvm) is profiles._from_flags(profiles.cpu_flags())
+
+
+def test_windows_drops_what_the_os_does_not_enable():
+    import unittest.mock as mock
+    x86 = {"avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_vnni", "amx_int8"}
+    with mock.patch.object(profiles, "llvm_flags", lambda: set(x86)):
+        everything, _ = profiles.windows_flags(present=lambda pf: True)
+        assert everything == x86 and profiles._from_flags(everything, "x86_64").name == "avx512"
+        no512, _ = profiles.windows_flags(present=lambda pf: pf in (39, 40))         # AVX-512 state not enabled
+        assert no512 == {"avx", "avx2", "fma", "f16c"} and profiles._from_flags(no512, "x86_64").name == "avx2"
+        unknown, _ = profiles.windows_flags(present=lambda pf: False)               # an OS that knows no PF_AVX*
+        assert unknown == x86
+
+
+def test_intel_mac_sysctls_map_to_linux_names():
+    ctl = {"machdep.cpu.features": "FPU SSE3 AVX1.0 F16C", "machdep.cpu.leaf7_features": "AVX2 FMA AVX512F AVX512BW "
+           "AVX512DQ AVX512VL AVX512VNNI", "hw.optional.arm.FEAT_DotProd": "0"}
+    flags = profiles.darwin_flags(ctl)
+    assert {"avx", "pni", "f16c", "avx2", "fma", "avx512_vnni"} <= flags and "asimddp" not in flags
+    assert profiles._from_flags(flags, "x86_64").name == "avx512"
+
+
+# ---- Intel AMX: a llama.cpp that uses it is no profile's arithmetic; the oracle is built without it
+
+SPR = ("AVX = 1 | AVX_VNNI = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | BMI2 = 1 | AVX512 = 1 | AVX512_VBMI = 1 | "
+       "AVX512_VNNI = 1 | AVX512_BF16 = 1 | AMX_INT8 = 1 | LLAMAFILE = 1 | OPENMP = 1 | REPACK = 1 |")
+
+
+def test_a_llama_cpp_with_amx_is_not_reproduced_and_doctor_says_so():
+    assert profiles.uses_amx(SPR) and not profiles.uses_amx(SPR.replace("AMX_INT8 = 1", ""))
+    assert profiles._from_system_info(SPR) is None
+    assert profiles._from_system_info(SPR.replace("AMX_INT8 = 1 | ", "")).name == "avx512"
+    code = ("import json, llmlab.ggml.cpu.profiles as p\n"
+            f"p.llama_cpp_system_info = lambda: {SPR!r}\n"
+            "p.cpu_flags = lambda: {'avx2', 'fma', 'f16c', 'avx512f', 'avx512bw', 'avx512dq', 'avx512vl', 'amx_int8'}\n"
+            "import platform; platform.machine = lambda: 'x86_64'\n"
+            "from llmlab import doctor\n"
+            "checks = {c.name: c for c in doctor.check_cpu()}\n"
+            "print(json.dumps([checks['cpu'].data['reproduced'], checks['llama_cpp'].data['amx'], "
+            "checks['llama_cpp'].summary, checks['llama_cpp'].hint, p.detect().profile.name]))\n")
+    out = _run(code)
+    reproduced, amx, summary, hint, prof = json.loads(out.stdout)
+    assert (reproduced, amx, prof) == (False, True, "avx512"), out.stderr
+    assert "AMX_INT8 = 1" in summary and "does not reproduce" in summary and "oracle_build.py" in hint
+
+
+def test_the_oracle_build_turns_amx_off_only_where_the_cpu_has_it():
+    tool = [sys.executable, str(ROOT / "tools" / "oracle_build.py"), "--dry-run", "--flags"]
+    r = subprocess.run([*tool, "avx2 fma f16c"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == "oracle: native (no AMX on this CPU)"
+    spr = "avx2 fma f16c avx512f avx512bw avx512dq avx512vl avx512_vnni avx512_bf16 amx_tile amx_int8"
+    r = subprocess.run([*tool, spr], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    for flag in ("-DGGML_NATIVE=OFF", "-DGGML_AVX512=ON", "-DGGML_AVX512_VNNI=ON", "-DGGML_AVX512_VBMI=OFF",
+                 "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_TILE=OFF"):
+        assert flag in r.stdout
+    other = subprocess.run([*tool, spr.replace("avx512_bf16", "")], capture_output=True, text=True, timeout=60)
+    assert other.stdout.split("kept in ")[1] != r.stdout.split("kept in ")[1]      # a wheel folder per set of flags

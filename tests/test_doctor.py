@@ -11,6 +11,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 
 from llmlab import doctor
 from llmlab.cli import main
@@ -181,3 +182,44 @@ def test_module_doctor_runs_where_numpy_and_numba_do_not_import():
     assert p.returncode == rep["exit_code"], p.stderr
     assert rep["checks"]["cpu"]["status"] == "warn" and rep["checks"]["numba_cache"]["status"] == "warn"
     assert rep["checks"]["python"]["status"] == "ok"
+
+
+# ---- the room check: one line per learner machine
+
+def test_room_is_one_line_a_teacher_can_collect():
+    r = subprocess.run([sys.executable, "-m", "llmlab", "doctor", "--room", "--cli"], capture_output=True, text=True,
+                       timeout=600, cwd=ROOT, env=_env())
+    lines = r.stdout.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("llmlab-room host="), r.stdout + r.stderr
+    fields = dict(kv.split("=", 1) for kv in lines[0][len("llmlab-room "):].split("; "))
+    assert list(fields) == list(doctor.ROOM_FIELDS)
+    assert fields["profile"] in ("avx2", "avx512") and fields["threading"] in ("tbb", "omp", "workqueue")
+    assert fields["kernels"].split()[0] in ("warm", "cold", "stale") and fields["oracle"]
+    assert r.returncode == (0 if fields["ready"] == "yes" else doctor.EXIT_MISSING)
+    j = subprocess.run([sys.executable, "-m", "llmlab", "doctor", "--room", "--cli", "--json"], capture_output=True,
+                       text=True, timeout=600, cwd=ROOT, env=_env())
+    rec = json.loads(j.stdout)
+    assert list(rec) == list(doctor.ROOM_FIELDS) and rec["profile"] == fields["profile"]
+
+
+@pytest.mark.parametrize("probe, want", [
+    ("import os, signal; os.kill(os.getpid(), signal.SIGILL)", "crashes (SIGILL)"),
+    ("print('info AVX2 = 1 | AMX_INT8 = 1 |')\nimport os, signal; os.kill(os.getpid(), signal.SIGILL)",
+     "crashes (SIGILL, AMX)"),
+    ("raise SystemExit('llama.cpp: bad build')", "fails (llama.cpp: bad build)"),
+    ("print('info AVX2 = 1 |')", "runs (loaded; no cached model to decode)"),
+])
+def test_room_reports_a_crashing_oracle_as_a_state_not_a_crash(monkeypatch, probe, want):
+    if not hasattr(__import__("signal"), "SIGILL") or sys.platform == "win32":
+        pytest.skip("POSIX signals")
+    monkeypatch.setattr(doctor, "_missing", lambda *m: [])
+    monkeypatch.setattr(doctor, "_ORACLE_PROBE", probe)
+    monkeypatch.setenv("LLMLAB_HOME", "/nonexistent/llmlab-home")      # no cached model: no decode argument
+    assert doctor.oracle_state(timeout=60)[0] == want
+
+
+def test_room_says_what_the_kernel_cache_holds(monkeypatch, tmp_path):
+    import numba
+    monkeypatch.setattr(numba.config, "CACHE_DIR", str(tmp_path / "empty"))
+    text, data = doctor.kernel_cache_state()
+    assert text.startswith("cold (0 kernel entries") and data["state"] == "cold"

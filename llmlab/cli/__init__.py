@@ -70,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run one command. Bad input is one ``error:`` line and exit 2 (``--debug``: the traceback too);
     Ctrl-C at any moment is one ``interrupted`` line and exit 130."""
     cli = _owns_sigint()
+    utf8_output()
     try:
         return _run(argv, cli)
     except KeyboardInterrupt:
@@ -83,9 +84,30 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _on_signals(handler) -> None:
-    """Ctrl-C and SIGTERM alike: both end a command with ``interrupted``, exit 130, after cleaning up."""
-    signal.signal(signal.SIGINT, handler)
-    signal.signal(signal.SIGTERM, handler)
+    """Ctrl-C and SIGTERM alike (and Ctrl-Break on Windows): each ends a command with ``interrupted``,
+    exit 130, after cleaning up."""
+    for name in INTERRUPTS:
+        signal.signal(getattr(signal, name), handler)
+
+
+INTERRUPTS = tuple(n for n in ("SIGINT", "SIGTERM", "SIGBREAK") if hasattr(signal, n))   # those this OS has
+
+
+def utf8_output() -> None:
+    """Text out as UTF-8 on Windows too: a pipe or a file there gets the ANSI code page (cp1252), which
+    cannot write a tokenizer's pieces or a Chinese reply (UnicodeEncodeError, or '?' garbage). Elsewhere
+    the locale's encoding is left alone (it is UTF-8 on every supported setup)."""
+    if sys.platform != "win32":
+        return
+    errors = {"stdin": "surrogateescape", "stdout": "strict", "stderr": "backslashreplace"}
+    for name, err in errors.items():     # stdin as on POSIX: a line that is not UTF-8 keeps its bytes (chat says so)
+        stream = getattr(sys, name)
+        enc = (getattr(stream, "encoding", None) or "").lower().replace("-", "")
+        if enc != "utf8" and hasattr(stream, "reconfigure"):
+            try:
+                stream.reconfigure(encoding="utf-8", errors=err)
+            except (ValueError, OSError):
+                pass
 
 
 def _run(argv, cli: bool) -> int:

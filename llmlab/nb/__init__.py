@@ -85,15 +85,10 @@ def cpu_profile() -> dict:
     d = profiles.detect()
     info = {"machine": platform.machine(), "cores": os.cpu_count() or 1, "model": platform.processor() or "?",
             "simd": [], "profile": d.profile.name, "source": d.source, "reproduced": d.reproduced}
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        text = ""
-    for line in text.splitlines():
-        key, _, val = line.partition(":")
-        if key.strip() == "model name" and info["model"] == "?":
-            info["model"] = val.strip()
-    flags = profiles.cpu_flags()         # the detection's own reader: /proc/cpuinfo, or macOS's sysctls
+    found = profiles.cpu_features()      # the one detector: /proc/cpuinfo, macOS's sysctls, or CPUID on Windows
+    if info["model"] == "?" and found.model:
+        info["model"] = found.model
+    flags = profiles.cpu_flags()
     wanted = ["sse3", "ssse3", "avx", "f16c", "fma", "avx2", "avx_vnni", "avx512f", "avx512bw", "avx512_vnni",
               "avx512_bf16", "amx_int8", "asimd", "asimddp", "asimdhp", "sve", "i8mm"]
     info["simd"] = [f for f in wanted if f in flags]

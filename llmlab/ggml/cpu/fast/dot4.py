@@ -53,15 +53,12 @@ OFFSET = {"q4_0": 8, "q4_1": 0, "q5_0": 16, "q8_0": 128}   # the codes are used 
 
 def host_isas() -> tuple[str, ...]:
     """The byte-dot instruction sets this host runs: "vnni" (AVX512-VNNI with AVX512BW), "avx2"."""
-    try:
-        import llvmlite.binding as ll
-        feats = ll.get_host_cpu_features()
-    except Exception:           # noqa: BLE001 - no feature list: take the generic kernels
-        return ()
+    from ..profiles import cpu_flags, machine        # the one CPU detector (x86 flags only on an x86 machine)
+    feats = cpu_flags() if machine() == "x86_64" else set()
     out = []
-    if feats.get("avx512vnni") and feats.get("avx512bw"):
+    if {"avx512_vnni", "avx512bw"} <= feats:
         out.append("vnni")
-    if feats.get("avx2") and feats.get("fma") and feats.get("f16c"):
+    if {"avx2", "fma", "f16c"} <= feats:
         out.append("avx2")
     return tuple(out)
 

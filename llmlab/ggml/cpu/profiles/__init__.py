@@ -13,7 +13,8 @@ engine takes a profile explicitly (``Model(..., cpu=)``, ``Context(..., cpu=)``,
 - ``LLMLAB_CPU=avx2|avx512`` when set;
 - else the local llama.cpp build (``llama_cpp.llama_print_system_info()``: ``AVX512 = 1`` or not);
 - else the CPU's own flags, among the profiles of this machine (``platform.machine()``: x86_64 or
-  aarch64): /proc/cpuinfo on Linux, the ``hw.optional.arm.FEAT_*`` sysctls on macOS.
+  aarch64): /proc/cpuinfo on Linux, the sysctls on macOS, CPUID (LLVM's host features) checked with
+  ``IsProcessorFeaturePresent`` on Windows (:func:`cpu_features`, the one place features are read).
 
 On a CPU no profile reproduces (x86 without AVX2, ARM without DOTPROD/FP16), the nearest profile of
 its own architecture runs and llmlab says so once.
@@ -138,7 +139,7 @@ def resolve(cpu: "CPUProfile | str | None" = None) -> CPUProfile:
 @dataclass(frozen=True)
 class Detection:
     profile: CPUProfile
-    source: str            # "LLMLAB_CPU", "llama.cpp", "/proc/cpuinfo" or "default"
+    source: str            # "LLMLAB_CPU", "llama.cpp", where the CPU's features came from (CPUFeatures.source) or "default"
     reproduced: bool       # this machine's llama.cpp computes exactly what the profile does
     detail: str = ""
 
@@ -177,14 +178,44 @@ def machine(raw: str | None = None) -> str:
     return _MACHINES.get(m, m)
 
 
-# macOS (Apple silicon) names its features in sysctl hw.optional.arm.FEAT_*; the profiles use Linux's
-_DARWIN_FEATURES = {"FEAT_DotProd": "asimddp", "FEAT_FP16": "asimdhp", "FEAT_I8MM": "i8mm", "AdvSIMD": "asimd"}
+# ---------------------------------------------------------------- the CPU's features: read here and only here
+# (doctor, nb.setup, bench and the kernels' instruction-set choice read them from this module)
+
+@dataclass(frozen=True)
+class CPUFeatures:
+    """What the CPU offers, in Linux's /proc/cpuinfo spelling whatever the OS, and where that was read."""
+    flags: frozenset       # "avx2", "avx512_vnni", "asimddp", ...
+    source: str            # "/proc/cpuinfo", "sysctl" (macOS), "cpuid" (LLVM's host features),
+                           # "cpuid+IsProcessorFeaturePresent" (Windows) or "none"
+    model: str = ""        # the CPU's name ("AMD EPYC 7B13"), "" when the OS does not say
+    detail: str = ""       # why a reader was passed over ("/proc/cpuinfo: is a FIFO")
+
+
+MAX_CPUINFO = 8 << 20      # bytes of /proc/cpuinfo read at most (a 512-CPU machine writes about 1 MiB)
+
+# macOS names its features in sysctls: hw.optional.arm.FEAT_* (Apple silicon), machdep.cpu.features (Intel)
+_DARWIN_FEATURES = {"FEAT_DotProd": "asimddp", "FEAT_FP16": "asimdhp", "FEAT_I8MM": "i8mm", "AdvSIMD": "asimd",
+                    "FEAT_BF16": "bf16", "FEAT_SME": "sme"}
+_DARWIN_X86 = {"avx1.0": "avx", "sse3": "pni", "sse4.1": "sse4_1", "sse4.2": "sse4_2", "avx512vnni": "avx512_vnni",
+               "avx512bf16": "avx512_bf16", "avx512fp16": "avx512_fp16", "avxvnni": "avx_vnni", "amx_int8": "amx_int8"}
+# LLVM's names of the host CPU's features (llvmlite.binding.get_host_cpu_features) in Linux's spelling
+_LLVM_FEATURES = {"sse3": "pni", "sse4.1": "sse4_1", "sse4.2": "sse4_2", "avx512vnni": "avx512_vnni",
+                  "avx512bf16": "avx512_bf16", "avx512fp16": "avx512_fp16", "avxvnni": "avx_vnni",
+                  "amx-int8": "amx_int8", "amx-tile": "amx_tile", "amx-bf16": "amx_bf16",
+                  "neon": "asimd", "dotprod": "asimddp", "fullfp16": "asimdhp", "i8mm": "i8mm", "sve": "sve"}
+# IsProcessorFeaturePresent (winnt.h PF_*): what Windows says its threads may use (the OS saves those registers)
+_WINDOWS_PF = {"avx": 39, "avx2": 40, "avx512f": 41}
 
 
 def darwin_flags(sysctl: dict[str, str]) -> set[str]:
-    """Linux-style flags from ``hw.optional.arm.*`` / ``hw.optional.*`` sysctl values ({name: "1"})."""
+    """Linux-style flags from macOS sysctl values: ``hw.optional.arm.*`` / ``hw.optional.*`` ({name: "1"}),
+    and Intel Macs' ``machdep.cpu.features`` / ``machdep.cpu.leaf7_features`` (space-separated names)."""
     flags = set()
     for key, value in sysctl.items():
+        if key.startswith("machdep.cpu."):
+            for f in str(value).lower().split():
+                flags.add(_DARWIN_X86.get(f, f))
+            continue
         feat = key.rsplit(".", 1)[-1]
         if feat in _DARWIN_FEATURES and str(value).strip() == "1":
             flags.add(_DARWIN_FEATURES[feat])
@@ -194,11 +225,13 @@ def darwin_flags(sysctl: dict[str, str]) -> set[str]:
 def _sysctl() -> dict[str, str]:
     import subprocess
     keys = ["hw.optional.arm.FEAT_DotProd", "hw.optional.arm.FEAT_FP16", "hw.optional.arm.FEAT_I8MM",
-            "hw.optional.AdvSIMD"]
+            "hw.optional.arm.FEAT_BF16", "hw.optional.arm.FEAT_SME", "hw.optional.AdvSIMD",
+            "machdep.cpu.features", "machdep.cpu.leaf7_features", "machdep.cpu.brand_string"]
     out = {}
     for k in keys:
         try:
-            res = subprocess.run(["sysctl", "-n", k], capture_output=True, text=True, timeout=5)
+            res = subprocess.run(["sysctl", "-n", k], capture_output=True, text=True, timeout=5,
+                                 stdin=subprocess.DEVNULL)
         except (OSError, subprocess.SubprocessError):
             continue
         if res.returncode == 0:
@@ -206,23 +239,127 @@ def _sysctl() -> dict[str, str]:
     return out
 
 
-def cpu_flags() -> set[str]:
-    """The CPU's features: /proc/cpuinfo's ``flags`` (x86) or ``Features`` (ARM) line; on macOS the
-    hw.optional sysctls, in Linux's spelling."""
-    if sys.platform == "darwin":
-        return darwin_flags(_sysctl())
+def read_cpuinfo(path=None, max_bytes: int = MAX_CPUINFO) -> tuple[str, str]:
+    """The text of /proc/cpuinfo (``path``: default ``config.cpuinfo()``) and "" or why it was not read.
+    Never blocks and never fails: opened non-blocking, only a regular file is read, at most ``max_bytes``;
+    bytes that are not UTF-8 are dropped (a damaged or hostile file gives fewer flags, not a traceback)."""
+    import os
+    import stat
+    path = config.cpuinfo() if path is None else path
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith(("flags", "Features")):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
+        fd = os.open(path, flags | getattr(os, "O_BINARY", 0))
+    except OSError as e:
+        return "", f"{path}: {e.strerror or e}"
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return "", f"{path}: not a regular file"
+        chunks, n = [], 0
+        while n < max_bytes:
+            try:
+                chunk = os.read(fd, min(1 << 16, max_bytes - n))
+            except BlockingIOError:
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+            n += len(chunk)
+        return b"".join(chunks).decode("utf-8", "ignore"), ""
+    except OSError as e:
+        return "", f"{path}: {e.strerror or e}"
+    finally:
+        os.close(fd)
+
+
+def parse_cpuinfo(text: str) -> tuple[set[str], str]:
+    """(flags, model) from /proc/cpuinfo's text: the first ``flags`` (x86) or ``Features`` (ARM) line and
+    the first ``model name``; lines that are not ``key : value`` are skipped."""
+    flags, model = None, ""
+    for line in text.splitlines():
+        key, sep, val = line.partition(":")
+        if not sep:
+            continue
+        key = key.strip()
+        if flags is None and key in ("flags", "Features"):
+            flags = {f for f in val.split() if f.isascii() and f.isprintable()}
+        elif not model and key == "model name":
+            model = val.strip()
+        if flags is not None and model:
+            break
+    flags = flags or set()
+    if "pni" in flags:
+        flags.add("sse3")              # Linux calls SSE3 "pni" (Prescott New Instructions)
+    return flags, model
+
+
+def llvm_flags() -> set[str]:
+    """The host CPU's features as LLVM reads them (CPUID and XGETBV on x86, so only what the OS enables),
+    in Linux's spelling; empty where llvmlite cannot say. The same on every OS."""
+    try:
+        import llvmlite.binding as ll
+        feats = ll.get_host_cpu_features()
+    except Exception:              # noqa: BLE001 - no feature list: no flags
+        return set()
+    flags = {_LLVM_FEATURES.get(k, k) for k, on in feats.items() if on}
+    if "pni" in flags:
+        flags.add("sse3")
+    return flags
+
+
+def windows_flags(present=None) -> tuple[set[str], str]:
+    """Windows: LLVM's CPUID flags, less AVX-512 (and AMX) where IsProcessorFeaturePresent says the OS does
+    not let threads use it; and the CPU's name."""
+    flags = llvm_flags()
+    if present is None:
+        try:
+            import ctypes
+            k32 = ctypes.WinDLL("kernel32")
+            present = lambda pf: bool(k32.IsProcessorFeaturePresent(pf))     # noqa: E731
+        except (OSError, AttributeError):
+            present = None
+    # Windows before 10 2004 knows no PF_AVX* and answers "no" to all three: only a "no" to AVX-512 from an OS
+    # that says "yes" to AVX2 is believed (LLVM's XGETBV already checks which registers the OS saves)
+    if present is not None and present(_WINDOWS_PF["avx2"]) and not present(_WINDOWS_PF["avx512f"]):
+        flags = {f for f in flags if not f.startswith(("avx512", "amx"))}
+    import platform
+    return flags, platform.processor() or ""
+
+
+@lru_cache(maxsize=1)
+def cpu_features() -> CPUFeatures:
+    """The CPU's features, read once per process: /proc/cpuinfo on Linux (LLVM's CPUID where it is missing,
+    unreadable or has no flags line), the sysctls on macOS, CPUID and IsProcessorFeaturePresent on Windows."""
+    if sys.platform == "darwin":
+        ctl = _sysctl()
+        return CPUFeatures(frozenset(darwin_flags(ctl)), "sysctl", ctl.get("machdep.cpu.brand_string", ""))
+    if sys.platform == "win32":
+        flags, model = windows_flags()
+        return CPUFeatures(frozenset(flags), "cpuid+IsProcessorFeaturePresent" if flags else "none", model)
+    text, why = read_cpuinfo()
+    flags, model = parse_cpuinfo(text)
+    if flags:
+        return CPUFeatures(frozenset(flags), "/proc/cpuinfo", model)
+    why = why or f"{config.cpuinfo()}: no flags line"
+    flags = llvm_flags()
+    return CPUFeatures(frozenset(flags), "cpuid" if flags else "none", model, why)
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's features in Linux's spelling (:func:`cpu_features`)."""
+    return set(cpu_features().flags)
+
+
+def uses_amx(info: str | None) -> bool:
+    """Does this llama.cpp build send weights through ggml's AMX buffer type (``AMX_INT8 = 1``)? Its q4_1 and
+    q8_0 products then run on AMX tiles, whose arithmetic no profile computes (README, "Intel AMX")."""
+    return bool(info) and parse_system_info(info).get("AMX_INT8") == "1"
 
 
 def _from_system_info(info: str) -> CPUProfile | None:
     keys = parse_system_info(info)
+    if uses_amx(info):
+        return None
     best = None
     for prof in PROFILES.values():          # the most specific profile whose keys all match
         # ggml lists only the features it was built with: a missing key means "= 0"
@@ -266,8 +403,11 @@ def detect() -> Detection:
             return Detection(prof, "llama.cpp", True, info.strip())
     flags = cpu_flags()
     prof = _from_flags(flags)
+    if prof is not None and uses_amx(info):
+        return Detection(prof, cpu_features().source, False, "this machine's llama.cpp uses AMX (AMX_INT8 = 1), "
+                         "whose arithmetic no profile computes; `make test` builds an oracle without it")
     if prof is not None:
-        return Detection(prof, "/proc/cpuinfo", True)
+        return Detection(prof, cpu_features().source, True)
     return Detection(nearest(), "default", False, "no profile reproduces this CPU")
 
 
