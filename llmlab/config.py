@@ -139,6 +139,34 @@ def parallel_min_work() -> int:
 
 # ---------------------------------------------------------------- threads: one policy
 
+NUMBA_THREADS_IGNORED: str | None = None     # why NUMBA_NUM_THREADS was set aside in this process (doctor says it)
+
+
+def guard_numba_threads() -> str | None:
+    """numba refuses a NUMBA_NUM_THREADS of 0 or less with a ValueError while it loads, before any command (or
+    ``doctor``) could say why. Run once when llmlab is imported, before numba loads: a value that is not a
+    positive integer is removed from this process's environment (the kernels run on numba's default pool),
+    said in one line, and kept for ``doctor``. Returns the cause, else None."""
+    global NUMBA_THREADS_IGNORED
+    text = os.environ.get("NUMBA_NUM_THREADS")
+    if text is None or NUMBA_THREADS_IGNORED is not None:
+        return NUMBA_THREADS_IGNORED
+    try:
+        ok = parse_int(text) >= 1
+    except ValueError:
+        ok = False
+    if ok:
+        return None
+    import sys
+    if "numba" in sys.modules:        # too late to help: numba read it already
+        return None
+    del os.environ["NUMBA_NUM_THREADS"]
+    NUMBA_THREADS_IGNORED = (f"NUMBA_NUM_THREADS={text.encode('ascii', 'backslashreplace').decode()!r} is not a "
+                             f"positive integer: ignored (numba's default thread pool is used)")
+    print(f"llmlab: {NUMBA_THREADS_IGNORED}", file=sys.stderr, flush=True)
+    return NUMBA_THREADS_IGNORED
+
+
 def _physical_cores(cpus: list[int] | None = None) -> int | None:
     """Cores, not hardware threads: the distinct ``thread_siblings`` masks of the (given) online CPUs, as
     llama.cpp's ``cpu_get_num_physical_cores`` counts them on Linux; None where sysfs does not say."""

@@ -89,7 +89,12 @@ def _on_signals(handler) -> None:
 
 
 def _run(argv, cli: bool) -> int:
-    parser = build_parser()
+    try:          # the commands import llmlab's engine (numba, its kernel cache): a fault there is one error line too
+        parser = build_parser()
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except Exception as e:     # noqa: BLE001
+        return _failed(e, config.debug() or "--debug" in (sys.argv[1:] if argv is None else argv))
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:     # usage errors (argparse's usage and error lines: 2), --help and --version (0)
@@ -106,20 +111,22 @@ def _run(argv, cli: bool) -> int:
         return 0
     except KeyboardInterrupt:
         raise
-    except MemoryError:
-        _debug(debug)
+    except Exception as e:     # noqa: BLE001
+        return _failed(e, debug)
+
+
+def _failed(e: Exception, debug: bool) -> int:
+    """One ``error:`` line for ``e`` (and the traceback with ``--debug``): exit status 2."""
+    _debug(debug)
+    if isinstance(e, MemoryError):
         print("error: out of memory: the input asks for more memory than this machine can give", file=sys.stderr)
-        return 2
-    except (LLMLabError, ValueError, KeyError, OSError, UnicodeError) as e:
-        _debug(debug)
+    elif isinstance(e, (LLMLabError, ValueError, KeyError, OSError, UnicodeError)):
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"error: {_one_line(msg)}", file=sys.stderr)
-        return 2
-    except Exception as e:   # a bug, most likely reached by odd input: still one line (and the traceback with --debug)
-        _debug(debug)
+    else:          # a bug, most likely reached by odd input: still one line (and the traceback with --debug)
         print(f"error: unexpected {type(e).__name__}: {_one_line(e)} (rerun with --debug for the traceback)",
               file=sys.stderr)
-        return 2
+    return 2
 
 
 def _one_line(msg) -> str:
