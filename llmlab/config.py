@@ -18,7 +18,7 @@ LLMLAB_PARALLEL_MIN_WORK   multiply-adds of a quantized product from which it ru
 LLMLAB_DOT4                dot4's byte-dot kernels: unset (the best the host runs),     unset
                            ``0`` (off: the generic kernels), ``vnni`` or ``avx2``
 LLMLAB_DEBUG               any non-empty value: the CLI prints tracebacks (``--debug``)  off
-LLMLAB_RPC_TIMEOUT         seconds an rpc-server may take to answer (a positive number)  120
+LLMLAB_RPC_TIMEOUT         seconds an rpc-server may take to answer (0 < s <= 86400)      120
 LLMLAB_ARM64_ORACLE        where ``make oracle-arm64`` keeps the aarch64 llama.cpp        ~/.cache/llmlab/
                            builds (the ARM profiles' oracle, run under qemu-user)       oracle-arm64
 =========================  ===========================================================  ==============
@@ -122,9 +122,12 @@ def rpc_timeout() -> float:
         v = parse_float(text)
     except ValueError as e:
         raise ValueError(f"LLMLAB_RPC_TIMEOUT: {e}") from None
-    if v <= 0:
-        raise ValueError(f"LLMLAB_RPC_TIMEOUT: {v:g} must be > 0")
+    if not 0 < v <= RPC_TIMEOUT_MAX:
+        raise ValueError(f"LLMLAB_RPC_TIMEOUT: {text} must be > 0 and at most {RPC_TIMEOUT_MAX} (one day)")
     return v
+
+
+RPC_TIMEOUT_MAX = 86400      # a day: longer is no timeout at all (and past ~1e9 s the socket cannot be given it)
 
 
 def parallel_min_work() -> int:
