@@ -21,6 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
+from . import LLMLabError
+
 TEXT = Path(__file__).resolve().parent / "data" / "english_python_docs.txt"
 
 
@@ -113,7 +115,7 @@ def run_llama_cpp(path, ids: list[int], n_gen: int, threads: int) -> Side:
     res = subprocess.run([sys.executable, "-c", _LLAMA_CHILD, arg], capture_output=True, text=True, env=env)
     if res.returncode != 0:
         tail = (res.stderr.strip().splitlines() or ["no output"])[-1]
-        raise RuntimeError(f"llama.cpp bench failed: {tail}")
+        raise LLMLabError(f"llama.cpp bench failed: {tail}")
     return Side(**json.loads(res.stdout.strip().splitlines()[-1]))
 
 

@@ -76,9 +76,13 @@ def home() -> Path:
     """Where llmlab caches models: $LLMLAB_HOME (``~`` expanded), else $XDG_CACHE_HOME/llmlab, else
     ~/.cache/llmlab."""
     text = _env("LLMLAB_HOME")
-    if text:
-        return Path(text).expanduser()
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "llmlab"
+    try:
+        if text:
+            return Path(text).expanduser()
+        return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "llmlab"
+    except RuntimeError as e:     # '~nosuchuser/x', or no HOME and no passwd entry: expanduser cannot say where
+        what = f"LLMLAB_HOME={text!r}" if text else "the cache folder (set LLMLAB_HOME)"
+        raise ValueError(f"{what}: {e} (a '~' needs a user this machine knows)") from None
 
 
 def arm64_oracle() -> Path:

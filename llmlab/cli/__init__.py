@@ -11,6 +11,7 @@ import argparse
 import importlib
 import os
 import pkgutil
+import re
 import signal
 import sys
 import traceback
@@ -35,7 +36,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help=debug_help)
     for p in set(sub.choices.values()):   # also after the command: python -m llmlab logits --debug ...
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=debug_help)
+        p._negative_number_matcher = NEGATIVE_NUMBER   # --presence-penalty -1e-3 is a value, not an option
     return parser
+
+
+# what argparse takes for a negative number rather than an option: its own '-1' and '-.5', and exponents too
+NEGATIVE_NUMBER = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
 
 
 def _hard_interrupt(signum, frame):
