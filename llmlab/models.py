@@ -143,8 +143,12 @@ def _shown(text) -> str:
 def _folder_error(e: OSError, spec: ModelSpec, path: Path) -> LLMLabError:
     """An OSError while fetching as one line naming the folder (LLMLAB_HOME's or TMPDIR's) and the cause."""
     import errno
-    tmp = tempfile.gettempdir()
-    in_tmp = bool(e.filename) and os.fspath(e.filename).startswith(tmp + os.sep)
+    def under(a, b) -> bool:
+        a, b = os.path.abspath(a), os.path.abspath(b)
+        return a == b or a.startswith(b.rstrip(os.sep) + os.sep)
+    tmp, cache = tempfile.gettempdir(), path.parent.parent
+    f = os.fsdecode(e.filename) if isinstance(e.filename, (str, bytes, os.PathLike)) else None
+    in_tmp = f is not None and under(f, tmp) and not (under(f, cache) or under(cache, f))
     folder = (f"the temporary folder {_shown(tmp)} (TMPDIR)" if in_tmp else
               f"the model cache {_shown(path.parent)} (LLMLAB_HOME)")
     if e.errno == errno.ENOSPC:

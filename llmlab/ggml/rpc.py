@@ -181,12 +181,12 @@ def parse_endpoint(endpoint: str) -> tuple[str, int]:
     if not sep or not host or not port.isascii() or not port.isdigit() or not 0 < int(port) < 65536:
         raise RPCError(f"{bad}: expected HOST:PORT")
     if not endpoint.startswith("["):
+        if len(host) > 253 or any(not 0 < len(x) <= 63 for x in host.rstrip(".").split(".")):
+            raise RPCError(f"{bad}: a host name's labels (between dots) must have 1 to 63 characters")
         try:
-            labels = host.rstrip(".").encode("idna").split(b".")
+            host.encode("idna")
         except UnicodeError as e:
             raise RPCError(f"{bad}: the host is not a valid name ({e})") from None
-        if len(host) > 253 or any(not 0 < len(x) <= 63 for x in labels):
-            raise RPCError(f"{bad}: a host name's labels (between dots) must have 1 to 63 characters")
     return host, int(port)
 
 
