@@ -202,11 +202,9 @@ def check_numba() -> list[Check]:
     if _missing("numba"):
         return [Check("numba_cache", "warn", False, "numba is not installed")]
     import numba
-    try:
-        from .ggml.cpu import numba_cache
-        d = numba_cache.diagnose()
-    except Exception as e:     # noqa: BLE001 (llmlab's kernels do not import: the checks above say why)
-        d = {"dir": None, "source": None, "writable": False, "problem": f"{type(e).__name__}: {e}"}
+
+    from .ggml.cpu import numba_cache
+    d = numba_cache.diagnose()       # (never raises: a cache it cannot use is its answer)
     where, source, ok, problem = Path(d["dir"] or "?"), d["source"], d["writable"], d["problem"]
     if problem is None:
         summary = f"{where} ({source}): writable"

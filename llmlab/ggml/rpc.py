@@ -16,7 +16,7 @@ listen on a network you trust (rpc-server binds 127.0.0.1 unless told ``-H``).
 
 This module is the wire (the messages and the records they carry) and :class:`RPCConnection`, the
 socket that carries them; :class:`Traffic` counts bytes and round trips per command, per split. A server's
-device as a scheduler backend, :class:`RPCBackend`, is :mod:`llmlab.ggml.rpc_backend` (also reachable here).
+device as a scheduler backend, :class:`RPCBackend`, is :mod:`llmlab.ggml.rpc_backend`.
 """
 from __future__ import annotations
 
@@ -412,14 +412,3 @@ def decode_record(raw: bytes) -> dict:
     out["name"] = out["name"].rstrip(b"\0").decode("utf-8", "replace")
     out["op_name"] = GGML_OPS[out["op"]] if out["op"] < len(GGML_OPS) else "?"
     return out
-
-
-# the device as a scheduler backend lives in rpc_backend (which imports this module): its names, also from here
-_BACKEND_NAMES = ("RPCBackend", "device", "devices", "server_profile", "fnv_hash", "_DEVICES")
-
-
-def __getattr__(name: str):
-    if name in _BACKEND_NAMES:
-        from . import rpc_backend
-        return getattr(rpc_backend, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
