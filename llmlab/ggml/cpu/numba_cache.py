@@ -113,6 +113,7 @@ def install() -> None:
     caching.Cache.load_overload = load_overload
     caching.Cache.save_overload = save_overload
     dispatcher.Dispatcher.enable_caching = enable_caching
+    caching.CacheImpl._locator_classes.append(_read_only_locator(caching))
 
 
 def discard(cache, error: BaseException) -> None:
@@ -193,11 +194,55 @@ STAMP = "llmlab-kernel-sources.sha1"
 
 def sources_digest() -> str:
     """One hash of every source file in the kernel folders (what any cached kernel may have inlined)."""
-    h = hashlib.sha1()
-    for folder in _kernel_folders():
-        for f in sorted(folder.glob("*.py")):
-            h.update(f.relative_to(PACKAGE).as_posix().encode() + b"\0" + f.read_bytes())
-    return h.hexdigest()
+    folders = tuple(_kernel_folders())
+    if folders not in _DIGESTS:
+        h = hashlib.sha1()
+        for folder in folders:
+            for f in sorted(folder.glob("*.py")):
+                name = f.relative_to(PACKAGE).as_posix() if f.is_relative_to(PACKAGE) else f.as_posix()
+                h.update(name.encode() + b"\0" + f.read_bytes())
+        _DIGESTS[folders] = h.hexdigest()
+    return _DIGESTS[folders]
+
+
+_DIGESTS: dict[tuple, str] = {}
+
+
+def read_only_cache(src_dir: Path) -> Path | None:
+    """A cache folder of the kernels in ``src_dir`` that numba passes over because it cannot write it (a
+    read-only machine image whose admin warmed the kernels), and whose stamp says it holds the current
+    sources' kernels: numba may load from it. None where there is none, or it may be stale."""
+    import numba
+    if src_dir not in _kernel_folders():
+        return None
+    base = Path(numba.config.CACHE_DIR) if numba.config.CACHE_DIR else None
+    for where in ([base / _user_subpath(src_dir)] if base else []) + [src_dir / "__pycache__"]:
+        try:
+            if _stamp_of(where / STAMP) == sources_digest().encode():
+                return where
+        except OSError:
+            continue
+    return None
+
+
+def _read_only_locator(caching):
+    """numba's last cache locator: :func:`read_only_cache`'s folder, for loading only (numba's own locators
+    all want a folder they can write; saving there fails, and :func:`install`'s guard turns writing off)."""
+    class ReadOnlyCacheLocator(caching._SourceFileBackedLocatorMixin, caching._CacheLocator):
+        def __init__(self, py_func, py_file, where: Path):
+            self._py_file, self._lineno, self._cache_path = py_file, py_func.__code__.co_firstlineno, str(where)
+
+        def get_cache_path(self):
+            return self._cache_path
+
+        @classmethod
+        def from_function(cls, py_func, py_file):
+            try:
+                where = read_only_cache(Path(py_file).resolve().parent)
+            except (OSError, ValueError):
+                return None
+            return None if where is None else cls(py_func, py_file, where)
+    return ReadOnlyCacheLocator
 
 
 def _replace(dest: Path, write) -> None:
