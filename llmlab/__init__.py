@@ -7,3 +7,12 @@ LLAMA_CPP_PYTHON = "0.3.36"
 
 class LLMLabError(Exception):
     """An error meant for the user: the CLI prints its message, not a traceback."""
+
+
+def _guard_numba_environment() -> None:
+    """Before any module loads numba: a NUMBA_NUM_THREADS numba would refuse while loading is set aside."""
+    from .config import guard_numba_threads
+    guard_numba_threads()
+
+
+_guard_numba_environment()

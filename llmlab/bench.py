@@ -19,6 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
+from . import LLMLabError
+
 TEXT = Path(__file__).resolve().parent / "data" / "english_python_docs.txt"
 
 
@@ -124,7 +126,6 @@ def run_llama_cpp(path, ids: list[int], n_gen: int, threads: int) -> Side:
 
 def _llama_cpp_side(path: str, ids: list[int], n_gen: int, threads: int) -> dict:
     """:func:`run_llama_cpp`, in the worker."""
-    from . import LLMLabError
     from .llamacpp.session import Session
     n_ctx = len(ids) + n_gen + 1
     n_batch = min(n_ctx, 512)

@@ -18,7 +18,7 @@ LLMLAB_PARALLEL_MIN_WORK   multiply-adds of a quantized product from which it ru
 LLMLAB_DOT4                dot4's byte-dot kernels: unset (the best the host runs),     unset
                            ``0`` (off: the generic kernels), ``vnni`` or ``avx2``
 LLMLAB_DEBUG               any non-empty value: the CLI prints tracebacks (``--debug``)  off
-LLMLAB_RPC_TIMEOUT         seconds an rpc-server may take to answer (a positive number)  120
+LLMLAB_RPC_TIMEOUT         seconds an rpc-server may take to answer (0 < s <= 86400)      120
 LLMLAB_CPUINFO             the file Linux's CPU features are read from (tests stand a     /proc/cpuinfo
                            damaged file or a FIFO in for it)
 LLMLAB_ARM64_ORACLE        where ``make oracle-arm64`` keeps the aarch64 llama.cpp        ~/.cache/llmlab/
@@ -78,9 +78,13 @@ def home() -> Path:
     """Where llmlab caches models: $LLMLAB_HOME (``~`` expanded), else $XDG_CACHE_HOME/llmlab, else
     ~/.cache/llmlab."""
     text = _env("LLMLAB_HOME")
-    if text:
-        return Path(text).expanduser()
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "llmlab"
+    try:
+        if text:
+            return Path(text).expanduser()
+        return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "llmlab"
+    except RuntimeError as e:     # '~nosuchuser/x', or no HOME and no passwd entry: expanduser cannot say where
+        what = f"LLMLAB_HOME={text!r}" if text else "the cache folder (set LLMLAB_HOME)"
+        raise ValueError(f"{what}: {e} (a '~' needs a user this machine knows)") from None
 
 
 def arm64_oracle() -> Path:
@@ -130,9 +134,12 @@ def rpc_timeout() -> float:
         v = parse_float(text)
     except ValueError as e:
         raise ValueError(f"LLMLAB_RPC_TIMEOUT: {e}") from None
-    if v <= 0:
-        raise ValueError(f"LLMLAB_RPC_TIMEOUT: {v:g} must be > 0")
+    if not 0 < v <= RPC_TIMEOUT_MAX:
+        raise ValueError(f"LLMLAB_RPC_TIMEOUT: {text} must be > 0 and at most {RPC_TIMEOUT_MAX} (one day)")
     return v
+
+
+RPC_TIMEOUT_MAX = 86400      # a day: longer is no timeout at all (and past ~1e9 s the socket cannot be given it)
 
 
 def parallel_min_work() -> int:
@@ -146,6 +153,34 @@ def parallel_min_work() -> int:
 
 
 # ---------------------------------------------------------------- threads: one policy
+
+NUMBA_THREADS_IGNORED: str | None = None     # why NUMBA_NUM_THREADS was set aside in this process (doctor says it)
+
+
+def guard_numba_threads() -> str | None:
+    """numba refuses a NUMBA_NUM_THREADS of 0 or less with a ValueError while it loads, before any command (or
+    ``doctor``) could say why. Run once when llmlab is imported, before numba loads: a value that is not a
+    positive integer is removed from this process's environment (the kernels run on numba's default pool),
+    said in one line, and kept for ``doctor``. Returns the cause, else None."""
+    global NUMBA_THREADS_IGNORED
+    text = os.environ.get("NUMBA_NUM_THREADS")
+    if text is None or NUMBA_THREADS_IGNORED is not None:
+        return NUMBA_THREADS_IGNORED
+    try:
+        ok = parse_int(text) >= 1
+    except ValueError:
+        ok = False
+    if ok:
+        return None
+    import sys
+    if "numba" in sys.modules:        # too late to help: numba read it already
+        return None
+    del os.environ["NUMBA_NUM_THREADS"]
+    NUMBA_THREADS_IGNORED = (f"NUMBA_NUM_THREADS={text.encode('ascii', 'backslashreplace').decode()!r} is not a "
+                             f"positive integer: ignored (numba's default thread pool is used)")
+    print(f"llmlab: {NUMBA_THREADS_IGNORED}", file=sys.stderr, flush=True)
+    return NUMBA_THREADS_IGNORED
+
 
 def _physical_cores(cpus: list[int] | None = None) -> int | None:
     """Cores, not hardware threads: the distinct ``thread_siblings`` masks of the (given) online CPUs, as

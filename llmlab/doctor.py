@@ -183,39 +183,33 @@ def check_cpu() -> list[Check]:
     return [cpu, llama]
 
 
-def _writable(folder: Path) -> bool:
-    """What numba asks of a cache folder: it can be created and a file written in it."""
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        tempfile.TemporaryFile(dir=folder).close()
-        return True
-    except OSError:
-        return False
-
-
 def check_numba() -> list[Check]:
     if _missing("numba"):
         return [Check("numba_cache", "warn", False, "numba is not installed")]
     import numba
-    kernels = Path(__file__).resolve().parent / "ggml" / "cpu" / "fast"
-    if numba.config.CACHE_DIR:
-        where, source = Path(numba.config.CACHE_DIR), "NUMBA_CACHE_DIR"
+
+    from .ggml.cpu import numba_cache
+    d = numba_cache.diagnose()       # (never raises: a cache it cannot use is its answer)
+    where, source, ok, problem = Path(d["dir"] or "?"), d["source"], d["writable"], d["problem"]
+    if problem is None:
+        summary = f"{where} ({source}): writable"
+    elif ok:
+        summary = f"{where} ({source}): {problem}"
     else:
-        where, source = kernels / "__pycache__", "next to the kernels"
-        if not _writable(where):     # numba then falls back to a per-user folder
-            from numba.misc.appdirs import AppDirs
-            where, source = Path(AppDirs(appname="numba", appauthor=False).user_cache_dir), "per-user cache"
-    ok = _writable(where)
-    cache = Check("numba_cache", "ok" if ok else "warn", False,
-                  f"{where} ({source}): " + ("writable" if ok else "not writable: every run compiles the kernels "
-                                             "again (minutes)"),
-                  None if ok else hint("numba_cache"), {"dir": str(where), "source": source, "writable": ok})
+        summary = f"{where} ({source}): not usable ({problem}): every run compiles the kernels again (minutes)"
+    cache = Check("numba_cache", "ok" if problem is None else "warn", False, summary,
+                  None if problem is None else hint("numba_cache"),
+                  {"dir": d["dir"], "source": source, "writable": ok, "problem": problem})
     pool = numba.config.NUMBA_NUM_THREADS
     try:
         n, why = config.threads()
-        threads = Check("threads", "ok", False, f"{min(n, pool)} ({why}; cores: {os.cpu_count() or '?'}; "
-                        f"numba's pool: {pool}; LLMLAB_THREADS or --threads sets it)",
-                        data={"threads": min(n, pool), "why": why, "cores": os.cpu_count(), "numba_pool": pool})
+        ignored = config.NUMBA_THREADS_IGNORED
+        threads = Check("threads", "warn" if ignored else "ok", False,
+                        f"{min(n, pool)} ({why}; cores: {os.cpu_count() or '?'}; numba's pool: {pool}; LLMLAB_THREADS "
+                        f"or --threads sets it)" + (f"; {ignored}" if ignored else ""),
+                        "unset NUMBA_NUM_THREADS or set it to a positive integer" if ignored else None,
+                        data={"threads": min(n, pool), "why": why, "cores": os.cpu_count(), "numba_pool": pool,
+                              "numba_num_threads_ignored": ignored})
     except ValueError as e:           # a bad LLMLAB_THREADS: every engine command would refuse it
         threads = Check("threads", "missing", True, str(e), "set LLMLAB_THREADS to a positive integer, or unset it",
                         data={"threads": None, "error": str(e), "cores": os.cpu_count(), "numba_pool": pool})
@@ -317,6 +311,16 @@ def oracle_state(timeout: float = 180.0) -> tuple[str, dict]:
     decoded = "decoded" in p.stdout.split()
     return ("runs" + ("" if decoded else " (loaded; no cached model to decode)") + (", AMX" if amx else ""),
             {"installed": True, "runs": True, "decoded": decoded, "amx": amx})
+
+
+def _writable(folder: Path) -> bool:
+    """What numba asks of a cache folder: it can be created and a file written in it."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=folder).close()
+        return True
+    except OSError:
+        return False
 
 
 def kernel_cache_state() -> tuple[str, dict]:

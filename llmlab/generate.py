@@ -81,6 +81,12 @@ def _split_stop(text: str, stops: Sequence[str]) -> tuple[str, str, bool]:
     return text[:len(text) - hold], text[len(text) - hold:], False
 
 
+def _servers(ctx) -> list[str]:
+    """The rpc-servers computing part of ``ctx``'s graph (their endpoints), to name them when logits go bad."""
+    sched = getattr(ctx, "sched", None)
+    return sorted({b.endpoint for b in getattr(sched, "backends", ()) if hasattr(b, "endpoint")})
+
+
 def _decode(ctx, tokens: list[int], pos0: int) -> np.ndarray:
     """One batch at ``pos0``; if it is interrupted, the cache forgets the batch's positions.
     Non-finite logits are an error (a file whose weights lie), never a token."""
@@ -91,7 +97,7 @@ def _decode(ctx, tokens: list[int], pos0: int) -> np.ndarray:
         logits = ctx.decode(Batch.from_tokens(tokens, pos0=pos0, logits="last"))[-1]
         if gguf is not None:
             gguf.check_unchanged()
-        check_finite(logits)
+        check_finite(logits, servers=_servers(ctx))
         return logits
     except BaseException:
         ctx.kv.seq_rm(-1, pos0, None)

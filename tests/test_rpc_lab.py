@@ -7,7 +7,7 @@ from itertools import islice
 import pytest
 
 from llmlab.generate import greedy
-from llmlab.ggml import rpc, rpc_lab
+from llmlab.ggml import rpc, rpc_backend, rpc_lab
 from llmlab.llama import Context, Model
 from llmlab.nb import exercises as ex
 
@@ -41,7 +41,7 @@ def test_start_serve_and_stop(rpc_bin):
     try:
         assert len({s.port for s in servers}) == 2 and all(s.running for s in servers)
         assert all(s.endpoint.startswith("127.0.0.1:") for s in servers)
-        devs = [rpc.device(s.endpoint) for s in servers]
+        devs = [rpc_backend.device(s.endpoint) for s in servers]
         assert all(d.alignment > 0 for d in devs)
         rtt = rpc_lab.measure_rtt(devs[0].conn, n=20)
         assert 0 < rtt < 0.5

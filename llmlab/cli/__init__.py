@@ -11,6 +11,7 @@ import argparse
 import importlib
 import os
 import pkgutil
+import re
 import signal
 import sys
 import traceback
@@ -35,7 +36,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help=debug_help)
     for p in set(sub.choices.values()):   # also after the command: python -m llmlab logits --debug ...
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=debug_help)
+        p._negative_number_matcher = NEGATIVE_NUMBER   # --presence-penalty -1e-3 is a value, not an option
     return parser
+
+
+# what argparse takes for a negative number rather than an option: its own '-1' and '-.5', and exponents too
+NEGATIVE_NUMBER = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
 
 
 def _hard_interrupt(signum, frame):
@@ -111,7 +117,12 @@ def utf8_output() -> None:
 
 
 def _run(argv, cli: bool) -> int:
-    parser = build_parser()
+    try:          # the commands import llmlab's engine (numba, its kernel cache): a fault there is one error line too
+        parser = build_parser()
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except Exception as e:     # noqa: BLE001
+        return _failed(e, config.debug() or "--debug" in (sys.argv[1:] if argv is None else argv))
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:     # usage errors (argparse's usage and error lines: 2), --help and --version (0)
@@ -128,20 +139,22 @@ def _run(argv, cli: bool) -> int:
         return 0
     except KeyboardInterrupt:
         raise
-    except MemoryError:
-        _debug(debug)
+    except Exception as e:     # noqa: BLE001
+        return _failed(e, debug)
+
+
+def _failed(e: Exception, debug: bool) -> int:
+    """One ``error:`` line for ``e`` (and the traceback with ``--debug``): exit status 2."""
+    _debug(debug)
+    if isinstance(e, MemoryError):
         print("error: out of memory: the input asks for more memory than this machine can give", file=sys.stderr)
-        return 2
-    except (LLMLabError, ValueError, KeyError, OSError, UnicodeError) as e:
-        _debug(debug)
+    elif isinstance(e, (LLMLabError, ValueError, KeyError, OSError, UnicodeError)):
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"error: {_one_line(msg)}", file=sys.stderr)
-        return 2
-    except Exception as e:   # a bug, most likely reached by odd input: still one line (and the traceback with --debug)
-        _debug(debug)
+    else:          # a bug, most likely reached by odd input: still one line (and the traceback with --debug)
         print(f"error: unexpected {type(e).__name__}: {_one_line(e)} (rerun with --debug for the traceback)",
               file=sys.stderr)
-        return 2
+    return 2
 
 
 def _one_line(msg) -> str:

@@ -74,6 +74,11 @@ def run(args) -> int:
     return 0
 
 
+def _ratio(v) -> str:
+    """A ratio in its column; ``-`` where there is none (``--gen-tokens 0``: nothing decoded to compare)."""
+    return f"{'-':>10}" if v is None else f"{v:10.2f}"
+
+
 def _print(r, out) -> None:
     rows = [("llmlab", r.prefill_tokens_per_s, r.decode_tokens_per_s, r.decode_tokens_per_s * r.weight_mb * 2**20 / 1e9,
              r.peak_rss_mb)]
@@ -88,7 +93,7 @@ def _print(r, out) -> None:
     for name, pp, tg, gbs, rss in rows:
         print(f"{name:<10} {pp:10.1f} {tg:10.2f} {gbs:8.2f} {rss:12.0f}", file=out)
     if r.llama_cpp:
-        print(f"ratio      {r.prefill_ratio:10.2f} {r.decode_ratio:10.2f} {'':>8} {r.rss_ratio:12.2f}"
+        print(f"ratio      {_ratio(r.prefill_ratio)} {_ratio(r.decode_ratio)} {'':>8} {r.rss_ratio:12.2f}"
               f"   (greedy tokens equal for {r.same_tokens}/{r.gen_tokens})", file=out)
     if r.first_token_s is not None:
         print(f"first token from process start: {r.first_token_s:.2f} s warm, {r.first_token_cold_s:.2f} s cold cache",

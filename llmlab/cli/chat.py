@@ -42,6 +42,13 @@ def _valid(line: str) -> bool:
         return False
 
 
+def _lost_servers(ctx) -> list[str]:
+    """Endpoints of ``ctx``'s rpc-server devices whose connection closed (after a drop, a timeout or a lying reply)."""
+    sched = getattr(ctx, "sched", None)
+    return sorted({b.endpoint for b in getattr(sched, "backends", ())
+                   if getattr(getattr(b, "conn", None), "sock", True) is None})
+
+
 def run(args) -> int:
     from ..generate import ChatSession
     from ..llama.chat import ChatTemplate
@@ -85,6 +92,11 @@ def run(args) -> int:
         except KeyboardInterrupt:
             print("\n[reply stopped]", file=sys.stderr)
         except LLMLabError as e:
+            lost = _lost_servers(ctx)
+            if lost:              # the server's copy of the weights went with the connection: nothing to go on with
+                sys.stdout.write("\n")
+                raise LLMLabError(f"{e}; the connection to rpc-server {', '.join(lost)} is lost, so the chat ends "
+                                  f"(start it again)") from None
             print(f"\nerror: {printable(e)} (/clear starts over)", file=sys.stderr)
             continue
         sys.stdout.write("\n")

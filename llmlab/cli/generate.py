@@ -30,7 +30,8 @@ def add_engine_args(p) -> None:
                    help=f"window of the penalties (default {d.penalty_last_n})")
     p.add_argument("--frequency-penalty", type=parse_float, default=d.penalty_freq, help="subtract count x this (default 0)")
     p.add_argument("--presence-penalty", type=parse_float, default=d.penalty_present, help="subtract this once seen (default 0)")
-    p.add_argument("-s", "--seed", type=parse_int, default=d.seed, help="RNG seed; the default draws a random one, as llama.cpp does")
+    p.add_argument("-s", "--seed", type=_seed, default=d.seed,
+                   help="RNG seed; -1 (the default) draws a random one, as llama.cpp does")
     p.add_argument("-c", "--ctx-size", "--n-ctx", dest="n_ctx", type=parse_int, default=None, help="context size")
     p.add_argument("-t", "--threads", type=positive_int, default=None,
                    help="CPU threads for the kernels (default: LLMLAB_THREADS, else the physical cores)")
@@ -38,6 +39,16 @@ def add_engine_args(p) -> None:
     add_kernels_argument(p)
     add_flash_attn(p)
     add_rpc_args(p)
+
+
+def _seed(text: str) -> int:
+    """llama.cpp's ``-s``: 0..2^32-1, or -1 for a random seed (its uint32 seed -1 is LLAMA_DEFAULT_SEED)."""
+    v = parse_int(text)
+    if v == -1:
+        return 0xFFFFFFFF
+    if not 0 <= v <= 0xFFFFFFFF:
+        raise argparse.ArgumentTypeError(f"{text}: a seed is 0..{0xFFFFFFFF}, or -1 for a random one")
+    return v
 
 
 def _endpoints(text: str) -> list[str]:
@@ -144,6 +155,9 @@ def run(args) -> int:
     ids = tok.tokenize(args.prompt, add_bos=True, special=True)
     if not ids:
         raise LLMLabError("the prompt produced no tokens")
+    if args.n_ctx is not None and len(ids) > args.n_ctx:    # before loading anything (llama.cpp: "prompt is too long")
+        raise LLMLabError(f"the prompt ({len(ids)} tokens) does not fit in -c {args.n_ctx}; raise -c or shorten "
+                          f"the prompt")
     n_ctx = args.n_ctx if args.n_ctx is not None else (
         4096 if args.n_predict < 0 else len(ids) + max(args.n_predict - 1, 0))
     ctx, cpu, warmup = load_context(args, path, n_ctx)

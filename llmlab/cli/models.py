@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from .. import models
+from ..safeio import printable
 from ._common import dumps
 
 
@@ -21,10 +22,11 @@ def run_models(args) -> int:
         print(dumps(rows, indent=2))
         return 0
     print(f"{'name':<10} {'file':<36} {'size':>10}  {'cached':<6}  path")
-    for r in rows:
+    for r in rows:       # paths come from LLMLAB_HOME: what a terminal would act on in them is escaped
         name = r["name"] + ("*" if r["default"] else "")
-        print(f"{name:<10} {r['file']:<36} {r['size'] / 1e6:>7.1f} MB  {'yes' if r['cached'] else 'no':<6}  {r['path']}")
-    print("(* default model; cache folder:", models.home(), "- set LLMLAB_HOME to move it)")
+        print(f"{name:<10} {r['file']:<36} {r['size'] / 1e6:>7.1f} MB  {'yes' if r['cached'] else 'no':<6}  "
+              f"{printable(r['path'])}")
+    print("(* default model; cache folder:", printable(models.home()), "- set LLMLAB_HOME to move it)")
     return 0
 
 

@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import rpc
+from . import rpc, rpc_backend
 
 BUILD_SCRIPT = Path(__file__).resolve().parents[2] / "tools" / "rpc" / "build_server.sh"
 BUILD_HINT = "make rpc-server"
@@ -108,8 +108,8 @@ class LocalServer:
         c = rpc._CONNECTIONS.pop(self.endpoint, None)
         if c is not None:
             c.close()
-        for k in [k for k in rpc._DEVICES if k[0] == self.endpoint]:
-            del rpc._DEVICES[k]
+        for k in [k for k in rpc_backend._DEVICES if k[0] == self.endpoint]:
+            del rpc_backend._DEVICES[k]
         if self in _RUNNING:
             _RUNNING.remove(self)
 

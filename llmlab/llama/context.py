@@ -44,11 +44,11 @@ def device_scheduler(devices, n_layer: int, n_gpu_layers: int | None, tensor_spl
     """The scheduler of ``Context(devices=...)``: the devices in order, then this CPU, with llama.cpp's
     ``n_gpu_layers`` (None: every layer and the output) and ``tensor_split`` (None: by each device's free
     memory, as llama.cpp). A device is a backend, or "HOST:PORT" for every device of that rpc-server."""
-    from ..ggml import rpc
+    from ..ggml import rpc_backend
     from ..ggml.sched import Scheduler
     backends = []
     for d in devices:
-        backends += rpc.devices(d) if isinstance(d, str) else [d]
+        backends += rpc_backend.devices(d) if isinstance(d, str) else [d]
     if tensor_split is None:
         free = [b.memory()[0] if hasattr(b, "memory") else 1 for b in backends]
         tensor_split = free if sum(free) > 0 else [1] * len(backends)

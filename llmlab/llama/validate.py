@@ -201,10 +201,12 @@ def check_kv_memory(hp, n_ctx: int, type_k: str = "f16", type_v: str = "f16") ->
                           f"only {avail / 2**20:,.0f} MiB of memory is available")
 
 
-def check_finite(logits: np.ndarray, what: str = "logits", row0: int = 0) -> None:
-    """Non-finite logits are an error, not a result (a file whose weights or hparams lie); ``row0``:
-    the row number of ``logits[0]`` in the message."""
+def check_finite(logits: np.ndarray, what: str = "logits", row0: int = 0, servers: list[str] | None = None) -> None:
+    """Non-finite logits are an error, not a result (a file whose weights or hparams lie, or, ``servers``, an
+    rpc-server that computed part of the model and returned them); ``row0``: the row number of ``logits[0]``."""
     if not np.isfinite(logits).all():
         bad = np.argwhere(~np.isfinite(logits))[0]
+        why = (f"rpc-server {', '.join(servers)} computed part of the model: compare with a run without --rpc to "
+               f"tell the server from the file" if servers else "the weights or hyperparameters of this file are broken")
         raise LLMLabError(f"the model produced non-finite {what} (first at row {row0 + bad[0]}, column {bad[-1]}): "
-                          "the weights or hyperparameters of this file are broken")
+                          + why)

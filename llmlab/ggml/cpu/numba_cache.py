@@ -18,6 +18,11 @@ admin warms the kernels once into a cache every user can read but not write (``N
 the ``__pycache__`` folders of a read-only install); without help every user would compile every kernel
 again, minutes each. ``adopt_read_only_cache()`` copies what such a cache holds for llmlab's kernels
 into the user's own folder (``~/.cache/llmlab/numba``, under ``LLMLAB_HOME``) once and points numba there.
+
+The cache is an optimisation, never a reason to stop: a folder numba cannot write (a full disk, a read-only
+install and home), a stamp that is not text, or no folder at all for numba's ``cache=True`` (numba raises at
+decoration time when none of its locators works) turn caching off for the run, with one line on stderr
+(:func:`turn_off`), and the kernels compile in memory. :func:`diagnose` is what ``doctor`` says about it.
 """
 from __future__ import annotations
 
@@ -34,17 +39,48 @@ from ... import config
 PACKAGE = Path(__file__).resolve().parents[2]       # llmlab/
 
 _SAID: set[str] = set()
+PROBLEMS: list[str] = []          # why the cache is (partly) off in this process, for doctor; said once on stderr
+_WRITE_OFF = False                # set once the cache cannot be written: numba's saves are skipped from then on
+
+
+def turn_off(cause: str, writing_only: bool = False) -> None:
+    """The kernel cache cannot be used (or, ``writing_only``, not written) in this run: remember ``cause`` and say
+    it once, in one line for the whole run; the kernels are compiled in memory instead."""
+    global _WRITE_OFF
+    _WRITE_OFF = True
+    PROBLEMS.append(cause)
+    if len(PROBLEMS) == 1:
+        what = "cannot be written" if writing_only else "cannot be used"
+        print(f"llmlab: the kernel cache {what} ({_one_line(cause)}); kernels are compiled for this run only "
+              f"(python -m llmlab doctor)", file=sys.stderr, flush=True)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split()).encode("ascii", "backslashreplace").decode()
+
+
+def _why(e: BaseException) -> str:
+    """An OSError as its errno text and file (``No space left on device: /x/y``), anything else as itself."""
+    if isinstance(e, OSError) and e.strerror:
+        return f"{e.strerror}: {e.filename}" if e.filename else e.strerror
+    return f"{type(e).__name__}: {e}"
 
 
 def install() -> None:
-    """Guard numba's cache lookup and adopt a read-only shared cache (once per process; before any cached
-    kernel is defined)."""
-    from numba.core import caching
+    """Guard numba's cache (lookup, saving, locating a folder) and adopt a read-only shared cache (once per
+    process; before any cached kernel is defined)."""
+    from numba.core import caching, dispatcher
     if getattr(caching.Cache, "_llmlab_guarded", False):
         return
-    adopt_read_only_cache()
-    drop_stale()
-    load = caching.Cache.load_overload
+    caching.Cache._llmlab_guarded = True
+    for step in (adopt_read_only_cache, drop_stale):
+        try:
+            step()
+        except (OSError, UnicodeError, ValueError) as e:    # a full disk, a cache we cannot list: go on without
+            turn_off(_why(e))
+            break
+    load, save = caching.Cache.load_overload, caching.Cache.save_overload
+    enable = dispatcher.Dispatcher.enable_caching
 
     def load_overload(self, sig, target_context):
         try:
@@ -53,8 +89,31 @@ def install() -> None:
             discard(self, e)
             return None
 
+    def save_overload(self, sig, data):
+        if _WRITE_OFF:
+            return
+        try:
+            save(self, sig, data)
+        except OSError as e:     # a full disk or a folder turned read-only: numba removed its temporary file
+            turn_off(_why(e), writing_only=True)
+
+    def enable_caching(self):
+        """``cache=True`` without any folder numba can write: the function is compiled per run, not refused."""
+        try:
+            enable(self)
+        except (RuntimeError, OSError) as e:
+            self._cache = caching.NullCache()
+            try:
+                where, _ = _cache_folder()
+                why = f"{where}: {_probe(where) or e}"
+            except Exception:   # noqa: BLE001 (numba's message is cause enough)
+                why = str(e)
+            turn_off(f"no folder numba can cache kernels in; {why}")
+
     caching.Cache.load_overload = load_overload
-    caching.Cache._llmlab_guarded = True
+    caching.Cache.save_overload = save_overload
+    dispatcher.Dispatcher.enable_caching = enable_caching
+    caching.CacheImpl._locator_classes.append(_read_only_locator(caching))
 
 
 def discard(cache, error: BaseException) -> None:
@@ -125,7 +184,7 @@ def adopt_read_only_cache() -> Path | None:
             if f.suffix in (".nbi", ".nbc") or f.name == STAMP:
                 d = dest / f.name
                 if not d.exists() or d.stat().st_mtime < f.stat().st_mtime:
-                    shutil.copy2(f, d)
+                    _replace(d, lambda tmp, f=f: shutil.copy2(f, tmp))
     numba.config.CACHE_DIR = str(mine)
     return mine
 
@@ -135,28 +194,147 @@ STAMP = "llmlab-kernel-sources.sha1"
 
 def sources_digest() -> str:
     """One hash of every source file in the kernel folders (what any cached kernel may have inlined)."""
-    h = hashlib.sha1()
-    for folder in _kernel_folders():
-        for f in sorted(folder.glob("*.py")):
-            h.update(f.relative_to(PACKAGE).as_posix().encode() + b"\0" + f.read_bytes())
-    return h.hexdigest()
+    folders = tuple(_kernel_folders())
+    if folders not in _DIGESTS:
+        h = hashlib.sha1()
+        for folder in folders:
+            for f in sorted(folder.glob("*.py")):
+                name = f.relative_to(PACKAGE).as_posix() if f.is_relative_to(PACKAGE) else f.as_posix()
+                h.update(name.encode() + b"\0" + f.read_bytes())
+        _DIGESTS[folders] = h.hexdigest()
+    return _DIGESTS[folders]
+
+
+_DIGESTS: dict[tuple, str] = {}
+
+
+def read_only_cache(src_dir: Path) -> Path | None:
+    """A cache folder of the kernels in ``src_dir`` that numba passes over because it cannot write it (a
+    read-only machine image whose admin warmed the kernels), and whose stamp says it holds the current
+    sources' kernels: numba may load from it. None where there is none, or it may be stale."""
+    import numba
+    if src_dir not in _kernel_folders():
+        return None
+    base = Path(numba.config.CACHE_DIR) if numba.config.CACHE_DIR else None
+    for where in ([base / _user_subpath(src_dir)] if base else []) + [src_dir / "__pycache__"]:
+        try:
+            if _stamp_of(where / STAMP) == sources_digest().encode():
+                return where
+        except OSError:
+            continue
+    return None
+
+
+def _read_only_locator(caching):
+    """numba's last cache locator: :func:`read_only_cache`'s folder, for loading only (numba's own locators
+    all want a folder they can write; saving there fails, and :func:`install`'s guard turns writing off)."""
+    class ReadOnlyCacheLocator(caching._SourceFileBackedLocatorMixin, caching._CacheLocator):
+        def __init__(self, py_func, py_file, where: Path):
+            self._py_file, self._lineno, self._cache_path = py_file, py_func.__code__.co_firstlineno, str(where)
+
+        def get_cache_path(self):
+            return self._cache_path
+
+        @classmethod
+        def from_function(cls, py_func, py_file):
+            try:
+                where = read_only_cache(Path(py_file).resolve().parent)
+            except (OSError, ValueError):
+                return None
+            return None if where is None else cls(py_func, py_file, where)
+    return ReadOnlyCacheLocator
+
+
+def _replace(dest: Path, write) -> None:
+    """``write(tmp)`` a file beside ``dest`` and rename it into place: a full disk leaves nothing half-written."""
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+    try:
+        write(tmp)
+        os.replace(tmp, dest)
+    except BaseException as e:
+        if isinstance(e, OSError) and not e.filename:     # a write that failed at close: name the file
+            e.filename = str(dest)
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        raise
+
+
+def _stamp_of(path: Path) -> bytes | None:
+    """The digest a cache folder was stamped with, as bytes (a damaged stamp is just not the current one)."""
+    try:
+        return path.read_bytes().strip()
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        return None
 
 
 def drop_stale() -> list[Path]:
     """Empty llmlab's kernel caches (the ``__pycache__`` beside the kernels, or NUMBA_CACHE_DIR's folders for
-    them) whose stamp is not the current sources' digest, and stamp them. Returns the folders emptied."""
+    them) whose stamp is not the current sources' digest, and stamp them. Returns the folders emptied. Where a
+    stamp cannot be written, the cache is not written in this run either (its entries could not be told fresh)."""
     import numba
     digest, emptied = sources_digest(), []
     base = Path(numba.config.CACHE_DIR) if numba.config.CACHE_DIR else None
     for src in _kernel_folders():
         where = base / _user_subpath(src) if base else src / "__pycache__"
         stamp = where / STAMP
-        if (stamp.is_file() and stamp.read_text().strip() == digest) or not _writable(where):   # (made if missing)
+        if _stamp_of(stamp) == digest.encode() or not _writable(where):   # (made if missing)
             continue
         old = [f for f in where.iterdir() if f.suffix in (".nbi", ".nbc")]
         for f in old:
             f.unlink(missing_ok=True)
-        stamp.write_text(digest + "\n")
+        _replace(stamp, lambda tmp: tmp.write_bytes(digest.encode() + b"\n"))
         if old:
             emptied.append(where)
     return emptied
+
+
+def _cache_folder() -> tuple[Path, str]:
+    """The folder numba caches llmlab's kernels in, and why that one (numba's locators, in their order)."""
+    import numba
+    kernels = PACKAGE / "ggml" / "cpu" / "fast"
+    if numba.config.CACHE_DIR:
+        return Path(numba.config.CACHE_DIR), "NUMBA_CACHE_DIR"
+    where = kernels / "__pycache__"
+    if _writable(where):
+        return where, "next to the kernels"
+    from numba.misc.appdirs import AppDirs
+    return Path(AppDirs(appname="numba", appauthor=False).user_cache_dir), "per-user cache"
+
+
+PROBE = 1 << 20     # bytes written to test a cache folder: about what one model's kernels add to it
+
+
+def _probe(folder: Path, size: int = 1) -> str | None:
+    """Why ``size`` bytes cannot be written to a new file in ``folder`` (made if missing), or None if they can."""
+    probe = folder / f".llmlab-probe-{os.getpid()}"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with open(probe, "wb") as f:
+            f.write(bytes(size))
+            f.flush()
+            os.fsync(f.fileno())
+        return None
+    except OSError as e:
+        return e.strerror or str(e)
+    finally:
+        try:
+            probe.unlink()
+        except OSError:
+            pass
+
+
+def diagnose() -> dict:
+    """What ``doctor`` says about the kernel cache: its folder, where that choice came from, whether a file of
+    :data:`PROBE` bytes can be written there, and the cause when it cannot (or when this run turned the
+    cache off: :data:`PROBLEMS`)."""
+    try:
+        where, source = _cache_folder()
+    except Exception as e:      # noqa: BLE001 (numba's own configuration is broken: say it, do not stop doctor)
+        return {"dir": None, "source": None, "writable": False, "problem": _why(e)}
+    problem = _probe(where, PROBE)
+    writable = problem is None
+    if problem is None and PROBLEMS:
+        problem = PROBLEMS[0]
+    return {"dir": str(where), "source": source, "writable": writable, "problem": problem}

@@ -84,7 +84,7 @@ def summary(f: GGUFFile, max_tensors: int | None = None) -> str:
     w("tensor types:")
     w(f"  {'type':<8} {'tensors':>7} {'elements':>14} {'bytes':>14} {'bpw':>6}")
     for name, n, el, by in type_histogram(f):
-        w(f"  {name:<8} {n:>7} {el:>14,} {by:>14,} {8 * by / el:>6.2f}")
+        w(f"  {name:<8} {n:>7} {el:>14,} {by:>14,} " + (f"{8 * by / el:>6.2f}" if el else f"{'-':>6}"))
     w("")
     shown = f.tensors if max_tensors is None else f.tensors[:max_tensors]
     w(f"tensors ({len(f.tensors)}):")

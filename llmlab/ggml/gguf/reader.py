@@ -341,9 +341,9 @@ class GGUFFile:
             for d in range(n_dims):
                 d_at = cur.pos
                 ne = cur.u64(f"ne[{d}] of {name!r}")
-                if ne == 0 or ne >= 1 << 63:
-                    raise GGUFError(d_at, f"tensor {name!r} has dimension ne[{d}] = "
-                                          f"{ne if ne < 1 << 63 else ne - (1 << 64)}, must be positive")
+                if ne >= 1 << 63:        # an int64 below 0; 0 itself is an empty tensor, as gguf.cpp reads it
+                    raise GGUFError(d_at, f"tensor {name!r} has dimension ne[{d}] = {ne - (1 << 64)}, "
+                                          f"must be >= 0")
                 shape.append(ne)
             t_at = cur.pos
             code = cur.u32(f"type of {name!r}")
@@ -379,14 +379,16 @@ class GGUFFile:
                 raise GGUFError(o_at, f"tensor {name!r}: data [{offset}, {offset + nbytes}) lies outside the {data_size}-byte data section")
             dspan = Span(self.data_offset + offset, self.data_offset + offset + nbytes, "tensor_data", name)
             self.tensors.append(TensorInfo(name, gtype, shape, offset, nbytes, ispan, dspan, self))
-        by_offset = sorted(self.tensors, key=lambda t: t.offset)
+        by_offset = sorted(self.tensors, key=lambda t: (t.offset, t.nbytes))   # an empty tensor before one it shares
+        #                                                                       its offset with (gguf.cpp pads 0 to 0)
         pos = self.data_offset
         for prev, t in zip([None] + by_offset[:-1], by_offset):
             if prev is not None and t.data_span.start < prev.data_span.end:
                 raise GGUFError(t.info_span.start, f"tensor {t.name!r} overlaps tensor {prev.name!r} in the data section")
             if t.data_span.start > pos:
                 spans.append(Span(pos, t.data_span.start, "padding", "alignment"))
-            spans.append(t.data_span)
+            if t.nbytes:              # an empty tensor (a zero dimension) has no bytes to show
+                spans.append(t.data_span)
             pos = max(pos, t.data_span.end)
         if pos < cur.size and n_tensors:
             spans.append(Span(pos, cur.size, "padding", "tail"))

@@ -10,7 +10,7 @@
 - ``AccelBackend``: a simulated accelerator. It runs the same NumPy code but owns a
   separate buffer type, so every input living elsewhere must be copied in, and
   only the ops in ``supported_ops`` run there.
-- ``llmlab.ggml.rpc.RPCBackend``: a device of llama.cpp's rpc-server, a real memory of its own: it fills
+- ``llmlab.ggml.rpc_backend.RPCBackend``: a device of llama.cpp's rpc-server, a real memory of its own: it fills
   the memory hooks (``load``, ``alloc_graph``, ``get_tensor``, ``set_tensor``) that host backends leave
   as plain NumPy.
 """
@@ -54,7 +54,7 @@ class Backend:
         return run_nodes(nodes, capture, replace, callback, self.dispatch, self.cpu)
 
     # memory: host backends share the process's NumPy arrays, so these are plain array operations; a backend
-    # with memory of its own (llmlab.ggml.rpc.RPCBackend) overrides them
+    # with memory of its own (llmlab.ggml.rpc_backend.RPCBackend) overrides them
     def load(self, tensors: list[Tensor], weights: set[int]) -> None:
         """The weights (ids in ``weights``) and KV cache placed on this backend's buffer type, once per model
         (llama_model_load_tensors's buffers): already in place here."""
