@@ -12,10 +12,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .rpc import (_CONNECTIONS, GGML_MAX_NAME, GGML_TENSOR_FLAG_COMPUTE, HASH_THRESHOLD, RPC_TENSOR, SUPPORTED_OPS,
+from .defs import GGML_MAX_NAME, GGML_MAX_SRC
+from .rpc import (_CONNECTIONS, GGML_TENSOR_FLAG_COMPUTE, HASH_THRESHOLD, RPC_TENSOR, SUPPORTED_OPS,
                   RPCError, connect, op_record)
 from .sched.backend import Backend
-from .tensor import GGML_MAX_SRC, Tensor
+from .tensor import Tensor
 
 _DEVICES: dict[tuple[str, int], "RPCBackend"] = {}
 
