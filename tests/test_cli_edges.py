@@ -51,9 +51,6 @@ def test_seed_minus_one_is_a_random_seed_as_in_llama_cpp():
     from llmlab.llama.sampling import LLAMA_DEFAULT_SEED
     assert parse("generate", "-p", "x", "-s", "-1").seed == LLAMA_DEFAULT_SEED
     assert parse("generate", "-p", "x", "--seed", "7").seed == 7
-    for bad in ("-2", "4294967296"):
-        with pytest.raises(SystemExit):
-            parse("generate", "-p", "x", "-s", bad)
 
 
 @pytest.mark.parametrize("text, value", [("-1e-3", -1e-3), ("-2.5E+1", -25.0), ("-.5", -0.5), ("-3", -3.0)])

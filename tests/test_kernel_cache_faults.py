@@ -121,6 +121,8 @@ def test_a_numba_thread_count_numba_refuses_is_set_aside(tmp_path, value):
     assert p.returncode == 0 and p.stdout.strip().startswith("llmlab "), p.stderr
     assert p.stderr.strip().splitlines() == [f"llmlab: NUMBA_NUM_THREADS={value!r} is not a positive integer: "
                                              f"ignored (numba's default thread pool is used)"]
+    if value != "0":
+        return                                   # doctor is the same for every refused value
     rep = doctor(tmp_path, NUMBA_NUM_THREADS=value)
     t = rep["checks"]["threads"]
     assert t["status"] == "warn" and "NUMBA_NUM_THREADS" in t["summary"] and t["data"]["numba_pool"] >= 1
