@@ -35,6 +35,20 @@ class HParams:
     rope_freq_base_swa: float = 0.0
     f_attention_scale: float = 0.0  # 0: 1/sqrt(head size) in the attention
     embd_scale: bool = False        # Gemma: embeddings times sqrt(n_embd)
+    # mixture of experts (llama_hparams: n_expert, n_expert_used, n_ff_exp; deepseek2 and the like add the rest)
+    n_expert: int = 0               # {arch}.expert_count
+    n_expert_used: int = 0          # {arch}.expert_used_count: experts each token goes through
+    n_ff_exp: int = 0               # {arch}.expert_feed_forward_length (0: n_ff / n_expert_used)
+    n_expert_shared: int = 0        # {arch}.expert_shared_count: experts every token goes through
+    n_layer_dense_lead: int = 0     # {arch}.leading_dense_block_count: first layers with a dense FFN
+    expert_weights_scale: float = 0.0   # the chosen experts' weights times this (0 or 1: unscaled)
+    expert_weights_norm: bool = False   # the chosen experts' weights divided by their sum
+    expert_gating_func: int = 0     # LLAMA_EXPERT_GATING_FUNC_TYPE_*: 1 softmax, 2 sigmoid (0: not set)
+    # multi-head latent attention (deepseek2)
+    n_lora_q: int = 0               # {arch}.attention.q_lora_rank (0: one full q projection, as V2-Lite)
+    n_lora_kv: int = 0              # {arch}.attention.kv_lora_rank: the latent's width
+    n_embd_head_k_mla: int = 0      # {arch}.attention.key_length_mla: a head's q.k size before absorption
+    n_embd_head_v_mla: int = 0      # {arch}.attention.value_length_mla: a head's value size after decompression
     extra: dict = field(default_factory=dict)
 
     @property
@@ -102,6 +116,11 @@ def load_hparams(kv: dict, n_vocab: int | None = None) -> HParams:
         n_swa=int(kv.get(a + "attention.sliding_window", 0)),
     )
     hp.rope_freq_base_swa = hp.rope_freq_base
+    hp.n_expert = int(kv.get(a + "expert_count", 0))
+    hp.n_expert_used = _scalar(kv.get(a + "expert_used_count", 0), a + "expert_used_count")
+    hp.n_ff_exp = _scalar(kv.get(a + "expert_feed_forward_length", 0), a + "expert_feed_forward_length")
+    if hp.n_expert_used > hp.n_expert or (hp.n_expert > 0) != (hp.n_expert_used > 0):
+        raise LLMLabError(f"{arch}: expert_used_count {hp.n_expert_used} does not fit expert_count {hp.n_expert}")
     for name, value in spec.hparams.items():       # the facts llama.cpp hard-codes for the architecture
         setattr(hp, name, value)
     if spec.load_hparams is not None:              # the architecture's own branch of load_hparams

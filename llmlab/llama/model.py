@@ -64,7 +64,7 @@ class Model:
     def _create(self, ts: TensorSpec, il: int | None = None) -> Tensor | None:
         """create_tensor: bind one row of the spec's table (None for an absent optional tensor)."""
         name = ts.gguf_name(il)
-        if ts.optional and name not in self._info:
+        if not ts.present(self.hparams, il) or ts.optional and name not in self._info:
             return None
         return self._bind(name, ts.shape(self.hparams))
 

@@ -25,7 +25,11 @@ U32, F32 = ValueType.UINT32, ValueType.FLOAT32
 def write_tiny(path: str | Path, arch: str = "llama", n_layer: int = 2, n_embd: int = 64, n_head: int = 4,
                n_head_kv: int = 2, n_ff: int = 128, n_vocab: int = 256, head_dim: int | None = None,
                n_ctx_train: int = 2048, seed: int = 0, vocab_from: str | Path | None = None,
-               sliding_window: int = 8, wtype: str = "f32") -> Path:
+               sliding_window: int = 8, wtype: str = "f32", kv: dict | None = None,
+               with_optional: tuple[str, ...] = (), keep_f32: tuple[str, ...] = ()) -> Path:
+    """``kv``: more ``{arch}.*`` metadata (key suffix -> value), over the spec's tiny defaults (an MoE
+    model's expert_count, ...); ``with_optional``: optional layer tensors to write too (by attribute);
+    ``keep_f32``: matrices left in f32 whatever ``wtype`` (as llama-quantize leaves the MoE router)."""
     spec = get_arch(arch)
     rng = np.random.default_rng(seed)
     w = GGUFWriter()
@@ -46,8 +50,11 @@ def write_tiny(path: str | Path, arch: str = "llama", n_layer: int = 2, n_embd: 
     w.add(a + "attention.head_count", n_head, U32)
     w.add(a + "attention.head_count_kv", n_head_kv, U32)
     w.add(a + "attention.layer_norm_rms_epsilon", 1e-6, F32)
-    for key, value in spec.tiny_kv(hd, n_vocab, sliding_window).items():
-        w.add(a + key, value, F32 if isinstance(value, float) else U32)
+    for key, value in {**spec.tiny_kv(hd, n_vocab, sliding_window), **(kv or {})}.items():
+        if isinstance(value, bool):
+            w.add(a + key, value, ValueType.BOOL)
+        else:
+            w.add(a + key, value, F32 if isinstance(value, float) else U32)
     hp = load_hparams({k: v[0] for k, v in w.kv.items()}, n_vocab=n_vocab)
 
     def values(init: str, ne: tuple[int, ...]) -> np.ndarray:
@@ -57,9 +64,9 @@ def write_tiny(path: str | Path, arch: str = "llama", n_layer: int = 2, n_embd: 
         scale = {"embd": 1.0, "bias": 0.5, "weight": 1.0 / np.sqrt(shape[-1])}[init]
         return (rng.standard_normal(shape) * scale).astype(np.float32)
 
-    def add(name: str, init: str, ne: tuple[int, ...]) -> None:
+    def add(name: str, init: str, ne: tuple[int, ...], attr: str = "") -> None:
         x = values(init, ne)
-        if wtype == "f32" or len(ne) < 2:
+        if wtype == "f32" or len(ne) < 2 or attr in keep_f32:
             w.add_tensor(name, x)
         elif wtype == "f16":
             w.add_tensor(name, x.astype(np.float16))
@@ -73,8 +80,8 @@ def write_tiny(path: str | Path, arch: str = "llama", n_layer: int = 2, n_embd: 
             add(ts.gguf_name(), ts.init, ts.shape(hp))
     for il in range(n_layer):
         for ts in spec.layer_tensors:
-            if not ts.optional:
-                add(ts.gguf_name(il), ts.init, ts.shape(hp))
+            if ts.present(hp, il) and (not ts.optional or ts.attr in with_optional):
+                add(ts.gguf_name(il), ts.init, ts.shape(hp), ts.attr)
     path = Path(path)
     w.write(path)
     return path

@@ -41,6 +41,9 @@ class TensorSpec:
     ne: Shape
     optional: bool = False
     init: str = "weight"
+    # which layers have it (llama.cpp's ``if`` around a create_tensor: MoE layers only, the q_lora path
+    # only, ...); None: every layer
+    where: Callable[["HParams", int], bool] | None = None
 
     @property
     def per_layer(self) -> bool:
@@ -57,6 +60,13 @@ class TensorSpec:
 
     def not_required(self) -> "TensorSpec":
         return replace(self, optional=True)
+
+    def only(self, where: Callable[["HParams", int], bool]) -> "TensorSpec":
+        """The same row, created only in the layers where ``where(hp, il)`` holds."""
+        return replace(self, where=where)
+
+    def present(self, hp: "HParams", il: int | None = None) -> bool:
+        return self.where is None or il is None or bool(self.where(hp, il))
 
 
 def _blk(attr: str, tensor: str, ne: Shape, suffix: str = "weight", init: str = "weight") -> TensorSpec:
@@ -91,6 +101,22 @@ FFN_GATE = _blk("ffn_gate", "ffn_gate", lambda hp: (hp.n_embd, hp.n_ff))
 FFN_UP = _blk("ffn_up", "ffn_up", lambda hp: (hp.n_embd, hp.n_ff))
 FFN_DOWN = _blk("ffn_down", "ffn_down", lambda hp: (hp.n_ff, hp.n_embd))
 FFN_POST_NORM = _blk("ffn_post_norm", "post_ffw_norm", lambda hp: (hp.n_embd,), init="norm")
+
+
+def n_ff_exp(hp) -> int:
+    """An expert's FFN width: expert_feed_forward_length, else n_ff / n_expert_used (qwen3moe's fallback)."""
+    return hp.n_ff_exp or hp.n_ff // max(hp.n_expert_used, 1)
+
+
+# mixture of experts: the router, the experts stacked in one 3-D tensor each, shared experts
+FFN_GATE_INP = _blk("ffn_gate_inp", "ffn_gate_inp", lambda hp: (hp.n_embd, hp.n_expert))
+FFN_EXP_PROBS_B = _blk("ffn_exp_probs_b", "exp_probs_b", lambda hp: (hp.n_expert,), "bias", "bias")
+FFN_GATE_EXPS = _blk("ffn_gate_exps", "ffn_gate_exps", lambda hp: (hp.n_embd, n_ff_exp(hp), hp.n_expert))
+FFN_UP_EXPS = _blk("ffn_up_exps", "ffn_up_exps", lambda hp: (hp.n_embd, n_ff_exp(hp), hp.n_expert))
+FFN_DOWN_EXPS = _blk("ffn_down_exps", "ffn_down_exps", lambda hp: (n_ff_exp(hp), hp.n_embd, hp.n_expert))
+FFN_GATE_SHEXP = _blk("ffn_gate_shexp", "ffn_gate_shexp", lambda hp: (hp.n_embd, n_ff_exp(hp) * hp.n_expert_shared))
+FFN_UP_SHEXP = _blk("ffn_up_shexp", "ffn_up_shexp", lambda hp: (hp.n_embd, n_ff_exp(hp) * hp.n_expert_shared))
+FFN_DOWN_SHEXP = _blk("ffn_down_shexp", "ffn_down_shexp", lambda hp: (n_ff_exp(hp) * hp.n_expert_shared, hp.n_embd))
 
 # what every architecture here has: embeddings, final norm, LM head (tied when absent)
 MODEL_TENSORS = (TOKEN_EMBD, OUTPUT_NORM, OUTPUT)
@@ -131,5 +157,5 @@ class ArchSpec:
         no name outside this list."""
         rows = [(t.gguf_name(), t.shape(hp), t.optional) for t in self.model_tensors]
         for il in range(hp.n_layer):
-            rows += [(t.gguf_name(il), t.shape(hp), t.optional) for t in self.layer_tensors]
+            rows += [(t.gguf_name(il), t.shape(hp), t.optional) for t in self.layer_tensors if t.present(hp, il)]
         return rows
