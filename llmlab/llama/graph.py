@@ -198,7 +198,10 @@ class LLMGraph:
         return ggml.view_3d(self.ctx0, v, hp.n_embd_head_v, hp.n_head_kv, self.kv.n_kv[il],
                             v.type.row_size(hp.n_embd_head_v), v.type.row_size(hp.n_embd_v_gqa), 0)
 
-    def build_attn_mha(self, q: Tensor, k: Tensor, v: Tensor, kq_mask: Tensor, kq_scale: float, il: int) -> Tensor:
+    def build_attn_mha(self, q: Tensor, k: Tensor, v: Tensor, kq_mask: Tensor, kq_scale: float, il: int,
+                       v_mla: Tensor | None = None) -> Tensor:
+        """softmax(scale q k^T + mask) v per head; ``v_mla`` (MLA's absorbed form): the per-head matrix that
+        "decompresses" the attention's latent output back to each head's value size."""
         ctx0 = self.ctx0
         v_trans = v.nb[1] > v.nb[2]
         q = ggml.permute(ctx0, q, 0, 2, 1, 3)
@@ -209,6 +212,11 @@ class LLMGraph:
                 v = ggml.transpose(ctx0, v)
             cur = ggml.flash_attn_ext(ctx0, q, k, v, kq_mask, kq_scale)
             self.cb(cur, LLAMA_TENSOR_NAME_FATTN, il)
+            if v_mla is not None:            # [kv_lora, n_head, n_tokens] -> per head, times v_mla
+                cur = ggml.permute(ctx0, cur, 0, 2, 1, 3)
+                cur = self.cb(ggml.mul_mat(ctx0, v_mla, cur), "fattn_mla", il)
+                cur = ggml.permute(ctx0, cur, 0, 2, 1, 3)
+                cur = ggml.cont(ctx0, cur)
             cur = ggml.reshape_2d(ctx0, cur, cur.ne[0] * cur.ne[1], cur.ne[2] * cur.ne[3])
         else:
             kq = self.cb(ggml.mul_mat(ctx0, k, q), "kq", il)
@@ -216,10 +224,27 @@ class LLMGraph:
             if not v_trans:
                 v = self.cb(ggml.cont(ctx0, ggml.transpose(ctx0, v)), "v_cont", il)
             kqv = self.cb(ggml.mul_mat(ctx0, v, kq), "kqv", il)
+            if v_mla is not None:
+                kqv = self.cb(ggml.mul_mat(ctx0, v_mla, kqv), "kqv_mla", il)
             cur = ggml.permute(ctx0, kqv, 0, 2, 1, 3)
             cur = ggml.cont_2d(ctx0, cur, cur.ne[0] * cur.ne[1], cur.ne[2] * cur.ne[3])
         build_forward_expand(self.gf, cur)
         return cur
+
+    def build_attn_k(self, wo: Tensor, q_cur: Tensor, k_cur: Tensor, v_cur: Tensor, kq_scale: float, il: int,
+                     v_mla: Tensor | None = None) -> Tensor:
+        """Attention over a K-only cache (build_attn with llm_graph_input_attn_k: MLA): store K, read the
+        cache's K rows as K and their first ``v_cur.ne[0]`` values as V."""
+        gf = self.gf
+        build_forward_expand(gf, q_cur)
+        build_forward_expand(gf, v_cur)
+        build_forward_expand(gf, k_cur)
+        build_forward_expand(gf, self.cpy_k(k_cur, il))
+        k = self.get_k(il)
+        v = ggml.view_4d(self.ctx0, k, v_cur.ne[0], k.ne[1], k.ne[2], k.ne[3], k.nb[1], k.nb[2], k.nb[3], 0)
+        cur = self.build_attn_mha(q_cur, k, v, self.inputs["kq_mask"], kq_scale, il, v_mla)
+        self.cb(cur, "kqv_out", il)
+        return ggml.mul_mat(self.ctx0, wo, cur)
 
     def build_attn(self, wo: Tensor, q_cur: Tensor, k_cur: Tensor, v_cur: Tensor, kq_scale: float, il: int,
                    wo_b: Tensor | None = None) -> Tensor:

@@ -63,6 +63,12 @@ class HParams:
     def n_embd_v_gqa(self) -> int:
         return self.n_embd_head_v * self.n_head_kv
 
+    @property
+    def is_mla(self) -> bool:
+        """Multi-head latent attention in its absorbed form (llama_hparams::is_mla): K/V head sizes
+        before absorption are given, the cache holds latent rows."""
+        return self.n_embd_head_k_mla != 0 and self.n_embd_head_v_mla != 0
+
     def is_swa(self, il: int) -> bool:
         return self.n_swa > 0 and self.swa_pattern > 0 and il % self.swa_pattern < self.swa_pattern - 1
 

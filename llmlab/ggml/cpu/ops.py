@@ -148,7 +148,8 @@ def mul_mat(dst: Tensor, cpu=None) -> None:
     cpu = profiles.resolve(cpu)
     if a.type.block_size != 1:
         A = a.array()
-        repacked = a.view_src is None and cpu.repacks(a.type.name, a.ne[1])   # llama.cpp's CPU_REPACK buffer
+        # llama.cpp's CPU_REPACK buffer takes 2-D weights for MUL_MAT (a 3-D one, MLA's attn_k_b, stays put)
+        repacked = a.view_src is None and a.ne[2] == 1 and a.ne[3] == 1 and cpu.repacks(a.type.name, a.ne[1])
         for i3 in range(b.ne[3]):
             for i2 in range(b.ne[2]):
                 out[i3, i2] = mul_mat_quantized(A[i3 // r3, i2 // r2], a.type, B[i3, i2], repacked, cpu)

@@ -6,7 +6,7 @@ SiLU FFN) with optional q/k/v/output biases (``TENSOR_NOT_REQUIRED``); its graph
 """
 from __future__ import annotations
 
-import math
+import numpy as np
 
 from ...ggml import ops as ggml
 from ..graph import LLMGraph
@@ -22,7 +22,8 @@ class BuildLlama(LLMGraph):
         inpL = self.build_inp_embd(m.tok_embd)
         inp_pos = self.build_inp_pos()
         self.build_attn_inp()
-        kq_scale = hp.f_attention_scale or 1.0 / math.sqrt(n_embd_head)
+        # 1.0f/sqrtf(float(n_embd_head)): in float, as llama.cpp (a double 1/sqrt can round differently)
+        kq_scale = hp.f_attention_scale or float(np.float32(1.0) / np.sqrt(np.float32(n_embd_head)))
         inp_out_ids = self.build_inp_out_ids()
         self.mark_layer(-1)
 

@@ -144,6 +144,9 @@ class ArchSpec:
     hparams: dict[str, Any] = field(default_factory=dict)
     load_hparams: Callable[["HParams", dict], None] | None = None
     tiny_kv: Callable[[int, int, int], dict[str, int | float]] = lambda hd, n_vocab, sliding_window: {}
+    # the architecture's own memory, ``make_memory(hp, n_ctx, type_k, type_v, n_seq_max, n_ubatch)``
+    # (llama_model::create_memory's branch; deepseek2: the MLA cache); None: the KV cache of kv_cache.py
+    make_memory: Callable[..., Any] | None = None
 
     @property
     def layer_attrs(self) -> tuple[str, ...]:
