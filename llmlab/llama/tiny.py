@@ -72,8 +72,13 @@ def write_tiny(path: str | Path, arch: str = "llama", n_layer: int = 2, n_embd: 
             w.add_tensor(name, x.astype(np.float16))
         else:
             from ..ggml.quant import quantize
-            raw = np.ascontiguousarray(quantize(x, wtype)).view(np.uint8)
-            w.add_tensor(name, raw, type=wtype, shape=ne)
+            from ..ggml.types import ggml_type
+            t = wtype if ne[0] % ggml_type(wtype).block_size == 0 else "q8_0"   # rows a K-quant cannot split:
+            if ne[0] % ggml_type(t).block_size:                                  # a fallback type, as llama-quantize
+                w.add_tensor(name, x.astype(np.float16))
+                return
+            raw = np.ascontiguousarray(quantize(x, t)).view(np.uint8)
+            w.add_tensor(name, raw, type=t, shape=ne)
 
     for ts in spec.model_tensors:
         if not ts.optional:

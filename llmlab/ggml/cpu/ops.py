@@ -162,7 +162,14 @@ def mul_mat(dst: Tensor, cpu=None) -> None:
             for i2 in range(b.ne[2]):
                 out[i3, i2] = mul_mat_f16_op(A[i3 // r3, i2 // r2], Bh[i3, i2], cpu)
         return
-    if A.dtype != np.float32:
+    if a.type is F32 and cpu.arch == "x86_64":       # tinyBLAS f32 or ggml_vec_dot_f32, as ggml-cpu on x86
+        from .sgemm import mul_mat_f32_op
+        cont = b.is_contiguous()
+        for i3 in range(b.ne[3]):
+            for i2 in range(b.ne[2]):
+                out[i3, i2] = mul_mat_f32_op(A[i3 // r3, i2 // r2], B[i3, i2], cpu, cont)
+        return
+    if A.dtype != np.float32:                           # (ARM: NumPy's order, not bit-exact)
         A = A.astype(np.float32)
     if r2 > 1:
         A = np.repeat(A, r2, axis=1)
