@@ -26,7 +26,8 @@ PROMPT = [1, 5, 100, 200, 7, 8, 9, 10, 11, 12]
 
 def _model(tmp_path, arch: str, wtype: str, salt: int = 0, vocab=None) -> tuple[Model, dict]:
     kw = tiny_zoo.draw(arch, SEED + salt, wtype)
-    p = write_tiny(tmp_path / f"{arch}-{wtype}.gguf", arch, vocab_from=vocab, **kw)
+    # a real tokenizer cut to its first 512 tokens: llama.cpp loads it, and the LM head stays small
+    p = write_tiny(tmp_path / f"{arch}-{wtype}.gguf", arch, vocab_from=vocab, vocab_size=512 if vocab else None, **kw)
     return Model(p), kw
 
 

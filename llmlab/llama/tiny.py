@@ -26,10 +26,13 @@ def write_tiny(path: str | Path, arch: str = "llama", n_layer: int = 2, n_embd: 
                n_head_kv: int = 2, n_ff: int = 128, n_vocab: int = 256, head_dim: int | None = None,
                n_ctx_train: int = 2048, seed: int = 0, vocab_from: str | Path | None = None,
                sliding_window: int = 8, wtype: str = "f32", kv: dict | None = None,
-               with_optional: tuple[str, ...] = (), keep_f32: tuple[str, ...] = ()) -> Path:
+               with_optional: tuple[str, ...] = (), keep_f32: tuple[str, ...] = (),
+               vocab_size: int | None = None) -> Path:
     """``kv``: more ``{arch}.*`` metadata (key suffix -> value), over the spec's tiny defaults (an MoE
     model's expert_count, ...); ``with_optional``: optional layer tensors to write too (by attribute);
-    ``keep_f32``: matrices left in f32 whatever ``wtype`` (as llama-quantize leaves the MoE router)."""
+    ``keep_f32``: matrices left in f32 whatever ``wtype`` (as llama-quantize leaves the MoE router);
+    ``vocab_size``: keep only the first tokens of ``vocab_from`` (and the merges among them): a small LM
+    head, and a tokenizer llama.cpp still loads."""
     spec = get_arch(arch)
     rng = np.random.default_rng(seed)
     w = GGUFWriter()
@@ -39,6 +42,8 @@ def write_tiny(path: str | Path, arch: str = "llama", n_layer: int = 2, n_embd: 
             if k.startswith("tokenizer."):
                 w.kv[k] = (fld.value, fld.type, fld.item_type)
         n_vocab = len(src.kv["tokenizer.ggml.tokens"])
+        if vocab_size is not None and vocab_size < n_vocab:
+            n_vocab = _truncate_vocab(w, src, vocab_size)
     hd = head_dim or n_embd // n_head
     a = arch + "."
     w.add("general.architecture", arch)
@@ -90,3 +95,22 @@ def write_tiny(path: str | Path, arch: str = "llama", n_layer: int = 2, n_embd: 
     path = Path(path)
     w.write(path)
     return path
+
+
+def _truncate_vocab(w: GGUFWriter, src: GGUFFile, n: int) -> int:
+    """The first ``n`` tokens of a copied tokenizer, the per-token arrays cut to match, and only the BPE
+    merges whose two parts and result are among them; special token ids past ``n`` are dropped."""
+    tokens = list(src.kv["tokenizer.ggml.tokens"][:n])
+    keep = set(tokens)
+    for k in ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.scores"):
+        if k in w.kv:
+            v, t, it = w.kv[k]
+            w.kv[k] = (list(v[:n]) if k.endswith("tokens") else np.asarray(v)[:n], t, it)
+    if "tokenizer.ggml.merges" in w.kv:
+        v, t, it = w.kv["tokenizer.ggml.merges"]
+        merges = [m for m in v if (lambda a, _, b: a in keep and b in keep and a + b in keep)(*m.partition(" "))]
+        w.kv["tokenizer.ggml.merges"] = (merges, t, it)
+    for k in [k for k in w.kv if k.endswith("_token_id")]:
+        if int(w.kv[k][0]) >= n:
+            del w.kv[k]
+    return n
