@@ -62,6 +62,7 @@ def draw(arch: str, seed: int, wtype: str = "q8_0") -> dict:
     return dict(scaled(shape, wtype), seed=int(rng.integers(1 << 31)), wtype=wtype)
 
 
-def write(path: str | Path, arch: str, seed: int, wtype: str = "q8_0", vocab_from=None) -> Path:
-    """Write the tiny model :func:`draw` picks."""
-    return write_tiny(path, arch, vocab_from=vocab_from, **draw(arch, seed, wtype))
+def write(path: str | Path, arch: str, seed: int, wtype: str = "q8_0", vocab_from=None,
+          vocab_size: int | None = None) -> Path:
+    """Write the tiny model :func:`draw` picks (``vocab_from``/``vocab_size``: see ``write_tiny``)."""
+    return write_tiny(path, arch, vocab_from=vocab_from, vocab_size=vocab_size, **draw(arch, seed, wtype))

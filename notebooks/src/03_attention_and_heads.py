@@ -475,12 +475,10 @@ print(f"DeepSeek-V2: latent d_c = {ds.d_c}; the seed compares it with h x d_k = 
 # heads share. There is no V tensor at all (PR #19067): V is the first `kv_lora_rank` numbers of each K row.
 
 # %%
-import tempfile
-from pathlib import Path
 from llmlab.llama import tiny_zoo
 from llmlab.attention.variants import PUBLISHED_MLA, mla_shape_of
 
-ds_tiny = Model(tiny_zoo.write(Path(tempfile.mkdtemp()) / "deepseek2-tiny.gguf", "deepseek2", seed=0))
+ds_tiny = Model(tiny_zoo.write(nb.build_dir("03") / "deepseek2-tiny.gguf", "deepseek2", seed=0))
 hq = ds_tiny.hparams
 ctx_ds = Context(ds_tiny, n_ctx=256)
 ctx_ds.decode(Batch.from_tokens([1, 5, 9, 13, 17], logits="last"))
