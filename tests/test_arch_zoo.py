@@ -22,6 +22,9 @@ NEW = ("qwen3", "qwen3moe", "deepseek2")
 # chosen at test time (LLMLAB_TINY_SEED repeats a run): each run checks models nobody looked at before
 SEED = int(os.environ.get("LLMLAB_TINY_SEED") or int.from_bytes(os.urandom(3), "little"))
 PROMPT = [1, 5, 100, 200, 7, 8, 9, 10, 11, 12]
+# the default suite compares q8_0 and one more weight type drawn with the seed; --slow compares all five
+QUICK_WTYPES = {"q8_0", tiny_zoo.WTYPES[SEED % len(tiny_zoo.WTYPES)]}
+WTYPE_PARAMS = [pytest.param(w, marks=() if w in QUICK_WTYPES else pytest.mark.slow) for w in tiny_zoo.WTYPES]
 
 
 def _model(tmp_path, arch: str, wtype: str, salt: int = 0, vocab=None) -> tuple[Model, dict]:
@@ -108,7 +111,7 @@ def vocab():
 
 
 @pytest.mark.llamacpp_exact
-@pytest.mark.parametrize("wtype", tiny_zoo.WTYPES)
+@pytest.mark.parametrize("wtype", WTYPE_PARAMS)
 @pytest.mark.parametrize("arch", NEW)
 def test_logits_and_every_named_node_are_llama_cpps(tmp_path, vocab, arch, wtype):
     from llmlab.llamacpp import capture, diff, llmlab_nodes
