@@ -943,8 +943,8 @@ ex.check_moe_decode_bytes(moe, my_answer)
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
 L0 = moe.layers[0]
-ex.check_moe_decode_bytes(moe, sum(t.nbytes() for t in (L0.ffn_gate_exps, L0.ffn_up_exps, L0.ffn_down_exps))
-                          // moe.hparams.n_expert * moe.hparams.n_expert_used)
+all_experts = sum(t.nbytes() for t in (L0.ffn_gate_exps, L0.ffn_up_exps, L0.ffn_down_exps))
+ex.check_moe_decode_bytes(moe, all_experts // moe.hparams.n_expert * moe.hparams.n_expert_used)   # the chosen slabs only
 
 # %% [markdown]
 # **6. Add Qwen3 yourself.** Write the builder step that makes qwen2's builder a qwen3 one: `build_qk_rope(self, L,
