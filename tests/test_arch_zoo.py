@@ -87,6 +87,32 @@ def test_moe_routes_each_token_through_its_top_k_experts(tmp_path):
     assert len(mmid) == 3 * hp.n_layer and mmid[0].ne[1] == hp.n_expert_used
 
 
+@pytest.mark.parametrize("wtype", ["q4_k", "q4_0"])
+def test_moe_decode_steps_on_fast_kernels_equal_the_reference(tmp_path, wtype):
+    """MUL_MAT_ID's fast binding (each chosen expert through its quantized path's twin; REPACKed experts one
+    gemv per routed row) gives the reference's bits, prefill and decode steps alike."""
+    kw = dict(tiny_zoo.scaled(tiny_zoo.SHAPES["qwen3moe"][SEED % 3], wtype), seed=SEED, wtype=wtype)
+    m = Model(write_tiny(tmp_path / "m.gguf", "qwen3moe", **kw))
+    out = []
+    for kernels in ("fast", "reference"):
+        ctx = Context(m, n_ctx=64, kernels=kernels)
+        rows = [ctx.decode(Batch.from_tokens(PROMPT[:5], logits="all"))]
+        rows += [ctx.decode(Batch.from_tokens([t], pos0=5 + i, logits="all")) for i, t in enumerate(PROMPT[5:8])]
+        out.append(np.concatenate(rows))
+    assert np.array_equal(*out), f"seed {SEED}"
+
+
+def test_the_generator_tool_writes_every_shape(tmp_path):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("gen", __file__.replace("tests/test_arch_zoo.py", "tools/gen_tiny_models.py"))
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    assert gen.main([str(tmp_path), "--arch", "deepseek2", "--wtype", "q4_0", "--seed", str(SEED)]) == 0
+    files = sorted(tmp_path.glob("*.gguf"))
+    assert [f.name for f in files] == [f"deepseek2-s{i}-q4_0.gguf" for i in range(len(tiny_zoo.SHAPES["deepseek2"]))]
+    assert all(Model(f).hparams.is_mla for f in files)
+
+
 def test_an_unknown_architecture_is_one_clear_error(tmp_path):
     from llmlab.ggml.gguf import GGUFFile, GGUFWriter
     p = write_tiny(tmp_path / "q.gguf", "qwen3", n_layer=1)
