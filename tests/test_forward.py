@@ -251,8 +251,7 @@ def test_cli_logits_json(smollm2_path):
 def test_tiny_q8_0_models_are_bit_exact_with_llama_cpp(tmp_path, arch, vocab_of):
     """Every architecture's tiny model, with q8_0 matrices (the kernels llmlab reproduces), written by llmlab
     and loaded by llama.cpp: the logits of every position, and every named node of the graph, are llama.cpp's,
-    bit for bit. (With f32 matrices
-    they differ in the last bits: llmlab's f32 MUL_MAT is NumPy's, not ggml-cpu's vec_dot_f32 order.)"""
+    bit for bit. (f32 and f16 matrices too on x86: tests/test_arch_zoo.py.)"""
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (optional oracle)")
     from llmlab import models
     from llmlab.llamacpp.eval_callback import run_logits
