@@ -3,7 +3,8 @@ table (``LLM_TENSOR_NAMES``, the ``create_tensor`` calls of ``load_tensors``), i
 ``load_hparams`` and ``llama_model_rope_type``, its ``llm_build_*`` graph, plus the recipe of a tiny
 random test model.
 
-Each architecture module (``llama.py``, ``gemma3.py``, ``qwen2.py``) ends with one :class:`ArchSpec`;
+Each architecture module (``llama.py``, ``gemma3.py``, ``qwen2.py``, ``qwen3.py``, ``qwen3moe.py``,
+``deepseek2.py``) ends with one :class:`ArchSpec`;
 ``arch/__init__.py`` registers it in one line. ``hparams.py``, ``model.py`` and ``tiny.py`` only read
 specs, so adding an architecture is one new file and one registry line.
 
@@ -134,7 +135,8 @@ class ArchSpec:
     - ``layer_tensors`` / ``model_tensors``: its rows of the tensor table, in load order;
     - ``builder``: its ``llm_build_*`` (an :class:`~llmlab.llama.graph.LLMGraph` subclass);
     - ``tiny_kv(head_dim, n_vocab, sliding_window)``: the extra ``{arch}.*`` metadata of a tiny test model
-      (key suffix -> int or float); the tiny model's tensors are the required rows.
+      (key suffix -> int or float); the tiny model's tensors are the required rows;
+    - ``make_memory``: the architecture's own memory (deepseek2's K-only MLA cache), else the KV cache.
     """
 
     name: str
