@@ -147,6 +147,12 @@ def test_logits_and_every_named_node_are_llama_cpps(tmp_path, vocab, arch, wtype
     got = Context(m, n_ctx=256).decode(Batch.from_tokens(PROMPT, logits="all"))
     bad = np.flatnonzero((got != want).any(1))
     assert bad.size == 0, f"seed {SEED} {kw}: positions {bad.tolist()} differ (max {np.abs(got - want).max()})"
+    # token by token too (llama.cpp with n_ubatch = 1): f32/f16 and K-quant weights take other kernels than
+    # for a batch there (vec_dot instead of tinyBLAS or the tiled matmul), and so must llmlab
+    want1 = run_logits(m.path, PROMPT[:6], n_ubatch=1).reshape(6, -1)
+    ctx = Context(m, n_ctx=256)
+    got1 = np.concatenate([ctx.decode(Batch.from_tokens([t], pos0=i, logits="all")) for i, t in enumerate(PROMPT[:6])])
+    assert np.array_equal(got1, want1), f"seed {SEED} {kw}: token by token, max {np.abs(got1 - want1).max()}"
     ids = PROMPT[:6]
     rep = diff(llmlab_nodes(m.path, ids), capture(m.path, ids))
     assert rep.matched == rep.total and not rep.unmatched and rep.first_inexact is None, f"seed {SEED}: {rep.summary()}"
