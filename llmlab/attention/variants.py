@@ -91,3 +91,51 @@ def kv_table(shapes, n_ctx: int = 4096, bytes_per_number: float = 2.0) -> list[d
                      f"KV @ {n_ctx} (MiB)": round(s.kv_bytes(n_ctx, bytes_per_number) / 2**20, 1),
                      "vs MHA": f"{s.saving:.1f}x"})
     return rows
+
+
+# ---- MLA as llama.cpp runs it: the absorbed form's cache row --------------------------------------------
+
+@dataclass(frozen=True)
+class MLAShape:
+    """A DeepSeek-style attention: per head a query/key of ``d_nope + d_rope`` and a value of ``d_v``; the
+    cache keeps per token and layer one latent of ``d_c`` (kv_lora_rank) plus the shared RoPE key."""
+    name: str
+    n_layer: int
+    n_head: int
+    d_nope: int
+    d_rope: int
+    d_v: int
+    d_c: int
+    q_lora: int = 0
+    source: str = ""
+
+    @property
+    def d_k(self) -> int:
+        return self.d_nope + self.d_rope
+
+    def per_token_layer(self, kind: str = "MLA", n_head_kv: int | None = None) -> int:
+        """Numbers cached per token and layer: "MHA" (every head's K and V), "GQA" (``n_head_kv`` shared
+        K/V heads of the same sizes), "MLA" (llama.cpp's absorbed row: latent + RoPE key, no V)."""
+        if kind == "MLA":
+            return self.d_c + self.d_rope
+        n = self.n_head if kind == "MHA" else (n_head_kv or 8)
+        return n * (self.d_k + self.d_v)
+
+    def bytes_per_token_layer(self, kind: str = "MLA", n_head_kv: int | None = None, bytes_per_number: float = 2.0) -> float:
+        return self.per_token_layer(kind, n_head_kv) * bytes_per_number
+
+
+def mla_shape_of(name: str, hp) -> MLAShape:
+    """The MLA shape of a loaded deepseek2 model's hparams (llama.cpp's n_lora_kv, n_rot, *_mla sizes)."""
+    return MLAShape(name, hp.n_layer, hp.n_head, hp.n_embd_head_k_mla - hp.n_rot, hp.n_rot, hp.n_embd_head_v_mla,
+                    hp.n_lora_kv, hp.n_lora_q, source="GGUF hparams")
+
+
+# published configurations (config.json: num_hidden_layers, num_attention_heads, qk_nope_head_dim,
+# qk_rope_head_dim, v_head_dim, kv_lora_rank, q_lora_rank)
+PUBLISHED_MLA = {
+    "DeepSeek-V2": MLAShape("DeepSeek-V2", 60, 128, 128, 64, 128, 512, 1536, "DeepSeek-V2 config.json"),
+    "DeepSeek-V2-Lite": MLAShape("DeepSeek-V2-Lite", 27, 16, 128, 64, 128, 512, 0, "DeepSeek-V2-Lite config.json"),
+    "DeepSeek-V3": MLAShape("DeepSeek-V3", 61, 128, 128, 64, 128, 512, 1536, "DeepSeek-V3 config.json"),
+    "Kimi K2": MLAShape("Kimi K2", 61, 64, 128, 64, 128, 512, 1536, "Kimi-K2 config.json"),
+}

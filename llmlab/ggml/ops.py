@@ -274,5 +274,58 @@ def flash_attn_ext(ctx, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, sc
                  {"scale": float(scale), "max_bias": max_bias, "logit_softcap": logit_softcap})
 
 
+# ---- mixture of experts and the other ops MoE/MLA graphs need (ggml_mul_mat_id, ggml_argsort, ...)
+def mul_mat_id(ctx, as_: Tensor, b: Tensor, ids: Tensor) -> Tensor:
+    """One matrix per expert: as_ [K, M, n_expert], b [K, n_b1, n_tokens], ids [n_used, n_tokens] (i32)
+    -> [M, n_used, n_tokens]; output (j, t) is expert ids[j, t]'s matrix times row j % n_b1 of token t."""
+    _check(ids.type is I32, "mul_mat_id: the expert ids must be i32")
+    _check(as_.ne[3] == 1 and b.ne[3] == 1, "mul_mat_id: the experts and the activations must be 3-D")
+    _check(ids.ne[2] == 1 and ids.ne[3] == 1 and ids.ne[1] == b.ne[2],
+           f"mul_mat_id: ids {ids.shape_str()} need one expert list per token of {b.shape_str()}")
+    _check(as_.ne[0] == b.ne[0], f"mul_mat_id: inner dimensions differ ({as_.ne[0]} vs {b.ne[0]})")
+    _check(ids.ne[0] % b.ne[1] == 0, f"mul_mat_id: {b.shape_str()} cannot be broadcast over {ids.ne[0]} experts")
+    return _node(ctx, "MUL_MAT_ID", F32, (as_.ne[1], ids.ne[0], b.ne[2], 1), (as_, b, ids))
+
+
+GGML_SORT_ORDER_ASC, GGML_SORT_ORDER_DESC = 0, 1
+
+
+def argsort(ctx, a: Tensor, order: int = GGML_SORT_ORDER_ASC) -> Tensor:
+    """The indices that sort each row (i32, same shape as a)."""
+    return _node(ctx, "ARGSORT", I32, a.ne, (a,), {"order": int(order)})
+
+
+def argsort_top_k(ctx, a: Tensor, k: int) -> Tensor:
+    """ggml_argsort_top_k: a descending ARGSORT, then a view of its first k columns."""
+    _check(a.ne[0] >= k, f"argsort_top_k: k={k} exceeds the row length {a.ne[0]}")
+    r = argsort(ctx, a, GGML_SORT_ORDER_DESC)
+    return view_4d(ctx, r, k, r.ne[1], r.ne[2], r.ne[3], r.nb[1], r.nb[2], r.nb[3], 0)
+
+
+def sigmoid(ctx, a: Tensor) -> Tensor:
+    return _node(ctx, "SIGMOID", F32, a.ne, (a,))
+
+
+def sum_rows(ctx, a: Tensor) -> Tensor:
+    return _node(ctx, "SUM_ROWS", F32, (1,) + a.ne[1:], (a,))
+
+
+def clamp(ctx, a: Tensor, lo: float, hi: float) -> Tensor:
+    """min(max(x, lo), hi), element by element (ggml_clamp)."""
+    return _node(ctx, "CLAMP", F32, a.ne, (a,), {"min": float(lo), "max": float(hi)})
+
+
+def div(ctx, a: Tensor, b: Tensor) -> Tensor:
+    _check(can_repeat(b, a), f"div: {b.shape_str()} cannot be broadcast to {a.shape_str()}")
+    return _node(ctx, "DIV", F32, a.ne, (a, b))
+
+
+def concat(ctx, a: Tensor, b: Tensor, dim: int) -> Tensor:
+    _check(0 <= dim < 4 and a.type is b.type, "concat: same types, dim in 0..3")
+    _check(all(a.ne[d] == b.ne[d] for d in range(4) if d != dim), f"concat: {a.shape_str()} and {b.shape_str()} differ")
+    ne = tuple(a.ne[d] + b.ne[d] if d == dim else a.ne[d] for d in range(4))
+    return _node(ctx, "CONCAT", a.type, ne, (a, b), {"dim": int(dim)})
+
+
 # the ops that compute nothing (ggml_op_is_empty): a leaf (NONE) and the views over other tensors' bytes
 VIEW_OPS = frozenset({"NONE", "VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE"})

@@ -88,6 +88,14 @@ OPS: dict[str, tuple[str, object]] = {
     "CONT": ("CONT", lambda p: []),
     "CPY": ("CPY", lambda p: []),
     "SET_ROWS": ("SET_ROWS", lambda p: []),
+    # mixture of experts and MLA (ggml_mul_mat_id, ggml_argsort, ggml_sigmoid, ggml_sum_rows, ggml_clamp_impl, ...)
+    "MUL_MAT_ID": ("MUL_MAT_ID", lambda p: []),
+    "ARGSORT": ("ARGSORT", lambda p: [p["order"]]),
+    "SIGMOID": ("UNARY", lambda p: [GGML_UNARY_OP["SIGMOID"]]),
+    "SUM_ROWS": ("SUM_ROWS", lambda p: []),
+    "CLAMP": ("CLAMP", lambda p: [_f(p["min"]), _f(p["max"])]),
+    "DIV": ("DIV", lambda p: []),
+    "CONCAT": ("CONCAT", lambda p: [p["dim"]]),
     # llama-graph.cpp's build_attn_mha asks for f32 precision (op_params[3]); ggml-cpu computes the same either way
     "FLASH_ATTN_EXT": ("FLASH_ATTN_EXT", lambda p: [_f(p["scale"]), _f(p["max_bias"]), _f(p["logit_softcap"]),
                                                     GGML_PREC_F32]),

@@ -79,14 +79,18 @@ class Context:
         self.n_seq_max = n_seq_max
         self.flash_attn = flash_attn
         swa_layers = [il for il in range(hp.n_layer) if hp.is_swa(il)]
-        self.kv: Memory = make_kv_cache(self.n_ctx, hp.n_layer, hp.n_embd_k_gqa, hp.n_embd_v_gqa, swa_layers=swa_layers,
-                                n_swa=hp.n_swa, type_k=type_k, type_v=type_v, n_seq_max=n_seq_max,
-                                n_ubatch=self.n_ubatch)
+        if model.spec.make_memory is not None:     # the architecture's own memory (deepseek2: the MLA cache)
+            self.kv: Memory = model.spec.make_memory(hp, self.n_ctx, type_k, type_v, n_seq_max, self.n_ubatch)
+        else:
+            self.kv = make_kv_cache(self.n_ctx, hp.n_layer, hp.n_embd_k_gqa, hp.n_embd_v_gqa, swa_layers=swa_layers,
+                                    n_swa=hp.n_swa, type_k=type_k, type_v=type_v, n_seq_max=n_seq_max,
+                                    n_ubatch=self.n_ubatch)
         self.k_l, self.v_l = [], []
         for il in range(hp.n_layer):
             c = self.kv.layer_cache(il)
             self.k_l.append(_as_tensor(c.k(il, c.size), c.type_k, hp.n_embd_k_gqa, f"cache_k_l{il}"))
-            self.v_l.append(_as_tensor(c.v(il, c.size), c.type_v, hp.n_embd_v_gqa, f"cache_v_l{il}"))
+            self.v_l.append(_as_tensor(c.v(il, c.size), c.type_v, hp.n_embd_v_gqa, f"cache_v_l{il}")
+                            if getattr(c, "has_v", True) else None)     # an MLA cache has no V tensor
         self.builder = get_builder(model.arch)
         self.sched = sched
         self.last_graph = None            # the LLMGraph of the last micro-batch (for inspection)

@@ -96,6 +96,59 @@ class LLMGraph:
             raise ValueError(f"unknown FFN activation {act!r}")
         return ggml.mul_mat(ctx0, down, cur)
 
+    def build_moe_ffn(self, cur: Tensor, gate_inp: Tensor, up_exps: Tensor, gate_exps: Tensor, down_exps: Tensor,
+                      exp_probs_b: Tensor | None, n_expert: int, n_expert_used: int, norm_w: bool, w_scale: float,
+                      gating: str, il: int) -> Tensor:
+        """A mixture-of-experts FFN (build_moe_ffn): the router scores every expert, each token keeps its
+        ``n_expert_used`` best (top-k of the scores, plus ``exp_probs_b`` for the choice only), their
+        weights (optionally normalized to sum 1, then scaled) mix the chosen experts' SiLU-gated FFNs,
+        each computed by MUL_MAT_ID over the tokens routed to it. ``gating``: "softmax" or "sigmoid"."""
+        ctx0, gf = self.ctx0, self.gf
+        n_embd, n_tokens = cur.ne[0], cur.ne[1]
+        logits = self.cb(ggml.mul_mat(ctx0, gate_inp, cur), "ffn_moe_logits", il)      # [n_expert, n_tokens]
+        if gating == "softmax":
+            probs = ggml.soft_max(ctx0, logits)
+        elif gating == "sigmoid":
+            probs = ggml.sigmoid(ctx0, logits)
+        else:
+            raise ValueError(f"unknown expert gating function {gating!r}")
+        self.cb(probs, "ffn_moe_probs", il)
+        selection = probs
+        if exp_probs_b is not None:           # DeepSeek-V3's bias: changes which experts win, not their weights
+            selection = self.cb(ggml.add(ctx0, probs, exp_probs_b), "ffn_moe_probs_biased", il)
+        selected = ggml.argsort_top_k(ctx0, selection, n_expert_used)                   # [n_used, n_tokens]
+        self.cb(selected.view_src, "ffn_moe_argsort", il)
+        self.cb(selected, "ffn_moe_topk", il)
+        probs = ggml.reshape_3d(ctx0, probs, 1, n_expert, n_tokens)
+        weights = self.cb(ggml.get_rows(ctx0, probs, selected), "ffn_moe_weights", il)   # [1, n_used, n_tokens]
+        if norm_w:
+            weights = ggml.reshape_2d(ctx0, weights, n_expert_used, n_tokens)
+            wsum = self.cb(ggml.sum_rows(ctx0, weights), "ffn_moe_weights_sum", il)
+            wsum = self.cb(ggml.clamp(ctx0, wsum, 6.103515625e-5, float("inf")), "ffn_moe_weights_sum_clamped", il)
+            weights = self.cb(ggml.div(ctx0, weights, wsum), "ffn_moe_weights_norm", il)
+            weights = ggml.reshape_3d(ctx0, weights, 1, n_expert_used, n_tokens)
+        if w_scale != 0.0 and w_scale != 1.0:
+            weights = self.cb(ggml.scale(ctx0, weights, w_scale), "ffn_moe_weights_scaled", il)
+        build_forward_expand(gf, weights)
+        cur = ggml.reshape_3d(ctx0, cur, n_embd, 1, n_tokens)
+        up = self.cb(ggml.mul_mat_id(ctx0, up_exps, cur, selected), "ffn_moe_up", il)       # [n_ff, n_used, n_tokens]
+        gate = self.cb(ggml.mul_mat_id(ctx0, gate_exps, cur, selected), "ffn_moe_gate", il)
+        cur = self.cb(ggml.swiglu_split(ctx0, gate, up), "ffn_moe_swiglu", il)
+        experts = self.cb(ggml.mul_mat_id(ctx0, down_exps, cur, selected), "ffn_moe_down", il)
+        experts = self.cb(ggml.mul(ctx0, experts, weights), "ffn_moe_weighted", il)
+        build_forward_expand(gf, experts)
+        views = []
+        for i in range(n_expert_used):                   # the views first, then the adds
+            views.append(ggml.view_2d(ctx0, experts, n_embd, n_tokens, experts.nb[2], i * experts.nb[1]))
+            build_forward_expand(gf, views[-1])
+        moe_out = views[0]
+        for v in views[1:]:
+            moe_out = ggml.add(ctx0, moe_out, v)
+            build_forward_expand(gf, moe_out)
+        if n_expert_used == 1:                           # avoid returning a non-contiguous tensor
+            moe_out = ggml.cont(ctx0, moe_out)
+        return self.cb(moe_out, "ffn_moe_out", il)
+
     def build_qkv(self, L, cur: Tensor, il: int) -> tuple[Tensor, Tensor, Tensor]:
         """Q, K, V of one layer, [head size, heads, n_tokens] each (build_qkv, its separate q/k/v path):
         project, add the bias where the layer has one (``L.bq``, ``L.bk``, ``L.bv``; an architecture
@@ -145,7 +198,10 @@ class LLMGraph:
         return ggml.view_3d(self.ctx0, v, hp.n_embd_head_v, hp.n_head_kv, self.kv.n_kv[il],
                             v.type.row_size(hp.n_embd_head_v), v.type.row_size(hp.n_embd_v_gqa), 0)
 
-    def build_attn_mha(self, q: Tensor, k: Tensor, v: Tensor, kq_mask: Tensor, kq_scale: float, il: int) -> Tensor:
+    def build_attn_mha(self, q: Tensor, k: Tensor, v: Tensor, kq_mask: Tensor, kq_scale: float, il: int,
+                       v_mla: Tensor | None = None) -> Tensor:
+        """softmax(scale q k^T + mask) v per head; ``v_mla`` (MLA's absorbed form): the per-head matrix that
+        "decompresses" the attention's latent output back to each head's value size."""
         ctx0 = self.ctx0
         v_trans = v.nb[1] > v.nb[2]
         q = ggml.permute(ctx0, q, 0, 2, 1, 3)
@@ -156,6 +212,11 @@ class LLMGraph:
                 v = ggml.transpose(ctx0, v)
             cur = ggml.flash_attn_ext(ctx0, q, k, v, kq_mask, kq_scale)
             self.cb(cur, LLAMA_TENSOR_NAME_FATTN, il)
+            if v_mla is not None:            # [kv_lora, n_head, n_tokens] -> per head, times v_mla
+                cur = ggml.permute(ctx0, cur, 0, 2, 1, 3)
+                cur = self.cb(ggml.mul_mat(ctx0, v_mla, cur), "fattn_mla", il)
+                cur = ggml.permute(ctx0, cur, 0, 2, 1, 3)
+                cur = ggml.cont(ctx0, cur)
             cur = ggml.reshape_2d(ctx0, cur, cur.ne[0] * cur.ne[1], cur.ne[2] * cur.ne[3])
         else:
             kq = self.cb(ggml.mul_mat(ctx0, k, q), "kq", il)
@@ -163,10 +224,27 @@ class LLMGraph:
             if not v_trans:
                 v = self.cb(ggml.cont(ctx0, ggml.transpose(ctx0, v)), "v_cont", il)
             kqv = self.cb(ggml.mul_mat(ctx0, v, kq), "kqv", il)
+            if v_mla is not None:
+                kqv = self.cb(ggml.mul_mat(ctx0, v_mla, kqv), "kqv_mla", il)
             cur = ggml.permute(ctx0, kqv, 0, 2, 1, 3)
             cur = ggml.cont_2d(ctx0, cur, cur.ne[0] * cur.ne[1], cur.ne[2] * cur.ne[3])
         build_forward_expand(self.gf, cur)
         return cur
+
+    def build_attn_k(self, wo: Tensor, q_cur: Tensor, k_cur: Tensor, v_cur: Tensor, kq_scale: float, il: int,
+                     v_mla: Tensor | None = None) -> Tensor:
+        """Attention over a K-only cache (build_attn with llm_graph_input_attn_k: MLA): store K, read the
+        cache's K rows as K and their first ``v_cur.ne[0]`` values as V."""
+        gf = self.gf
+        build_forward_expand(gf, q_cur)
+        build_forward_expand(gf, v_cur)
+        build_forward_expand(gf, k_cur)
+        build_forward_expand(gf, self.cpy_k(k_cur, il))
+        k = self.get_k(il)
+        v = ggml.view_4d(self.ctx0, k, v_cur.ne[0], k.ne[1], k.ne[2], k.ne[3], k.nb[1], k.nb[2], k.nb[3], 0)
+        cur = self.build_attn_mha(q_cur, k, v, self.inputs["kq_mask"], kq_scale, il, v_mla)
+        self.cb(cur, "kqv_out", il)
+        return ggml.mul_mat(self.ctx0, wo, cur)
 
     def build_attn(self, wo: Tensor, q_cur: Tensor, k_cur: Tensor, v_cur: Tensor, kq_scale: float, il: int,
                    wo_b: Tensor | None = None) -> Tensor:

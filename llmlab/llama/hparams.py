@@ -38,6 +38,20 @@ class HParams:
     rope_freq_base_swa: float = 0.0
     f_attention_scale: float = 0.0  # 0: 1/sqrt(head size) in the attention
     embd_scale: bool = False        # Gemma: embeddings times sqrt(n_embd)
+    # mixture of experts (llama_hparams: n_expert, n_expert_used, n_ff_exp; deepseek2 and the like add the rest)
+    n_expert: int = 0               # {arch}.expert_count
+    n_expert_used: int = 0          # {arch}.expert_used_count: experts each token goes through
+    n_ff_exp: int = 0               # {arch}.expert_feed_forward_length (0: n_ff / n_expert_used)
+    n_expert_shared: int = 0        # {arch}.expert_shared_count: experts every token goes through
+    n_layer_dense_lead: int = 0     # {arch}.leading_dense_block_count: first layers with a dense FFN
+    expert_weights_scale: float = 0.0   # the chosen experts' weights times this (0 or 1: unscaled)
+    expert_weights_norm: bool = False   # the chosen experts' weights divided by their sum
+    expert_gating_func: int = 0     # LLAMA_EXPERT_GATING_FUNC_TYPE_*: 1 softmax, 2 sigmoid (0: not set)
+    # multi-head latent attention (deepseek2)
+    n_lora_q: int = 0               # {arch}.attention.q_lora_rank (0: one full q projection, as V2-Lite)
+    n_lora_kv: int = 0              # {arch}.attention.kv_lora_rank: the latent's width
+    n_embd_head_k_mla: int = 0      # {arch}.attention.key_length_mla: a head's q.k size before absorption
+    n_embd_head_v_mla: int = 0      # {arch}.attention.value_length_mla: a head's value size after decompression
     extra: dict = field(default_factory=dict)
 
     @property
@@ -51,6 +65,12 @@ class HParams:
     @property
     def n_embd_v_gqa(self) -> int:
         return self.n_embd_head_v * self.n_head_kv
+
+    @property
+    def is_mla(self) -> bool:
+        """Multi-head latent attention in its absorbed form (llama_hparams::is_mla): K/V head sizes
+        before absorption are given, the cache holds latent rows."""
+        return self.n_embd_head_k_mla != 0 and self.n_embd_head_v_mla != 0
 
     def is_swa(self, il: int) -> bool:
         return self.n_swa > 0 and self.swa_pattern > 0 and il % self.swa_pattern < self.swa_pattern - 1

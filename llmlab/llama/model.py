@@ -64,7 +64,7 @@ class Model:
     def _create(self, ts: TensorSpec, il: int | None = None) -> Tensor | None:
         """create_tensor: bind one row of the spec's table (None for an absent optional tensor)."""
         name = ts.gguf_name(il)
-        if ts.optional and name not in self._info:
+        if not ts.present(self.hparams, il) or ts.optional and name not in self._info:
             return None
         return self._bind(name, ts.shape(self.hparams))
 
@@ -151,6 +151,11 @@ def load_hparams(kv: dict, n_vocab: int | None = None) -> HParams:
         n_swa=int(kv.get(a + "attention.sliding_window", 0)),
     )
     hp.rope_freq_base_swa = hp.rope_freq_base
+    hp.n_expert = int(kv.get(a + "expert_count", 0))
+    hp.n_expert_used = _scalar(kv.get(a + "expert_used_count", 0), a + "expert_used_count")
+    hp.n_ff_exp = _scalar(kv.get(a + "expert_feed_forward_length", 0), a + "expert_feed_forward_length")
+    if hp.n_expert_used > hp.n_expert or (hp.n_expert > 0) != (hp.n_expert_used > 0):
+        raise LLMLabError(f"{arch}: expert_used_count {hp.n_expert_used} does not fit expert_count {hp.n_expert}")
     for name, value in spec.hparams.items():       # the facts llama.cpp hard-codes for the architecture
         setattr(hp, name, value)
     if spec.load_hparams is not None:              # the architecture's own branch of load_hparams

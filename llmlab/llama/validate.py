@@ -74,7 +74,7 @@ def check_hparams(hp, where: str = "", kv=None) -> None:
                 md.per_layer(hp.arch + "." + key, hp.n_layer)
     if hp.n_head % hp.n_head_kv:
         bad("attention.head_count_kv", f"head_count {hp.n_head} is not a multiple of head_count_kv {hp.n_head_kv}")
-    if hp.n_embd_head_k != hp.n_embd_head_v:
+    if hp.n_embd_head_k != hp.n_embd_head_v and not hp.is_mla:     # MLA: K rows are latent + rope, V the latent
         bad("attention.value_length", f"{hp.n_embd_head_v} differs from key_length {hp.n_embd_head_k}; "
             f"the {hp.arch} graph uses one head size for Q, K and V")
     if not 0 < hp.n_rot <= hp.n_embd_head_k or hp.n_rot % 2:
@@ -194,7 +194,8 @@ def context_length(path) -> int | None:
 
 def check_kv_memory(hp, n_ctx: int, type_k: str = "f16", type_v: str = "f16") -> None:
     """Refuse a KV cache bigger than half the memory still available (``Context`` calls this)."""
-    need = kv_cache_bytes(padded_n_ctx(n_ctx), hp.n_layer, hp.n_embd_k_gqa, hp.n_embd_v_gqa, type_k, type_v)
+    need = kv_cache_bytes(padded_n_ctx(n_ctx), hp.n_layer, hp.n_embd_k_gqa, 0 if hp.is_mla else hp.n_embd_v_gqa,
+                          type_k, type_v)                           # MLA: no V rows
     avail = available_memory()
     if avail is not None and need > avail // 2:
         raise LLMLabError(f"a context of {n_ctx:,} tokens needs a {need / 2**20:,.0f} MiB KV cache; "

@@ -461,6 +461,76 @@ print(f"DeepSeek-V2: latent d_c = {ds.d_c}; the seed compares it with h x d_k = 
 # 18 layers are *local*, attending only to the last 512 tokens, so llama.cpp gives them a separate, small cache
 # (notebook 04).
 #
+# ### MLA as llama.cpp runs it: a tiny DeepSeek model, live
+#
+# llama.cpp runs DeepSeek-V2, DeepSeek-V3 and Kimi K2 as one architecture, `deepseek2`
+# (src/models/deepseek2.cpp), and llmlab has it as one spec file (`llmlab/llama/arch/deepseek2.py`). No real
+# DeepSeek model fits in a notebook, so here is a tiny one with random weights, written by llmlab's own GGUF writer
+# with llama.cpp's tensor names and keys (`llmlab.llama.tiny_zoo`): the same graph, the same cache, in miniature.
+# (On a machine with llama-cpp-python, tests/test_arch_zoo.py checks that llama.cpp computes such models' logits
+# bit for bit as llmlab does.)
+#
+# What the cache keeps is the **absorbed** form, the one llama.cpp runs (PR #12801): per token and layer one row
+# of `kv_lora_rank + n_rot` numbers, the normalized latent `kv_cmpr` followed by the RoPE'd key `k_pe` that all
+# heads share. There is no V tensor at all (PR #19067): V is the first `kv_lora_rank` numbers of each K row.
+
+# %%
+from llmlab.llama import tiny_zoo
+from llmlab.attention.variants import PUBLISHED_MLA, mla_shape_of
+
+ds_tiny = Model(tiny_zoo.write(nb.build_dir("03") / "deepseek2-tiny.gguf", "deepseek2", seed=0))
+hq = ds_tiny.hparams
+ctx_ds = Context(ds_tiny, n_ctx=256)
+ctx_ds.decode(Batch.from_tokens([1, 5, 9, 13, 17], logits="last"))
+print(ctx_ds.kv)
+print(f"K row: {ctx_ds.k_l[0].ne[0]} numbers = kv_lora_rank {hq.n_lora_kv} + n_rot {hq.n_rot}; "
+      f"V tensors: {ctx_ds.v_l.count(None)} of {hq.n_layer} layers have none")
+assert ctx_ds.v_l == [None] * hq.n_layer and ctx_ds.k_l[0].ne[0] == hq.n_lora_kv + hq.n_rot
+assert ctx_ds.kv.total_bytes() == 256 * hq.n_layer * 2 * (hq.n_lora_kv + hq.n_rot)     # f16, K only
+
+# %% [markdown]
+# Per token and layer, f16: what full MHA over the same heads would keep (every head's K of `d_nope + d_rope`
+# and V of `d_v`), what GQA with 8 KV heads would keep, and what llama.cpp's MLA cache keeps, for the tiny model
+# and for the published configurations of DeepSeek-V2, DeepSeek-V3 and Kimi K2:
+
+# %%
+mla_rows = []
+for s in [mla_shape_of("tiny deepseek2 (live)", hq)] + [PUBLISHED_MLA[k] for k in ("DeepSeek-V2", "DeepSeek-V3", "Kimi K2")]:
+    mha, gqa, mla = (s.bytes_per_token_layer(k, 8) for k in ("MHA", "GQA", "MLA"))
+    mla_rows.append([s.name, s.n_layer, s.n_head, f"{s.d_nope}+{s.d_rope} / {s.d_v}", s.d_c,
+                     f"{mha:,.0f}", f"{gqa:,.0f}", f"{mla:,.0f}", f"{mha / mla:.1f}x",
+                     f"{s.n_layer * mla * 4096 / 2**20:,.0f} MiB"])
+display(table(["model", "n_layer", "heads", "d_k / d_v", "d_c", "MHA B", "GQA-8 B", "MLA B", "MHA/MLA",
+               "MLA cache @ 4096"], mla_rows))
+v2 = PUBLISHED_MLA["DeepSeek-V2"]
+print(f"The seed: d_c = 512 against h x d_k = 12288, '24x'. DeepSeek-V2 has h = {v2.n_head} heads of d_k = "
+      f"{v2.d_nope} + {v2.d_rope} = {v2.d_k}: h x d_k = {v2.n_head * v2.d_k:,} (K alone), "
+      f"{v2.per_token_layer('MHA'):,} with V, against the {v2.per_token_layer('MLA')} numbers llama.cpp caches: "
+      f"{v2.per_token_layer('MHA') / v2.per_token_layer('MLA'):.1f}x.")
+assert v2.n_head * v2.d_k != 12288 and v2.per_token_layer("MLA") == 576
+
+# %% [markdown]
+# So the seed is loose twice: its 12288 is not DeepSeek-V2's K width (128 heads of 192 make 24576; 128 heads of
+# 128, leaving out the RoPE part, 16384), and the cache does not keep 512 numbers but 576, since the decoupled
+# RoPE key cannot be folded into the latent (a rotation that depends on the position does not commute with the
+# up-projection). Counting K and V of all heads, MLA's row is about 71 times smaller than MHA's on DeepSeek-V2/V3
+# and 36 times on Kimi K2 (half the heads).
+#
+# **Why the absorbed form.** Decompressing the cache would rebuild, for every cached token and every head, a K of
+# 192 and a V of 128 from the latent: per decode step `n_kv x n_head x (192 + 128)` numbers computed and read. The
+# absorbed form moves the up-projections to the other side of the dot products instead: each head's `q_nope` is
+# multiplied once by its `attn_k_b` (into the 512-wide latent space: node `q_nope_absorbed`), the scores are taken
+# against the cached rows directly (one K head shared by all query heads: MQA), and the attention's output, still a
+# latent, is decompressed once per head by `attn_v_b` (node `kqv_mla`). The cache is read once per step, as in
+# MQA, and its rows stay 576 wide:
+
+# %%
+g_ds = ctx_ds.last_graph
+for name in ("q_nope_absorbed-0", "Qcur-0", "Kcur-0", "kq-0", "kqv-0", "kqv_mla-0"):
+    t = next(t for t in g_ds.gf.nodes if t.name == name)
+    print(f"{name:<20} {t.op:<10} {t.shape_str()}")
+
+#
 # ## 9. The N x N matrix, and flash attention
 #
 # The scores $S = QK^\top$ are an $N \times N$ matrix per head. For the 48 tokens above that is nothing; for
@@ -678,6 +748,18 @@ ex.check_kv_bytes_per_token(80, 8, 128, my_answer)
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
 ex.check_kv_bytes_per_token(80, 8, 128, 80 * 2 * 8 * 128 * 2)   # layers x (K and V) x KV heads x dims x 2 bytes
+
+# %% [markdown]
+# **3b. MLA against MHA.** Kimi K2 has 64 heads, `qk_nope_head_dim` 128, `qk_rope_head_dim` 64, `v_head_dim` 128
+# and `kv_lora_rank` 512. How many numbers per token and layer would full MHA cache, and how many does llama.cpp's
+# MLA cache keep? Answer as a pair `(mha, mla)`.
+
+# %%
+my_answer = None
+ex.check_mla_cache_row(64, 128, 64, 128, 512, my_answer)
+
+# %% jupyter={"source_hidden": true} tags=["solution"]
+ex.check_mla_cache_row(64, 128, 64, 128, 512, (64 * (128 + 64 + 128), 512 + 64))   # latent + the shared RoPE key
 
 # %% [markdown]
 # **4. RMSNorm by hand.** Normalise the row `x` with the weight `w` and `eps = 1e-6`, as `attn_norm` does

@@ -699,6 +699,161 @@ if live:
     print(servers)
 
 # %% [markdown]
+# ## 10. Mixture of experts: the router, top-k, and `MUL_MAT_ID`
+#
+# In a mixture-of-experts (MoE) layer the FFN is replaced by many small FFNs, the *experts*, and a *router*
+# (`ffn_gate_inp`, one score per expert) that sends each token through only a few of them. Qwen3-30B-A3B has 128
+# experts per layer and uses 8 per token; DeepSeek-V3 256 and 8, plus one *shared* expert every token goes
+# through. llama.cpp builds it in `build_moe_ffn` (src/llama-graph.cpp), and so does llmlab
+# (`LLMGraph.build_moe_ffn`): router scores, a softmax (or a sigmoid), `ARGSORT` and a view of its first k
+# columns (`ffn_moe_topk`), the chosen weights gathered (`GET_ROWS`), renormalized (`SUM_ROWS`, `DIV`), then the
+# experts themselves as three `MUL_MAT_ID` nodes. A tiny random Qwen3-MoE model (one spec file,
+# `llmlab/llama/arch/qwen3moe.py`) shows it live; tests/test_arch_zoo.py checks such models against llama.cpp bit
+# for bit.
+
+# %%
+from llmlab.llama import tiny_zoo
+moe = Model(tiny_zoo.write(nb.build_dir("06") / "qwen3moe-tiny.gguf", "qwen3moe", seed=3))
+hm = moe.hparams
+print(moe, f"| {hm.n_expert} experts per layer, {hm.n_expert_used} used per token")
+moe_ids = [1, 5, 9, 13, 17, 21, 25, 29, 33, 37, 41, 45]
+mctx = Context(moe, n_ctx=64)
+mctx.decode(Batch.from_tokens(moe_ids, logits="last"),
+            capture=["ffn_moe_logits-0", "ffn_moe_probs-0", "ffn_moe_argsort-0", "ffn_moe_weights_norm-0"])
+logits0, probs0 = mctx.captured["ffn_moe_logits-0"], mctx.captured["ffn_moe_probs-0"]
+chosen = mctx.captured["ffn_moe_argsort-0"][:, :hm.n_expert_used]
+w0 = mctx.captured["ffn_moe_weights_norm-0"].reshape(len(moe_ids), hm.n_expert_used)
+weight_of = dict(zip(chosen[0].tolist(), w0[0].tolist()))
+display(table(["expert", "router score", "softmax", "chosen", "weight"],
+              [[e, f"{logits0[0, e]:+.3f}", f"{probs0[0, e]:.3f}", "yes" if e in weight_of else "",
+                f"{weight_of[e]:.3f}" if e in weight_of else ""] for e in range(hm.n_expert)]))
+assert np.isclose(w0[0].sum(), 1, atol=1e-6) and (np.sort(probs0[0])[::-1][:hm.n_expert_used] == probs0[0, chosen[0]]).all()
+
+# %% [markdown]
+# That was token 0 of layer 0. Over the whole prompt, each expert gets the tokens whose top-k it is in; ggml-cpu's
+# `MUL_MAT_ID` groups the (token, slot) pairs by expert and multiplies each expert's matrix by its own rows only:
+
+# %%
+counts = np.bincount(chosen.ravel(), minlength=hm.n_expert)
+display(table(["expert"] + list(range(hm.n_expert)), [["tokens routed (layer 0)"] + counts.tolist()]))
+assert counts.sum() == len(moe_ids) * hm.n_expert_used
+for t in [t for t in mctx.last_graph.gf.nodes if t.op == "MUL_MAT_ID"][:3]:
+    w, x, ids = t.src
+    print(f"{t.name:<16} MUL_MAT_ID  experts {w.name} {w.shape_str()} {w.type.name}, input {x.shape_str()}, "
+          f"ids {ids.shape_str()} -> {t.shape_str()}")
+
+# %% [markdown]
+# **What decode reads.** Notebook 00's bandwidth model says a decode step is memory-bound: its time is the bytes
+# it reads divided by the memory bandwidth. A dense layer reads all its FFN weights for every token; an MoE layer
+# reads the router and only the chosen experts' slices of `ffn_{gate,up,down}_exps` (each expert is one contiguous
+# slab of a 3-D tensor, `nb[2]` bytes apart), the experts nobody chose are never touched. So the *active*
+# parameters, not the total, set decode speed (prefill, with many tokens, touches nearly every expert). With the
+# published configuration of Qwen3-30B-A3B (48 layers, n_embd 2048, 128 experts of 768, 8 used; attention 32 query
+# heads and 4 KV heads of 128; vocabulary 151936) at about 4.5 bits per weight, and notebook 00's 50 GB/s:
+
+# %%
+L, E, K, F, V = 48, 2048, 128, 768, 151936
+attn = L * (E * 32 * 128 + 2 * E * 4 * 128 + 32 * 128 * E)
+experts_all, experts_used = L * 3 * E * F * K, L * 3 * E * F * 8
+router, head = L * E * K, E * V
+total, active = attn + experts_all + router + 2 * head, attn + experts_used + router + head   # the embedding: one row
+bw, bpw = 50e9, 4.5 / 8
+rows = [["all weights", f"{total / 1e9:.1f} B", f"{total * bpw / 1e9:.1f} GB", f"{bw / (total * bpw):.1f}"],
+        ["read per decoded token", f"{active / 1e9:.2f} B", f"{active * bpw / 1e9:.2f} GB", f"{bw / (active * bpw):.1f}"]]
+display(table(["Qwen3-30B-A3B", "parameters", "bytes at 4.5 bits", "tokens/s bound at 50 GB/s"], rows))
+layer0 = moe.layers[0]
+exp_bytes = sum(t.nbytes() for t in (layer0.ffn_gate_exps, layer0.ffn_up_exps, layer0.ffn_down_exps))
+print(f"the tiny model: layer 0's experts hold {exp_bytes:,} bytes; one decoded token reads "
+      f"{exp_bytes // hm.n_expert * hm.n_expert_used:,} of them")
+
+# %% [markdown]
+# The same arithmetic is why notebook 07's MMVQ has an MoE path (its appendix A.2): on a GPU, `MUL_MAT_ID` for a
+# few tokens becomes one matrix-vector kernel launch per chosen expert slab, and the batch up to which that pays
+# off depends on how many tokens share an expert.
+#
+# ## 11. Adding an architecture: Qwen3 in one spec file
+#
+# What people who try to understand llama.cpp ask most is how a new architecture gets in. llama.cpp's
+# `docs/development/HOWTO-add-model.md` lists the steps: (1) convert the model to GGUF (a `TextModel` subclass in
+# `conversion/`, the tensor names in gguf-py's `constants.py`), (2) define the architecture (`llm_arch` in
+# `src/llama-arch.h/.cpp` with its tensor-name table, its hparams in `load_hparams`, its tensors in
+# `load_tensors`, its RoPE type in `llama_model_rope_type`), (3) build the graph (a `llm_graph_context`
+# subclass, `src/models/<arch>.cpp`, and a case in the model mapping). In llmlab steps 2 and 3 are one file: an
+# `ArchSpec` (name, hparams facts, rows of the tensor table, builder, tiny recipe) and one `register_arch` line;
+# step 1 does not exist (llmlab reads GGUF files that llama.cpp's converter already wrote).
+#
+# Qwen3 is the example: its graph (src/models/qwen3.cpp) is Qwen2's, except that each head's query and key go
+# through an RMSNorm (`attn_q_norm`, `attn_k_norm`) before RoPE, and the q/k/v biases become optional. Below, the
+# built-in `qwen3` is taken out of the registry, the file written with it no longer loads, and a first attempt,
+# qwen2's spec under the name `qwen3`, loads but computes something else: `diff-llama-cpp` names the first node
+# that diverges.
+
+# %%
+from dataclasses import replace
+from llmlab import LLMLabError
+from llmlab.llama.arch import ARCHS, register_arch, get_arch, spec as S, qwen2
+from llmlab.llamacpp.eval_callback import Node, layer_of
+
+q3_path = tiny_zoo.write(nb.build_dir("06") / "qwen3-tiny.gguf", "qwen3", seed=1,
+                         vocab_from=paths["smollm2"], vocab_size=512)
+q3_ids = [1, 5, 9, 13, 17, 21]
+builtin_q3 = ARCHS.pop("qwen3")                 # the registry as it was before qwen3
+try:
+    Model(q3_path)
+except LLMLabError as e:
+    print("error:", e)
+
+
+def as_nodes(entries):
+    """llmlab nodes in the form the diff takes for llama.cpp's side (when llama.cpp itself is absent)."""
+    return [Node(index=i, name=lab, op=op, op_desc=op, ne=tuple(ne) + (1,) * (4 - len(ne)), type="f32", src=(),
+                 is_view=False, values=v, label=lab, il=layer_of(lab)) for i, (lab, op, ne, v) in enumerate(entries)]
+
+
+oracle = nb.has_oracle("diff-llama-cpp against llama.cpp itself (the built-in qwen3 spec stands in for it)")
+if oracle:
+    reference = llamacpp.capture(q3_path, q3_ids)
+else:
+    register_arch(builtin_q3)
+    reference = as_nodes(llamacpp.llmlab_nodes(q3_path, q3_ids))
+    ARCHS.pop("qwen3")
+
+
+def diff_now(spec):
+    register_arch(spec)
+    try:
+        rep = llamacpp.diff(llamacpp.llmlab_nodes(q3_path, q3_ids), reference)
+    finally:
+        ARCHS.pop(spec.name)
+    print(rep.summary())
+    return rep
+
+
+first_try = replace(get_arch("qwen2"), name="qwen3",
+                    layer_tensors=S.LAYER_TENSORS + (S.ATTN_Q_NORM, S.ATTN_K_NORM))   # the norms bound, never used
+rep1 = diff_now(first_try)
+assert rep1.first_inexact is not None
+
+# %% [markdown]
+# The first node that differs is a query or key right after the projections: llama.cpp normalized it and llmlab
+# did not. The fix is one method of the builder: `build_qk_rope`, the step between the q/k projections and the
+# attention (llama's builder only applies RoPE there). Exercise 6 below asks you to write it; the built-in
+# `llmlab/llama/arch/qwen3.py` is the answer, 40 lines with its docstring. With it, every named node matches:
+
+# %%
+rep2 = diff_now(builtin_q3)
+assert rep2.matched == rep2.total and rep2.first_inexact is None
+register_arch(builtin_q3)                       # the registry as it was
+print(sorted(ARCHS))
+
+# %% [markdown]
+# Where llama.cpp's steps differ from llmlab's file: llama.cpp needs the converter (llmlab starts from a GGUF
+# file), keeps the tensor names, the hparams and the graph in three places (`llama-arch.cpp`, `llama-model.cpp`,
+# `src/models/qwen3.cpp`) where llmlab's spec holds all three, and checks an architecture with its CI's
+# `test-llama-archs`; llmlab checks it against llama.cpp itself, node by node, on tiny random models
+# (tests/test_arch_zoo.py, whose shapes and seeds are drawn at test time).
+
+# %% [markdown]
 # ## Summary
 #
 # - A graph is built, not stored: op constructors only record nodes; `build_forward_expand`
@@ -770,3 +925,46 @@ ex.check_set_tensor_bytes(model.hparams.n_embd, my_answer)
 # %% jupyter={"source_hidden": true} tags=["solution"]
 # header 1 + 8, the record 296, cache flag 1, offset 8, then 576 floats of 4 bytes
 ex.check_set_tensor_bytes(model.hparams.n_embd, 1 + 8 + 296 + 1 + 8 + 576 * 4)
+
+# %% [markdown]
+# **5. What an MoE decode step reads.** For the tiny Qwen3-MoE model of section 10, how many bytes does one decoded
+# token read from layer 0's three expert tensors (`ffn_gate_exps`, `ffn_up_exps`, `ffn_down_exps`)?
+
+# %%
+my_answer = None
+ex.check_moe_decode_bytes(moe, my_answer)
+
+# %% jupyter={"source_hidden": true} tags=["solution"]
+L0 = moe.layers[0]
+all_experts = sum(t.nbytes() for t in (L0.ffn_gate_exps, L0.ffn_up_exps, L0.ffn_down_exps))
+ex.check_moe_decode_bytes(moe, all_experts // moe.hparams.n_expert * moe.hparams.n_expert_used)   # the chosen slabs only
+
+# %% [markdown]
+# **6. Add Qwen3 yourself.** Write the builder step that makes qwen2's builder a qwen3 one: `build_qk_rope(self, L,
+# Qcur, Kcur, inp_pos, il)` normalizes each head of `Qcur` with `self.build_norm(Qcur, L.attn_q_norm, il)` (name the
+# result `"Qcur_normed"` with `self.cb`), ropes it with `self.build_rope`, then the same for `Kcur` with
+# `L.attn_k_norm`, and returns both. Then make the spec: qwen2's with your builder, the biases optional
+# (`t.not_required()`) and the two norms added. The checker runs the file of section 11 with your spec.
+
+# %%
+class MyQwen3(qwen2.BuildQwen2):
+    def build_qk_rope(self, L, Qcur, Kcur, inp_pos, il):
+        ...
+
+
+my_spec = None
+ex.check_added_arch(my_spec, q3_path, get_arch("qwen3"))
+
+# %% jupyter={"source_hidden": true} tags=["solution"]
+class MyQwen3(qwen2.BuildQwen2):
+    def build_qk_rope(self, L, Qcur, Kcur, inp_pos, il):
+        Qcur = self.cb(self.build_norm(Qcur, L.attn_q_norm, il), "Qcur_normed", il)
+        Qcur = self.build_rope(Qcur, inp_pos)
+        Kcur = self.cb(self.build_norm(Kcur, L.attn_k_norm, il), "Kcur_normed", il)
+        return Qcur, self.build_rope(Kcur, inp_pos)
+
+
+my_spec = replace(get_arch("qwen2"), name="qwen3", builder=MyQwen3,
+                  layer_tensors=S.LAYER_TENSORS + tuple(t.not_required() for t in (S.ATTN_Q_B, S.ATTN_K_B, S.ATTN_V_B))
+                  + (S.ATTN_K_NORM, S.ATTN_Q_NORM))
+ex.check_added_arch(my_spec, q3_path, get_arch("qwen3"))

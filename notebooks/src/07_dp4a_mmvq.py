@@ -560,6 +560,9 @@ print("sm_60 (P100, no dp4a), q4_0 with 9 columns:", cs.mul_mat_kernel("q4_0", 9
 #
 # ### A.2 The MoE path and its thresholds
 #
+# (What `MUL_MAT_ID` computes, the router and top-k before it, and why a decode step reads only the chosen
+# experts' bytes: notebook 06, section 10, on a tiny Qwen3-MoE model.)
+#
 # A mixture-of-experts layer multiplies each token by a few of many expert matrices, chosen by the router:
 # ggml's `MUL_MAT_ID`, with an `ids` tensor saying which expert each (token, slot) uses.
 # `ggml_cuda_mul_mat_id` keeps it on MMVQ while the tokens per product stay within

@@ -331,6 +331,34 @@ def _mul_mat(node, cpu):
     return None
 
 
+@binder("MUL_MAT_ID")
+def _mul_mat_id(node, cpu):
+    """MoE experts: per step the rows are grouped by expert (``ops.expert_rows``) and each chosen expert's
+    slab goes through the fast kernel of its quantized path (``fast.dispatch.bind``, bound once per
+    expert on first use): what the reference does, so the same bits; the unchosen experts are not read."""
+    from .ops import expert_rows
+    a, b, ids = node.src
+    if a.type.block_size == 1 or b.type is not F32 or not fq.supports(a.type):
+        return None
+    A, B, I, O = a.array()[0], b.array()[0], ids.array()[0, 0], node.array()[0]
+    n_as, n_b1 = a.ne[2], b.ne[1]
+    repacked = a.view_src is None and cpu.repacks(a.type.name, a.ne[1])
+    bound: dict[int, Callable] = {}
+
+    def step():
+        for e, rows in enumerate(expert_rows(I, n_as)):
+            if not rows:
+                continue
+            fn = bound.get(e)
+            if fn is None:
+                fn = bound[e] = fq.bind(A[e], a.type, repacked, cpu)
+            X = np.stack([B[t, j % n_b1] for j, t in rows])
+            Y = np.concatenate([fn(X[i:i + 1]) for i in range(len(X))]) if repacked else fn(X)
+            for (j, t), y in zip(rows, Y):
+                O[t, j] = y
+    return step
+
+
 # ---- fusions: one step for several nodes, when nobody watches the nodes in between -----------------
 
 FUSIONS: list[Callable] = []     # fn(node, cpu, readers) -> (step, [nodes it absorbs]) or None

@@ -148,7 +148,8 @@ def mul_mat(dst: Tensor, cpu=None) -> None:
     cpu = profiles.resolve(cpu)
     if a.type.block_size != 1:
         A = a.array()
-        repacked = a.view_src is None and cpu.repacks(a.type.name, a.ne[1])   # llama.cpp's CPU_REPACK buffer
+        # llama.cpp's CPU_REPACK buffer takes 2-D weights for MUL_MAT (a 3-D one, MLA's attn_k_b, stays put)
+        repacked = a.view_src is None and a.ne[2] == 1 and a.ne[3] == 1 and cpu.repacks(a.type.name, a.ne[1])
         for i3 in range(b.ne[3]):
             for i2 in range(b.ne[2]):
                 out[i3, i2] = mul_mat_quantized(A[i3 // r3, i2 // r2], a.type, B[i3, i2], repacked, cpu)
@@ -161,7 +162,14 @@ def mul_mat(dst: Tensor, cpu=None) -> None:
             for i2 in range(b.ne[2]):
                 out[i3, i2] = mul_mat_f16_op(A[i3 // r3, i2 // r2], Bh[i3, i2], cpu)
         return
-    if A.dtype != np.float32:
+    if a.type is F32 and cpu.arch == "x86_64":       # tinyBLAS f32 or ggml_vec_dot_f32, as ggml-cpu on x86
+        from .sgemm import mul_mat_f32_op
+        cont = b.is_contiguous()
+        for i3 in range(b.ne[3]):
+            for i2 in range(b.ne[2]):
+                out[i3, i2] = mul_mat_f32_op(A[i3 // r3, i2 // r2], B[i3, i2], cpu, cont)
+        return
+    if A.dtype != np.float32:                           # (ARM: NumPy's order, not bit-exact)
         A = A.astype(np.float32)
     if r2 > 1:
         A = np.repeat(A, r2, axis=1)
@@ -427,3 +435,97 @@ def flash_attn_ext(dst: Tensor, cpu=None) -> None:
         S = np.where(live, fma(S, ms, vs), S)    # S = S*ms + vs, fused
     res = acc.astype(np.float32) * (np.float32(1) / S)[..., None]
     _out(dst)[0] = res.transpose(1, 0, 2)               # -> [Dv, n_head, n_q] in ggml order
+
+
+# ---- mixture of experts: MUL_MAT_ID and the router's ops ----------------------------------------
+
+def expert_rows(ids: np.ndarray, n_as: int) -> list[list[tuple[int, int]]]:
+    """ggml-cpu's grouping of MUL_MAT_ID's rows by expert (``matrix_rows``): for each expert, the
+    (slot j, token t) pairs routed to it, tokens in order, slots in order within a token."""
+    groups: list[list[tuple[int, int]]] = [[] for _ in range(n_as)]
+    for t in range(ids.shape[0]):
+        for j in range(ids.shape[1]):
+            e = int(ids[t, j])
+            if not 0 <= e < n_as:
+                raise IndexError(f"mul_mat_id: expert id {e} out of range 0..{n_as - 1}")
+            groups[e].append((j, t))
+    return groups
+
+
+def mul_mat_expert(A: np.ndarray, qtype, X: np.ndarray, repacked: bool, cpu) -> np.ndarray:
+    """One expert's matrix A (rows of the weight, raw bytes for a quantized type) times the rows X routed
+    to it -> (len(X), M), as ggml_compute_forward_mul_mat_id computes it: no llamafile sgemm; quantized
+    types through the kernel of ``quantized_path`` for the expert's row count (vec_dot, or the tiled
+    K-quant matmul from 8 rows on), or, for weights in the REPACK buffer, one gemv per routed row
+    (repack.cpp's forward_mul_mat_id); f16 and f32 weights through ggml_vec_dot_f16 / _f32 per output."""
+    from .vec import vec_dot_f16, vec_dot_f32
+    if qtype.block_size != 1:
+        if repacked:
+            return np.concatenate([mul_mat_quantized(A, qtype, X[i:i + 1], True, cpu) for i in range(len(X))])
+        return mul_mat_quantized(A, qtype, X, False, cpu)
+    if qtype is F16:
+        return vec_dot_f16(X.astype(np.float16)[:, None, :], A[None, :, :], cpu)
+    return vec_dot_f32(X[:, None, :], np.asarray(A, np.float32)[None, :, :], cpu)
+
+
+@register("MUL_MAT_ID")
+def mul_mat_id(dst: Tensor, cpu=None) -> None:
+    """ggml_compute_forward_mul_mat_id: the rows grouped by expert, each expert's matrix applied to its
+    rows (experts no token chose are never read: what makes MoE decode cheap)."""
+    a, b, ids = dst.src
+    cpu = profiles.resolve(cpu)
+    A = a.array()[0]                                    # (n_as, M, row)
+    B = f32(b)[0]                                       # (n_tokens, n_b1, K)
+    out = _out(dst)[0]                                  # (n_tokens, n_used, M)
+    repacked = a.view_src is None and a.type.block_size != 1 and cpu.repacks(a.type.name, a.ne[1])
+    for e, rows in enumerate(expert_rows(ids.array()[0, 0], a.ne[2])):
+        if not rows:
+            continue
+        X = np.stack([B[t, j % b.ne[1]] for j, t in rows])
+        Y = mul_mat_expert(A[e], a.type, X, repacked, cpu)
+        for (j, t), y in zip(rows, Y):
+            out[t, j] = y
+
+
+@register("ARGSORT")
+def argsort(dst: Tensor, cpu=None) -> None:
+    """The indices sorting each row (std::sort; llmlab sorts stably, the same wherever no two values tie)."""
+    x = f32(dst.src[0])
+    key = -x if dst.op_params["order"] == 1 else x
+    _out(dst)[...] = np.argsort(key, axis=-1, kind="stable").astype(np.int32)
+
+
+@register("SIGMOID")
+def sigmoid(dst: Tensor, cpu=None) -> None:
+    """op_sigmoid: 1.f / (1.f + expf(-x)), the C library's expf, in float."""
+    x = f32(dst.src[0])
+    with np.errstate(over="ignore"):
+        e = libm_expf(-x).astype(np.float32)
+    _out(dst)[...] = (np.float32(1) / (np.float32(1) + e)).astype(np.float32)
+
+
+@register("SUM_ROWS")
+def sum_rows(dst: Tensor, cpu=None) -> None:
+    """ggml_vec_sum_f32: each row summed in double, left to right, rounded once."""
+    x = f32(dst.src[0]).astype(np.float64)
+    _out(dst)[...] = np.add.accumulate(x, axis=-1)[..., -1:].astype(np.float32)
+
+
+@register("CLAMP")
+def clamp(dst: Tensor, cpu=None) -> None:
+    p = dst.op_params
+    np.minimum(np.maximum(f32(dst.src[0]), np.float32(p["min"])), np.float32(p["max"]), out=_out(dst))
+
+
+@register("DIV")
+def div(dst: Tensor, cpu=None) -> None:
+    a, b = dst.src
+    A, B = f32(a), f32(b)
+    np.divide(A, _bcast(B, A.shape), out=_out(dst))
+
+
+@register("CONCAT")
+def concat(dst: Tensor, cpu=None) -> None:
+    a, b = dst.src
+    ax = 3 - dst.op_params["dim"]                       # ne[dim] is numpy axis 3 - dim
+    _out(dst)[...] = np.concatenate([a.array(), b.array()], axis=ax)

@@ -240,9 +240,33 @@ def mul_mat_q4_k_8x8_i8mm(raw: np.ndarray, qtype, x: np.ndarray, cpu=None) -> np
     return out
 
 
+def mul_mat_q4_0_8x8(raw: np.ndarray, qtype, x: np.ndarray, cpu=None) -> np.ndarray:
+    """arch/x86/repack.cpp ``ggml_gemv/gemm_q4_0_8x8_q8_0`` (``gemv/gemm_q4_b32_8x8_q8_0_lut_avx``, AVX2 and
+    AVX-512 alike): each output keeps one lane; block after block its 32-product integer dot (nibbles
+    sign-extended through a table, exact) goes in as ``acc = fma((float) isum, d_w*d_x, acc)``, and the
+    lane is the result: no horizontal sum, unlike ``ggml_vec_dot_q4_0_q8_0``'s 8 lanes and hsum."""
+    from .quants import codes_q4_0
+    x = np.asarray(x, float32).reshape(-1, x.shape[-1])
+    w = weight_blocks(raw, qtype, x.shape[1])                      # (R, nb)
+    a = quantize_activations(x, "q8_0", cpu)                       # (T, nb)
+    xq = a["qs"].astype(np.int32)                                  # (T, nb, 32)
+    xd = a["d"].astype(float32)
+    out = np.empty((x.shape[0], w.shape[0]), float32)
+    for r0 in range(0, w.shape[0], ROW_CHUNK):
+        wc = w[r0:r0 + ROW_CHUNK]
+        isum = np.einsum("rbk,tbk->btr", codes_q4_0(wc).astype(np.int32), xq).astype(float32)   # exact ints
+        dd = (wc["d"].astype(float32).T[:, None, :] * xd.T[:, :, None]).astype(float32)       # (nb, T, r)
+        acc = np.zeros((x.shape[0], wc.shape[0]), float32)
+        for b in range(wc.shape[1]):
+            acc = fma64(isum[b].astype(float64), dd[b], acc)
+        out[:, r0:r0 + wc.shape[0]] = acc
+    return out
+
+
 # REPACK layouts (the profile's ``repack_layouts``) whose kernels llmlab reproduces; the others fall back
 # to the vec_dot order
 REPACKED_MUL_MAT: dict[str, Callable] = {"q4_K_8x8": mul_mat_q4_k_repacked, "q8_0_4x4": mul_mat_q8_0_4x4,
+                                         "q4_0_8x8": mul_mat_q4_0_8x8,
                                          "q4_K_8x4": mul_mat_q4_k_8x4, "q6_K_8x4": mul_mat_q6_k_8x4,
                                          "q8_0_4x8": mul_mat_q8_0_4x8, "q4_K_8x8_i8mm": mul_mat_q4_k_8x8_i8mm,
                                          "q6_K_8x8_i8mm": mul_mat_q6_k_8x8_i8mm}

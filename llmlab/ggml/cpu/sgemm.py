@@ -61,3 +61,30 @@ def mul_mat_f16_op(A: np.ndarray, B: np.ndarray, cpu=None) -> np.ndarray:
     if takes(cpu, A.shape[0], len(B), A.shape[1]):
         return mul_mat_f16(A, B, cpu)
     return vec_dot_f16(B[:, None, :], A[None, :, :], cpu)
+
+
+def mul_mat_f32(A: np.ndarray, B: np.ndarray, cpu=None) -> np.ndarray:
+    """tinyBLAS for f32 x f32 (``tinyBLAS<KN, __m256/__m512, ..., float>``): the f16 kernel's registers, fma
+    and hsum, on float32 values as they are."""
+    cpu = profiles.resolve(cpu)
+    L = cpu.sgemm_lanes
+    R, K = A.shape
+    if K % L:
+        raise ValueError(f"tinyBLAS needs K ({K}) to be a multiple of its {L} lanes")
+    A = np.asarray(A, float32).astype(float64)
+    B = np.asarray(B, float32).astype(float64)
+    acc = np.zeros((B.shape[0], R, L), float64)
+    for s in range(0, K, L):
+        acc = fma64(B[:, None, s:s + L], A[None, :, s:s + L], acc).astype(float64)
+    return reduce_tree(acc.astype(float32), cpu.sgemm_hsum_tree)
+
+
+def mul_mat_f32_op(A: np.ndarray, B: np.ndarray, cpu=None, src1_cont: bool = True) -> np.ndarray:
+    """ggml-cpu's MUL_MAT for an f32 weight A (R, K) and f32 activations B (T, K): tinyBLAS where
+    llamafile_sgemm takes the shape (only for contiguous activations: it is offered src1 as it is),
+    otherwise one ``ggml_vec_dot_f32`` per output."""
+    from .vec import vec_dot_f32
+    cpu = profiles.resolve(cpu)
+    if src1_cont and takes(cpu, A.shape[0], len(B), A.shape[1]):
+        return mul_mat_f32(A, B, cpu)
+    return vec_dot_f32(np.asarray(B, float32)[:, None, :], np.asarray(A, float32)[None, :, :], cpu)

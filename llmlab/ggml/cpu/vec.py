@@ -219,3 +219,28 @@ def gelu(x: np.ndarray) -> np.ndarray:
     with np.errstate(over="ignore"):                    # past f16's range: inf, as the C conversion gives
         t = gelu_table()[x.astype(np.float16).view(np.uint16)].astype(float32)
     return np.where(x <= -10.0, float32(0), np.where(x >= 10.0, x, t)).astype(float32)
+
+
+# ---- ggml_vec_dot_f32 ----------------------------------------------------------------------------
+
+def vec_dot_f32(x: np.ndarray, y: np.ndarray, cpu=None) -> np.ndarray:
+    """ggml_vec_dot_f32 over the last axis (broadcasting): ``f32_arr`` registers of ``f32_lanes`` lanes take
+    consecutive pieces of each GGML_F32_STEP elements (fma), fold pairwise, the last one's lanes follow
+    ``vec_reduce_tree``; the tail (n % step) is added in float one by one (``sumf += x[i]*y[i]``, which the
+    compiler fuses into an fma)."""
+    cpu = profiles.resolve(cpu)
+    x = np.asarray(x, float32)
+    y = np.asarray(y, float32)
+    n, lanes, arr = x.shape[-1], cpu.f32_lanes, cpu.f32_arr
+    step = lanes * arr
+    np_ = n - n % step
+    shape = np.broadcast_shapes(x.shape[:-1], y.shape[:-1])
+    acc = np.zeros(shape + (arr, lanes), float64)
+    for i in range(0, np_, step):
+        xs = x[..., i:i + step].reshape(x.shape[:-1] + (arr, lanes)).astype(float64)
+        ys = y[..., i:i + step].reshape(y.shape[:-1] + (arr, lanes))
+        acc = fma64(xs, ys, acc).astype(float64)
+    total = reduce_tree(reduce_registers(acc.astype(float32)), cpu.vec_reduce_tree)
+    for j in range(np_, n):
+        total = fma(x[..., j], y[..., j], total)
+    return np.asarray(total, float32)

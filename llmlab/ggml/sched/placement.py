@@ -49,7 +49,8 @@ def placed_tensors(model, kv):
     if kv is not None:
         for il in range(hp.n_layer):
             yield kv.k_l[il], il, False
-            yield kv.v_l[il], il, False
+            if kv.v_l[il] is not None:         # an MLA cache has K rows only
+                yield kv.v_l[il], il, False
 
 
 def place_model(model, kv, n_gpu_layers: int, backends, tensor_split=None) -> tuple[dict[int, str], set[int]]:

@@ -29,8 +29,11 @@ def get_builder(arch: str) -> type:
     return get_arch(arch).builder
 
 
-from . import gemma3, llama, qwen2  # noqa: E402  (the built-in architectures)
+from . import deepseek2, gemma3, llama, qwen2, qwen3, qwen3moe  # noqa: E402  (the built-in architectures)
 
 register_arch(llama.SPEC)
 register_arch(gemma3.SPEC)
 register_arch(qwen2.SPEC)
+register_arch(qwen3.SPEC)
+register_arch(qwen3moe.SPEC)
+register_arch(deepseek2.SPEC)

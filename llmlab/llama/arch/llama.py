@@ -6,7 +6,7 @@ SiLU FFN) with optional q/k/v/output biases (``TENSOR_NOT_REQUIRED``); its graph
 """
 from __future__ import annotations
 
-import math
+import numpy as np
 
 from ...ggml import ops as ggml
 from ..graph import LLMGraph
@@ -22,7 +22,8 @@ class BuildLlama(LLMGraph):
         inpL = self.build_inp_embd(m.tok_embd)
         inp_pos = self.build_inp_pos()
         self.build_attn_inp()
-        kq_scale = hp.f_attention_scale or 1.0 / math.sqrt(n_embd_head)
+        # 1.0f/sqrtf(float(n_embd_head)): in float, as llama.cpp (a double 1/sqrt can round differently)
+        kq_scale = hp.f_attention_scale or float(np.float32(1.0) / np.sqrt(np.float32(n_embd_head)))
         inp_out_ids = self.build_inp_out_ids()
         self.mark_layer(-1)
 
@@ -33,8 +34,7 @@ class BuildLlama(LLMGraph):
             self.cb(cur, "attn_norm", il)
 
             Qcur, Kcur, Vcur = self.build_qkv(L, cur, il)
-            Qcur = self.build_rope(Qcur, inp_pos)
-            Kcur = self.build_rope(Kcur, inp_pos)
+            Qcur, Kcur = self.build_qk_rope(L, Qcur, Kcur, inp_pos, il)
             self.cb(Qcur, "Qcur", il)
             self.cb(Kcur, "Kcur", il)
             self.cb(Vcur, "Vcur", il)
@@ -49,14 +49,22 @@ class BuildLlama(LLMGraph):
 
             cur = self.build_norm(ffn_inp, L.ffn_norm, il)
             self.cb(cur, "ffn_norm", il)
-            cur = self.build_ffn(cur, L.ffn_up, L.ffn_gate, L.ffn_down, "silu", il)
-            self.cb(cur, "ffn_out", il)
+            cur = self.build_ffn_block(L, cur, il)
             cur = self.cb(ggml.add(ctx0, cur, ffn_inp), "ffn_out", il)
             self.cb(cur, "l_out", il)
             inpL = cur
             self.mark_layer(il)
 
         self.build_output(inpL)
+
+    def build_ffn_block(self, L, cur, il: int):
+        """The FFN of a layer: a dense SiLU-gated FFN (Qwen3-MoE: a mixture of experts)."""
+        return self.cb(self.build_ffn(cur, L.ffn_up, L.ffn_gate, L.ffn_down, "silu", il), "ffn_out", il)
+
+    def build_qk_rope(self, L, Qcur, Kcur, inp_pos, il: int):
+        """What happens to Q and K between the projections and the attention: RoPE (Qwen3 normalizes
+        each head first: ``arch/qwen3.py`` overrides this one step)."""
+        return self.build_rope(Qcur, inp_pos), self.build_rope(Kcur, inp_pos)
 
 
 def _tiny_kv(hd: int, n_vocab: int, sliding_window: int) -> dict:

@@ -3,7 +3,8 @@ table (``LLM_TENSOR_NAMES``, the ``create_tensor`` calls of ``load_tensors``), i
 ``load_hparams`` and ``llama_model_rope_type``, its ``llm_build_*`` graph, plus the recipe of a tiny
 random test model.
 
-Each architecture module (``llama.py``, ``gemma3.py``, ``qwen2.py``) ends with one :class:`ArchSpec`;
+Each architecture module (``llama.py``, ``gemma3.py``, ``qwen2.py``, ``qwen3.py``, ``qwen3moe.py``,
+``deepseek2.py``) ends with one :class:`ArchSpec`;
 ``arch/__init__.py`` registers it in one line. ``model.py`` (load_hparams, the tensors) and ``tiny.py`` only read
 specs, so adding an architecture is one new file and one registry line.
 
@@ -34,6 +35,9 @@ class TensorSpec:
     ne: Shape
     optional: bool = False
     init: str = "weight"
+    # which layers have it (llama.cpp's ``if`` around a create_tensor: MoE layers only, the q_lora path
+    # only, ...); None: every layer
+    where: Callable[["HParams", int], bool] | None = None
 
     @property
     def per_layer(self) -> bool:
@@ -50,6 +54,13 @@ class TensorSpec:
 
     def not_required(self) -> "TensorSpec":
         return replace(self, optional=True)
+
+    def only(self, where: Callable[["HParams", int], bool]) -> "TensorSpec":
+        """The same row, created only in the layers where ``where(hp, il)`` holds."""
+        return replace(self, where=where)
+
+    def present(self, hp: "HParams", il: int | None = None) -> bool:
+        return self.where is None or il is None or bool(self.where(hp, il))
 
 
 def _blk(attr: str, tensor: str, ne: Shape, suffix: str = "weight", init: str = "weight") -> TensorSpec:
@@ -85,6 +96,22 @@ FFN_UP = _blk("ffn_up", "ffn_up", lambda hp: (hp.n_embd, hp.n_ff))
 FFN_DOWN = _blk("ffn_down", "ffn_down", lambda hp: (hp.n_ff, hp.n_embd))
 FFN_POST_NORM = _blk("ffn_post_norm", "post_ffw_norm", lambda hp: (hp.n_embd,), init="norm")
 
+
+def n_ff_exp(hp) -> int:
+    """An expert's FFN width: expert_feed_forward_length, else n_ff / n_expert_used (qwen3moe's fallback)."""
+    return hp.n_ff_exp or hp.n_ff // max(hp.n_expert_used, 1)
+
+
+# mixture of experts: the router, the experts stacked in one 3-D tensor each, shared experts
+FFN_GATE_INP = _blk("ffn_gate_inp", "ffn_gate_inp", lambda hp: (hp.n_embd, hp.n_expert))
+FFN_EXP_PROBS_B = _blk("ffn_exp_probs_b", "exp_probs_b", lambda hp: (hp.n_expert,), "bias", "bias")
+FFN_GATE_EXPS = _blk("ffn_gate_exps", "ffn_gate_exps", lambda hp: (hp.n_embd, n_ff_exp(hp), hp.n_expert))
+FFN_UP_EXPS = _blk("ffn_up_exps", "ffn_up_exps", lambda hp: (hp.n_embd, n_ff_exp(hp), hp.n_expert))
+FFN_DOWN_EXPS = _blk("ffn_down_exps", "ffn_down_exps", lambda hp: (n_ff_exp(hp), hp.n_embd, hp.n_expert))
+FFN_GATE_SHEXP = _blk("ffn_gate_shexp", "ffn_gate_shexp", lambda hp: (hp.n_embd, n_ff_exp(hp) * hp.n_expert_shared))
+FFN_UP_SHEXP = _blk("ffn_up_shexp", "ffn_up_shexp", lambda hp: (hp.n_embd, n_ff_exp(hp) * hp.n_expert_shared))
+FFN_DOWN_SHEXP = _blk("ffn_down_shexp", "ffn_down_shexp", lambda hp: (n_ff_exp(hp) * hp.n_expert_shared, hp.n_embd))
+
 # what every architecture here has: embeddings, final norm, LM head (tied when absent)
 MODEL_TENSORS = (TOKEN_EMBD, OUTPUT_NORM, OUTPUT)
 # a pre-norm attention block and a gated FFN (LLaMA's layer)
@@ -107,6 +134,7 @@ class ArchSpec:
       name for the stream after attention's residual add; ``block_steps``, one layer as a diagram:
       ``(node, label, kind)`` in graph order, kind one of norm, attn, ffn, add (a residual addition);
     - ``chat_template``: the llama.cpp built-in template a file of it without ``tokenizer.chat_template`` uses.
+    - ``make_memory``: the architecture's own memory (deepseek2's K-only MLA cache), else the KV cache.
     """
 
     name: str
@@ -120,6 +148,9 @@ class ArchSpec:
     residual_mid: str = "ffn_inp"
     block_steps: tuple[tuple[str, str, str], ...] = ()
     chat_template: str = "chatml"
+    # the architecture's own memory, ``make_memory(hp, n_ctx, type_k, type_v, n_seq_max, n_ubatch)``
+    # (llama_model::create_memory's branch; deepseek2: the MLA cache); None: the KV cache of kv_cache.py
+    make_memory: Callable[..., Any] | None = None
 
     @property
     def layer_attrs(self) -> tuple[str, ...]:
@@ -133,5 +164,5 @@ class ArchSpec:
         no name outside this list."""
         rows = [(t.gguf_name(), t.shape(hp), t.optional) for t in self.model_tensors]
         for il in range(hp.n_layer):
-            rows += [(t.gguf_name(il), t.shape(hp), t.optional) for t in self.layer_tensors]
+            rows += [(t.gguf_name(il), t.shape(hp), t.optional) for t in self.layer_tensors if t.present(hp, il)]
         return rows

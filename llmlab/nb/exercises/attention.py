@@ -138,3 +138,23 @@ def check_stream(trace, layer: int, token: int, answer) -> Verdict:
     if np.allclose(got, e + a + f - trace[layer].attn[token] - trace[layer].ffn[token], rtol=0, atol=1e-5 * scale):
         return Verdict.not_yet(f"that is the stream before layer {layer}", f"count layers 0..{layer}, both ends included")
     return Verdict.not_yet("values", "embd + sum over layers 0..layer of (attn + ffn)")
+
+
+@needs_answer("answer")
+def check_mla_cache_row(n_head: int, d_nope: int, d_rope: int, d_v: int, d_c: int, answer) -> Verdict:
+    """MLA against MHA for one token and layer (f16): ``answer`` = (MHA numbers, MLA numbers) where MHA keeps
+    every head's K (d_nope + d_rope) and V (d_v), and llama.cpp's MLA cache one latent of d_c plus the
+    shared RoPE key (d_rope), no V."""
+    want = (n_head * (d_nope + d_rope + d_v), d_c + d_rope)
+    try:
+        got = tuple(int(x) for x in answer)
+    except (TypeError, ValueError):
+        return Verdict.not_yet(repr(answer), "two numbers: (MHA numbers per token and layer, MLA numbers)")
+    if got == want:
+        return Verdict.correct(f"MHA {want[0]:,} numbers ({2 * want[0]:,} bytes in f16), MLA {want[1]} "
+                               f"({2 * want[1]:,} bytes): {want[0] / want[1]:.1f}x smaller")
+    if got[1] == d_c:
+        return Verdict.not_yet(f"MLA {got[1]}", "the cache row also keeps the RoPE key, shared by all heads")
+    if got[0] == n_head * (d_nope + d_v) or got[0] == n_head * (d_nope + d_rope):
+        return Verdict.not_yet(f"MHA {got[0]:,}", "a full K head is d_nope + d_rope wide, and V is cached too")
+    return Verdict.not_yet(f"{got}", "MHA: n_head x (d_nope + d_rope + d_v); MLA: d_c + d_rope")

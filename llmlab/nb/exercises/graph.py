@@ -71,3 +71,71 @@ def check_set_tensor_bytes(n_embd: int, answer: int) -> Verdict:
         return Verdict.not_yet(f"{answer:,}", "the row is f32: 4 bytes per value")
     return Verdict.not_yet(f"{answer:,}", f"add up 9 (header) + {RPC_TENSOR.size} (record) + 9 (flag, offset) "
                            "+ the data")
+
+
+@needs_answer("answer")
+def check_moe_decode_bytes(model, answer, il: int | None = None) -> Verdict:
+    """Bytes one decode step reads from one MoE layer's expert tensors (``ffn_{gate,up,down}_exps``):
+    MUL_MAT_ID touches only the ``n_expert_used`` chosen experts' slices, each 1/n_expert of a tensor."""
+    hp = model.hparams
+    il = next(i for i, L in enumerate(model.layers) if getattr(L, "ffn_up_exps", None) is not None) if il is None else il
+    L = model.layers[il]
+    total = sum(t.nbytes() for t in (L.ffn_gate_exps, L.ffn_up_exps, L.ffn_down_exps))
+    want = total // hp.n_expert * hp.n_expert_used
+    try:
+        got = int(answer)
+    except (TypeError, ValueError):
+        return Verdict.not_yet(repr(answer), "a number of bytes")
+    if got == want:
+        return Verdict.correct(f"{want:,} of the layer's {total:,} expert bytes ({hp.n_expert_used} of {hp.n_expert} experts)")
+    if got == total:
+        return Verdict.not_yet(f"{got:,} bytes", "that is every expert: MUL_MAT_ID reads only the chosen ones")
+    if got == total // hp.n_expert:
+        return Verdict.not_yet(f"{got:,} bytes", f"one expert's share; a token goes through {hp.n_expert_used}")
+    return Verdict.not_yet(f"{got:,} bytes", "the three expert tensors' bytes / n_expert x n_expert_used")
+
+
+@needs_answer("my_spec")
+def check_added_arch(my_spec, path, builtin, tokens=(1, 5, 9, 13, 17, 21)) -> Verdict:
+    """A learner's spec of an architecture (``my_spec``, registered under the built-in's name for the run):
+    the model at ``path`` must give the built-in spec's logits bit for bit; else the first node that differs."""
+    import numpy as np
+
+    from ...llama import Batch, Context, Model
+    from ...llama.arch import ARCHS, register_arch
+
+    def run(spec):
+        saved = ARCHS.get(spec.name)
+        register_arch(spec)
+        try:
+            ctx = Context(Model(path), n_ctx=64)
+            seen = []
+            out = ctx.decode(Batch.from_tokens(list(tokens), logits="all"),
+                             callback=lambda t: seen.append((t.name, t.numpy()) if t.view_src is None else None))
+            return out, [s for s in seen if s is not None]
+        finally:
+            if saved is not None:
+                register_arch(saved)
+
+    if getattr(my_spec, "name", None) != builtin.name:
+        return Verdict.not_yet(f"name {getattr(my_spec, 'name', None)!r}",
+                               f"the spec's name is the file's general.architecture: {builtin.name!r}")
+    try:
+        got, ours = run(my_spec)
+    except Exception as e:   # the learner's spec: report, do not crash the notebook
+        return Verdict.not_yet(f"your spec raised {type(e).__name__}: {e}")
+    want, theirs = run(builtin)
+    if np.array_equal(got, want):
+        return Verdict.correct(f"bit for bit the built-in {builtin.name}'s logits ({len(tokens)} positions, "
+                               f"{len(theirs)} nodes)")
+    names = {}
+    for name, v in ours:
+        names.setdefault(name, []).append(v)
+    for name, v in theirs:
+        mine = names.get(name)
+        if not mine:
+            return Verdict.not_yet(f"no node {name!r}", "the built-in graph has it; which step of qwen3.cpp makes it?")
+        m = mine.pop(0)
+        if m.shape != v.shape or not np.array_equal(m, v):
+            return Verdict.not_yet(f"node {name!r} differs", "the first node whose values are not the built-in's")
+    return Verdict.not_yet("logits differ", "compare the graphs node by node")
