@@ -1,6 +1,6 @@
 """Shapes of tiny random models for the architectures llmlab compares with llama.cpp node by node.
 
-Each architecture has a few shapes that exercise what makes it itself (odd head counts, MQA, one
+Each architecture's spec lists a few shapes (``ArchSpec.tiny_shapes``) that exercise what makes it itself (odd head counts, MQA, one
 expert per token and several, MLA with and without the low-rank q path, softmax and sigmoid
 gating, a selection bias); :func:`draw` picks one with a seed and scales it for a weight type
 (a K-quant needs rows of 256). ``tools/gen_tiny_models.py`` writes them all; the tests draw theirs
@@ -12,36 +12,26 @@ from pathlib import Path
 
 import numpy as np
 
+from .arch import ARCHS, get_arch
 from .tiny import write_tiny
 
 WTYPES = ("f32", "f16", "q8_0", "q4_0", "q4_k")
 
-SHAPES: dict[str, list[dict]] = {
-    "qwen3": [
-        dict(n_layer=2, n_embd=64, n_head=4, n_head_kv=2, head_dim=32, n_ff=128),
-        dict(n_layer=3, n_embd=96, n_head=5, n_head_kv=1, head_dim=32, n_ff=96),        # odd heads, MQA
-        dict(n_layer=2, n_embd=64, n_head=3, n_head_kv=3, head_dim=64, n_ff=64),        # head size != n_embd / n_head
-    ],
-    "qwen3moe": [
-        dict(n_layer=2, n_embd=64, n_head=4, n_head_kv=2, head_dim=32, n_ff=128,
-             kv={"expert_count": 4, "expert_used_count": 2, "expert_feed_forward_length": 64}),
-        dict(n_layer=2, n_embd=64, n_head=3, n_head_kv=1, head_dim=32, n_ff=128,        # one expert per token
-             kv={"expert_count": 8, "expert_used_count": 1, "expert_feed_forward_length": 32}),
-        dict(n_layer=3, n_embd=96, n_head=5, n_head_kv=5, head_dim=32, n_ff=96,
-             kv={"expert_count": 6, "expert_used_count": 3, "expert_feed_forward_length": 64}),
-    ],
-    "deepseek2": [
-        dict(n_layer=3, n_embd=64, n_head=5, n_head_kv=1, n_ff=128, with_optional=("ffn_exp_probs_b",),
-             kv={}),                                               # V3-like: q_lora, sigmoid, bias, norm, scale
-        dict(n_layer=2, n_embd=64, n_head=4, n_head_kv=1, n_ff=96,  # V2-Lite-like: no q_lora, softmax, one used
-             kv={"attention.q_lora_rank": 0, "expert_gating_func": 1, "expert_weights_norm": False,
-                 "expert_weights_scale": 1.0, "expert_used_count": 1, "expert_count": 6, "leading_dense_block_count": 1}),
-        dict(n_layer=3, n_embd=96, n_head=3, n_head_kv=1, n_ff=64,
-             kv={"leading_dense_block_count": 0, "expert_count": 5, "expert_used_count": 3, "expert_shared_count": 2,
-                 "expert_gating_func": 1, "expert_weights_scale": 16.0, "expert_weights_norm": False,
-                 "attention.kv_lora_rank": 64, "attention.key_length": 64 + 16, "attention.value_length": 64}),
-    ],
-}
+class _Shapes(dict):
+    """``{arch: [shape, ...]}`` read off the registry: each spec's ``tiny_shapes`` (the architectures
+    without any are not in it)."""
+
+    def __missing__(self, arch: str) -> list[dict]:
+        shapes = list(get_arch(arch).tiny_shapes)
+        if not shapes:
+            raise KeyError(arch)
+        return shapes
+
+    def __iter__(self):
+        return iter([a for a, spec in sorted(ARCHS.items()) if spec.tiny_shapes])
+
+
+SHAPES = _Shapes()
 
 
 def scaled(shape: dict, wtype: str) -> dict:

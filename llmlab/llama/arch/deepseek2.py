@@ -194,6 +194,19 @@ def _tiny_kv(hd: int, n_vocab: int, sliding_window: int) -> dict:
             "expert_weights_norm": True, "expert_gating_func": LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID}
 
 
+# tiny random models of it that the llama.cpp comparisons draw from (llmlab.llama.tiny_zoo)
+TINY_SHAPES = (
+    dict(n_layer=3, n_embd=64, n_head=5, n_head_kv=1, n_ff=128, with_optional=("ffn_exp_probs_b",),
+         kv={}),                                               # V3-like: q_lora, sigmoid, bias, norm, scale
+    dict(n_layer=2, n_embd=64, n_head=4, n_head_kv=1, n_ff=96,  # V2-Lite-like: no q_lora, softmax, one used
+         kv={"attention.q_lora_rank": 0, "expert_gating_func": 1, "expert_weights_norm": False,
+             "expert_weights_scale": 1.0, "expert_used_count": 1, "expert_count": 6, "leading_dense_block_count": 1}),
+    dict(n_layer=3, n_embd=96, n_head=3, n_head_kv=1, n_ff=64,
+         kv={"leading_dense_block_count": 0, "expert_count": 5, "expert_used_count": 3, "expert_shared_count": 2,
+             "expert_gating_func": 1, "expert_weights_scale": 16.0, "expert_weights_norm": False,
+             "attention.kv_lora_rank": 64, "attention.key_length": 64 + 16, "attention.value_length": 64}),
+)
+
 SPEC = S.ArchSpec(
     name="deepseek2",
     builder=BuildDeepseek2,
@@ -206,4 +219,5 @@ SPEC = S.ArchSpec(
     load_hparams=_load_hparams,
     tiny_kv=_tiny_kv,
     make_memory=_make_memory,
+    tiny_shapes=TINY_SHAPES,
 )

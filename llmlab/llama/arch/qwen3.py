@@ -28,6 +28,13 @@ def _tiny_kv(hd: int, n_vocab: int, sliding_window: int) -> dict:
     return {"rope.freq_base": 1000000.0, "attention.key_length": hd, "attention.value_length": hd}
 
 
+# tiny random models of it that the llama.cpp comparisons draw from (llmlab.llama.tiny_zoo)
+TINY_SHAPES = (
+    dict(n_layer=2, n_embd=64, n_head=4, n_head_kv=2, head_dim=32, n_ff=128),
+    dict(n_layer=3, n_embd=96, n_head=5, n_head_kv=1, head_dim=32, n_ff=96),        # odd heads, MQA
+    dict(n_layer=2, n_embd=64, n_head=3, n_head_kv=3, head_dim=64, n_ff=64),        # head size != n_embd / n_head
+)
+
 SPEC = S.ArchSpec(
     name="qwen3",
     builder=BuildQwen3,
@@ -39,4 +46,5 @@ SPEC = S.ArchSpec(
     block_steps=(BLOCK_STEPS[0],
                  ("Qcur", "Q, K, V projections\nRMSNorm per head on Q and K\nRoPE on Q and K", "attn"),
                  ("kqv_out", "attention, output projection\nkq → kq_soft_max → kqv_out", "attn")) + BLOCK_STEPS[4:],
+    tiny_shapes=TINY_SHAPES,
 )

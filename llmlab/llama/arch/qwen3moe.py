@@ -33,6 +33,16 @@ def _tiny_kv(hd: int, n_vocab: int, sliding_window: int) -> dict:
             "expert_count": 4, "expert_used_count": 2, "expert_feed_forward_length": 64}
 
 
+# tiny random models of it that the llama.cpp comparisons draw from (llmlab.llama.tiny_zoo)
+TINY_SHAPES = (
+    dict(n_layer=2, n_embd=64, n_head=4, n_head_kv=2, head_dim=32, n_ff=128,
+         kv={"expert_count": 4, "expert_used_count": 2, "expert_feed_forward_length": 64}),
+    dict(n_layer=2, n_embd=64, n_head=3, n_head_kv=1, head_dim=32, n_ff=128,        # one expert per token
+         kv={"expert_count": 8, "expert_used_count": 1, "expert_feed_forward_length": 32}),
+    dict(n_layer=3, n_embd=96, n_head=5, n_head_kv=5, head_dim=32, n_ff=96,
+         kv={"expert_count": 6, "expert_used_count": 3, "expert_feed_forward_length": 64}),
+)
+
 SPEC = S.ArchSpec(
     name="qwen3moe",
     builder=BuildQwen3MoE,
@@ -42,4 +52,5 @@ SPEC = S.ArchSpec(
     hparams=dict(rope_type=S.LLAMA_ROPE_TYPE_NEOX),
     load_hparams=_load_hparams,
     tiny_kv=_tiny_kv,
+    tiny_shapes=TINY_SHAPES,
 )

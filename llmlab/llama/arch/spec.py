@@ -151,6 +151,9 @@ class ArchSpec:
     # the architecture's own memory, ``make_memory(hp, n_ctx, type_k, type_v, n_seq_max, n_ubatch)``
     # (llama_model::create_memory's branch; deepseek2: the MLA cache); None: the KV cache of kv_cache.py
     make_memory: Callable[..., Any] | None = None
+    # shapes of tiny random models (write_tiny's keyword arguments) that tiny_zoo draws for the comparisons
+    # with llama.cpp: what makes the architecture itself (odd heads, MQA, experts used, the low-rank paths)
+    tiny_shapes: tuple[dict, ...] = ()
 
     @property
     def layer_attrs(self) -> tuple[str, ...]:
