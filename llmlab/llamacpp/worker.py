@@ -322,10 +322,6 @@ def die(signum: int) -> None:
     os.kill(os.getpid(), signum)
 
 
-def worker_pid() -> int:
-    return isolated(ping)
-
-
 # ---- the worker's side ------------------------------------------------------------------------------------------
 def _serve() -> None:
     global _IN_WORKER
