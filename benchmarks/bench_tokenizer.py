@@ -37,10 +37,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
-    try:
-        import llama_cpp
-    except ImportError:
-        llama_cpp = None
+    from llmlab.llamacpp import available, session
+    from llmlab.llamacpp.worker import isolated
+    if not available():
         print("llama-cpp-python is not installed: llmlab figures only")
 
     for name in ("smollm2", "gemma3"):
@@ -55,7 +54,6 @@ def main() -> None:
         t_first = time.perf_counter() - t
         print(f"\n{name}: {tok!r}; vocabulary loaded in {t_vocab * 1e3:.0f} ms "
               f"(+{t_first * 1e3:.0f} ms of lazy tables on the first call)")
-        llm = llama_cpp.Llama(str(path), vocab_only=True, verbose=False) if llama_cpp else None
         print(f"  {'text':<24}{'KB':>6}{'tokens':>8}{'llama.cpp':>11}{'llmlab cold':>13}{'warm':>8}{'ratio':>7}")
         for label, file in TEXTS.items():
             text = file.read_text(encoding="utf-8")
@@ -69,15 +67,14 @@ def main() -> None:
             t_cold = best_of(cold, args.repeat)
             t_warm = best_of(lambda: tok.tokenize(text), args.repeat)
             row = f"  {label:<24}{len(raw) / 1e3:>6.0f}{len(ids):>8}"
-            if llm is not None:
-                ref = llm.tokenize(raw, add_bos=False, special=False)
+            if available():            # timed in the llama.cpp worker process, without the trip there
+                ref, t_ref = isolated(session.tokenize_timed, str(path), raw, args.repeat)
                 assert ids == ref, f"{name}: ids differ from llama.cpp on {file.name}"
-                t_ref = best_of(lambda: llm.tokenize(raw, add_bos=False, special=False), args.repeat)
                 row += f"{mb / t_ref:>8.2f} MB/s"
             else:
                 row += f"{'-':>13}"
             row += f"{mb / t_cold:>8.2f} MB/s{mb / t_warm:>6.2f}"
-            if llm is not None:
+            if available():
                 row += f"{t_ref / t_cold:>7.2f}x"
             print(row)
 

@@ -109,3 +109,22 @@ def test_the_version_pin_is_written_once():
              for p in sorted((ROOT / d).rglob("*")) if p.suffix in (".py", ".sh") and p.is_file()
              and pinned.search(p.read_text(errors="replace"))]
     assert found == ["llmlab/__init__.py"], found
+
+
+@posix_signals
+def test_a_crash_in_a_notebook_cell_is_one_line_and_the_kernel_lives(capsys, forget):
+    pytest.importorskip("IPython", reason="IPython comes with the lab extras")
+    from IPython.core.interactiveshell import InteractiveShell
+    from llmlab import nb
+    ip = InteractiveShell.instance()
+    try:
+        assert nb.one_line_oracle_crashes()
+        capsys.readouterr()
+        r = ip.run_cell("import signal\nfrom llmlab.llamacpp import worker\nworker.isolated(worker.die, signal.SIGILL)")
+        out = capsys.readouterr()
+        assert isinstance(r.error_in_exec, worker.LlamaCppCrashed)
+        lines = (out.out + out.err).strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("llama.cpp crashed") and "SIGILL" in lines[0], lines
+        assert ip.run_cell("worker.isolated(worker.ping) > 0").result is True     # the same kernel, a new worker
+    finally:
+        InteractiveShell.clear_instance()

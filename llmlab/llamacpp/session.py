@@ -260,6 +260,19 @@ def tokenize(model_path: str | Path, text: str | bytes | list, add_special: bool
     return out[0] if isinstance(text, (str, bytes)) else out
 
 
+def tokenize_timed(model_path: str | Path, text: str | bytes, repeat: int = 3, add_special: bool = False,
+                   parse_special: bool = False) -> tuple[list[int], float]:
+    """:func:`tokenize` ``repeat`` times, timed where it runs: the ids and the best time in seconds."""
+    import time
+    vocab(model_path)                  # loaded before the clock starts
+    best, ids = float("inf"), []
+    for _ in range(max(1, repeat)):
+        t = time.perf_counter()
+        ids = tokenize(model_path, text, add_special, parse_special)
+        best = min(best, time.perf_counter() - t)
+    return ids, best
+
+
 def detokenize(model_path: str | Path, ids: Sequence[int], special: bool) -> bytes:
     """``llama_detokenize`` itself (no leading-space removal): the bytes of the ids."""
     lc = llama_cpp()

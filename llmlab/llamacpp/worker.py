@@ -30,7 +30,8 @@ from typing import Any, Callable
 
 from .. import LLMLabError
 
-_HEADER = struct.Struct("<Q")
+_HEADER = struct.Struct("<QQ")       # pickle length, number of out-of-band buffers (each: length, bytes)
+_LEN = struct.Struct("<Q")
 _IN_WORKER = False          # True inside the worker: calls run directly
 
 
@@ -46,32 +47,52 @@ class LlamaCppCrashed(LLMLabError):
         return (type(self), (str(self), self.signal_name, self.log))
 
 
-def _frame(obj) -> bytes:
-    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    return _HEADER.pack(len(data)) + data
+def _frame(obj) -> list:
+    """The pieces of one message: NumPy arrays travel as raw out-of-band buffers (pickle protocol 5), uncopied."""
+    bufs: list = []
+    data = pickle.dumps(obj, protocol=5, buffer_callback=bufs.append)
+    raws = [b.raw() for b in bufs]
+    out = [_HEADER.pack(len(data), len(raws)), data]
+    for r in raws:
+        out += [_LEN.pack(r.nbytes), r]
+    return out
 
 
-def _write(f, obj) -> None:
-    f.write(_frame(obj))
+def _send(f, pieces) -> None:
+    for p in pieces:
+        f.write(p)
     f.flush()
 
 
-def _read_exact(f, n: int) -> bytes | None:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = f.read(n - len(buf))
-        if not chunk:
+def _write(f, obj) -> None:
+    _send(f, _frame(obj))
+
+
+def _read_exact(f, n: int) -> bytearray | None:
+    buf = bytearray(n)
+    view, got = memoryview(buf), 0
+    while got < n:
+        k = f.readinto(view[got:])
+        if not k:
             return None
-        buf += chunk
-    return bytes(buf)
+        got += k
+    return buf
 
 
 def _read(f):
     head = _read_exact(f, _HEADER.size)
     if head is None:
         return None
-    body = _read_exact(f, _HEADER.unpack(head)[0])
-    return None if body is None else pickle.loads(body)
+    n_data, n_bufs = _HEADER.unpack(head)
+    data = _read_exact(f, n_data)
+    bufs = []
+    for _ in range(n_bufs):
+        size = _read_exact(f, _LEN.size)
+        buf = None if size is None else _read_exact(f, _LEN.unpack(size)[0])
+        if data is None or buf is None:
+            return None
+        bufs.append(buf)
+    return None if data is None else pickle.loads(data, buffers=bufs)
 
 
 def _describe(rc: int) -> tuple[str, str | None]:
@@ -149,8 +170,7 @@ class Worker:
             if self.proc is None or self.proc.poll() is not None:
                 self._start()
             try:
-                self.proc.stdin.write(frame)
-                self.proc.stdin.flush()
+                _send(self.proc.stdin, frame)
                 reply = _read(self.proc.stdout)
             except (BrokenPipeError, OSError):
                 reply = None
@@ -300,10 +320,6 @@ def ping() -> int:
 def die(signum: int) -> None:
     """Kill the worker with ``signum``, as a crash of llama.cpp would (for the tests of this module)."""
     os.kill(os.getpid(), signum)
-
-
-def worker_pid() -> int:
-    return isolated(ping)
 
 
 # ---- the worker's side ------------------------------------------------------------------------------------------
