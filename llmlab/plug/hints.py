@@ -67,6 +67,11 @@ def hint(probe: Probe, status: str) -> str:
             m = which_mistake(probe, probe.fault_args, probe.extra["bad_output"], None)
             if m is not None:
                 return _fmt(m.hint, _fields(probe, dep, m, dep.out))
+        if f.kind == "raised" and probe.fault_args is not None:
+            m = _raises_like(probe, f.message)
+            if m is not None:
+                dep = Departure(probe.fault_where, probe.step, probe.fault_args, None, None, math.inf)
+                return _fmt(m.hint, _fields(probe, dep, m, None))
         if f.kind == "timeout":
             return "the function did not return in time: look for a loop whose condition never changes"
         if f.kind == "output":
@@ -82,3 +87,15 @@ def hint(probe: Probe, status: str) -> str:
         return _fmt(m.hint, _fields(probe, dep, m, dep.out))
     fields = _fields(probe, dep, None, dep.out)
     return _fmt(slot.hint_close if status == "close" else slot.hint_different, fields)
+
+
+def _raises_like(probe: Probe, message: str):
+    """The mistake that raises the same exception as the learner's function did on the same inputs."""
+    kind = message.split(" raised ", 1)[-1].split(" ", 1)[0].split(":", 1)[0]
+    for m in probe.slot.mistakes:
+        try:
+            guard.call(m.fn, tuple(_copy(a) for a in probe.fault_args), max(probe.limit, 10.0), m.name)
+        except guard.Fault as f:
+            if f.kind == "raised" and f.message.split(" raised ", 1)[-1].split(" ", 1)[0].split(":", 1)[0] == kind:
+                return m
+    return None

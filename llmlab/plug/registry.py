@@ -27,7 +27,13 @@ import numpy as np
 
 # one module per notebook's group of slots (a new group: a new module and one line here)
 SLOT_MODULES = (
+    "llmlab.plug.slots.s01_gguf",
+    "llmlab.plug.slots.s02_tokenizer",
     "llmlab.plug.slots.s03_block",
+    "llmlab.plug.slots.s04_kv_cache",
+    "llmlab.plug.slots.s05_quant",
+    "llmlab.plug.slots.s06_graph",
+    "llmlab.plug.slots.s08_sampling",
 )
 
 

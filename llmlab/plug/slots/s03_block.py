@@ -439,12 +439,15 @@ def _scale_of(q, k, v, mask, scale, out=None):
 
 
 def _attention_calls(probe):
+    stash = {}
+
     def calls(dst, cpu):
+        if dst.name.startswith("kq-"):         # Q and K as the kq node reads them: their bytes may be reused
+            stash[dst.name[3:]] = (_f32(dst.src[1])[0].astype(F32), _f32(dst.src[0])[0].astype(F32))
+            return
         soft = dst.src[1]
-        kq = soft.src[0]
         il = layer_of(dst.name)
-        Q = _f32(kq.src[1])[0]                     # (n_head, n_q, d)
-        K = _f32(kq.src[0])[0]                     # (n_head_kv, n_kv, d)
+        Q, K = stash.pop(dst.name[4:])             # (n_head, n_q, d), (n_head_kv, n_kv, d)
         Vt = _f32(dst.src[0])[0]                   # (n_head_kv, d, n_kv)
         n_q, n_kv = Q.shape[1], K.shape[1]
         mask = _f32(soft.src[1])[0, 0, :n_q, :n_kv].astype(F32) if len(soft.src) > 1 else None
@@ -453,16 +456,19 @@ def _attention_calls(probe):
         out = dst.array()[0]                       # (n_head, n_q, d)
         for h in range(Q.shape[0]):
             kv = h // r
-            args = (Q[h].astype(F32).copy(), K[kv].astype(F32).copy(), np.ascontiguousarray(Vt[kv].T, dtype=F32),
+            args = (Q[h].copy(), K[kv].copy(), np.ascontiguousarray(Vt[kv].T, dtype=F32),
                     None if mask is None else mask.copy(), scale)
             out[h] = probe(Where(dst.name, dst.op, il, f"head {h}"), args, out[h].copy())
     return calls
 
 
+def _is_attention(dst) -> bool:
+    return (dst.name.startswith("kqv-") and len(dst.src) > 1 and dst.src[1].op == "SOFT_MAX") or \
+        (dst.name.startswith("kq-") and dst.src[0].type.name == "f16")
+
+
 def _install_attention(probe):
-    return op_slot("MUL_MAT", probe, None, None, None,
-                   applies=lambda dst: dst.name.startswith("kqv-") and len(dst.src) > 1
-                   and dst.src[1].op == "SOFT_MAX", calls=_attention_calls(probe))
+    return op_slot("MUL_MAT", probe, None, None, None, applies=_is_attention, calls=_attention_calls(probe))
 
 
 register_slot(Slot(
