@@ -262,3 +262,10 @@ def setup(models=("smollm2",), threads: int | None = None, warm: bool = False, q
     if warm:
         warm_kernels(next(iter(models), "smollm2"))
     return paths
+
+
+def plug(*args, **kw):
+    """Your own functions inside the engine on the real model (``llmlab.nb.plug``): ``nb.plug(rms_norm=f)``
+    shows one verdict line and where the difference starts; ``with nb.plug(rms_norm=f): ...`` plugs it in."""
+    from .plugview import plug as _plug
+    return _plug(*args, **kw)

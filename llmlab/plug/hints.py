@@ -74,6 +74,9 @@ def hint(probe: Probe, status: str) -> str:
                 return _fmt(m.hint, _fields(probe, dep, m, None))
         if f.kind == "timeout":
             return "the function did not return in time: look for a loop whose condition never changes"
+        if f.kind == "output" and ("NaN" in f.message or " inf " in f.message):
+            return ("a NaN or inf where the engine has a number: look for 0/0, the root of a negative, an exp "
+                    "that overflows")
         if f.kind == "output":
             return "the engine needs exactly the shape and dtype its own piece gives (see the signature)"
         return "the function stopped with an error; run it on a small input first"

@@ -321,6 +321,24 @@ def _live_greedy(path, prompt_ids, n, cpu) -> list[int] | None:
 
 # ---- the run ---------------------------------------------------------------------------------
 
+def _result(p: Probe, engine_error, mine, same_tokens: bool) -> SlotResult:
+    if p.fault is not None:
+        status, err = "error", str(p.fault)
+    elif engine_error is not None and p.first is not None:
+        status, err = "error", f"the engine stopped on what it returned: {engine_error}"
+    elif mine is None:
+        status, err = "error", "the run did not finish (another slot stopped it)"
+    elif p.first is None:
+        status, err = "bit-identical", None
+    else:
+        status, err = ("close" if same_tokens else "different"), None
+    where = p.fault_where if p.fault is not None else (p.first.where if p.first is not None else None)
+    return SlotResult(p.slot.name, p.label, status, hint_for(p, status), where,
+                      None if p.first is None else p.first.max_diff,
+                      p.step if p.fault is not None else (None if p.first is None else p.first.step),
+                      p.calls, p.departures, err)
+
+
 def resolve_fn(slot: Slot, fn) -> tuple[Any, str]:
     if isinstance(fn, str):
         if fn == "reference":
@@ -389,10 +407,12 @@ def run(model: str = "smollm2", prompt: str = "The history of the printing press
     if step is None:
         dep_steps = [p.first.step for p in probes if p.first is not None] + [p.step for p in probes if p.fault]
         step = min(dep_steps) if dep_steps else None
+    if mine is None:              # the run stopped: a verdict per slot, no tokens to compare (and no second run)
+        results = [_result(p, engine_error, None, False) for p in probes]
+        return PlugReport(model, prompt, n, cpu.name, [], [], "", [], "", "nothing (the run stopped)", [], 0, 0,
+                          sampling, results, None, step, [], engine_error)
     exact = exact_run(path, prompt, n, cpu, params, step)
-    ids = mine.ids if mine is not None else []
-    text = mine.text if mine is not None else ""
-    prompt_ids = mine.prompt_ids if mine is not None else exact.prompt_ids
+    ids, text, prompt_ids = mine.ids, mine.text, mine.prompt_ids
     whose, ref_ids = llama_cpp_tokens(model, path, prompt, exact.prompt_ids, n, cpu, params is None, exact, oracle)
     n_cmp = min(n, len(ref_ids)) if ref_ids else 0
     n_eq = 0
@@ -410,23 +430,7 @@ def run(model: str = "smollm2", prompt: str = "The history of the printing press
         if first_node is None:
             layers = []
 
-    results = []
-    for p in probes:
-        if p.fault is not None:
-            status, err = "error", str(p.fault)
-        elif engine_error is not None and p.first is not None:
-            status, err = "error", f"the engine stopped on what it returned: {engine_error}"
-        elif mine is None:
-            status, err = "error", "the run did not finish (another slot stopped it)"
-        elif p.first is None:
-            status, err = "bit-identical", None
-        else:
-            status, err = ("close" if same_tokens else "different"), None
-        where = p.fault_where if p.fault is not None else (p.first.where if p.first is not None else None)
-        results.append(SlotResult(p.slot.name, p.label, status, hint_for(p, status), where,
-                                  None if p.first is None else p.first.max_diff,
-                                  p.step if p.fault is not None else (None if p.first is None else p.first.step),
-                                  p.calls, p.departures, err))
+    results = [_result(p, engine_error, mine, same_tokens) for p in probes]
     return PlugReport(model, prompt, n, cpu.name, prompt_ids, ids, text, exact.ids, exact.text, whose, ref_ids[:n_cmp],
                       n_eq, n_cmp, sampling, results, first_node, step, layers, engine_error)
 
