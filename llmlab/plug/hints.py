@@ -60,7 +60,8 @@ def hint(probe: Probe, status: str) -> str:
     slot = probe.slot
     if probe.fault is not None:
         f = probe.fault
-        if f.kind == "raised" and "NotImplementedError" in f.message:
+        if (f.kind == "raised" and "NotImplementedError" in f.message) or \
+                (f.kind == "output" and "returned NoneType" in f.message):
             return "not written yet: fill in the function's body (the skeleton raises NotImplementedError)"
         if f.kind == "output" and "bad_output" in probe.extra and probe.fault_args is not None:
             dep = Departure(probe.fault_where, probe.step, probe.fault_args, probe.extra["bad_output"], None, math.inf)

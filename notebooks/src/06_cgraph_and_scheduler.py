@@ -777,3 +777,35 @@ ex.check_set_tensor_bytes(model.hparams.n_embd, my_answer)
 # %% jupyter={"source_hidden": true} tags=["solution"]
 # header 1 + 8, the record 296, cache flag 1, offset 8, then 576 floats of 4 bytes
 ex.check_set_tensor_bytes(model.hparams.n_embd, 1 + 8 + 296 + 1 + 8 + 576 * 4)
+
+
+# %% [markdown]
+# ## Build it: the allocator's choice
+#
+# When a graph's plan is made, the allocator walks the nodes in order and gives each its bytes from one arena
+# (section on memory). Write `my_choose_block(holes, size)`: `holes` are the free blocks `(offset, size)` before
+# the arena's open end, and you return the index of the hole the next node's `size` bytes go to, or `None` for
+# the open end. ggml-alloc takes the best fit. Here the values never change as long as blocks do not overlap, so
+# `close` means: a placement that works, but not ggml's (a bigger arena).
+
+# %%
+def my_choose_block(holes, size):
+    # holes: list of (offset, size) free blocks; size: bytes needed -> index of the hole, or None (the end)
+    raise NotImplementedError("your code here")
+
+
+nb.plug(choose_block=my_choose_block)
+
+
+# %% jupyter={"source_hidden": true} tags=["solution"]
+def my_choose_block(holes, size):
+    """holes: [(offset, size)] of the free blocks before the arena's open end, by offset. The
+    best fit: the smallest hole that fits (on a tie the later one); None: take the open end."""
+    best = None
+    for i, (_, s) in enumerate(holes):
+        if s >= size and (best is None or s <= holes[best][1]):
+            best = i
+    return best
+
+
+nb.plug(choose_block=my_choose_block)
