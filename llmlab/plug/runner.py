@@ -242,7 +242,7 @@ def node_deltas(mine: list, exact: list) -> list[NodeDelta]:
         idx[(lab, k)] = i
         count[lab] = k + 1
     out, count = [], {}
-    for lab, op, ne, vals in mine:
+    for lab, op, _ne, vals in mine:
         k = count.get(lab, 0)
         count[lab] = k + 1
         j = idx.get((lab, k))

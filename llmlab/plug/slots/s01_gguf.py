@@ -94,7 +94,7 @@ def _same(a, b) -> bool:
 
 
 def _diff(a, b) -> float:
-    (va, pa), (vb, pb) = a, b
+    (va, _pa), (vb, _pb) = a, b
     if isinstance(va, (int, float)) and isinstance(vb, (int, float)) and not isinstance(va, bool):
         try:
             return float(abs(va - vb))

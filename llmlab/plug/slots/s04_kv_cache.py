@@ -96,7 +96,8 @@ def _install(probe):
         if bad or len(set(cells)) != len(cells):
             from ..guard import Fault
             from ..probe import SlotStopped
-            probe.fault = Fault("output", f"find_slot() returned {'cell ' + str(bad[0]) + ' outside 0..' + str(self.size - 1) if bad else 'a cell twice'}")
+            what = f"cell {bad[0]} outside 0..{self.size - 1}" if bad else "a cell twice"
+            probe.fault = Fault("output", f"find_slot() returned {what}")
             probe.fault_where = where
             raise SlotStopped(probe)
         return K.Slot(np.array(cells, dtype=np.int32))

@@ -15,7 +15,7 @@ import numpy as np
 from .. import helpers
 from ..hooks import layer_of, op_slot, swap_item
 from ..probe import Where
-from ..registry import BadOutput, Mistake, Slot, check_array, register_slot
+from ..registry import Mistake, Slot, register_slot
 
 F32 = np.float32
 

@@ -53,7 +53,6 @@ def _earlier_tie(holes, size):
 def _install(probe):
     from ...ggml import alloc
 
-    orig = alloc.FreeList.alloc
 
     def alloc_(self, size):
         holes = [(int(o), int(s)) for o, s in self.blocks[:-1]]
