@@ -15,7 +15,7 @@ import pytest
 from llmlab import models
 from llmlab.cli import main
 from llmlab.llama.tiny import write_tiny
-from llmlab.plug import get_slot, guard, runner, slots
+from llmlab.plug import get_slot, guard, list_slots, runner
 
 PROMPT = "Hello world, this is"
 
@@ -76,7 +76,7 @@ def _applies(slot):
     return out
 
 
-@pytest.mark.parametrize("name", [s.name for s in slots()])
+@pytest.mark.parametrize("name", [s.name for s in list_slots()])
 def test_each_reference_is_bit_identical_on_the_tiny_models(tiny, name):
     slot = get_slot(name)
     before = _engine_pieces()
@@ -90,7 +90,7 @@ def test_each_reference_is_bit_identical_on_the_tiny_models(tiny, name):
 
 
 def test_all_references_together_are_bit_identical(tiny):
-    names = [s.name for s in slots() if "smollm2" in s.models and s.name not in ("vec_dot_q4_1_q8_1",)]
+    names = [s.name for s in list_slots() if "smollm2" in s.models and s.name not in ("vec_dot_q4_1_q8_1",)]
     r = _run(tiny, "llama", {n: "reference" for n in names}, n=3)
     assert [s.status for s in r.slots] == ["bit-identical"] * len(names), r.summary()
     assert r.ids == r.exact_ids
@@ -159,7 +159,7 @@ def test_every_slot_has_three_mistakes_under_test():
     for name, mistake, *_ in MISTAKES:
         per.setdefault(name, set()).add(mistake)
         assert mistake in [m.name for m in get_slot(name).mistakes]
-    assert {s.name for s in slots()} <= set(per)
+    assert {s.name for s in list_slots()} <= set(per)
     assert all(len(v) >= 3 for v in per.values()), per
 
 
@@ -260,7 +260,8 @@ def test_a_wrong_cell_or_block_choice_is_refused_before_it_corrupts(tiny):
 
 def test_cli_plug_json(tiny, tmp_path, capsys):
     f = tmp_path / "mine.py"
-    f.write_text("import numpy as np\n\ndef rms_norm(x, eps):\n    return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps)\n")
+    f.write_text("import numpy as np\n\n\ndef rms_norm(x, eps):\n    mean = np.mean(x * x, axis=-1)\n"
+                 "    return x * (np.float32(1.0) / np.sqrt(mean + np.float32(eps)))[:, None]\n")
     assert main(["plug", "-m", tiny["llama"], "-p", PROMPT, "-n", "2", "--slot", f"rms_norm={f}",
                  "--slot", "softmax=reference", "--json", "--no-oracle"]) == 0
     out = json.loads(capsys.readouterr().out)
@@ -308,7 +309,7 @@ def _ref_prompt(model):
 @pytest.mark.parametrize("model", ["smollm2", "gemma3"])
 def test_each_reference_alone_and_all_together_keep_llama_cpps_greedy_tokens(model):
     prompt = _ref_prompt(model)
-    names = [s.name for s in slots() if model in s.models]
+    names = [s.name for s in list_slots() if model in s.models]
     for name in names:
         r = runner.run(model, prompt, 4, {name: "reference"}, oracle=False)
         assert r.slots[0].status == "bit-identical", r.summary()

@@ -38,8 +38,8 @@ def register(sub) -> None:
 
 
 def _list(args) -> int:
-    from ..plug import slots
-    ss = slots()
+    from ..plug import list_slots
+    ss = list_slots()
     if args.json:
         print(json.dumps({"slots": [s.to_json() for s in ss],
                           "notebooks": sorted({s.notebook for s in ss})}, ensure_ascii=False))

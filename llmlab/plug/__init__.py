@@ -1,7 +1,7 @@
 """Build it yourself: a learner's own functions plugged into the engine, on the real model.
 
     from llmlab import plug
-    plug.slots()                                   # the slots: name, notebook, signature, use
+    plug.list_slots()                                 # the slots: name, notebook, signature, use
     report = plug.run("smollm2", "The capital of France is", 4, {"rms_norm": my_rms_norm})
     print(report.summary())
 
@@ -12,9 +12,9 @@ is), ``probe`` and ``guard`` (the learner's code as untrusted code), ``runner`` 
 """
 from __future__ import annotations
 
-from .registry import Mistake, Slot, get_slot, register_slot, slots
+from .registry import Mistake, Slot, get_slot, list_slots, register_slot
 
-__all__ = ["Mistake", "Slot", "get_slot", "register_slot", "slots", "run", "plugged", "load_function"]
+__all__ = ["Mistake", "Slot", "get_slot", "register_slot", "list_slots", "run", "plugged", "load_function"]
 
 
 def run(*args, **kw):

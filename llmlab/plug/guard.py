@@ -20,6 +20,8 @@ import time
 import traceback
 from dataclasses import dataclass
 
+import numpy as np
+
 DEFAULT_LIMIT_S = 10.0     # seconds one call of a learner's function may take
 
 
@@ -65,17 +67,8 @@ def call(fn, args: tuple, limit: float = DEFAULT_LIMIT_S, name: str = "your func
     """``fn(*args)``; any way it fails is a :class:`Fault`. KeyboardInterrupt passes through (the
     learner's Ctrl-C stops the run; the slots restore the engine on the way out)."""
     try:
-        if _can_alarm():
-            old = signal.signal(signal.SIGALRM, _alarm)
-            prev = signal.setitimer(signal.ITIMER_REAL, limit)
-            try:
-                return fn(*args)
-            finally:
-                signal.setitimer(signal.ITIMER_REAL, 0)
-                signal.signal(signal.SIGALRM, old)
-                if prev[0]:                         # someone else's timer: give back what was left of it
-                    signal.setitimer(signal.ITIMER_REAL, prev[0], prev[1])
-        return _traced(fn, args, limit)
+        with np.errstate(all="ignore"):    # a NaN or an overflow is judged by the verdict, not warned about
+            return _call(fn, args, limit)
     except TimeLimit:
         raise Fault("timeout", f"{name} ran past the time limit of {limit:g} s (an endless loop?) and was stopped") from None
     except KeyboardInterrupt:
@@ -89,6 +82,20 @@ def call(fn, args: tuple, limit: float = DEFAULT_LIMIT_S, name: str = "your func
     except Exception as e:
         msg = " ".join(str(e).split())[:200]
         raise Fault("raised", f"{name} raised {type(e).__name__}{_where(e, fn)}" + (f": {msg}" if msg else "")) from None
+
+
+def _call(fn, args, limit):
+    if _can_alarm():
+        old = signal.signal(signal.SIGALRM, _alarm)
+        prev = signal.setitimer(signal.ITIMER_REAL, limit)
+        try:
+            return fn(*args)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, old)
+            if prev[0]:                         # someone else's timer: give back what was left of it
+                signal.setitimer(signal.ITIMER_REAL, prev[0], prev[1])
+    return _traced(fn, args, limit)
 
 
 def _traced(fn, args, limit):

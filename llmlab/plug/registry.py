@@ -128,7 +128,7 @@ def _load() -> None:
             importlib.import_module(m)
 
 
-def slots() -> list[Slot]:
+def list_slots() -> list[Slot]:
     """Every slot, in notebook order."""
     _load()
     return sorted(_SLOTS.values(), key=lambda s: (s.notebook, list(_SLOTS).index(s.name)))
@@ -138,5 +138,5 @@ def get_slot(name: str) -> Slot:
     _load()
     if name not in _SLOTS:
         from .. import LLMLabError
-        raise LLMLabError(f"no slot named {name!r}; the slots are: {', '.join(s.name for s in slots())}")
+        raise LLMLabError(f"no slot named {name!r}; the slots are: {', '.join(s.name for s in list_slots())}")
     return _SLOTS[name]

@@ -544,8 +544,8 @@ mine = nb.plug(**{k: v for k, v in your_engine.items() if k != "sample_filter"} 
 mine
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
-from llmlab import plug as slots
-your_engine = {s.name: "reference" for s in slots.slots() if "smollm2" in s.models and not s.sampling}
+from llmlab import plug
+your_engine = {s.name: "reference" for s in plug.list_slots() if "smollm2" in s.models and not s.sampling}
 mine = nb.plug(**your_engine)
 mine
 
