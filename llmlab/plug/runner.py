@@ -104,6 +104,7 @@ class PlugReport:
     step: int | None = None      # the decode step the node diff is of
     layers: list[NodeDelta] = field(default_factory=list)
     engine_error: str | None = None
+    llama_cpp_first: str | None = None   # with the live llama.cpp: the first node differing from its own ("": none)
 
     @property
     def ok(self) -> bool:
@@ -114,7 +115,8 @@ class PlugReport:
                 "sampling": self.sampling, "prompt_ids": self.prompt_ids, "ids": self.ids, "text": self.text,
                 "exact_ids": self.exact_ids, "exact_text": self.exact_text,
                 "llama_cpp": {"compared_with": self.compared_with, "ids": self.reference_ids,
-                              "n_equal": self.n_equal, "n_compared": self.n_compared},
+                              "n_equal": self.n_equal, "n_compared": self.n_compared,
+                              "first_node": self.llama_cpp_first},
                 "slots": [s.to_json() for s in self.slots],
                 "first_node": None if self.first_node is None else {**self.first_node.to_json(), "step": self.step},
                 "layers": [d.to_json() for d in self.layers], "engine_error": self.engine_error,
@@ -139,6 +141,9 @@ class PlugReport:
         if self.layers:
             lines.append("difference through the layers (l_out, max |diff|): "
                          + ", ".join(f"{d.layer}: {d.max_abs_diff:.2g}" for d in self.layers))
+        if self.llama_cpp_first is not None:
+            lines.append(f"node by node against the live llama.cpp (the prompt): first node that differs: "
+                         f"{self.llama_cpp_first or 'none (bit-identical)'}")
         if self.engine_error:
             lines.append(f"engine stopped: {self.engine_error}")
         return "\n".join(lines)
@@ -430,9 +435,28 @@ def run(model: str = "smollm2", prompt: str = "The history of the printing press
         if first_node is None:
             layers = []
 
+    llama_first = None
+    if oracle and step == 0 and 0 in mine.captures and params is None and prompt_ids == exact.prompt_ids:
+        llama_first = _llama_cpp_first(path, prompt_ids, mine.captures[0], cpu)
     results = [_result(p, engine_error, mine, same_tokens) for p in probes]
     return PlugReport(model, prompt, n, cpu.name, prompt_ids, ids, text, exact.ids, exact.text, whose, ref_ids[:n_cmp],
-                      n_eq, n_cmp, sampling, results, first_node, step, layers, engine_error)
+                      n_eq, n_cmp, sampling, results, first_node, step, layers, engine_error, llama_first)
+
+
+def _llama_cpp_first(path, ids, nodes, cpu):
+    """With the live llama.cpp (of this profile): the first node of the plugged prompt's graph whose values
+    differ from llama.cpp's own, through diff-llama-cpp's machinery (``llmlab.llamacpp``); else None."""
+    from .. import llamacpp
+    if not llamacpp.available():
+        return None
+    try:
+        from ..ggml.cpu import profiles
+        if profiles.resolve("auto").name != cpu.name:
+            return None
+        rep = llamacpp.diff(nodes, llamacpp.capture(path, ids, output="last"))
+        return rep.first_inexact or ""
+    except Exception:
+        return None
 
 
 @contextlib.contextmanager
