@@ -539,8 +539,8 @@ nb.plug(sample_filter=my_sample_filter)
 # the exercise above runs in a sampled generation of its own; this one is greedy.)
 
 # %%
-your_engine = {"sample_filter": my_sample_filter}     # add yours: {"rms_norm": my_rms_norm, ...}
-mine = nb.plug(**{k: v for k, v in your_engine.items() if k != "sample_filter"} or {"rms_norm": "skeleton"})
+your_engine = {"rms_norm": "skeleton"}     # put yours here: {"rms_norm": my_rms_norm, "rope": my_rope, ...}
+mine = nb.plug(**your_engine)
 mine
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
