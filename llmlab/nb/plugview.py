@@ -49,6 +49,10 @@ class Plug:
             return (f"no answer yet: {', '.join(s.slot for s in skeleton)} is not written yet (the skeleton raises "
                     f"NotImplementedError); write its body, then run the cell again")
         tok = f"tokens equal to {r.compared_with}: {r.n_equal}/{r.n_compared}"
+        idle = [s.slot for s in r.slots if s.status == "bit-identical" and s.calls == 0]
+        if idle:
+            return (f"not yet: the engine never called {', '.join(idle)} on {self.model} with this prompt: plug it "
+                    f"where the model uses it (python -m llmlab plug --list shows each slot's models)")
         if r.ok:
             calls = sum(s.calls for s in r.slots)
             return f"correct: {', '.join(s.slot for s in r.slots)} bit-identical in {calls} calls; {tok}"

@@ -33,6 +33,7 @@ SLOT_MODULES = (
     "llmlab.plug.slots.s04_kv_cache",
     "llmlab.plug.slots.s05_quant",
     "llmlab.plug.slots.s06_graph",
+    "llmlab.plug.slots.s07_mmvq",
     "llmlab.plug.slots.s08_sampling",
 )
 
@@ -66,6 +67,8 @@ class Slot:
     hint_close: str = "the values agree to the last bits only: the same arithmetic in another order or precision"
     hint_different: str = "the values differ from the engine's at the first call"
     sampling: bool = False       # the slot works inside a sampled (not greedy) generation
+    shadow: bool = False         # the slot's values run beside the engine's (they cannot change the text): its
+                                 # status is close or different by the size of the departure (relative 1e-3)
     func_name: str = ""          # the function's name in a learner's file (default: the slot's name)
 
     @property

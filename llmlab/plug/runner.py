@@ -326,6 +326,13 @@ def _live_greedy(path, prompt_ids, n, cpu) -> list[int] | None:
 
 # ---- the run ---------------------------------------------------------------------------------
 
+def _relative(dep) -> float:
+    """The first departure's max |diff| relative to the engine's largest magnitude there."""
+    e = np.asarray(dep.engine, np.float64)
+    scale = float(np.abs(e[np.isfinite(e)]).max()) if e.size and np.isfinite(e).any() else 0.0
+    return dep.max_diff / scale if scale > 0 else (0.0 if dep.max_diff == 0 else math.inf)
+
+
 def _result(p: Probe, engine_error, mine, same_tokens: bool) -> SlotResult:
     if p.fault is not None:
         status, err = "error", str(p.fault)
@@ -335,6 +342,8 @@ def _result(p: Probe, engine_error, mine, same_tokens: bool) -> SlotResult:
         status, err = "error", "the run did not finish (another slot stopped it)"
     elif p.first is None:
         status, err = "bit-identical", None
+    elif p.slot.shadow:
+        status, err = ("close" if _relative(p.first) <= 1e-3 else "different"), None
     else:
         status, err = ("close" if same_tokens else "different"), None
     where = p.fault_where if p.fault is not None else (p.first.where if p.first is not None else None)
