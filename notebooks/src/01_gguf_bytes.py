@@ -392,7 +392,7 @@ def my_read_value(buf, pos, vtype):
     raise NotImplementedError("your code here")
 
 
-nb.plug(read_value=my_read_value)
+nb.check_plug(read_value=my_read_value)
 
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
@@ -414,4 +414,4 @@ def my_read_value(buf, pos, vtype):
     return v, pos + struct.calcsize(fmt)
 
 
-nb.plug(read_value=my_read_value)
+nb.check_plug(read_value=my_read_value)

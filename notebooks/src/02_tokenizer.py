@@ -413,7 +413,7 @@ def my_bpe_merge(symbols, ranks):
     raise NotImplementedError("your code here")
 
 
-nb.plug(bpe_merge=my_bpe_merge)
+nb.check_plug(bpe_merge=my_bpe_merge)
 
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
@@ -433,4 +433,4 @@ def my_bpe_merge(symbols, ranks):
     return sym
 
 
-nb.plug(bpe_merge=my_bpe_merge)
+nb.check_plug(bpe_merge=my_bpe_merge)

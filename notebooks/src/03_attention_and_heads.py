@@ -1097,7 +1097,7 @@ def my_rms_norm(x, eps):
     raise NotImplementedError("your code here")
 
 
-nb.plug(rms_norm=my_rms_norm)
+nb.check_plug(rms_norm=my_rms_norm)
 
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
@@ -1116,4 +1116,4 @@ def my_rms_norm(x, eps):
     return x * scale[:, None]
 
 
-nb.plug(rms_norm=my_rms_norm)
+nb.check_plug(rms_norm=my_rms_norm)

@@ -486,7 +486,7 @@ def my_find_slot(free, head, used, n_tokens):
     raise NotImplementedError("your code here")
 
 
-nb.plug(find_slot=my_find_slot)
+nb.check_plug(find_slot=my_find_slot)
 
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
@@ -509,4 +509,4 @@ def my_find_slot(free, head, used, n_tokens):
     return None
 
 
-nb.plug(find_slot=my_find_slot)
+nb.check_plug(find_slot=my_find_slot)

@@ -555,7 +555,7 @@ def my_dequantize_q8_0(blocks):
     raise NotImplementedError("your code here")
 
 
-nb.plug(dequantize_q8_0=my_dequantize_q8_0)
+nb.check_plug(dequantize_q8_0=my_dequantize_q8_0)
 
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
@@ -572,4 +572,4 @@ def my_dequantize_q8_0(blocks):
     return d * q
 
 
-nb.plug(dequantize_q8_0=my_dequantize_q8_0)
+nb.check_plug(dequantize_q8_0=my_dequantize_q8_0)

@@ -794,7 +794,7 @@ def my_choose_block(holes, size):
     raise NotImplementedError("your code here")
 
 
-nb.plug(choose_block=my_choose_block)
+nb.check_plug(choose_block=my_choose_block)
 
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
@@ -808,4 +808,4 @@ def my_choose_block(holes, size):
     return best
 
 
-nb.plug(choose_block=my_choose_block)
+nb.check_plug(choose_block=my_choose_block)

@@ -778,7 +778,7 @@ def my_vec_dot_q4_1_q8_1_impl(v, u, dm4, ds8, fast_fp16):
     raise NotImplementedError("your code here")
 
 
-nb.plug(vec_dot_q4_1_q8_1_impl=my_vec_dot_q4_1_q8_1_impl)
+nb.check_plug(vec_dot_q4_1_q8_1_impl=my_vec_dot_q4_1_q8_1_impl)
 
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
@@ -809,4 +809,4 @@ def my_vec_dot_q4_1_q8_1_impl(v, u, dm4, ds8, fast_fp16):
     return (np.asarray(sumi).astype(F32) * d4d8 + m4s8 / F32(QI8_1 // (VDR * QR4_1))).astype(F32)
 
 
-nb.plug(vec_dot_q4_1_q8_1_impl=my_vec_dot_q4_1_q8_1_impl)
+nb.check_plug(vec_dot_q4_1_q8_1_impl=my_vec_dot_q4_1_q8_1_impl)

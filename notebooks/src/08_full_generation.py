@@ -487,7 +487,7 @@ def my_sample_filter(ids, logits, top_k, top_p, min_p, temp):
     raise NotImplementedError("your code here")
 
 
-nb.plug(sample_filter=my_sample_filter)
+nb.check_plug(sample_filter=my_sample_filter)
 
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
@@ -524,7 +524,7 @@ def my_sample_filter(ids, logits, top_k, top_p, min_p, temp):
     return ids, logits / F32(temp)
 
 
-nb.plug(sample_filter=my_sample_filter)
+nb.check_plug(sample_filter=my_sample_filter)
 
 
 # %% [markdown]
@@ -541,13 +541,13 @@ nb.plug(sample_filter=my_sample_filter)
 # %%
 your_engine = {"rms_norm": "skeleton"}     # put yours here: {"rms_norm": my_rms_norm, "rope": my_rope, ...}
 mine = nb.plug(**your_engine)
-mine
+nb.check_plug(mine)
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
 from llmlab import plug
 your_engine = {s.name: "reference" for s in plug.list_slots() if "smollm2" in s.models and not s.sampling}
 mine = nb.plug(**your_engine)
-mine
+nb.check_plug(mine)
 
 # %%
 print(f"text: {mine.report.text!r}")
