@@ -331,3 +331,25 @@ def test_rms_norm_subtracting_the_mean_on_smollm2():
     r = runner.run("smollm2", _ref_prompt("smollm2"), 2, {"rms_norm": m.fn}, oracle=False)
     (res,) = r.slots
     assert res.first.name == "norm-0" and res.hint.startswith("the first difference is at norm-0")
+
+
+# ---- in a notebook ---------------------------------------------------------------------------------
+
+def test_nb_plug_shows_one_verdict_line_and_restores_the_engine(tiny):
+    from llmlab import nb
+    kw = dict(model=tiny["llama"], prompt=PROMPT, n=2)
+    assert nb.check_plug(rms_norm="reference", **kw).verdict().startswith("correct: rms_norm bit-identical")
+    assert nb.plug(rms_norm="skeleton", **kw).verdict().startswith("no answer yet: rms_norm is not written yet")
+    mean = next(m for m in get_slot("rms_norm").mistakes if m.name == "subtracts the mean")
+    p = nb.plug(rms_norm=mean.fn, **kw)
+    v = p.verdict()
+    assert v.startswith("not yet: rms_norm") and " at norm-0 (RMS_NORM, layer 0" in v and "subtracts no mean" in v
+    assert nb.check_plug(p) is p and p.figure() is not None
+    idle = nb.plug(vec_dot_q4_1_q8_1="reference", **kw).verdict()     # q8_0 weights: the slot is never called
+    assert idle.startswith("not yet: the engine never called vec_dot_q4_1_q8_1")
+    before = _engine_pieces()
+    with pytest.raises(RuntimeError, match="inside the block"):
+        with nb.plug(rms_norm="reference", softmax="reference") as probes:
+            assert set(probes) == {"rms_norm", "softmax"} and _engine_pieces() != before
+            raise RuntimeError("an error inside the block")
+    assert _engine_pieces() == before
