@@ -536,7 +536,8 @@ nb.check_plug(sample_filter=my_sample_filter)
 # you wrote into `your_engine` (paste them into this notebook, or import them from a file of yours) and run them
 # all at once: SmolLM2 then tokenizes, loads, places, computes and allocates with your code wherever you gave
 # some, and the table says, slot by slot, whether your engine is still llama.cpp bit for bit. (Your sampler from
-# the exercise above runs in a sampled generation of its own; this one is greedy.)
+# the exercise above runs in a sampled generation of its own, and notebook 07's CUDA thread in a simulated launch
+# of its own; this run is greedy, on the CPU.)
 
 # %%
 your_engine = {"rms_norm": "skeleton"}     # put yours here: {"rms_norm": my_rms_norm, "rope": my_rope, ...}
@@ -545,7 +546,8 @@ nb.check_plug(mine)
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
 from llmlab import plug
-your_engine = {s.name: "reference" for s in plug.list_slots() if "smollm2" in s.models and not s.sampling}
+your_engine = {s.name: "reference" for s in plug.list_slots()
+               if "smollm2" in s.models and not s.sampling and not s.shadow}
 mine = nb.plug(**your_engine)
 nb.check_plug(mine)
 
