@@ -35,6 +35,7 @@ class FreeList:
     def __init__(self):
         self.blocks: list[list[int]] = [[0, -1]]      # size -1: the end, unbounded
         self.max_size = 0
+        self.node: Tensor | None = None                # the node asking (named in a learner's plug report)
 
     def alloc(self, size: int) -> int:
         best = None
@@ -94,6 +95,7 @@ def reserve(nodes: list[Tensor], owns: Callable[[Tensor], bool] | None = None) -
         own = 0
         if owns(n):
             own = out.sizes[id(n)] = _aligned(n.nbytes())
+            free.node = n
             out.offsets[id(n)] = free.alloc(own)
             live += own
             end = last_use.get(id(n))

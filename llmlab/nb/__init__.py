@@ -276,3 +276,21 @@ def setup(models=("smollm2",), threads: int | None = None, warm: bool = False, q
     if warm:
         warm_kernels(next(iter(models), "smollm2"))
     return paths
+
+
+def plug(*args, **kw):
+    """Your own functions inside the engine on the real model (``llmlab.nb.plug``): ``nb.plug(rms_norm=f)``
+    shows one verdict line and where the difference starts; ``with nb.plug(rms_norm=f): ...`` plugs it in."""
+    from .plugview import plug as _plug
+    return _plug(*args, **kw)
+
+
+def check_plug(*plugged, **kw):
+    """``plug`` named as the exercises' checkers are (a "Build it" cell ends with it): ``nb.check_plug(rms_norm=f)``
+    runs and shows the verdict; ``nb.check_plug(p)`` shows an existing ``nb.plug`` run's."""
+    from .plugview import Plug, plug as _plug
+    if plugged:
+        if len(plugged) != 1 or not isinstance(plugged[0], Plug) or kw:
+            raise TypeError("check_plug takes slot=function arguments, or one nb.plug(...) result")
+        return plugged[0]
+    return _plug(**kw)

@@ -371,3 +371,47 @@ ex.check_tensor_file_offset(path, "output_norm.weight", f.data_offset + f.tensor
 
 # %% [markdown]
 # Next, **02 · tokenizer**: the vocabulary we just saw in `tokenizer.ggml.tokens` turns text into ids.
+
+
+# %% [markdown]
+# ## Build it: decode a metadata value yourself
+#
+# So far you have read GGUF bytes with llmlab's reader. Now the reader uses **your** decoder: write
+# `my_read_value(buf, pos, vtype)`, which decodes one scalar or string value of GGUF type `vtype` (the codes of
+# section 3: 4 is UINT32, 6 FLOAT32, 7 BOOL, 8 STRING, ...) starting at byte `pos` of the file, and returns the
+# value and the position after it. `nb.plug` then loads SmolLM2 with it (every scalar and string of the metadata
+# goes through your function: the architecture, the hyperparameters, the tokenizer's settings), generates a few
+# tokens, and compares every value you decode with the reader's and the text with llama.cpp's. The verdict
+# names the first key you decode differently and what that mistake usually is. `struct.unpack_from` is
+# your friend.
+
+# %%
+def my_read_value(buf, pos, vtype):
+    # buf: the file's bytes; pos: where the value starts; vtype: its GGUF type code (0..12, not 9)
+    # -> (value, position after it)
+    raise NotImplementedError("your code here")
+
+
+nb.check_plug(read_value=my_read_value)
+
+
+# %% jupyter={"source_hidden": true} tags=["solution"]
+import struct
+
+FORMATS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+STRING = 8
+
+
+def my_read_value(buf, pos, vtype):
+    """One value of GGUF type ``vtype`` at ``buf[pos:]``: scalars little-endian; a string is a uint64
+    length then that many UTF-8 bytes. -> (value, the position after it)."""
+    if vtype == STRING:
+        (n,) = struct.unpack_from("<Q", buf, pos)
+        pos += 8
+        return bytes(buf[pos:pos + n]).decode("utf-8"), pos + n
+    fmt = FORMATS[vtype]
+    (v,) = struct.unpack_from(fmt, buf, pos)
+    return v, pos + struct.calcsize(fmt)
+
+
+nb.check_plug(read_value=my_read_value)

@@ -394,3 +394,43 @@ ex.check_unigram("bun", ["▁b", "un"])
 
 # %% [markdown]
 # Next, **03 · attention and heads**: the ids become vectors, and the vectors look at each other.
+
+
+# %% [markdown]
+# ## Build it: the BPE merge loop
+#
+# Write the heart of the byte-level BPE tokenizer yourself: `my_bpe_merge(symbols, ranks)` gets one
+# pre-tokenized word as its byte symbols (`['Ġ', 'h', 'i', 's', 't', 'o', 'r', 'y']`) and the merge ranks
+# (`ranks["Ġ h"]` is the rank of merging `Ġ` with `h`; lower ranks merge first), and returns the final symbols.
+# `nb.plug` makes SmolLM2's tokenizer call your function for every word of the prompt, then runs the model on
+# the ids it gets and compares them, and the text, with llama.cpp's. The verdict names the first word you
+# merge differently.
+
+# %%
+def my_bpe_merge(symbols, ranks):
+    # symbols: list of str (one per byte of the word); ranks: dict "left right" -> rank
+    # -> the merged symbols, list of str
+    raise NotImplementedError("your code here")
+
+
+nb.check_plug(bpe_merge=my_bpe_merge)
+
+
+# %% jupyter={"source_hidden": true} tags=["solution"]
+def my_bpe_merge(symbols, ranks):
+    """Merge the adjacent pair with the lowest rank (the leftmost of equal ones), again and again,
+    until no adjacent pair is in ``ranks``."""
+    sym = list(symbols)
+    while len(sym) > 1:
+        best, at = None, -1
+        for i in range(len(sym) - 1):
+            r = ranks.get(sym[i] + " " + sym[i + 1])
+            if r is not None and (best is None or r < best):
+                best, at = r, i
+        if best is None:
+            break
+        sym[at:at + 2] = [sym[at] + sym[at + 1]]
+    return sym
+
+
+nb.check_plug(bpe_merge=my_bpe_merge)

@@ -1154,3 +1154,46 @@ assert sum(r[2] for r in changes) > 0
 # So "bit-identical to llama.cpp" is a statement about one CPU. `llmlab` picks the profile of the llama.cpp it finds
 # (`python -m llmlab logits --cpu auto`), or the one you name (`--cpu avx2`, `LLMLAB_CPU=avx2`), and on a CPU none
 # reproduces it says so once and runs the nearest.
+
+
+# %% [markdown]
+# ## Build it: your RMSNorm inside the real model
+#
+# Section 3 computed RMSNorm on a few numbers. Now the model runs on **yours**: write `my_rms_norm(x, eps)` for
+# ggml's RMS_NORM node (one row per token, no weight: that is the next MUL node), and `nb.plug` puts it in place
+# of the engine's kernel for all 61 RMS_NORM nodes of SmolLM2 (two per layer and the final one), generates, and
+# diffs it node by node against the unplugged engine, which is bit for bit llama.cpp. `correct` means
+# bit-identical, not just close: ggml squares in float32 and adds the squares one after another in double. If
+# a node departs, the verdict names it and shows how the difference grows through the layers.
+#
+# The same works for the block's other slots (`rope`, `softmax`, `swiglu`, `geglu` for Gemma 3, and one
+# `attention` head): `python -m llmlab plug --list` shows their signatures, and `llmlab.plug.helpers` holds
+# the pieces of ggml's arithmetic that belong to the machine rather than to the algorithm (its vector `expf`,
+# the order of its sums, fused multiply-adds, the f16 GELU table and f16 products).
+
+# %%
+def my_rms_norm(x, eps):
+    # x: float32 (rows, n), eps: float -> float32 (rows, n): each row divided by its root mean square
+    raise NotImplementedError("your code here")
+
+
+nb.check_plug(rms_norm=my_rms_norm)
+
+
+# %% jupyter={"source_hidden": true} tags=["solution"]
+import numpy as np
+
+F32 = np.float32
+
+
+def my_rms_norm(x, eps):
+    """RMS_NORM (no weight: that is the next MUL node): x / sqrt(mean(x²) + eps), row by row.
+    ggml squares in float and adds the squares one after another in double (ggml_float)."""
+    sq = (x * x).astype(np.float64)
+    total = np.cumsum(sq, axis=-1)[:, -1]
+    mean = (total / x.shape[-1]).astype(F32)
+    scale = F32(1.0) / np.sqrt(mean + F32(eps))
+    return x * scale[:, None]
+
+
+nb.check_plug(rms_norm=my_rms_norm)

@@ -471,3 +471,45 @@ ex.check_context_shift(16, 4, dropped, next_pos)
 # %% jupyter={"source_hidden": true} tags=["solution"]
 dropped = (16 - 4) // 2             # half of what is not kept
 ex.check_context_shift(16, 4, dropped, 16 - dropped)
+
+
+# %% [markdown]
+# ## Build it: find_slot for the real cache
+#
+# Write `my_find_slot(free, head, used, n_tokens)`: `free[i]` says whether cell `i` can take a token (empty, or
+# out of a sliding window), `head` is where the ring's search starts, `used` how many cells hold tokens. Return
+# the `n_tokens` cells the micro-batch goes to, walking the ring from the head as section 4 showed (and from 0
+# when many cells before the head are free), or `None` when the cache is full. `nb.plug` makes SmolLM2's cache
+# ask your function before the prompt and before every new token; the K and V rows go where you say.
+
+# %%
+def my_find_slot(free, head, used, n_tokens):
+    # free: bool[size] (True: the cell can take a token); head: int; used: int; n_tokens: int
+    # -> list of n_tokens cell indices, or None when the cache is full
+    raise NotImplementedError("your code here")
+
+
+nb.check_plug(find_slot=my_find_slot)
+
+
+# %% jupyter={"source_hidden": true} tags=["solution"]
+def my_find_slot(free, head, used, n_tokens):
+    """Walk the ring of cells from ``head`` (from 0 when many cells before the head are free:
+    head > used + 2 * n_tokens), wrapping at the end, and take the first ``n_tokens`` free cells.
+    None when one full turn finds too few."""
+    size = len(free)
+    if n_tokens > size:
+        return None
+    if head > used + 2 * n_tokens:
+        head = 0
+    cells = []
+    for k in range(size):
+        i = (head + k) % size
+        if free[i]:
+            cells.append(i)
+            if len(cells) == n_tokens:
+                return cells
+    return None
+
+
+nb.check_plug(find_slot=my_find_slot)

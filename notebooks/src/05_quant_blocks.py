@@ -536,3 +536,40 @@ ex.check_q8_0_decode(raw8, d * qs)
 
 # %%
 smol.close(); gemma.close()
+
+
+# %% [markdown]
+# ## Build it: dequantize the token embedding
+#
+# Both models store their token embedding as q8_0, so the first node of every forward pass (GET_ROWS of
+# `token_embd`) dequantizes q8_0 blocks. Write `my_dequantize_q8_0(blocks)`: `blocks` is `uint8` of shape
+# `(n_blocks, 34)`, each a `block_q8_0` (section 2), and you return the 32 floats of each block. `nb.plug` puts
+# it into SmolLM2's GET_ROWS for every prompt token and every generated one.
+#
+# The other slot of this notebook is harder: `vec_dot_q4_1_q8_1(w, a)`, the q4_1 x q8_1 block dot product that
+# all of SmolLM2's matmuls run (`python -m llmlab plug --list`).
+
+# %%
+def my_dequantize_q8_0(blocks):
+    # blocks: uint8 (n_blocks, 34) -> float32 (n_blocks, 32)
+    raise NotImplementedError("your code here")
+
+
+nb.check_plug(dequantize_q8_0=my_dequantize_q8_0)
+
+
+# %% jupyter={"source_hidden": true} tags=["solution"]
+import numpy as np
+
+F32 = np.float32
+
+
+def my_dequantize_q8_0(blocks):
+    """blocks: uint8 (n, 34): bytes 0-1 the scale d (f16, little-endian), bytes 2-33 the codes
+    (int8). Value i of a block is d * q[i]."""
+    d = blocks[:, 0:2].copy().view(np.float16).astype(F32)     # (n, 1)
+    q = blocks[:, 2:34].view(np.int8).astype(F32)              # (n, 32)
+    return d * q
+
+
+nb.check_plug(dequantize_q8_0=my_dequantize_q8_0)

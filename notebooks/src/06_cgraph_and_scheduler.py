@@ -968,3 +968,34 @@ my_spec = replace(get_arch("qwen2"), name="qwen3", builder=MyQwen3,
                   layer_tensors=S.LAYER_TENSORS + tuple(t.not_required() for t in (S.ATTN_Q_B, S.ATTN_K_B, S.ATTN_V_B))
                   + (S.ATTN_K_NORM, S.ATTN_Q_NORM))
 ex.check_added_arch(my_spec, q3_path, get_arch("qwen3"))
+
+# %% [markdown]
+# ## Build it: the allocator's choice
+#
+# When a graph's plan is made, the allocator walks the nodes in order and gives each its bytes from one arena
+# (section on memory). Write `my_choose_block(holes, size)`: `holes` are the free blocks `(offset, size)` before
+# the arena's open end, and you return the index of the hole the next node's `size` bytes go to, or `None` for
+# the open end. ggml-alloc takes the best fit. Here the values never change as long as blocks do not overlap, so
+# `close` means: a placement that works, but not ggml's (a bigger arena).
+
+# %%
+def my_choose_block(holes, size):
+    # holes: list of (offset, size) free blocks; size: bytes needed -> index of the hole, or None (the end)
+    raise NotImplementedError("your code here")
+
+
+nb.check_plug(choose_block=my_choose_block)
+
+
+# %% jupyter={"source_hidden": true} tags=["solution"]
+def my_choose_block(holes, size):
+    """holes: [(offset, size)] of the free blocks before the arena's open end, by offset. The
+    best fit: the smallest hole that fits (on a tie the later one); None: take the open end."""
+    best = None
+    for i, (_, s) in enumerate(holes):
+        if s >= size and (best is None or s <= holes[best][1]):
+            best = i
+    return best
+
+
+nb.check_plug(choose_block=my_choose_block)

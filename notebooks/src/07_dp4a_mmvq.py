@@ -761,3 +761,55 @@ display(table(["tensor", "file type", "bytes", "IME type", "bytes", "change"], s
 
 # %%
 smol.close(); gemma.close()
+
+
+# %% [markdown]
+# ## Build it: one thread of the real launch
+#
+# Write one thread's work for a q4_1 weight, as `vecdotq.cuh`'s `vec_dot_q4_1_q8_1_impl` does it:
+# `my_vec_dot_q4_1_q8_1_impl(v, u, dm4, ds8, fast_fp16)`. `v` holds the thread's two 32-bit words of packed
+# nibbles, `u` the four q8_1 words they meet (`u[..., 2i]` pairs with the low nibbles of `v[..., i]`,
+# `u[..., 2i+1]` with the high ones), `dm4` the weight block's `(d, m)` and `ds8` the activation block's
+# `(d, s)`; every argument has the grid's leading axes, so one call plays all threads. Return
+# `sumi * d4*d8 + m4*s8 / 2`, with `sumi` from `dp4a` (`llmlab.plug.helpers.dp4a`) and, on a GPU with fast half
+# math, both products rounded to half. `nb.plug` then simulates the MMVQ launch of every one-token q4_1
+# matmul of SmolLM2 with your thread in it, beside the CPU's product, and compares every thread's value.
+
+# %%
+def my_vec_dot_q4_1_q8_1_impl(v, u, dm4, ds8, fast_fp16):
+    # v: int32[..., 2] packed nibbles; u: int32[..., 4] packed int8; dm4, ds8: float32[..., 2] -> float32[...]
+    raise NotImplementedError("your code here")
+
+
+nb.check_plug(vec_dot_q4_1_q8_1_impl=my_vec_dot_q4_1_q8_1_impl)
+
+
+# %% jupyter={"source_hidden": true} tags=["solution"]
+import numpy as np
+from llmlab.plug import helpers
+
+F32 = np.float32
+VDR, QI8_1, QR4_1 = 2, 8, 2
+
+
+def my_vec_dot_q4_1_q8_1_impl(v, u, dm4, ds8, fast_fp16):
+    """One thread: v int32[..., 2], two words of 8 packed q4_1 nibbles each; u int32[..., 4], the q8_1
+    words they meet (u[2i] the low nibbles' values, u[2i+1] the high ones'); dm4 = (d, m) of the weight
+    block, ds8 = (d, s) of the activation block, float32[..., 2]. dp4a on the packed bytes, then the
+    scales once: sumi * d4*d8 + m4*s8 / 2 (the block's min term, shared by its two threads). With
+    fast_fp16 the two products are rounded to half (__hmul2)."""
+    sumi = 0
+    for i in range(VDR):
+        vi0 = (v[..., i] >> 0) & 0x0F0F0F0F
+        vi1 = (v[..., i] >> 4) & 0x0F0F0F0F
+        sumi = helpers.dp4a(vi0, u[..., 2 * i], sumi)
+        sumi = helpers.dp4a(vi1, u[..., 2 * i + 1], sumi)
+    d4d8 = dm4[..., 0] * ds8[..., 0]
+    m4s8 = dm4[..., 1] * ds8[..., 1]
+    if fast_fp16:
+        d4d8 = d4d8.astype(np.float16).astype(F32)
+        m4s8 = m4s8.astype(np.float16).astype(F32)
+    return (np.asarray(sumi).astype(F32) * d4d8 + m4s8 / F32(QI8_1 // (VDR * QR4_1))).astype(F32)
+
+
+nb.check_plug(vec_dot_q4_1_q8_1_impl=my_vec_dot_q4_1_q8_1_impl)

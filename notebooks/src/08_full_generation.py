@@ -470,3 +470,87 @@ def my_greedy(ctx, prompt_ids, n):
     return out
 
 check_greedy_loop(my_greedy, model, tok, n=3)
+
+
+# %% [markdown]
+# ## Build it: the sampler chain's filters
+#
+# Write `my_sample_filter(ids, logits, top_k, top_p, min_p, temp)`: the candidates after llama.cpp's top-k, top-p,
+# min-p and temperature, in that order (section on the chain): return the ids kept, in order, and their logits
+# divided by the temperature. `nb.plug` runs SmolLM2 with llama.cpp's default chain and a fixed seed, your
+# function in place of those four stages, and compares every step with llama.cpp's chain (which llmlab's
+# reproduces draw for draw).
+
+# %%
+def my_sample_filter(ids, logits, top_k, top_p, min_p, temp):
+    # ids: int32[n], logits: float32[n] (the candidates); -> (ids kept, their logits / temp)
+    raise NotImplementedError("your code here")
+
+
+nb.check_plug(sample_filter=my_sample_filter)
+
+
+# %% jupyter={"source_hidden": true} tags=["solution"]
+import numpy as np
+
+F32 = np.float32
+
+
+def _expf(x):
+    return np.exp(np.asarray(x, np.float64)).astype(np.float32)
+
+
+def _logf(x):
+    return np.float32(np.log(np.float64(x)))
+
+
+def my_sample_filter(ids, logits, top_k, top_p, min_p, temp):
+    """llama.cpp's top-k, then top-p, then min-p, then the temperature.
+    top-k: the k highest logits, highest first, equal ones in id order.
+    top-p: softmax in that order (float32), keep the fewest whose cumulative sum reaches p.
+    min-p: keep the ones with logit >= the first's + log(min_p) (at least one).
+    temperature: divide the logits by it."""
+    order = np.argsort(-logits, kind="stable")[:top_k]
+    ids, logits = ids[order], logits[order]
+    if top_p < 1:
+        e = _expf(logits - logits[0])
+        p = e / np.cumsum(e)[-1]
+        n = int(np.argmax(np.cumsum(p) >= F32(top_p))) + 1 if (np.cumsum(p) >= F32(top_p)).any() else len(p)
+        ids, logits = ids[:n], logits[:n]
+    if min_p > 0:
+        below = np.flatnonzero(logits[1:] < logits[0] + _logf(F32(min_p)))
+        n = int(below[0]) + 1 if len(below) else len(logits)
+        ids, logits = ids[:n], logits[:n]
+    return ids, logits / F32(temp)
+
+
+nb.check_plug(sample_filter=my_sample_filter)
+
+
+# %% [markdown]
+# ## Your engine
+#
+# Every notebook's "Build it" exercise replaced one piece of the engine with your own function: the GGUF
+# decoder (01), the BPE merge loop (02), the block's RMSNorm, RoPE, softmax, SwiGLU and attention head (03),
+# `find_slot` (04), the q8_0 embedding and the q4_1 dot product (05), the allocator's choice (06). Put the ones
+# you wrote into `your_engine` (paste them into this notebook, or import them from a file of yours) and run them
+# all at once: SmolLM2 then tokenizes, loads, places, computes and allocates with your code wherever you gave
+# some, and the table says, slot by slot, whether your engine is still llama.cpp bit for bit. (Your sampler from
+# the exercise above runs in a sampled generation of its own, and notebook 07's CUDA thread in a simulated launch
+# of its own; this run is greedy, on the CPU.)
+
+# %%
+your_engine = {"rms_norm": "skeleton"}     # put yours here: {"rms_norm": my_rms_norm, "rope": my_rope, ...}
+mine = nb.plug(**your_engine)
+nb.check_plug(mine)
+
+# %% jupyter={"source_hidden": true} tags=["solution"]
+from llmlab import plug
+your_engine = {s.name: "reference" for s in plug.list_slots()
+               if "smollm2" in s.models and not s.sampling and not s.shadow}
+mine = nb.plug(**your_engine)
+nb.check_plug(mine)
+
+# %%
+print(f"text: {mine.report.text!r}")
+mine.table()

@@ -1,0 +1,1 @@
+"""The slots, one module per notebook (``llmlab.plug.registry.SLOT_MODULES`` lists them)."""
