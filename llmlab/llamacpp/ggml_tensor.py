@@ -37,8 +37,8 @@ from pathlib import Path
 import numpy as np
 
 from .. import LLMLabError
-from ..ggml.defs import GGML_MAX_DIMS, GGML_MAX_NAME, GGML_MAX_OP_PARAMS, GGML_MAX_SRC
 
+from ..ggml.defs import GGML_MAX_DIMS, GGML_MAX_NAME, GGML_MAX_OP_PARAMS, GGML_MAX_SRC  # ggml.h's limits, one home
 GGML_OBJECT_SIZE = 32   # struct ggml_object: offs, size, next, type + 4 bytes padding
 
 
