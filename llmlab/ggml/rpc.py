@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import LLMLabError, config
-from .defs import GGML_GLU_OP, GGML_MAX_NAME, GGML_MAX_OP_PARAMS, GGML_MAX_SRC, GGML_OP, GGML_OPS, GGML_UNARY_OP
 from .sched.backend import Backend
-from .tensor import Tensor
+from .tensor import GGML_MAX_SRC, Tensor
+from .defs import GGML_GLU_OP, GGML_MAX_NAME, GGML_MAX_OP_PARAMS, GGML_OP, GGML_OPS, GGML_UNARY_OP  # ggml.h: one home
 
 # ---- ggml-rpc.h / ggml.h of the vendored llama.cpp
 RPC_PROTO_MAJOR_VERSION, RPC_PROTO_MINOR_VERSION, RPC_PROTO_PATCH_VERSION = 7, 0, 0
