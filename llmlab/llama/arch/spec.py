@@ -4,7 +4,7 @@ table (``LLM_TENSOR_NAMES``, the ``create_tensor`` calls of ``load_tensors``), i
 random test model.
 
 Each architecture module (``llama.py``, ``gemma3.py``, ``qwen2.py``) ends with one :class:`ArchSpec`;
-``arch/__init__.py`` registers it in one line. ``model.py`` (load_hparams, the tensors) and ``tiny.py`` only read
+``arch/__init__.py`` registers it in one line. ``hparams.py``, ``model.py`` and ``tiny.py`` only read
 specs, so adding an architecture is one new file and one registry line.
 
 The tensors are :class:`TensorSpec` rows built from the shared table below (``ATTN_Q``, ``FFN_UP``,
@@ -100,26 +100,26 @@ class ArchSpec:
     - ``load_hparams(hp, kv)``: its own branch of ``llama_model::load_hparams`` (optional);
     - ``layer_tensors`` / ``model_tensors``: its rows of the tensor table, in load order;
     - ``builder``: its ``llm_build_*`` (an :class:`~llmlab.llama.graph.LLMGraph` subclass);
-    - ``tiny_kv(head_dim, n_vocab, sliding_window)``: the extra ``{arch}.*`` metadata of a tiny test model
-      (key suffix -> int or float); the tiny model's tensors are the required rows;
     - what the teaching views read off its graph (``llmlab.block``, ``llmlab.viz.block``): ``ffn_act``, the gate
       activation its builder passes to ``build_ffn`` (LLM_FFN_SILU / LLM_FFN_GELU); ``residual_mid``, its
       name for the stream after attention's residual add; ``block_steps``, one layer as a diagram:
       ``(node, label, kind)`` in graph order, kind one of norm, attn, ffn, add (a residual addition);
-    - ``chat_template``: the llama.cpp built-in template a file of it without ``tokenizer.chat_template`` uses.
+      ``chat_template``, the llama.cpp built-in template for its files without ``tokenizer.chat_template``;
+    - ``tiny_kv(head_dim, n_vocab, sliding_window)``: the extra ``{arch}.*`` metadata of a tiny test model
+      (key suffix -> int or float); the tiny model's tensors are the required rows.
     """
 
     name: str
     builder: type
     layer_tensors: tuple[TensorSpec, ...]
     model_tensors: tuple[TensorSpec, ...] = MODEL_TENSORS
-    hparams: dict[str, Any] = field(default_factory=dict)
-    load_hparams: Callable[["HParams", dict], None] | None = None
-    tiny_kv: Callable[[int, int, int], dict[str, int | float]] = lambda hd, n_vocab, sliding_window: {}
     ffn_act: str = "silu"
     residual_mid: str = "ffn_inp"
     block_steps: tuple[tuple[str, str, str], ...] = ()
     chat_template: str = "chatml"
+    hparams: dict[str, Any] = field(default_factory=dict)
+    load_hparams: Callable[["HParams", dict], None] | None = None
+    tiny_kv: Callable[[int, int, int], dict[str, int | float]] = lambda hd, n_vocab, sliding_window: {}
 
     @property
     def layer_attrs(self) -> tuple[str, ...]:
