@@ -2,11 +2,9 @@
 from __future__ import annotations
 
 import struct
-from itertools import islice
 
 import pytest
 
-from llmlab.generate import greedy
 from llmlab.ggml import rpc, rpc_backend, rpc_lab
 from llmlab.llama import Context, Model
 from llmlab.nb import exercises as ex
@@ -57,6 +55,9 @@ def test_start_serve_and_stop(rpc_bin):
 def test_traffic_tables_and_tokens_through_two_servers(rpc_bin, smollm2_path):
     """What notebook 06 shows: same greedy tokens, server CPU grew, weights once, the SET_TENSOR of one row
     of activations is the exercise's size, round trips per token are the GET_TENSORs."""
+    from itertools import islice
+
+    from llmlab.generate import greedy
     model = Model(smollm2_path)
     servers = rpc_lab.start(2, rpc_bin)
     try:

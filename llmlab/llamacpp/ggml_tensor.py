@@ -38,7 +38,6 @@ import numpy as np
 
 from .. import LLAMA_CPP_PYTHON, LLMLabError
 from ..ggml.defs import GGML_MAX_DIMS, GGML_MAX_NAME, GGML_MAX_OP_PARAMS, GGML_MAX_SRC
-
 GGML_OBJECT_SIZE = 32   # struct ggml_object: offs, size, next, type + 4 bytes padding
 
 

@@ -127,23 +127,21 @@ class ArchSpec:
     - ``load_hparams(hp, kv)``: its own branch of ``llama_model::load_hparams`` (optional);
     - ``layer_tensors`` / ``model_tensors``: its rows of the tensor table, in load order;
     - ``builder``: its ``llm_build_*`` (an :class:`~llmlab.llama.graph.LLMGraph` subclass);
-    - ``tiny_kv(head_dim, n_vocab, sliding_window)``: the extra ``{arch}.*`` metadata of a tiny test model
-      (key suffix -> int or float); the tiny model's tensors are the required rows;
     - what the teaching views read off its graph (``llmlab.block``, ``llmlab.viz.block``): ``ffn_act``, the gate
       activation its builder passes to ``build_ffn`` (LLM_FFN_SILU / LLM_FFN_GELU); ``residual_mid``, its
       name for the stream after attention's residual add; ``block_steps``, one layer as a diagram:
       ``(node, label, kind)`` in graph order, kind one of norm, attn, ffn, add (a residual addition);
-    - ``chat_template``: the llama.cpp built-in template a file of it without ``tokenizer.chat_template`` uses.
-    - ``make_memory``: the architecture's own memory (deepseek2's K-only MLA cache), else the KV cache.
+      ``chat_template``, the llama.cpp built-in template for its files without ``tokenizer.chat_template``;
+    - ``make_memory``: the architecture's own memory (deepseek2's K-only MLA cache), else the KV cache;
+    - ``tiny_kv(head_dim, n_vocab, sliding_window)``: the extra ``{arch}.*`` metadata of a tiny test model
+      (key suffix -> int or float); the tiny model's tensors are the required rows; ``tiny_shapes``, the
+      shapes of tiny models the comparisons with llama.cpp draw from.
     """
 
     name: str
     builder: type
     layer_tensors: tuple[TensorSpec, ...]
     model_tensors: tuple[TensorSpec, ...] = MODEL_TENSORS
-    hparams: dict[str, Any] = field(default_factory=dict)
-    load_hparams: Callable[["HParams", dict], None] | None = None
-    tiny_kv: Callable[[int, int, int], dict[str, int | float]] = lambda hd, n_vocab, sliding_window: {}
     ffn_act: str = "silu"
     residual_mid: str = "ffn_inp"
     block_steps: tuple[tuple[str, str, str], ...] = ()
@@ -154,6 +152,9 @@ class ArchSpec:
     # shapes of tiny random models (write_tiny's keyword arguments) that tiny_zoo draws for the comparisons
     # with llama.cpp: what makes the architecture itself (odd heads, MQA, experts used, the low-rank paths)
     tiny_shapes: tuple[dict, ...] = ()
+    hparams: dict[str, Any] = field(default_factory=dict)
+    load_hparams: Callable[["HParams", dict], None] | None = None
+    tiny_kv: Callable[[int, int, int], dict[str, int | float]] = lambda hd, n_vocab, sliding_window: {}
 
     @property
     def layer_attrs(self) -> tuple[str, ...]:
