@@ -302,16 +302,20 @@ def test_handout(tmp_path, capsys):
 
 
 def test_graph_carries_its_full_picture():
-    """The full-size picture is in the output itself (a link to a file outside the folder JupyterLab
-    serves would be a 404), fitted above it and at its own size in a section that opens on a click."""
+    """The picture is in the output itself (a link to a file outside the folder JupyterLab serves
+    would be a 404), stored once: fitted to the page, and at its own size through a style scoped to
+    this output when the line below it is opened."""
     from llmlab.ggml.dot import has_dot
     if not has_dot():
         pytest.skip("Graphviz's dot is not installed")
     html = nb.graph("digraph { a -> b; b -> c; }", "full-picture-test", folder="test").data
-    assert "href" not in html and html.count("<svg") == 2
-    fitted, full = html.split("<details>")
-    assert '<svg width="100%"' in fitted and re.search(r'<svg width="[\d.]+pt"', full)
-    assert "</details>" in full and "full picture" in full
+    assert "href" not in html and html.count("<svg") == 1
+    assert "full picture" in html and "</details>" in html
+    w = re.search(r"click for the full picture \((\d+) x \d+ px\)", html).group(1)
+    assert f'<svg width="{w}px" style="max-width:100%;height:auto"' in html
+    style = re.search(r"<style>(.*?)</style>", html).group(1)
+    assert "#llmlab-g-full-picture-test details[open] ~ div svg{max-width:none" in style
+    assert html.index("<details>") < html.index("<svg")         # CSS reaches only later siblings
     assert (nb.build_dir("test") / "full-picture-test.svg").is_file()
 
 
