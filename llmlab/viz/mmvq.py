@@ -97,11 +97,21 @@ def types_table(ncols: int = 4096) -> HTML:
                   "blocks_per_iter (4 warps)", "vec_dot here"], rows)
 
 
+def arch_label(arch: str) -> str:
+    """An arch's name with its compute capability, as ggml-cuda compares it: "blackwell" is ggml's
+    ``GGML_CUDA_CC_BLACKWELL`` = 1200, the RTX 50 cards, not the B200 (cc 1000, no table of its own)."""
+    a = cs.launch.arch_of(arch)
+    gpus = {"generic": "A100, RTX 30; B200 too", "blackwell": "RTX 50", "hopper": "H100, H200", "ada": "RTX 40",
+            "volta": "V100", "turing": "RTX 20, T4", "gb10": "DGX Spark", "orin": "Jetson Orin"}.get(a.name)
+    return f"{arch} ({gpus}, cc {a.cc})" if gpus else f"{arch} (cc {a.cc})"
+
+
 def dispatch_table(archs=("generic", "volta", "ada", "blackwell", "gb10", "orin")) -> HTML:
     """Largest ncols_dst that still goes to MMVQ, per arch and type (``ggml_cuda_should_use_mmvq``)."""
     names = list(cs.CUDA_TYPES)
-    rows = [[a] + [max(n for n in range(1, 9) if cs.should_use_mmvq(t, n, a) or n == 1) for t in names] for a in archs]
-    return table(["arch"] + [cs.CUDA_TYPES[t].name for t in names], rows)
+    rows = [[arch_label(a)] + [max(n for n in range(1, 9) if cs.should_use_mmvq(t, n, a) or n == 1) for t in names]
+            for a in archs]
+    return table(["arch (GPUs, compute capability)"] + [cs.CUDA_TYPES[t].name for t in names], rows)
 
 
 # ---------------------------------------------------------------- reduction
@@ -180,10 +190,15 @@ def plot_cuda_hierarchy(nwarps: int = 4, nblocks: int = 6, lanes_shown: int = 32
 
 
 def coalescing_patterns(block_bytes: int = 144) -> dict[str, np.ndarray]:
-    """Byte addresses that 32 lanes load with one 4-byte instruction, for three access patterns."""
+    """Byte addresses that 32 lanes load with one 4-byte instruction, for three access patterns. MMVQ's
+    is ``vec_dot_q4_K_q8_1``'s first load (vecdotq.cuh: ``q4 = qs + 16*bq8_offset + 4*((iqs/2)%4)``,
+    ``v[0] = q4[0]``) with ``iqs = 2t`` for lane ``t`` of the 16 on a super-block: ``qs`` (16 bytes into
+    the block) + ``32*(t/4) + 4*(t%4)``; its second load, ``q4[4]``, is the 16 bytes after each."""
     lanes = np.arange(32)
+    t = lanes % 16
     return {"lane i reads word i (adjacent)": 4 * lanes,
-            "16 lanes per q4_K block, 2 blocks (MMVQ)": 16 + (lanes // 16) * block_bytes + 4 * (lanes % 16),
+            "16 lanes per q4_K block, 2 blocks (MMVQ, first load)":
+                (lanes // 16) * block_bytes + 16 + 32 * (t // 4) + 4 * (t % 4),
             f"one {block_bytes}-byte block per lane": lanes * block_bytes}
 
 
@@ -235,7 +250,7 @@ def plot_kernel_choice(type_names=("q4_0", "q4_K", "q6_K", "f16"), archs=("sm_61
     for ax, t in zip(np.atleast_1d(axes), type_names):
         grid = np.array([[names.index(cs.mul_mat_kernel(t, n, a)) for n in ncols] for a in archs])
         ax.imshow(grid, cmap=ListedColormap(list(KERNEL_COLORS.values())), vmin=0, vmax=len(names) - 1, aspect="auto")
-        ax.set_yticks(range(len(archs)), archs, fontsize=8)
+        ax.set_yticks(range(len(archs)), [a + " (RTX 50)" if a == "blackwell" else a for a in archs], fontsize=8)
         ax.set_title(f"{t} weights", fontsize=10)
     ax.set_xticks(range(len(ncols)), ncols, fontsize=8)
     ax.set_xlabel("activation columns (tokens in the batch)")

@@ -15,7 +15,7 @@
 # 1. why decoding is bandwidth bound (arithmetic intensity 3.6 FLOP/byte for q4_K, on a roofline);
 # 2. why activations become q8_1, and what its second scale `s` is for;
 # 3. what `dp4a` computes, with live numbers, and the nibble tricks of q4_0, q4_K and q6_K;
-# 4. which lane of a warp reads which bytes, and why that is coalesced;
+# 4. which lane of a warp reads which bytes, and how well that is coalesced;
 # 5. how the launch is shaped (`nwarps`, `rows_per_block`, `small_k`), down to the seed article's 4096 × 4096 example;
 # 6. how 128 partial sums become one output: shared memory, then a butterfly of shuffles;
 # 7. that the whole simulated launch on real SmolLM2 and Gemma 3 layers matches the reference;
@@ -109,8 +109,12 @@ vm.plot_coalescing()
 plt.show()
 
 # %% [markdown]
-# The middle pattern is MMVQ's own (section 4): 16 lanes share one 144-byte q4_K super-block and read its
-# 128 code bytes side by side, so a warp-wide load touches 2 lines instead of 32.
+# The middle pattern is MMVQ's own first load (section 4): 16 lanes share one 144-byte q4_K super-block. Lane
+# `t` of the 16 loads the word at `qs + 32·(t/4) + 4·(t%4)` (`vec_dot_q4_K_q8_1` in vecdotq.cuh: `q4[0]`), then,
+# with a second instruction, the word 16 bytes further on (`q4[4]`). So one warp-wide load reads four 16-byte
+# runs per super-block, each in its own 32-byte sector: 8 sectors over 3 lines, half of the moved bytes used,
+# against 32 lines for a block per lane. The other half of each sector is what the second instruction reads a
+# moment later, most likely from the cache.
 #
 # ## 1. The decode shape: one byte of weights buys 3.6 FLOP
 #
@@ -154,7 +158,8 @@ plt.show()
 # `dp4a` multiplies integers, so the activations must be integers too. Before the matrix kernel, a small kernel
 # (`quantize_q8_1` in quantize.cu) turns each block of 32 floats into 32 int8 codes and a `half2`:
 # `d = amax / 127` and `s = sum of the 32 float inputs`. One warp does one block: each lane holds one value,
-# and two butterfly reductions give every lane `amax` and the sum, with no shared memory. Codes are
+# and two warp reductions give every lane `amax` and the sum, with no shared memory (lanes swap registers in five
+# halving steps, the "butterfly" that section 6 draws). Codes are
 # `roundf(x / d)`: halves round away from zero.
 #
 # The host pads the activation row to a multiple of 512 values with zeros (`MATRIX_ROW_PADDING`), so kernels read
@@ -223,9 +228,12 @@ print("wrap-around: dp4a(0x7F7F7F7F, 0x7F7F7F7F, 2**31 - 1) =", int(cs.dp4a(0x7F
 # **When did dp4a arrive?** The seed article says it became standard with Turing and that Pascal falls back to
 # byte-by-byte products. Not quite: `__dp4a` exists from compute capability 6.1, the GTX 10x0 / Tesla P40 / P4
 # Pascals (`GGML_CUDA_CC_DP4A = 610` in common.cuh). The P100 (sm_60), also a Pascal, has no dp4a; there, and on
-# anything older, `ggml_cuda_dp4a` multiplies the four byte pairs one by one. ggml-cuda does not require 6.1:
-# its default build still includes `50-virtual` (Maxwell, for CUDA < 13), and MMVQ runs there with the fallback;
-# only MMQ is switched off below 6.1 (`ggml_cuda_should_use_mmq` returns false, except for MoE from sm_60).
+# anything older, `ggml_cuda_dp4a` multiplies the four byte pairs one by one. ggml-cuda does not require 6.1.
+# Its default build is `native` (the GPUs of the machine that builds it, with CUDA >= 11.6 and CMake >= 3.24);
+# a non-native build (`GGML_NATIVE=OFF`, a cross build, a release package) lists architectures, and with
+# CUDA < 13 that list starts at `50-virtual` (Maxwell), where MMVQ runs with the fallback (ggml-cuda's
+# CMakeLists.txt). Only MMQ is switched off below 6.1 (`ggml_cuda_should_use_mmq` returns false, except for
+# MoE from sm_60).
 
 # %%
 w4 = Q.quantize(x[:32], "q4_0")
@@ -279,7 +287,8 @@ display(vm.types_table())
 # Below, the simulator's load log for warp 0 of block 0 in the first trip of a real Gemma 3 layer
 # (`attn_output`, q4_K): rows are lanes, columns bytes of the weight matrix. The 16 lanes of a super-block
 # together read its 128 `qs` bytes, contiguous: a 144-byte block starts 16 bytes into a 128-byte line, so they
-# touch two lines, and the neighbouring lanes use the rest. That is a coalesced access.
+# touch two lines, and the neighbouring lanes use the rest. Over its two load instructions the warp uses every
+# byte it moves; each single instruction uses half (section 0's table), the other half coming from the cache.
 
 # %%
 att_rows, att_type, att_k = rows_of(gemma, "blk.0.attn_output.weight")
@@ -441,8 +450,10 @@ assert np.allclose(fused.dst[0], unfused, rtol=1e-5, atol=1e-6)
 # `ggml_cuda_should_use_mmvq` sends a quantized product to MMVQ when the activation has at most 8 columns, and
 # fewer for the K-quants on some GPUs. The comment in the source gives the reason: *k-quants cost more to decode
 # and mvq redoes that per column*. MMQ decodes a weight tile once into shared memory and reuses it for all
-# columns, so as columns grow it wins sooner for formats that are expensive to unpack. Largest `ncols_dst` still
-# sent to MMVQ:
+# columns, so as columns grow it wins sooner for formats that are expensive to unpack. The tables are picked by
+# exact compute capability: "blackwell" is `GGML_CUDA_CC_BLACKWELL` = 1200, the RTX 50 cards (tuned on an
+# RTX 5090); a data-centre B200 (cc 10.0) has no table of its own and takes the generic limits, like an H100.
+# Largest `ncols_dst` still sent to MMVQ:
 
 # %%
 display(vm.dispatch_table())
@@ -723,9 +734,11 @@ print("bad_padding_clear, padded view in a compute buffer:", cs.load.bad_padding
 # ggml-cuda 0.3.36 does not repack at all (there is no repack code under ggml-cuda; the CPU backend does
 # repack, notebook 06). The reasons one can check here:
 #
-# * MMVQ's loads are already mostly coalesced: section 0's table gives 80 % of the moved bytes used for a q4_K
-#   warp load, and the unused 20 % belongs to neighbouring lanes' blocks, read moments later;
-# * decode reads each weight byte once, so a better layout could gain at most that last bit of bandwidth;
+# * MMVQ's loads are already fairly well coalesced: one q4_K warp load instruction uses 50 % of the bytes it
+#   moves (section 0's table: 8 sectors over 3 lines), and the other 50 % is what the same lanes' next load
+#   instruction reads, 16 bytes on, most likely from the cache: over the pair every byte moved is used;
+# * decode reads each weight byte once from DRAM either way, so a better layout would save load instructions
+#   and cache traffic, not the DRAM bytes that bound the kernel;
 # * one layout serves every kernel of A.1, `get_rows`, the CPU and the other backends, and the bytes on the
 #   GPU stay identical to the file's, so loading is a plain copy (notebook 05, last section).
 #
