@@ -64,9 +64,13 @@ ORACLE = nb.has_oracle("the comparisons with llama.cpp's samplers and speed")
 # ## 1. Load: a mapping, not a copy
 #
 # `llama_model_load_from_file` parses the GGUF header, metadata and tensor directory, then binds every weight
-# to its bytes in the file. With mmap (the default) binding is just pointer arithmetic: the operating system
-# reads a page from disk only when a kernel first touches it. llmlab does the same: `Model` opens the file
-# with a read-only `mmap`, and every weight tensor is a NumPy view of it.
+# to its bytes in the file. With mmap (the default) binding is just pointer arithmetic: no byte is copied into
+# a buffer of its own. llama.cpp does ask for the pages at once, though: `llama_model::load_tensors` calls
+# `init_mappings(prefetch = true)`, so on Linux the file is mapped with `MAP_POPULATE` (the kernel reads it in
+# during `mmap`) and `posix_madvise(..., POSIX_MADV_WILLNEED)` asks for read-ahead of the whole range
+# (llama-mmap.cpp; `MAP_POPULATE` is left out when some ranges load lazily, and both when NUMA is on). llmlab
+# maps the file the same way, read-only, and every weight tensor is a NumPy view of it; it asks for no
+# prefetch, so its pages come in from disk (or the page cache) when a kernel first touches them.
 
 # %%
 path = paths["smollm2"]
@@ -174,17 +178,23 @@ print(f"prompt: {timings.prompt_tokens_per_s:.1f} tok/s, decode: {timings.decode
 # Greedy decoding always takes the most likely token, which makes text repetitive. llama.cpp's tools sample
 # instead, through a **chain** of small samplers, each working on the list of candidates
 # (`llama_token_data_array`: id, logit, probability). The default chain of `common_sampler_init`, with
-# `common_params_sampling`'s defaults:
+# `common_params_sampling`'s defaults (common.h: the `samplers` list and the values above it):
 #
 # | stage | llama.cpp | default | what it does |
 # |---|---|---|---|
 # | penalties | `llama_sampler_init_penalties` | repeat 1.0 (off), last 64 | push down tokens seen recently |
+# | DRY | `llama_sampler_init_dry` | multiplier 0 (off) | push down a token that would extend a repeated run |
+# | top-n-σ | `llama_sampler_init_top_n_sigma` | -1 (off) | keep logits within n standard deviations of the best |
 # | top-k | `llama_sampler_init_top_k` | 40 | keep the k most likely |
 # | typical | `llama_sampler_init_typical` | 1.0 (off) | keep tokens whose surprise is close to the entropy |
 # | top-p | `llama_sampler_init_top_p` | 0.95 | keep the fewest tokens whose probability reaches p |
 # | min-p | `llama_sampler_init_min_p` | 0.05 | drop tokens less than p × the best one's probability |
+# | XTC | `llama_sampler_init_xtc` | probability 0 (off) | sometimes remove the most likely tokens |
 # | temp | `llama_sampler_init_temp_ext` | 0.8 | divide the logits (0 = keep only the best: greedy) |
 # | dist | `llama_sampler_init_dist` | seed | draw one token (`std::mt19937`) |
+#
+# DRY, top-n-σ and XTC are in the chain but do nothing at their defaults; llmlab leaves them out, and the
+# figure below shows the stages that act.
 #
 # Below, the distribution for the prompt's next token before and after each stage, with the defaults. Blue
 # bars are what a stage leaves (renormalized), grey ticks what it removed, the red bar the token `dist` drew.
@@ -324,7 +334,9 @@ plt.show()
 # The reference path spends its time in Python around small NumPy calls, node after node. The fast path
 # runs each node as one compiled, vectorized kernel doing the same arithmetic: block sums of integers (on
 # CPUs with AVX512-VNNI, four byte products per 32-bit lane in one `vpdpbusd`), ggml's float steps with the
-# FMA instruction, attention over the f16 cache with tinyBLAS's registers kept in registers. That puts it
+# FMA instruction, and attention over the f16 cache accumulated the way llamafile's tinyBLAS does it (one
+# float register per output, where llama.cpp hands the product to tinyBLAS; `ggml_vec_dot_f16`'s registers
+# elsewhere). That puts it
 # in llama.cpp's class, ahead on some shapes and behind on others. A short prompt and a few steps make
 # these bars rough; `python -m llmlab bench -m smollm2 --vs-llama-cpp` measures a 256-token prompt and 128
 # steps (the README lists its results for both models). The bits do not depend on the kernel set, only on
