@@ -214,13 +214,18 @@ def heads_widget(trace, labels: Sequence[str], layer: int = 0, head: int = 0, qu
 
 # ---- N x N and tiles ----------------------------------------------------------------------------------------
 
-def plot_nn_memory(ns: Sequence[int], n_head: int, block: int = 64, bytes_per: int = 4, ax=None, title: str = ""):
-    """Bytes of the full (n_head x N x N) score matrix vs one block x block tile per head, over N (log-log)."""
+def plot_nn_memory(ns: Sequence[int], n_head: int, block: int = 64, bytes_per: int = 4, ax=None, title: str = "",
+                   ubatch: int | None = None):
+    """Bytes of the full (n_head x N x N) score matrix vs one block x block tile per head, over N (log-log);
+    with ``ubatch``, llama.cpp's ``kq`` without flash attention: n_head x min(N, n_ubatch) x N."""
     import matplotlib.pyplot as plt
     if ax is None:
         fig, ax = plt.subplots(figsize=(6, 3.4))
     ns = np.asarray(ns, np.float64)
-    ax.loglog(ns, n_head * ns * ns * bytes_per / 2**20, marker="o", label=f"naive: {n_head} x N x N scores")
+    ax.loglog(ns, n_head * ns * ns * bytes_per / 2**20, marker="o", label=f"all at once: {n_head} x N x N")
+    if ubatch:
+        ax.loglog(ns, n_head * np.minimum(ns, ubatch) * ns * bytes_per / 2**20, marker="s",
+                  label=f"llama.cpp's kq: {n_head} x {ubatch} x N")
     ax.loglog(ns, np.full_like(ns, n_head * block * block * bytes_per / 2**20), ls="--",
               label=f"flash: {n_head} x {block} x {block} tile")
     ax.set_xlabel("sequence length N")

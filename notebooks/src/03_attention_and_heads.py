@@ -464,8 +464,12 @@ print(f"DeepSeek-V2: latent d_c = {ds.d_c}; the seed compares it with h x d_k = 
 # ## 9. The N x N matrix, and flash attention
 #
 # The scores $S = QK^\top$ are an $N \times N$ matrix per head. For the 48 tokens above that is nothing; for
-# $N$ = 32k tokens and 9 heads it is 36 GiB of float32 *per layer*, written to memory and read back by the softmax
-# and by $PV$. Flash attention (Tri Dao, 2022) never builds it: it walks the keys in tiles small enough to stay in
+# $N$ = 32k tokens and 9 heads, scoring every query at once would take 36 GiB of float32 *per layer*, written to
+# memory and read back by the softmax and by $PV$. llama.cpp never does that, even without flash attention: it
+# cuts a batch into micro-batches of at most `n_ubatch` tokens (512 by default, `llama_context_default_params`),
+# so the graph's `kq` (`build_attn_mha` in llama-graph.cpp) holds `n_ubatch` queries against the cache's cells,
+# 9 x 512 x 32k floats = 576 MiB for a full 32k cache, and the next micro-batch reuses the same buffer.
+# Flash attention (Tri Dao, 2022) goes further and never builds the rows at all: it walks the keys in tiles small enough to stay in
 # fast on-chip memory and keeps, for every query row, three running quantities: the maximum score so far $m$, the
 # sum of exponentials $\ell$, and the unnormalised output $acc$. When a tile raises the maximum, what was summed so
 # far is rescaled by $e^{m_{old} - m_{new}}$ (the *online softmax*, Milakov & Gimelshein 2018); at the end
@@ -489,7 +493,7 @@ print(f"DeepSeek-V2: latent d_c = {ds.d_c}; the seed compares it with h x d_k = 
 
 # %%
 fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
-va.plot_nn_memory([512, 2048, 8192, 32768, 131072], n_head=9, block=64, ax=axes[0])
+va.plot_nn_memory([512, 2048, 8192, 32768, 131072], n_head=9, block=64, ubatch=512, ax=axes[0])
 va.plot_tiles(L.mask[:, :n], 16, 16, ax=axes[1], title=f"SmolLM2's {n} x {n} scores in 16 x 16 tiles")
 fig.tight_layout()
 
