@@ -13,6 +13,7 @@ one place, whether a widget front-end is present or not (see its docstring).
 """
 from __future__ import annotations
 
+import base64
 import importlib.util
 import os
 import platform
@@ -89,11 +90,16 @@ def compact_inline_figures() -> bool:
     ip = get_ipython()
     if ip is None:
         return False
+    import matplotlib
+    import matplotlib.pyplot as plt
+    # pyplot loads its backend on first use, and the inline backend then registers its own formatter:
+    # load it now, so that ours, set after it, stays
+    plt.switch_backend(matplotlib.get_backend())
 
     def png(fig):
         if not fig.axes and not fig.lines and not fig.images:   # as the inline backend: nothing drawn
             return None
-        return figure_png(fig, close=False)
+        return base64.b64encode(figure_png(fig, close=False)).decode("ascii")    # as the inline one: base64
     ip.display_formatter.formatters["image/png"].for_type(Figure, png)
     return True
 
