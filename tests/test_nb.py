@@ -136,6 +136,19 @@ def test_checkers(smollm2_path, capsys):
     assert ex.check_wordpiece("unplayable", ["[UNK]"]) and not ex.check_unigram("bun", ["▁bun"])
     assert ex.check_kv_cache_bytes(smollm2_path, 4096, 4096 * 30 * 2 * 3 * 64 * 2)
     assert ex.check_arithmetic_intensity(5.0, 3.2)
+    # 00: llama.cpp's simple loop: one prefill pass, then one pass per token fed back (never the last)
+    assert ex.check_forward_passes(10, 20, {"passes": 20, "tokens": 29})
+    v = ex.check_forward_passes(10, 20, {"passes": 29, "tokens": 29})
+    assert not v and "one batch" in v.message
+    v = ex.check_forward_passes(10, 20, {"passes": 21, "tokens": 30})
+    assert not v and "never fed back" in v.message
+    # 03: kq holds one micro-batch of queries against the cache's cells, F32
+    assert ex.check_kq_bytes(9, 512, 4096, 9 * 512 * 4096 * 4)
+    v = ex.check_kq_bytes(9, 512, 4096, 9 * 4096 * 4096 * 4)
+    assert not v and "micro-batch" in v.message
+    v = ex.check_kq_bytes(9, 512, 4096, 9 * 512 * 4096 * 2)
+    assert not v and "F32" in v.message
+    assert "query head" in ex.check_kq_bytes(9, 512, 4096, 512 * 4096 * 4).message
     assert capsys.readouterr().out == ""          # a checker prints nothing: the notebook shows its verdict
 
 

@@ -323,8 +323,8 @@ if nb.has_oracle("the cross-check with gguf-py", module="gguf"):
 #
 # ## Exercises
 #
-# Each exercise has a checker that says "correct" or what is off; the solutions are in the collapsed
-# cells (click the three dots to open them).
+# Each exercise has a checker that says "correct" or what is off, with a hint; worked solutions are in
+# the teacher's edition of this notebook: ask your teacher.
 #
 # **1. Decode one metadata pair by hand.** The pair `llama.block_count` starts at the byte offset
 # printed below. Read its key length, key, type id and value from `raw` with `struct`, and say where

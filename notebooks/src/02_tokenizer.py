@@ -348,7 +348,7 @@ for label, tok in toks.items():
 #
 # ## Exercises
 #
-# Each checker says "correct" or what is off; the solutions are in the collapsed cells.
+# Each checker says "correct" or what is off, with a hint; worked solutions are in the teacher's edition of this notebook: ask your teacher.
 #
 # **1. Predict the next BPE merge.** Here are the symbols of " tokenization" after SmolLM2's first
 # two merges. Which adjacent pair merges next? (Look up ranks with `smol.vocab.merges["a b"]`: lower wins.)

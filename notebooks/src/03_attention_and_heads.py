@@ -644,7 +644,7 @@ assert all((r[:, 0] / np.median(r[:, 1:], axis=1)).max() > 10 for r in streams.v
 # %% [markdown]
 # ## Exercises
 #
-# Each checker says "correct" or what is off; the solutions are in the collapsed cells.
+# Each checker says "correct" or what is off, with a hint; worked solutions are in the teacher's edition of this notebook: ask your teacher.
 #
 # **1. One query, by hand.** A head with `d_k = 4` has three cached keys and values. Compute the attention
 # output for the query `q`: scores, scaled by 1/sqrt(d_k), softmax, weighted sum of the rows of `v`.
@@ -673,15 +673,16 @@ ex.check_kv_head(9, 3, 7, my_answer)
 ex.check_kv_head(9, 3, 7, 7 // (9 // 3))   # groups of 3 consecutive query heads share a KV head
 
 # %% [markdown]
-# **3. What one token costs in the cache.** LLaMA-2-70B has 80 layers and 8 KV heads of 128 dimensions
-# (64 query heads). How many bytes of f16 KV cache does each token add?
+# **3. The scores of one micro-batch.** Without flash attention, llama.cpp's `kq` holds the scores of one
+# micro-batch (section 9). SmolLM2 (9 query heads) prefills a long prompt in micro-batches of `n_ubatch = 512`
+# tokens against a cache of 4096 cells: how many bytes is one layer's `kq`?
 
 # %%
-my_answer = 0
-ex.check_kv_bytes_per_token(80, 8, 128, my_answer)
+my_answer = 0          # bytes
+ex.check_kq_bytes(9, 512, 4096, my_answer)
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
-ex.check_kv_bytes_per_token(80, 8, 128, 80 * 2 * 8 * 128 * 2)   # layers x (K and V) x KV heads x dims x 2 bytes
+ex.check_kq_bytes(9, 512, 4096, 9 * 512 * 4096 * 4)   # heads x queries x cells x 4 bytes (F32)
 
 # %% [markdown]
 # **4. RMSNorm by hand.** Normalise the row `x` with the weight `w` and `eps = 1e-6`, as `attn_norm` does

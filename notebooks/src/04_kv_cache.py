@@ -424,7 +424,7 @@ print("all checks passed")
 #
 # ## Exercises
 #
-# Each checker says "correct" or what is off; the solutions are in the collapsed cells.
+# Each checker says "correct" or what is off, with a hint; worked solutions are in the teacher's edition of this notebook: ask your teacher.
 #
 # **1. Size a KV cache.** SmolLM2-135M has 30 layers, 9 query heads and 3 KV heads of 64 dimensions. How
 # many bytes does its f16 KV cache take at `n_ctx = 8192`?

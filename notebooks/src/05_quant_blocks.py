@@ -488,7 +488,7 @@ display(table(["tensor", "conversion", "bytes", "max |change|", "RMS change / RM
 # %% [markdown]
 # ## Exercises
 #
-# Each checker says "correct" or what is off; the solutions are in the collapsed cells.
+# Each checker says "correct" or what is off, with a hint; worked solutions are in the teacher's edition of this notebook: ask your teacher.
 #
 # **1. Quantize a q4_1 block by hand.** q4_1 stores `d = (max − min) / 15` and `m = min` as f16, and each
 # weight as `q = min(15, (int)((x − m) · (1/d) + 0.5))` (with `1/d` computed in f32, and 0 when d is 0);

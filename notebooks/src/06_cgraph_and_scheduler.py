@@ -728,7 +728,7 @@ if live:
 # %% [markdown]
 # ## Exercises
 #
-# Each checker says "correct" or what is off; the solutions are in the collapsed cells.
+# Each checker says "correct" or what is off, with a hint; worked solutions are in the teacher's edition of this notebook: ask your teacher.
 #
 # **1. Which block goes first?** SmolLM2 has 30 blocks, so 31 layer slots with the output layer. With
 # `n_gpu_layers = 5`, what is the first block (its index `il`) whose weights live on the accelerator?

@@ -475,8 +475,8 @@ display(vm.dispatch_table())
 #
 # ## Exercises
 #
-# Each has a checker in `llmlab.nb.exercises` that prints `correct` or what is off; solutions are in the
-# collapsed cells.
+# Each has a checker in `llmlab.nb.exercises` that prints `correct` or what is off; worked solutions are in
+# the teacher's edition of this notebook: ask your teacher.
 #
 # **1.** Work out, by hand or in a few lines, the launch of Gemma 3's `ffn_down` (q6_K, 640 rows, K = 2048, one
 # column): `blocks_per_row`, `blocks_per_iter`, `iters`, `threads`, `weights_per_thread`.

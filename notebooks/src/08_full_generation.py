@@ -412,7 +412,7 @@ print(f"{len(cc.DECODE_CHAIN)} steps, {sum(bool(s.llmlab) for s in cc.DECODE_CHA
 # ## Exercises
 #
 # Each checker runs your function against llmlab's own and prints `correct` or the first difference.
-# The solutions are in the collapsed cells.
+# Worked solutions are in the teacher's edition of this notebook: ask your teacher.
 #
 # **1. Top-p by hand.** Write `my_top_p(logits, p)` returning the ids top-p keeps, most likely first: the
 # fewest tokens whose probabilities sum to at least `p`.
