@@ -29,22 +29,30 @@ _FILL = {"norm": "#fde2a7", "attn": "#e8f1f8", "ffn": "#d5f0c8", "add": "#f4d4d4
 
 
 def block_dot(arch: str) -> str:
-    """Graphviz source of one layer: the stream enters at the top; each ⊕ adds a branch back into it."""
+    """Graphviz source of one layer, left to right in two rows that fit a projector: the attention branch on
+    the first, the FFN branch on the second; each ⊕ adds a branch back into the stream (dashed: the stream
+    as it was before the branch)."""
     steps = BLOCK_STEPS[arch]
-    lines = ['digraph block {', 'rankdir=TB; bgcolor="transparent"; nodesep=0.3; ranksep=0.22;',
+    split = next(i for i, (_, _, kind) in enumerate(steps) if kind == "add") + 1     # after the first addition
+    rows = [[("x", "stream x\n(layer input)", None)] + steps[:split], steps[split:] + [("out", "next layer", None)]]
+    lines = ['digraph block {', 'rankdir=LR; bgcolor="transparent"; nodesep=0.35; ranksep=0.3; newrank=true;',
              'node [shape=box, style="rounded,filled", fontname="Helvetica", fontsize=13, color="#555577"];',
-             'edge [color="#555555", fontname="Helvetica", fontsize=11];',
-             'x [label="stream x (layer input)", fillcolor="#ffffff"];']
-    for name, label, kind in steps:
-        lines.append(f'{name} [label="{label}", fillcolor="{_FILL[kind]}"];'.replace("\n", "\\n"))
-    prev, last_add = "x", "x"
+             'edge [color="#555555", fontname="Helvetica", fontsize=11];']
+    for name, label, kind in rows[0] + rows[1]:
+        fill = _FILL[kind] if kind else "#ffffff"
+        lines.append(f'{name} [label="{label}", fillcolor="{fill}"];'.replace("\n", "\\n"))
+    for row in rows:                    # each row a chain, left to right
+        lines.append(" -> ".join(n for n, _, _ in row) + ";")
+    # the second row starts under the first: column by column, the same rank
+    for (a, _, _), (b, _, _) in zip(rows[0][1:], rows[1]):
+        lines.append(f"{{rank=same; {a}; {b};}}")
+    lines.append(f"{rows[0][-1][0]} -> {rows[1][0][0]} [constraint=false];")      # the stream goes on below
+    last_add = "x"
     for name, _, kind in steps:
-        lines.append(f"{prev} -> {name};")
-        if kind == "add":       # the skip connection: the stream as it was before this branch
-            lines.append(f'{last_add} -> {name} [style=dashed, color="#cc4444", label=" residual"];')
+        if kind == "add":
+            lines.append(f'{last_add} -> {name} [style=dashed, color="#cc4444", label=" residual", constraint=false];')
             last_add = name
-        prev = name
-    lines += ['out [label="next layer", fillcolor="#ffffff"];', f"{prev} -> out;", "}"]
+    lines.append("}")
     return "\n".join(lines)
 
 

@@ -148,9 +148,15 @@ blocks = {name: B.trace(mdl[name], ids[(name, "zh")]) for name in mdl}
 display(vb.block_graph("llama"))
 for name, tb in blocks.items():          # every box of the diagrams is a node of the real graph
     assert all(f"{node}-0" in tb.names for node, _, _ in vb.BLOCK_STEPS[mdl[name].arch])
-layer0 = [f"{n} ({op})" for n, op in blocks["SmolLM2"].names.items() if n.endswith("-0")]
-print(f"SmolLM2's {len(layer0)} named nodes of layer 0, in the order the graph computes them:")
-print(" -> ".join(layer0))
+layer0 = [f"{n} ({op})" for n, op in blocks["SmolLM2"].nodes if n.endswith("-0")]
+print(f"SmolLM2's {len(layer0)} named nodes of layer 0, in the order the graph computes them.")
+print("A name can stand for several nodes: Qcur and Kcur name the projection, its reshape into heads")
+print("and its ROPE; norm is the RMS_NORM before each of the two branches.")
+for i in range(0, len(layer0), 4):
+    print("  " + " -> ".join(layer0[i:i + 4]))
+ops_of = lambda name: [op for n, op in blocks["SmolLM2"].nodes if n == name]
+assert "ROPE" in ops_of("Qcur-0") and "ROPE" in ops_of("Kcur-0")
+assert ops_of("norm-0") == ["RMS_NORM", "RMS_NORM"]          # one before attention, one before the FFN
 
 # %% [markdown]
 # Gemma 3's block has the same shape with more norms: it also normalises each head's Q and K (`Qcur_normed`,
