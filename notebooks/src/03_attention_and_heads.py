@@ -134,7 +134,10 @@ for key in ids:
 # $$h = x + \mathrm{Attention}(\mathrm{RMSNorm}(x)), \qquad x_{next} = h + \mathrm{FFN}(\mathrm{RMSNorm}(h))$$
 #
 # Attention is the only place where tokens exchange information; the feed-forward network (FFN) works on each
-# token's row alone. The picture is SmolLM2's block as llama.cpp's `llm_build_llama` builds it; the names in the
+# token's row alone. Attention runs as several **heads** side by side: the query, key and value projections
+# (Q, K, V) are each cut into slices of `head_dim` numbers, one slice per head (SmolLM2: 9 query heads of 64,
+# sharing 3 key/value heads; Gemma 3: 4 query heads of 256 sharing 1), each head attends on its own with its
+# slice, and the heads' outputs are joined again into one row. Sections 4-7 take that apart. The picture is SmolLM2's block as llama.cpp's `llm_build_llama` builds it; the names in the
 # boxes are the names of the graph's nodes. llama.cpp names every node `name-layer` as it builds the graph
 # (`cb(cur, "Qcur", il)`), so `Qcur-0` is layer 0's query (the name is given to the projection and again to the
 # result of RoPE), `kq-0` its attention scores and `l_out-0` the row that leaves layer 0. This notebook, the next
@@ -218,6 +221,11 @@ print(f"Gemma 3, layer 6: stored weight (= 1 + w) from {gw.min():.3g} to {gw.max
 # its own plane by the angle $p\,\theta_i$, where $p$ is the token's position and
 #
 # $$\theta_i = \mathrm{base}^{-2i/d}, \qquad (a, b) \mapsto (a\cos p\theta_i - b\sin p\theta_i,\; a\sin p\theta_i + b\cos p\theta_i)$$
+#
+# Here $d$ is the number of rotated dimensions of a head (llama.cpp's `n_rot`; for both models all of
+# `head_dim`: 64 in SmolLM2, 256 in Gemma 3), $i = 0 \ldots d/2 - 1$ numbers the pairs, and base is
+# `rope_freq_base` from the GGUF (SmolLM2: 100000): pair 0 turns fastest, one radian per position, the last
+# pair slowest.
 #
 # Which two dimensions form a pair is a convention of the checkpoint, and llama.cpp records it per architecture
 # as the RoPE type passed to `ggml_rope_ext`:
