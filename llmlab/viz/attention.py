@@ -53,6 +53,13 @@ def plot_labels(texts: Sequence[str], romanize: Mapping[str, str] | None = None)
     return out
 
 
+def describe_label(label: str) -> str:
+    """A plot label ``"i:text"`` in words for a legend: ``"0:·"`` (a token holding only the leading bytes of
+    a character) becomes "token 0 (leading bytes of the next character)"."""
+    i, _, text = label.partition(":")
+    return f"token {i} (leading bytes of the next character)" if text == "·" else f"token {i}: {text}"
+
+
 # ---- step by step -------------------------------------------------------------------------------------------
 
 LABEL_PT = 9        # token tick labels: readable at the notebooks' 80 dpi, figures at most ~11 inches wide
@@ -63,7 +70,9 @@ def _ticks(n: int, max_labels: int | None, keep: Sequence[int] = ()) -> list[int
     if not max_labels or n <= max_labels:
         return list(range(n))
     k = -(-n // max_labels)
-    return sorted(set(range(0, n, k)) | {i for i in keep if 0 <= i < n})
+    kept = {i for i in keep if 0 <= i < n}
+    # a kept tick (the query's row) pushes away the regular ticks that would overlap its label
+    return sorted({i for i in range(0, n, k) if all(abs(i - j) >= k for j in kept)} | kept)
 
 
 MASKED = "#b0b0b0"   # the colour of a masked (-inf) score in every heatmap

@@ -205,7 +205,8 @@ def plot_glu(tr, layer: int, token: int, label: str = "", top: int = 40):
     axes[1].set_xticklabels([str(i) for i in idx], rotation=90, fontsize=8)
     axes[1].set_xlabel("channel (the largest products of this token)")
     axes[1].set_title(f"the {top} channels that pass the most", fontsize=11)
-    axes[1].legend(fontsize=8)
+    # below the axes, so that it covers no bar
+    axes[1].legend(fontsize=9, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.3), frameon=False)
     fig.suptitle(f"layer {layer}'s FFN on token {label or token}: {tr.act}(gate) * up", fontsize=12)
     fig.tight_layout()
     return fig
@@ -221,15 +222,17 @@ def plot_stream(traces: dict, labels: dict, highlight: dict):
     for c, (name, tr) in enumerate(traces.items()):
         rms = tr.stream_rms()
         ax = axes[0, c]
-        ax.semilogy(rms, color="grey", lw=0.6, alpha=0.6)
+        from .attention import describe_label
+        lines = ax.semilogy(rms, color="grey", lw=0.6, alpha=0.6)
+        lines[0].set_label("every other token")
         for t in highlight.get(name, ()):
-            ax.semilogy(rms[:, t], lw=2, label=labels[name][t])
+            ax.semilogy(rms[:, t], lw=2, label=describe_label(labels[name][t]))
         ax.set_xlabel("after layer (0 = the embedding entering layer 0)")
         ax.set_xticks(range(0, rms.shape[0], 5 if rms.shape[0] > 20 else 3))
         ax.set_xticklabels([str(i) for i in range(0, rms.shape[0], 5 if rms.shape[0] > 20 else 3)])
         ax.set_ylabel("RMS of the row")
         ax.set_title(f"{name}: the stream, token by token", fontsize=11)
-        ax.legend(fontsize=9)
+        ax.legend(fontsize=9, loc="lower right")
         con = np.median(tr.contributions(), -1)
         ax = axes[1, c]
         il = np.arange(con.shape[0])
