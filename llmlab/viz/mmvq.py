@@ -149,7 +149,7 @@ def plot_cuda_hierarchy(nwarps: int = 4, nblocks: int = 6, lanes_shown: int = 32
     import matplotlib.pyplot as plt
     from matplotlib.patches import FancyBboxPatch, Rectangle
     fig, ax = plt.subplots(figsize=(11, 5.2))
-    ax.set_xlim(0, 118)
+    ax.set_xlim(0, 121)
     ax.set_ylim(-12, 52)
     ax.axis("off")
     # the grid: a row of CUDA blocks
@@ -161,29 +161,30 @@ def plot_cuda_hierarchy(nwarps: int = 4, nblocks: int = 6, lanes_shown: int = 32
             fontsize=10, va="bottom")
     # block 1, enlarged: warps x lanes
     x0, y0, cw, ch = 14, 6, 2.6, 6
-    ax.add_patch(FancyBboxPatch((x0 - 1.5, y0 - 1.5), lanes_shown * cw + 3, nwarps * ch + 3 + 2,
+    top = y0 + nwarps * ch + 6          # the enlarged block's top edge: room for the lane numbers and a title
+    ax.add_patch(FancyBboxPatch((x0 - 1.5, y0 - 1.5), lanes_shown * cw + 3, top - (y0 - 1.5),
                                 boxstyle="round,pad=0.3", fc="#f4faf9", ec="#2a9d8f", lw=2))
-    ax.plot([11, x0 - 1.5], [40, y0 + nwarps * ch + 3.5], color="#2a9d8f", lw=1)
-    ax.plot([19, x0 + lanes_shown * cw + 1.5], [40, y0 + nwarps * ch + 3.5], color="#2a9d8f", lw=1)
+    ax.plot([11, x0 - 1.5], [40, top], color="#2a9d8f", lw=1)
+    ax.plot([19, x0 + lanes_shown * cw + 1.5], [40, top], color="#2a9d8f", lw=1)
     for w in range(nwarps):
         for lane in range(lanes_shown):
             ax.add_patch(Rectangle((x0 + lane * cw, y0 + (nwarps - 1 - w) * ch), cw, ch - 0.8,
                                    fc="#e9c46a" if w == 0 else "#f6e3b4", ec="#8a6d1f", lw=0.4))
-        ax.text(x0 - 2, y0 + (nwarps - 1 - w) * ch + ch / 2 - 0.4, f"warp {w}", ha="right", va="center", fontsize=9)
+        ax.text(x0 - 2.5, y0 + (nwarps - 1 - w) * ch + ch / 2 - 0.4, f"warp {w}", ha="right", va="center", fontsize=9)
     for lane in (0, 15, 31):
         ax.text(x0 + lane * cw + cw / 2, y0 + nwarps * ch + 0.3, str(lane), ha="center", va="bottom", fontsize=8)
-    ax.text(x0 + lanes_shown * cw / 2, y0 + nwarps * ch + 2.2,
+    ax.text(x0 + lanes_shown * cw / 2, y0 + nwarps * ch + 3.2,
             f"CUDA block = {nwarps} warps x 32 lanes = {32 * nwarps} threads (threadIdx.y = warp, threadIdx.x = lane)",
-            ha="center", fontsize=9.5)
+            ha="center", va="bottom", fontsize=9.5)
     # shared memory of the block, global memory of the GPU
-    ax.add_patch(Rectangle((x0, y0 - 5), lanes_shown * cw, 3, fc="#e76f51", ec="k", alpha=0.85))
-    ax.text(x0 + lanes_shown * cw / 2, y0 - 3.5, "shared memory: on the SM, visible to this block only, fast; "
+    ax.add_patch(Rectangle((x0, y0 - 7), lanes_shown * cw, 4.2, fc="#e76f51", ec="k", alpha=0.85))
+    ax.text(x0 + lanes_shown * cw / 2, y0 - 4.9, "shared memory: on the SM, visible to this block only, fast;\n"
             "MMVQ uses it once, to add the warps' partial sums", ha="center", va="center", fontsize=9, color="w")
     ax.add_patch(Rectangle((2, -11), 114, 6, fc="#264653", ec="k"))
     ax.text(59, -8, "global memory (HBM or GDDR), shared by all blocks: weights, activations, outputs.\n"
             "It moves 32-byte sectors of 128-byte lines: a warp's loads are cheap when its lanes read neighbouring bytes",
             ha="center", va="center", fontsize=9, color="w")
-    ax.text(x0 + lanes_shown * cw + 2, y0 + 12, "a warp runs\none instruction\nfor its 32 lanes\nat once",
+    ax.text(x0 + lanes_shown * cw + 3.5, y0 + 12, "a warp runs\none instruction\nfor its 32 lanes\nat once",
             fontsize=9, va="center")
     fig.tight_layout()
     return fig
