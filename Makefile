@@ -77,9 +77,11 @@ demo: setup
 	$(PY) -m llmlab warm -m $(MODEL)
 	$(PY) -m llmlab generate -m $(MODEL) -n 32 --temp 0 -p "$$(printf '$(DEMO_PROMPT)')"
 
-# ruff (pyproject.toml's [tool.ruff]): pycodestyle, pyflakes and bugbear over the code, tests, tools, benchmarks
+# ruff (pyproject.toml's [tool.ruff]): pycodestyle, pyflakes and bugbear over the code, tests, tools, benchmarks;
+# the notebooks' code cells at 88 columns (tools/lint_notebooks.py: JupyterLab does not wrap code)
 lint: setup-dev
 	$(PY) -m ruff check llmlab tests tools benchmarks
+	$(PY) tools/lint_notebooks.py
 
 # the oracles (llama-cpp-python, gguf-py) are installed here, so a test skipped for lack of one fails
 test: setup-dev lint

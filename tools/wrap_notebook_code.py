@@ -4,8 +4,9 @@
 
 Only code cells with a line over 88 columns change: runs of comment lines are rewrapped, a trailing comment
 too long for its line moves above it, and each statement still too long is formatted by ``ruff format
---range`` (that statement alone). Strings are never split: what is left is listed by
-``tools/lint_notebooks.py`` for a hand. Check afterwards that the code is the same (the module's AST is)
+--range`` (that statement alone); a string literal still too long becomes two adjacent literals, cut
+at a space outside an f-string's braces (Python joins them into the same string). What is left is listed
+by ``tools/lint_notebooks.py`` for a hand. Check afterwards that the code is the same (the module's AST is)
 and that a cell's last statement kept its ``;`` (ruff drops it; in a notebook it hides the cell's value).
 Meant to run after merging other edits to the sources, so that a merge never meets a reformatted cell.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import io
+import re
 import subprocess
 import sys
 import textwrap
@@ -108,6 +110,54 @@ def fix_cell(lines):
         code = new
     return code.rstrip("\n").split("\n")
 
+STRING_LINE = re.compile(r'^(\s*)([fF]?)(["\'])(.*)\3(\)?,?\)?,?)$')
+
+
+def split_string_line(line):
+    """A line that is one string literal (an argument, an element) as two adjacent literals, cut after a
+    space outside any ``{...}`` of an f-string; Python joins them back into the same string. None when
+    no cut is possible."""
+    m = STRING_LINE.match(line)
+    if not m or len(line) <= LIM:
+        return None
+    indent, prefix, quote, body, tail = m.groups()
+    if quote in body.replace("\\" + quote, ""):      # a literal that holds its own quote: leave it
+        return None
+    start = len(indent) + len(prefix) + 1
+    depth, cut, i = 0, None, 0
+    while i < len(body):
+        c = body[i]
+        if prefix and c in "{}" and body[i:i + 2] in ("{{", "}}"):
+            i += 2
+            continue
+        if c == "\\":
+            i += 2
+            continue
+        depth += (c == "{") - (c == "}") if prefix else 0
+        if c == " " and depth == 0 and start + i + 2 <= LIM and i + 1 < len(body):
+            cut = i + 1
+        i += 1
+    if cut is None:
+        return None
+    first, rest = body[:cut], body[cut:]
+    second_prefix = prefix if ("{" in rest or "}" in rest) else ""
+    return [f"{indent}{prefix if ('{' in first or '}' in first) else ''}{quote}{first}{quote}",
+            f"{indent}{second_prefix}{quote}{rest}{quote}{tail}"]
+
+
+def split_strings(lines):
+    out = []
+    for line in lines:
+        parts = [line]
+        while len(parts[-1]) > LIM:
+            two = split_string_line(parts[-1])
+            if two is None:
+                break
+            parts[-1:] = two
+        out += parts
+    return out
+
+
 def process(path):
     text = Path(path).read_text()
     lines = text.split("\n")
@@ -126,7 +176,7 @@ def process(path):
         k = len(body)
         while k and body[k - 1] == "":
             k -= 1
-        fixed = fix_cell(body[:k])
+        fixed = split_strings(fix_cell(body[:k]))
         if body[k - 1].rstrip().endswith(";") and not fixed[-1].rstrip().endswith(";"):
             fixed[-1] += ";"          # ruff drops it; in a notebook it keeps the cell's value from showing
         out += [head] + fixed + body[k:]

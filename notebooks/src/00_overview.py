@@ -44,7 +44,8 @@ import importlib.util, subprocess, sys
 if importlib.util.find_spec("llmlab") is None:
     if not LLMLAB_PIP:
         raise RuntimeError(
-            "llmlab is not installed here: set LLMLAB_PIP in this cell, then run it again"
+            "llmlab is not installed here: set LLMLAB_PIP in this cell, then run it "
+            "again"
         )
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "-q", LLMLAB_PIP], check=True
@@ -132,7 +133,10 @@ from llmlab.generate import Generation, generate
 
 model = Model(paths["smollm2"])
 tok = Tokenizer.from_model(paths["smollm2"])
-prompt = "<|im_start|>user\nWhat is the capital of France? Answer in one sentence, then give one fact about it.<|im_end|>\n<|im_start|>assistant\n"
+prompt = (
+    "<|im_start|>user\nWhat is the capital of France? Answer in one sentence, "
+    "then give one fact about it.<|im_end|>\n<|im_start|>assistant\n"
+)
 ids = tok.tokenize(prompt, add_bos=True, special=True)
 print(f"prompt: {len(ids)} tokens {ids}")
 

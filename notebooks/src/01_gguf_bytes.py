@@ -30,7 +30,8 @@ import importlib.util, subprocess, sys
 if importlib.util.find_spec("llmlab") is None:
     if not LLMLAB_PIP:
         raise RuntimeError(
-            "llmlab is not installed here: set LLMLAB_PIP in this cell, then run it again"
+            "llmlab is not installed here: set LLMLAB_PIP in this cell, then run it "
+            "again"
         )
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "-q", LLMLAB_PIP], check=True
@@ -133,7 +134,8 @@ ax.set_xlabel("kB in the file"); ax.set_title("largest metadata values")
 plt.tight_layout(); plt.show()
 vocab_bytes = sum(b for k, b in sizes if k.startswith("tokenizer.ggml."))
 print(
-    f"tokenizer arrays: {vocab_bytes / 1e6:.2f} MB of {f.data_offset / 1e6:.2f} MB before the tensor data"
+    f"tokenizer arrays: {vocab_bytes / 1e6:.2f} MB of {f.data_offset / 1e6:.2f} MB "
+    "before the tensor data"
 )
 
 # %% [markdown]
@@ -164,7 +166,8 @@ print(entry.hex(" "))
 ne = struct.unpack_from(f"<{n_dims}Q", entry, 12 + nlen)
 ttype, offset = struct.unpack_from("<IQ", entry, 12 + nlen + 8 * n_dims)
 print(
-    f"name={entry[8 : 8 + nlen].decode()!r} ne={ne} type id={ttype} ({t.type.name}) offset={offset:,}"
+    f"name={entry[8 : 8 + nlen].decode()!r} ne={ne} type id={ttype} ({t.type.name}) "
+    f"offset={offset:,}"
 )
 assert (ne, ttype, offset) == (t.shape, t.type.id, t.offset)
 
@@ -180,7 +183,8 @@ assert (ne, ttype, offset) == (t.shape, t.type.id, t.offset)
 # %%
 dir_end = f.tensors[-1].info_span.end
 print(
-    f"directory ends at {dir_end:,}; alignment {f.alignment}; data section starts at {f.data_offset:,} "
+    f"directory ends at {dir_end:,}; alignment {f.alignment}; data section starts at "
+    f"{f.data_offset:,} "
     f"({f.data_offset - dir_end} padding bytes)"
 )
 assert f.data_offset % f.alignment == 0 and all(
@@ -294,9 +298,12 @@ for phase in timings["smollm2"]:
     rows.append([phase] + [f"{1e3 * timings[m][phase]:.2f} ms" for m in timings])
 display(table(["phase", "SmolLM2 (98 MB)", "Gemma 3 (253 MB)"], rows))
 for m, t in timings.items():
+    read_s = t["4c. data loading: read() into memory"]
+    bind_s = t["4a. data binding: mmap views"]
     print(
-        f"{m}: mmap binding is {t['4c. data loading: read() into memory'] / t['4a. data binding: mmap views']:.0f}x "
-        f"faster than reading everything; the cost moves to the first touch of each page"
+        f"{m}: mmap binding is {read_s / bind_s:.0f}x "
+        "faster than reading everything; the cost moves to the first touch of each "
+        "page"
     )
 
 # %% [markdown]
@@ -316,17 +323,21 @@ t = f.tensor("blk.0.attn_q.weight")
 base = f.buffer.__array_interface__["data"][0]                  # mmap_base
 ptr = t.data.__array_interface__["data"][0]
 print(
-    f"{t.name}: type {t.type.name}, ne {list(t.shape)}, offset {t.offset:,} in the data section"
+    f"{t.name}: type {t.type.name}, ne {list(t.shape)}, offset {t.offset:,} in the "
+    "data section"
 )
 print(
-    f"mmap_base + data_offset + offset = {base:#x} + {f.data_offset:#x} + {t.offset:#x} = {base + f.data_offset + t.offset:#x}"
+    f"mmap_base + data_offset + offset = {base:#x} + {f.data_offset:#x} + "
+    f"{t.offset:#x} = {base + f.data_offset + t.offset:#x}"
 )
 print(f"address of the numpy view's first byte               = {ptr:#x}")
 assert ptr == base + f.data_offset + t.offset
 blocks = t.blocks
 print(
-    f"as q4_1 blocks: numpy shape {blocks.shape} = {t.shape[1]} rows x {t.shape[0] // t.type.block_size} blocks "
-    f"of {t.type.block_size} weights in {t.type.type_size} bytes ({t.type.bits_per_weight} bits per weight)"
+    f"as q4_1 blocks: numpy shape {blocks.shape} = {t.shape[1]} rows x "
+    f"{t.shape[0] // t.type.block_size} blocks "
+    f"of {t.type.block_size} weights in {t.type.type_size} bytes "
+    f"({t.type.bits_per_weight} bits per weight)"
 )
 
 # %% [markdown]
@@ -392,7 +403,8 @@ if nb.has_oracle("the cross-check with gguf-py", module="gguf"):
         ) == (b.name, b.type.id, list(b.shape), b.data_span.start)
     print(
         f"gguf-py agrees on every key checked and every tensor record; "
-        f"gguf-py: {t_ref:.2f} s, llmlab: {1e3 * t_mine:.0f} ms to open ({t_ref / t_mine:.0f}x)"
+        f"gguf-py: {t_ref:.2f} s, llmlab: {1e3 * t_mine:.0f} ms to open "
+        f"({t_ref / t_mine:.0f}x)"
     )
 
 # %% [markdown]

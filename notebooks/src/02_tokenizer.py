@@ -36,7 +36,8 @@ import importlib.util, subprocess, sys
 if importlib.util.find_spec("llmlab") is None:
     if not LLMLAB_PIP:
         raise RuntimeError(
-            "llmlab is not installed here: set LLMLAB_PIP in this cell, then run it again"
+            "llmlab is not installed here: set LLMLAB_PIP in this cell, then run it "
+            "again"
         )
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "-q", LLMLAB_PIP], check=True
@@ -66,7 +67,8 @@ for name, label in [("smollm2", "SmolLM2 (BPE)"), ("gemma3", "Gemma 3 (SPM)")]:
         dt = time.perf_counter() - t0
     toks[label] = Tokenizer(vocab)
     print(
-        f"{label:15} {vocab.model:>5}/{vocab.pre:<8} {len(vocab):>7,} tokens, vocabulary read in {dt * 1e3:.0f} ms, "
+        f"{label:15} {vocab.model:>5}/{vocab.pre:<8} {len(vocab):>7,} tokens, "
+        f"vocabulary read in {dt * 1e3:.0f} ms, "
         f"add_bos={vocab.add_bos}, add_space_prefix={vocab.add_space_prefix}"
     )
 smol, gemma = toks["SmolLM2 (BPE)"], toks["Gemma 3 (SPM)"]
@@ -132,7 +134,8 @@ display(td.viterbi_table("hugs"))
 norm = td.ugm_normalize("hugs")
 greedy = td.greedy_longest(norm, td.UGM_VOCAB)
 print(
-    f"greedy longest prefix: {greedy} total {td.score(greedy):.1f};  Viterbi: {td.unigram('hugs')} "
+    f"greedy longest prefix: {greedy} total {td.score(greedy):.1f};  Viterbi: "
+    f"{td.unigram('hugs')} "
     f"total {td.score(td.unigram('hugs')):.1f}"
 )
 
@@ -397,7 +400,8 @@ for label, tok in toks.items():
     dt = time.perf_counter() - t0
     assert tok.detokenize(ids) == notes
     print(
-        f"{label}: {len(notes.encode()) / 1e3:.0f} KB of Chinese notes -> {len(ids)} tokens in {dt * 1e3:.0f} ms"
+        f"{label}: {len(notes.encode()) / 1e3:.0f} KB of Chinese notes -> {len(ids)} "
+        f"tokens in {dt * 1e3:.0f} ms"
     )
 
 # %% [markdown]

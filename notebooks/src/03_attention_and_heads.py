@@ -50,7 +50,8 @@ import importlib.util, subprocess, sys
 if importlib.util.find_spec("llmlab") is None:
     if not LLMLAB_PIP:
         raise RuntimeError(
-            "llmlab is not installed here: set LLMLAB_PIP in this cell, then run it again"
+            "llmlab is not installed here: set LLMLAB_PIP in this cell, then run it "
+            "again"
         )
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "-q", LLMLAB_PIP], check=True
@@ -173,7 +174,8 @@ for key in ids:
     t = time.time()
     traces[key] = A.trace(mdl[key[0]], ids[key])
     print(
-        f"{key[0]:8} {key[1]}: {len(ids[key]):2} tokens, {len(traces[key].layers)} layers traced in {time.time() - t:.1f}s"
+        f"{key[0]:8} {key[1]}: {len(ids[key]):2} tokens, {len(traces[key].layers)} "
+        f"layers traced in {time.time() - t:.1f}s"
     )
 
 # %% [markdown]
@@ -206,10 +208,12 @@ for name, tb in blocks.items():
     assert all(f"{node}-0" in tb.names for node, _, _ in vb.BLOCK_STEPS[mdl[name].arch])
 layer0 = [f"{n} ({op})" for n, op in blocks["SmolLM2"].nodes if n.endswith("-0")]
 print(
-    f"SmolLM2's {len(layer0)} named nodes of layer 0, in the order the graph computes them."
+    f"SmolLM2's {len(layer0)} named nodes of layer 0, in the order the graph computes "
+    "them."
 )
 print(
-    "A name can stand for several nodes: Qcur and Kcur name the projection, its reshape into heads"
+    "A name can stand for several nodes: Qcur and Kcur name the projection, its "
+    "reshape into heads"
 )
 print("and its ROPE; norm is the RMS_NORM before each of the two branches.")
 for i in range(0, len(layer0), 4):
@@ -252,14 +256,16 @@ assert np.array_equal(B.rms_norm(L0.x, tb.eps, L0.norm_w), L0.attn_norm)
 x0, n0 = L0.x[q].astype(np.float64), L0.normed[q].astype(np.float64)
 rms = lambda v: float(np.sqrt((np.asarray(v, np.float64) ** 2).mean()))
 print(
-    f"the row of {labels[key][q]}: RMS {rms(x0):.4f}, mean {x0.mean():+.4f}  ->  normalised: RMS {rms(n0):.4f}, "
+    f"the row of {labels[key][q]}: RMS {rms(x0):.4f}, mean {x0.mean():+.4f}  ->  "
+    f"normalised: RMS {rms(n0):.4f}, "
     f"mean {n0.mean():+.4f}  (eps = {tb.eps:g})"
 )
 # the point of the norm: a row 10x larger gives the same normalised row (up to eps, 1e-5
 # next to mean(x²) = 0.016)
 big = B.rms_norm(10 * L0.x, tb.eps)
 print(
-    f"x and 10 x normalise to the same row: max |difference| {np.abs(big - L0.normed).max():.1e}"
+    "x and 10 x normalise to the same row: max |difference| "
+    f"{np.abs(big - L0.normed).max():.1e}"
 )
 assert np.allclose(big, L0.normed, rtol=1e-3, atol=1e-5)
 fig = vb.plot_rms_norm(tb, 0, q, labels[key][q])
@@ -279,7 +285,8 @@ assert np.array_equal(
 )
 print(
     f"Gemma 3, layer 6: stored weight (= 1 + w) from {gw.min():.3g} to {gw.max():.3g}; "
-    f"SmolLM2, layer 6: from {blocks['SmolLM2'][6].norm_w.min():.3g} to {blocks['SmolLM2'][6].norm_w.max():.3g}"
+    f"SmolLM2, layer 6: from {blocks['SmolLM2'][6].norm_w.min():.3g} to "
+    f"{blocks['SmolLM2'][6].norm_w.max():.3g}"
 )
 
 # %% [markdown]
@@ -323,7 +330,8 @@ for name, m in mdl.items():
             B.rope(L_.k_pre, L_.pos, tb.rope_mode, h.rope_base(il), h.n_rot), L_.k
         )
     print(
-        f"{name:8} {tb.rope_mode.upper()} pairs over {h.n_rot} dimensions per head, base "
+        f"{name:8} {tb.rope_mode.upper()} pairs over {h.n_rot} dimensions per head, "
+        "base "
         + ", ".join(
             sorted({f"{h.rope_base(il):g}" for il in range(h.n_layer)}, key=float)
         )
@@ -390,7 +398,8 @@ s_a, s_b = (
     float(rot(qv, q + 100) @ rot(kvec, m_tok + 100)),
 )
 print(
-    f"score at positions ({q}, {m_tok}): {s_a:.6f};  at ({q + 100}, {m_tok + 100}): {s_b:.6f}"
+    f"score at positions ({q}, {m_tok}): {s_a:.6f};  at ({q + 100}, {m_tok + 100}): "
+    f"{s_b:.6f}"
 )
 assert abs(s_a - s_b) < 1e-4 * abs(s_a)
 
@@ -421,11 +430,14 @@ _, LAYER, HEAD = ranked[0]
 L = tr[LAYER]
 n = len(ids[key])
 print(
-    f"layer {LAYER}: q {L.q.shape} (n_head, n_q, d_k)   k {L.k.shape} (n_head_kv, n_kv, d_k)   "
-    f"v {L.v.shape}   kq {L.kq.shape}   mask {L.mask.shape}   probs {L.probs.shape}   kqv_out {L.kqv_out.shape}"
+    f"layer {LAYER}: q {L.q.shape} (n_head, n_q, d_k)   k {L.k.shape} (n_head_kv, "
+    "n_kv, d_k)   "
+    f"v {L.v.shape}   kq {L.kq.shape}   mask {L.mask.shape}   probs {L.probs.shape}   "
+    f"kqv_out {L.kqv_out.shape}"
 )
 print(
-    f"n_kv = {L.k.shape[1]}: the cache window is padded to 256 cells; the {n} tokens sit in cells 0..{n - 1}, "
+    f"n_kv = {L.k.shape[1]}: the cache window is padded to 256 cells; the {n} tokens "
+    f"sit in cells 0..{n - 1}, "
     "the rest are masked"
 )
 
@@ -461,7 +473,8 @@ np.testing.assert_allclose(
 o_plain, p_plain = A.attention(L.q, L.k, L.v, L.mask, L.scale, return_probs=True)
 err = np.abs(A.merge_heads(o_plain) - L.kqv_out).max() / np.abs(L.kqv_out).max()
 print(
-    f"scale = {L.scale} = 1/sqrt({L.q.shape[-1]});  plain float64 attention vs the engine's kqv_out: "
+    f"scale = {L.scale} = 1/sqrt({L.q.shape[-1]});  plain float64 attention vs the "
+    "engine's kqv_out: "
     f"max rel err {err:.1e} (the f16 roundings)"
 )
 assert err < 5e-3
@@ -568,8 +581,10 @@ for h in range(hp.n_head):
         L.kq[h], f16(L.q[h]) @ L.k[h // hp.n_gqa].T, rtol=1e-5, atol=1e-4
     )
 print(
-    f"SmolLM2: {hp.n_head} query heads share {hp.n_head_kv} KV heads (groups of {hp.n_gqa});  "
-    f"Gemma 3: {gemma.hparams.n_head} query heads share {gemma.hparams.n_head_kv} KV head of {gemma.hparams.n_embd_head_k}"
+    f"SmolLM2: {hp.n_head} query heads share {hp.n_head_kv} KV heads (groups of "
+    f"{hp.n_gqa});  "
+    f"Gemma 3: {gemma.hparams.n_head} query heads share {gemma.hparams.n_head_kv} KV "
+    f"head of {gemma.hparams.n_embd_head_k}"
 )
 
 # %% [markdown]
@@ -630,9 +645,12 @@ display(table(["model", "n_ctx", "n_layer", "n_embd_gqa", "bytes", "GiB", "GB"],
 assert A.SEED_MODELS["LLaMA-7B"].kv_bytes(2048) == 2**30  # the seed's "1.0 GB"
 ds = A.SEED_MODELS["DeepSeek-V2"]
 print(
-    f"DeepSeek-V2: latent d_c = {ds.d_c}; the seed compares it with h x d_k = 12288 (24x). With the published "
-    f"config (128 heads of 128) full K+V would be {ds.mha_per_token_layer} numbers per token per layer, MLA caches "
-    f"{ds.per_token_layer} ({ds.d_c} + {ds.d_rope} RoPE dims): {ds.saving:.1f}x smaller."
+    f"DeepSeek-V2: latent d_c = {ds.d_c}; the seed compares it with h x d_k = 12288 "
+    "(24x). With the published "
+    f"config (128 heads of 128) full K+V would be {ds.mha_per_token_layer} numbers per "
+    "token per layer, MLA caches "
+    f"{ds.per_token_layer} ({ds.d_c} + {ds.d_rope} RoPE dims): {ds.saving:.1f}x "
+    "smaller."
 )
 
 # %% [markdown]
@@ -699,8 +717,10 @@ tiled, stats = A.flash_attention(
 )
 diff = np.abs(tiled - naive).max()
 print(
-    f"flash (tiles 16x16) vs naive: max |diff| = {diff:.1e};  tiles computed {stats.tiles_computed}, skipped "
-    f"{stats.tiles_skipped};  largest score block {stats.peak_scores} elements (naive: {n * n});  "
+    f"flash (tiles 16x16) vs naive: max |diff| = {diff:.1e};  tiles computed "
+    f"{stats.tiles_computed}, skipped "
+    f"{stats.tiles_skipped};  largest score block {stats.peak_scores} elements (naive: "
+    f"{n * n});  "
     f"running max grew {stats.rescales} times"
 )
 assert diff < 1e-12
@@ -730,7 +750,8 @@ errs = [
     for il in range(smol.hparams.n_layer)
 ]
 print(
-    f"engine FLASH_ATTN_EXT vs naive kq -> softmax -> kqv: layer 0 (same inputs) max rel err {errs[0]:.1e}; "
+    "engine FLASH_ATTN_EXT vs naive kq -> softmax -> kqv: layer 0 (same inputs) max "
+    f"rel err {errs[0]:.1e}; "
     f"by layer 29 the two runs' inputs have drifted apart too: {errs[-1]:.1e}"
 )
 # f16 roundings: the flash path keeps its running output in f16, the naive one rounds P
@@ -738,8 +759,10 @@ assert errs[0] < 3e-3
 # (n_q, n_kv): the cells each query row walks
 m_en = traces[k_en][0].mask
 print(
-    f"ggml-cpu's row path on this {m_en.shape[0]}-token prompt: {np.isfinite(m_en).sum()} of the {m_en.size} "
-    f"(query, cell) pairs of the padded window get a dot product per head; the other {np.isinf(m_en).sum()} are "
+    f"ggml-cpu's row path on this {m_en.shape[0]}-token prompt: "
+    f"{np.isfinite(m_en).sum()} of the {m_en.size} "
+    "(query, cell) pairs of the padded window get a dot product per head; the other "
+    f"{np.isinf(m_en).sum()} are "
     "skipped at the mask"
 )
 
@@ -762,8 +785,10 @@ for name, m in mdl.items():
     n_ffn = sum(int(np.prod(t.ne)) for t in (Lw.ffn_gate, Lw.ffn_up, Lw.ffn_down))
     n_att = sum(int(np.prod(t.ne)) for t in (Lw.wq, Lw.wk, Lw.wv, Lw.wo))
     print(
-        f"{name:8} n_embd {m.hparams.n_embd} -> n_ff {Lw.ffn_up.ne[1]} -> {m.hparams.n_embd}: FFN {n_ffn / 1e6:.2f} M "
-        f"weights per layer, attention {n_att / 1e6:.2f} M ({n_ffn / (n_ffn + n_att):.0%} in the FFN); "
+        f"{name:8} n_embd {m.hparams.n_embd} -> n_ff {Lw.ffn_up.ne[1]} -> "
+        f"{m.hparams.n_embd}: FFN {n_ffn / 1e6:.2f} M "
+        f"weights per layer, attention {n_att / 1e6:.2f} M "
+        f"({n_ffn / (n_ffn + n_att):.0%} in the FFN); "
         f"activation {blocks[name].act}"
     )
 # the engine's ffn_swiglu / ffn_geglu, bit for bit
@@ -774,9 +799,12 @@ Lf = blocks["SmolLM2"][LAYER]
 g, p = Lf.gate[q], Lf.glu[q]
 top = np.argsort(-np.abs(p))[: len(p) // 10]
 print(
-    f"SmolLM2, layer {LAYER}, token {labels[key][q]}: {(g < 0).mean():.0%} of the {len(g)} gates are negative "
-    f"(silu between {B.silu_f64(g[g < 0]).min():.2f} and 0); the 10% largest products carry "
-    f"{(np.abs(p[top]).sum() / np.abs(p).sum()):.0%} of the row's total |silu(gate) * up|"
+    f"SmolLM2, layer {LAYER}, token {labels[key][q]}: {(g < 0).mean():.0%} of the "
+    f"{len(g)} gates are negative "
+    f"(silu between {B.silu_f64(g[g < 0]).min():.2f} and 0); the 10% largest products "
+    "carry "
+    f"{(np.abs(p[top]).sum() / np.abs(p).sum()):.0%} of the row's total |silu(gate) * "
+    "up|"
 )
 fig = vb.plot_glu(blocks["SmolLM2"], LAYER, q, labels[key][q])
 
@@ -811,7 +839,8 @@ streams = {name: tb.stream_rms() for name, tb in blocks.items()}
 for name, r in streams.items():
     others = np.median(r[:, 1:], axis=1)
     print(
-        f"{name:8} RMS of a row: {np.median(r[0]):.3g} entering layer 0 -> {np.median(r[-1]):.3g} after the last "
+        f"{name:8} RMS of a row: {np.median(r[0]):.3g} entering layer 0 -> "
+        f"{np.median(r[-1]):.3g} after the last "
         f"layer (median over tokens); the first token peaks at {r[:, 0].max():.3g}, "
         f"{(r[:, 0] / others).max():.0f}x the others' median"
     )
@@ -1226,11 +1255,13 @@ dots = {cpu: vec_dot_f16(q[None], k, cpu) for cpu in ("avx2", "avx512")}
 exact = (q.astype(np.float64) * k.astype(np.float64)).sum(-1)
 differ = np.flatnonzero(dots["avx2"] != dots["avx512"])
 print(
-    f"{len(k)} keys: AVX2 and AVX-512 give different float32 scores for {len(differ)} of them"
+    f"{len(k)} keys: AVX2 and AVX-512 give different float32 scores for {len(differ)} "
+    "of them"
 )
 for j in differ[:4]:
     print(
-        f"  key {j}: AVX2 {dots['avx2'][j]:.9g}  AVX-512 {dots['avx512'][j]:.9g}  exact sum {exact[j]:.10f}"
+        f"  key {j}: AVX2 {dots['avx2'][j]:.9g}  AVX-512 {dots['avx512'][j]:.9g}  "
+        f"exact sum {exact[j]:.10f}"
     )
 
 # %% [markdown]
@@ -1369,7 +1400,8 @@ n_diff = sum(
     for w in W_out
 )
 print(
-    f"all {len(W_out)} rows of the matrix: the two orders give different bits for {n_diff}"
+    f"all {len(W_out)} rows of the matrix: the two orders give different bits for "
+    f"{n_diff}"
 )
 
 # %% [markdown]
@@ -1386,13 +1418,15 @@ n_cells = traces[("SmolLM2", "en")].n_cells(0)
 f16 = ca.f16_scores(L0.q, L0.k[:, :n_cells], L0.mask, L0.scale)
 e86, earm = f16.max_error("avx2"), f16.max_error("arm_dotprod_fp16")
 print(
-    f"scores: max |error| vs the exact sum: x86 (f32 accumulators) {e86:.2g}, ARM (f16 accumulators) {earm:.2g}; "
+    f"scores: max |error| vs the exact sum: x86 (f32 accumulators) {e86:.2g}, ARM (f16 "
+    f"accumulators) {earm:.2g}; "
     f"max |x86 - ARM| {f16.max_diff():.3g} (scores up to {np.abs(f16.exact).max():.3g})"
 )
 print(f"softmax probabilities: max |x86 - ARM| {f16.max_diff('probs'):.3g}")
 run = ca.running_f16_sum(q, k[0])
 print(
-    f"query 'head 0, last token' . key 0, after each 32 elements, float16 running sum: {run.tolist()}"
+    "query 'head 0, last token' . key 0, after each 32 elements, float16 running sum: "
+    f"{run.tolist()}"
     f" (exact {(q.astype(np.float64) @ k[0]):.6f})"
 )
 ca.plot_f16_errors(f16)
@@ -1430,8 +1464,10 @@ for name, ex_rows in examples.items():
     display(table(ca.Q8_0_DIFF_HEADERS, ex_rows))
 _, c86, carm = ca.q8_0_codes(x_act).values()
 print(
-    f"the row of part 1 (kqv_out-0, last token): {int((c86 != carm).sum())} of its {x_act.size} codes differ "
-    f"between x86 and ARM; in all: {sum(r[2] for r in changes)} of {sum(r[1] for r in changes)} values"
+    f"the row of part 1 (kqv_out-0, last token): {int((c86 != carm).sum())} of its "
+    f"{x_act.size} codes differ "
+    f"between x86 and ARM; in all: {sum(r[2] for r in changes)} of "
+    f"{sum(r[1] for r in changes)} values"
 )
 assert sum(r[2] for r in changes) > 0
 

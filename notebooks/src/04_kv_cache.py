@@ -39,7 +39,8 @@ import importlib.util, subprocess, sys
 if importlib.util.find_spec("llmlab") is None:
     if not LLMLAB_PIP:
         raise RuntimeError(
-            "llmlab is not installed here: set LLMLAB_PIP in this cell, then run it again"
+            "llmlab is not installed here: set LLMLAB_PIP in this cell, then run it "
+            "again"
         )
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "-q", LLMLAB_PIP], check=True
@@ -183,17 +184,20 @@ print(f"prefill: {run['n_prompt']} tokens in {run['prefill_s'] * 1e3:.0f} ms "
 print(
     "decode steps (ms):",
     [round(s * 1e3) for s in run["decode_s"]],
-    f"-> {np.median(run['decode_s']) / (run['prefill_s'] / run['n_prompt']):.1f}x a prefill token",
+    f"-> {np.median(run['decode_s']) / (run['prefill_s'] / run['n_prompt']):.1f}x a "
+    "prefill token",
 )
 print(
-    f"llmlab, cached steps vs one fresh batch over everything: max |logit diff| = {run['max_abs_diff']:.3g} "
+    "llmlab, cached steps vs one fresh batch over everything: max |logit diff| = "
+    f"{run['max_abs_diff']:.3g} "
     f"(logits up to {run['logits_scale']:.1f})"
 )
 if nb.has_oracle("the same cached and fresh runs in llama.cpp"):
     # prefill + one token at a time, and one batch
     ref_cached, ref_fresh = llamacpp.cached_vs_fresh(p, prompt, run["generated"])
     print(
-        f"llama.cpp, cached steps vs one fresh batch: max |logit diff| = {np.abs(ref_cached - ref_fresh).max():.3g}"
+        "llama.cpp, cached steps vs one fresh batch: max |logit diff| = "
+        f"{np.abs(ref_cached - ref_fresh).max():.3g}"
     )
     if expect(
         EXACT,
@@ -409,7 +413,8 @@ g = KVCacheISWA(
     allocate=False,
 )
 print(
-    f"Gemma 3 at n_ctx=4096: global cache {g.base.size} cells x {len(g.base.layers)} layers, "
+    f"Gemma 3 at n_ctx=4096: global cache {g.base.size} cells x {len(g.base.layers)} "
+    "layers, "
     f"sliding-window cache {g.swa.size} cells x {len(g.swa.layers)} layers"
 )
 
@@ -478,7 +483,8 @@ if nb.has_oracle("llama.cpp's own KV-cache accounting"):
 # %%
 def calculator(model, n_ctx, cache_type):
     r = vk.kv_size_rows([shapes[model]], [n_ctx], [cache_type])[0]
-    return f"<b>{model}</b>, n_ctx={n_ctx}, {cache_type}: <b>{vk.human_bytes(r['bytes'])}</b>"
+    size = vk.human_bytes(r["bytes"])
+    return f"<b>{model}</b>, n_ctx={n_ctx}, {cache_type}: <b>{size}</b>"
 
 
 nb.live(

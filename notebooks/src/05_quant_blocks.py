@@ -31,7 +31,8 @@ import importlib.util, subprocess, sys
 if importlib.util.find_spec("llmlab") is None:
     if not LLMLAB_PIP:
         raise RuntimeError(
-            "llmlab is not installed here: set LLMLAB_PIP in this cell, then run it again"
+            "llmlab is not installed here: set LLMLAB_PIP in this cell, then run it "
+            "again"
         )
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "-q", LLMLAB_PIP], check=True
@@ -286,7 +287,8 @@ g_t = gemma.tensor("blk.2.ffn_down.weight")
 # one 2048-wide row
 g_row = Q.dequantize(g_t.data[: g_t.type.row_size(g_t.shape[0])], g_t.type)
 print(
-    f"{g_t.name}: stored as {g_t.type.name}, row of {g_row.size}, values in [{g_row.min():.3f}, {g_row.max():.3f}]"
+    f"{g_t.name}: stored as {g_t.type.name}, row of {g_row.size}, values in "
+    f"[{g_row.min():.3f}, {g_row.max():.3f}]"
 )
 quantizable = [
     t.name
@@ -480,7 +482,8 @@ except Exception as e:
     print("once unregistered, the same file is refused:", e)
 buf.unlink()
 print(
-    f"relative RMS error: mini1 {rms_mini1:.3f}  vs  q1_0 {checklist.rms_error(real[:4096], 'q1_0'):.3f}"
+    f"relative RMS error: mini1 {rms_mini1:.3f}  vs  q1_0 "
+    f"{checklist.rms_error(real[:4096], 'q1_0'):.3f}"
 )
 
 # %% [markdown]
@@ -520,10 +523,12 @@ read_bw, link_bw = 3e9, 25e9                                  # assumed, not mea
 t = cs.load.upload_timeline(chunks, read_bw, link_bw)
 serial = sum(c.read_bytes / read_bw + c.copy_bytes / link_bw for c in chunks)
 print(
-    f"{len(tensors)} tensors, {sum(n for *_, n in tensors) / 1e6:.1f} MB -> {len(chunks)} chunks of at most 1 MiB"
+    f"{len(tensors)} tensors, {sum(n for *_, n in tensors) / 1e6:.1f} MB -> "
+    f"{len(chunks)} chunks of at most 1 MiB"
 )
 print(
-    f"read, then upload, one chunk at a time: {serial * 1e3:.1f} ms;  with the ring of 4 buffers: {t[-1, 3] * 1e3:.1f} ms "
+    f"read, then upload, one chunk at a time: {serial * 1e3:.1f} ms;  with the ring of "
+    f"4 buffers: {t[-1, 3] * 1e3:.1f} ms "
     f"(the reads alone take {sum(c.read_bytes for c in chunks) / read_bw * 1e3:.1f} ms)"
 )
 assert (

@@ -32,7 +32,8 @@ import importlib.util, subprocess, sys
 if importlib.util.find_spec("llmlab") is None:
     if not LLMLAB_PIP:
         raise RuntimeError(
-            "llmlab is not installed here: set LLMLAB_PIP in this cell, then run it again"
+            "llmlab is not installed here: set LLMLAB_PIP in this cell, then run it "
+            "again"
         )
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "-q", LLMLAB_PIP], check=True
@@ -149,7 +150,8 @@ print("any node with data?", any(t.data is not None for t in gf.nodes))
 # %%
 for i, t in enumerate(gf.nodes):
     print(
-        f"{i:2d}  {t.op:<10} {t.name:<28} {t.shape_str():<14} <- {', '.join(s.name for s in t.src)}"
+        f"{i:2d}  {t.op:<10} {t.name:<28} {t.shape_str():<14} <- "
+        f"{', '.join(s.name for s in t.src)}"
     )
 print("\nleafs:", [t.name for t in gf.leafs])
 
@@ -279,7 +281,8 @@ for name in [
 ]:
     t, i = model.tensor(name), info[name]
     print(
-        f"{name:<24} {t.type.name:<5} ne={list(t.ne[: t.n_dims])!s:<14} shares the file's bytes: "
+        f"{name:<24} {t.type.name:<5} ne={list(t.ne[: t.n_dims])!s:<14} shares the "
+        "file's bytes: "
         f"{np.shares_memory(t.data, i.data)}"
     )
 leaf_names = {t.name for t in g.gf.leafs}
@@ -617,7 +620,8 @@ if nb.has_oracle("the node-by-node comparison with llama.cpp's graph"):
     cap = llamacpp.capture(path, ids, flash_attn=False)
     report = llamacpp.diff(llamacpp.llmlab_nodes(path, ids, flash_attn=False), cap)
     print(
-        f"llama.cpp computed {len(cap.nodes)} nodes ({len(cap.compute_nodes())} compute nodes);",
+        f"llama.cpp computed {len(cap.nodes)} nodes ({len(cap.compute_nodes())} "
+        "compute nodes);",
         report.summary(),
     )
     display(vl.diff_table(report, layer=0))
@@ -673,7 +677,8 @@ if live:
     print(f"{rpc_bin}\n" + "\n".join(map(repr, servers)))
 else:
     print(
-        f"rpc-server is not built on this machine: run `{rpc_lab.BUILD_HINT}` (about 15 minutes), "
+        f"rpc-server is not built on this machine: run `{rpc_lab.BUILD_HINT}` (about "
+        "15 minutes), "
         "then run this section again; its live cells are skipped."
     )
 
@@ -776,7 +781,8 @@ if live:
     up_first = sum(r["bytes_out"] + r["bytes_in"] for r in first)
     per_token = sum(r["bytes_out"] + r["bytes_in"] for r in one)
     print(
-        f"\n{up_first / 1e6:.1f} MB for the first decode, {per_token / 1e3:.1f} kB per token after it"
+        f"\n{up_first / 1e6:.1f} MB for the first decode, {per_token / 1e3:.1f} kB per "
+        "token after it"
     )
     # no weight goes up again
     assert all(r["bytes_out"] < 16_000 for r in one if r["command"] == "SET_TENSOR")
@@ -802,7 +808,8 @@ if live:
     print(format_table(srows))
     rt_token = sum(r["round_trips"] for r in one)
     print(
-        f"\n{rt_token} round trips per token: the inputs of the next split and the logits come back once each"
+        f"\n{rt_token} round trips per token: the inputs of the next split and the "
+        "logits come back once each"
     )
 
 # %% [markdown]
@@ -824,7 +831,8 @@ if live:
              rpc_lab.Link("across a city (VPN)", 15e-3, 12e6)]
     wt = [rpc_lab.wire_time(lk, rt_token, per_token) for lk in links]
     print(
-        f"measured here: RTT {rtt * 1e6:.0f} µs, {bw / 1e9:.2f} GB/s ({big.name}, {big.nbytes() / 1e6:.1f} MB)"
+        f"measured here: RTT {rtt * 1e6:.0f} µs, {bw / 1e9:.2f} GB/s ({big.name}, "
+        f"{big.nbytes() / 1e6:.1f} MB)"
     )
     display(
         table(
@@ -854,8 +862,10 @@ if live:
     plt.show()
     step = float(np.median(rpc_secs[1:]))
     print(
-        f"one decode step through the servers took {1e3 * step:.0f} ms here, most of it llmlab's Python "
-        f"(the CPU's split and the client); the wire's share on loopback: {100 * wt[0]['wire_ms'] / 1e3 / step:.2f}%"
+        f"one decode step through the servers took {1e3 * step:.0f} ms here, most of "
+        "it llmlab's Python "
+        "(the CPU's split and the client); the wire's share on loopback: "
+        f"{100 * wt[0]['wire_ms'] / 1e3 / step:.2f}%"
     )
 
 # %% [markdown]

@@ -42,7 +42,8 @@ import importlib.util, subprocess, sys
 if importlib.util.find_spec("llmlab") is None:
     if not LLMLAB_PIP:
         raise RuntimeError(
-            "llmlab is not installed here: set LLMLAB_PIP in this cell, then run it again"
+            "llmlab is not installed here: set LLMLAB_PIP in this cell, then run it "
+            "again"
         )
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "-q", LLMLAB_PIP], check=True
@@ -145,11 +146,13 @@ machines = {
     "H100 SXM, FP32": (67e12, 3.35e12),
 }
 print(
-    f"q4_K: {q4k.size} bytes per 256 weights = {bytes_per_weight} byte/weight -> {ai_q4k:.2f} FLOP/byte"
+    f"q4_K: {q4k.size} bytes per 256 weights = {bytes_per_weight} byte/weight -> "
+    f"{ai_q4k:.2f} FLOP/byte"
 )
 for name, (peak, bw) in machines.items():
     print(
-        f"{name:24s} ridge {peak / bw:6.1f} FLOP/byte: q4_K decode is {'bandwidth' if ai_q4k < peak / bw else 'compute'} bound"
+        f"{name:24s} ridge {peak / bw:6.1f} FLOP/byte: q4_K decode is "
+        f"{'bandwidth' if ai_q4k < peak / bw else 'compute'} bound"
     )
 assert abs(ai_q4k - 3.56) < 0.01
 vm.plot_roofline(machines, {"q4_K decode": ai_q4k, "q8_0 decode": 2 / (34 / 32)})
@@ -183,7 +186,8 @@ x = Q.dequantize(np.asarray(emb.data)[1000 * 612:1001 * 612], "q8_0")
 yq = cs.quantize_q8_1(x)
 blocks = yq.reshape(-1).view(ggml_type("q8_1").layout)
 print(
-    f"{x.size} activations -> {yq.size} bytes = {len(blocks)} q8_1 blocks of 36 bytes ({x.size // 32} real, rest padding)"
+    f"{x.size} activations -> {yq.size} bytes = {len(blocks)} q8_1 blocks of 36 bytes "
+    f"({x.size // 32} real, rest padding)"
 )
 b0 = blocks[0]
 print(
@@ -278,7 +282,8 @@ mem_w, mem_y = Memory(w4, "weights"), Memory(yq, "q8_1")
 v = cs.get_int_b2(mem_w, 2, 0)
 lo, hi = (v >> 0) & 0x0F0F0F0F, (v >> 4) & 0x0F0F0F0F
 print(
-    f"v = {int(v) & 0xFFFFFFFF:#010x}   low nibbles {bytes_s8(lo).tolist()}   high nibbles {bytes_s8(hi).tolist()}"
+    f"v = {int(v) & 0xFFFFFFFF:#010x}   low nibbles {bytes_s8(lo).tolist()}   high "
+    f"nibbles {bytes_s8(hi).tolist()}"
 )
 # q8_1 qs start at byte 4: one aligned 32-bit load
 u0 = cs.get_int_b4(mem_y, 4, 0)
@@ -371,13 +376,15 @@ vm.plot_lane_bytes(
     bmap,
     144,
     {"d": (0, 4), "sc": (4, 16), "qs": (16, 144)},
-    title="q4_K, warp 0, trip 0: lanes 0-15 on super-block 0, lanes 16-31 on super-block 1",
+    title="q4_K, warp 0, trip 0: lanes 0-15 on super-block 0, "
+    "lanes 16-31 on super-block 1",
 )
 plt.show()
 for half, blk in ((range(16), 0), (range(16, 32), 1)):
     qs_bytes = np.nonzero(bmap[list(half), 16 + 144 * blk : 144 * (blk + 1)].any(0))[0]
     print(
-        f"super-block {blk}: lanes {half.start}-{half.stop - 1} read {qs_bytes.size} qs bytes,"
+        f"super-block {blk}: lanes {half.start}-{half.stop - 1} read {qs_bytes.size} "
+        "qs bytes,"
         f" 128-byte lines touched: {vm.lines_touched(bmap, half)}"
     )
     assert qs_bytes.size == 128
@@ -448,21 +455,27 @@ p = cs.launch_params("q4_K", 4096, 4096)
 t = cs.cuda_type("q4_K")
 print(f"blocks per row = 4096 / {p['qk']} = {p['blocks_per_row']}")
 print(
-    f"blocks_per_iter = vdr {p['vdr']} x nwarps {p['nwarps']} x 32 / qi {p['qi']} = {p['blocks_per_iter']}"
+    f"blocks_per_iter = vdr {p['vdr']} x nwarps {p['nwarps']} x 32 / qi {p['qi']} = "
+    f"{p['blocks_per_iter']}"
 )
 print(
-    f"rows_per_block = {p['rows_per_block']}  ->  grid = {p['grid']}, block = {p['block']}"
+    f"rows_per_block = {p['rows_per_block']}  ->  grid = {p['grid']}, block = "
+    f"{p['block']}"
 )
 print(
-    f"trips per thread = {p['blocks_per_row']} / {p['blocks_per_iter']} = {p['iters']}, "
-    f"{p['weights_per_call']} weights per trip -> {p['weights_per_thread']} weights per thread"
+    f"trips per thread = {p['blocks_per_row']} / {p['blocks_per_iter']} = "
+    f"{p['iters']}, "
+    f"{p['weights_per_call']} weights per trip -> {p['weights_per_thread']} weights "
+    "per thread"
 )
 print(
     f"threads = {p['grid'][0]} x {p['block'][0] * p['block'][1]} = {p['threads']:,};  "
-    f"x {p['weights_per_thread']} = {p['threads'] * p['weights_per_thread']:,} = 4096 x 4096"
+    f"x {p['weights_per_thread']} = {p['threads'] * p['weights_per_thread']:,} = 4096 "
+    "x 4096"
 )
 print(
-    f"weight bytes per CUDA block: {p['blocks_per_iter']} x {t.bs} = {p['blocks_per_iter'] * t.bs} per trip, "
+    f"weight bytes per CUDA block: {p['blocks_per_iter']} x {t.bs} = "
+    f"{p['blocks_per_iter'] * t.bs} per trip, "
     f"{p['blocks_per_row'] * t.bs} in all"
 )
 assert (
@@ -493,7 +506,8 @@ vm.plot_reduction(ld, block=3)
 plt.show()
 shared_bytes = 4 * ld.params["shared_floats"]
 print(
-    f"shared memory per CUDA block: (nwarps-1) x ncols x rows x 32 floats = {shared_bytes} bytes"
+    "shared memory per CUDA block: (nwarps-1) x ncols x rows x 32 floats = "
+    f"{shared_bytes} bytes"
 )
 print(
     "lane 0 of each warp before the reduction:",
@@ -611,7 +625,8 @@ for arch in ("sm_61", "sm_60", "generic"):
     out = cs.mul_mat_vec_q(up_rows, up_type, xr, arch=arch)
     print(
         f"{arch:8s} fast half math: {cs.ARCHS[arch].fast_fp16!s:5s}  "
-        f"max |out - reference| / max |reference| = {np.abs(out - ref).max() / np.abs(ref).max():.1e}"
+        "max |out - reference| / max |reference| = "
+        f"{np.abs(out - ref).max() / np.abs(ref).max():.1e}"
     )
 
 # %% [markdown]
@@ -816,7 +831,8 @@ display(vm.moe_table())
 for ntok in (1, 4):
     p = cs.moe_launch_params("q4_K", 768, 2048, ntok, 8, "ampere")
     print(
-        f"{ntok} token(s): {p['kernel']:18s} grid {p['grid']}, block {p['block']}, shared floats {p['shared_floats']}, "
+        f"{ntok} token(s): {p['kernel']:18s} grid {p['grid']}, block {p['block']}, "
+        f"shared floats {p['shared_floats']}, "
         f"weight decodes {p['weight_decodes']:,}"
     )
 assert cs.moe_launch_params("q4_K", 768, 2048, 4, 8)["block"] == (32, 4, 1)

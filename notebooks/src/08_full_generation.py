@@ -32,7 +32,8 @@ import importlib.util, subprocess, sys
 if importlib.util.find_spec("llmlab") is None:
     if not LLMLAB_PIP:
         raise RuntimeError(
-            "llmlab is not installed here: set LLMLAB_PIP in this cell, then run it again"
+            "llmlab is not installed here: set LLMLAB_PIP in this cell, then run it "
+            "again"
         )
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "-q", LLMLAB_PIP], check=True
@@ -95,8 +96,10 @@ t_load = time.perf_counter() - t0
 tok = Tokenizer.from_model(path)
 hp = model.hparams
 print(
-    f"{path.name}: {path.stat().st_size / 2**20:.0f} MiB mapped in {t_load * 1e3:.0f} ms "
-    f"({model.arch}, {hp.n_layer} layers, n_embd {hp.n_embd}, {hp.n_head} heads / {hp.n_head_kv} KV heads, "
+    f"{path.name}: {path.stat().st_size / 2**20:.0f} MiB mapped in {t_load * 1e3:.0f} "
+    "ms "
+    f"({model.arch}, {hp.n_layer} layers, n_embd {hp.n_embd}, {hp.n_head} heads / "
+    f"{hp.n_head_kv} KV heads, "
     f"vocabulary {hp.n_vocab})"
 )
 w = model.tok_embd
@@ -144,8 +147,10 @@ N_PREDICT = 8
 ctx = Context(model, n_ctx=len(ids) + N_PREDICT - 1, n_batch=len(ids))
 kv_bytes = ctx.n_ctx * hp.n_layer * 2 * hp.n_embd_k_gqa * 2
 print(
-    f"n_ctx {len(ids) + N_PREDICT - 1} -> {ctx.n_ctx} cells; KV cache = n_ctx x n_layer x 2 x n_embd_gqa x 2 bytes "
-    f"= {ctx.n_ctx} x {hp.n_layer} x 2 x {hp.n_embd_k_gqa} x 2 = {kv_bytes / 2**20:.2f} MiB"
+    f"n_ctx {len(ids) + N_PREDICT - 1} -> {ctx.n_ctx} cells; KV cache = n_ctx x "
+    "n_layer x 2 x n_embd_gqa x 2 bytes "
+    f"= {ctx.n_ctx} x {hp.n_layer} x 2 x {hp.n_embd_k_gqa} x 2 = "
+    f"{kv_bytes / 2**20:.2f} MiB"
 )
 
 # %% [markdown]
@@ -223,7 +228,8 @@ timings = res.timings
 assert res.ids == out
 print(f"the same tokens as the hand-written loop; stopped by: {res.stop_reason}")
 print(
-    f"prompt: {timings.prompt_tokens_per_s:.1f} tok/s, decode: {timings.decode_tokens_per_s:.2f} tok/s, "
+    f"prompt: {timings.prompt_tokens_per_s:.1f} tok/s, decode: "
+    f"{timings.decode_tokens_per_s:.2f} tok/s, "
     f"first token after {timings.t_first:.2f} s"
 )
 
@@ -269,13 +275,15 @@ toy = TokenDataArray.from_logits(np.log([0.05, 0.40, 0.10, 0.30, 0.15]))
 for s in [TopK(2), TopP(0.9), MinP(0.3), Temp(0.5), Temp(0.0)]:
     c = s(toy)
     print(
-        f"{s!r:26} -> ids {c.id.tolist()}, probabilities {[round(float(x), 3) for x in c.probs()]}"
+        f"{s!r:26} -> ids {c.id.tolist()}, probabilities "
+        f"{[round(float(x), 3) for x in c.probs()]}"
     )
 pen = Penalties(last_n=64, repeat=1.5)
 for t in [1, 1, 3]:
     pen.accept(t)
 print(
-    f"{pen!r} -> logits {[round(float(x), 3) for x in pen(toy).logit]} (ids 1 and 3 were seen)"
+    f"{pen!r} -> logits {[round(float(x), 3) for x in pen(toy).logit]} (ids 1 and 3 "
+    "were seen)"
 )
 
 # %% [markdown]
@@ -347,7 +355,8 @@ for question in ["What is the capital of France?", "And of Italy?"]:
         print(piece, end="", flush=True)
     g = chat.last
     print(
-        f"\n   [{len(g.prompt_ids)} tokens decoded for this turn, {g.n_cached} reused from the cache]"
+        f"\n   [{len(g.prompt_ids)} tokens decoded for this turn, {g.n_cached} reused "
+        "from the cache]"
     )
 
 # %% [markdown]
@@ -369,7 +378,8 @@ for kernels in ("reference", "fast"):
         Batch.from_tokens(ids, logits="all")
     )
     print(
-        f"{kernels:9} kernels: logits {logits_by[kernels].shape} for all {len(ids)} positions in "
+        f"{kernels:9} kernels: logits {logits_by[kernels].shape} for all {len(ids)} "
+        "positions in "
         f"{time.perf_counter() - t0:.2f} s"
     )
 # every bit of every logit
@@ -410,8 +420,10 @@ if ORACLE:
             (i for i, (a, b) in enumerate(zip(theirs, ours)) if a != b), len(ours)
         )
         print(
-            f"this machine's llama.cpp computes another profile than {cpu}: the first {same} of "
-            f"{len(ours)} greedy tokens agree (a comparison that cannot be bit-exact here)"
+            f"this machine's llama.cpp computes another profile than {cpu}: the first "
+            f"{same} of "
+            f"{len(ours)} greedy tokens agree (a comparison that cannot be bit-exact "
+            "here)"
         )
 display(
     table(
@@ -457,7 +469,8 @@ for _, piece in generate(Context(gmodel, n_ctx=64), gtok, gids, 3, result=gres):
     print(piece, end="", flush=True)
 assert gres.ids == grefs["p0_greedy"][:3].tolist()
 print(
-    f"\nthe same first 3 greedy tokens as llama.cpp; {gres.timings.decode_tokens_per_s:.2f} tok/s"
+    "\nthe same first 3 greedy tokens as llama.cpp; "
+    f"{gres.timings.decode_tokens_per_s:.2f} tok/s"
 )
 print(repr(ChatTemplate.from_model(gpath, gtok).apply(messages)))
 
@@ -483,7 +496,8 @@ display(cc.chain_graph("api", cut=("gcompute",), rankdir="LR"))
 # %%
 display(cc.chain_graph("gcompute"))
 print(
-    f"{len(cc.DECODE_CHAIN)} steps, {sum(bool(s.llmlab) for s in cc.DECODE_CHAIN)} with an llmlab counterpart"
+    f"{len(cc.DECODE_CHAIN)} steps, {sum(bool(s.llmlab) for s in cc.DECODE_CHAIN)} "
+    "with an llmlab counterpart"
 )
 
 # %% [markdown]

@@ -50,7 +50,7 @@ from .verdict import SOLUTION_TAG, Verdict, is_correct, is_not_yet
 __all__ = [
     "SOLUTION_TAG", "Verdict", "is_correct", "is_not_yet",
     "check_forward_passes", "check_decode_tokens_per_s", "check_arithmetic_intensity",      # 00
-    "check_kv_cache_bytes",                                                                   # 04          
+    "check_kv_cache_bytes",                                                                   # 04
     "check_kv_pair", "check_tensor_nbytes", "check_tensor_file_offset",                      # 01
     "check_next_bpe_merge", "check_segmentation", "check_wordpiece", "check_unigram",        # 02
     "check_attention_row", "check_kv_head", "check_kq_bytes", "check_kv_bytes_per_token",    # 03
