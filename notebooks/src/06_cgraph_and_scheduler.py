@@ -31,13 +31,10 @@ LLMLAB_PIP = ""
 import importlib.util, subprocess, sys
 if importlib.util.find_spec("llmlab") is None:
     if not LLMLAB_PIP:
-        raise RuntimeError(
-            "llmlab is not installed here: set LLMLAB_PIP in this cell, then run it "
-            "again"
-        )
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", LLMLAB_PIP], check=True
-    )
+        raise RuntimeError("llmlab is not installed here: set LLMLAB_PIP in this cell, "
+                           "then run it again")
+    pip = [sys.executable, "-m", "pip", "install", "-q", LLMLAB_PIP]
+    subprocess.run(pip, check=True)
 
 
 # %%
