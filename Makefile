@@ -25,7 +25,7 @@ HTML_DIR ?= build/html
 TEACHER_HTML_DIR ?= build/html-teacher
 IS_ROOT := $(shell [ "$$(id -u)" = 0 ] && echo 1)
 
-.PHONY: setup setup-dev system-deps browser-deps demo lint test test-slow test-browser test-all bench bench-notebook lab notebooks teacher html handout clean oracle-avx2 test-avx2 arm64-deps oracle-arm64 test-arm64 refs-arm64 rpc-server arm64-root test-arm64-native test-arm64-native-quick
+.PHONY: setup setup-dev system-deps browser-deps demo lint test test-slow test-browser test-all bench bench-notebook lab notebooks teacher html handout kit clean oracle-avx2 test-avx2 arm64-deps oracle-arm64 test-arm64 refs-arm64 rpc-server arm64-root test-arm64-native test-arm64-native-quick
 
 setup: system-deps $(STAMP_LAB)
 setup-dev: system-deps $(STAMP_DEV)
@@ -80,9 +80,11 @@ demo: setup
 	$(PY) -m llmlab warm -m $(MODEL)
 	$(PY) -m llmlab generate -m $(MODEL) -n 32 --temp 0 -p "$$(printf '$(DEMO_PROMPT)')"
 
-# ruff (pyproject.toml's [tool.ruff]): pycodestyle, pyflakes and bugbear over the code, tests, tools, benchmarks
+# ruff (pyproject.toml's [tool.ruff]): pycodestyle, pyflakes and bugbear over the code, tests, tools, benchmarks;
+# the notebooks' code cells at 88 columns (tools/lint_notebooks.py: JupyterLab does not wrap code)
 lint: setup-dev
 	$(PY) -m ruff check llmlab tests tools benchmarks
+	$(PY) tools/lint_notebooks.py
 
 # the oracles (llama-cpp-python, gguf-py) are installed here, so a test skipped for lack of one fails
 test: setup-dev lint
@@ -251,6 +253,14 @@ handout: setup
 	@[ -n "$(LLMLAB_PIP)" ] || { echo "error: set LLMLAB_PIP, the address pip installs llmlab from (make handout LLMLAB_PIP=https://.../llmlab-0.1.0-py3-none-any.whl)"; exit 2; }
 	$(PY) -m pip wheel -q --no-deps . -w $(HANDOUT_DIR)
 	$(PY) -m llmlab.nb.colab --pip "$(LLMLAB_PIP)" -o $(HANDOUT_DIR) $(NOTEBOOKS)
+
+# the offline kit for a room without internet (tools/offline_kit.sh): llmlab's wheel, every runtime and lab
+# dependency and the build backend (setuptools, wheel) as wheels, the models, INSTALL.txt; more machines with
+# KIT_PLATFORMS="macosx_11_0_arm64:3.12 win_amd64:3.12" (binary wheels only, so nothing builds offline)
+KIT_DIR ?= build/kit
+KIT_PLATFORMS ?=
+kit: setup
+	PYTHON=$(PY) tools/offline_kit.sh $(KIT_DIR) $(KIT_PLATFORMS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info

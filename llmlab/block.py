@@ -167,6 +167,9 @@ class BlockTrace:
     embd: np.ndarray | None = None          # the stream entering layer 0 (Gemma 3: after its sqrt(n_embd) scale)
     layers: dict[int, LayerBlock] = field(default_factory=dict)
     names: dict[str, str] = field(default_factory=dict)    # every named node of the graph -> its op, in order
+    # every named node in the order the graph computes it, repeats kept: llama.cpp gives one name to two nodes
+    # (Qcur and Kcur: the projection, then its ROPE; norm: the RMS_NORM before each branch)
+    nodes: list[tuple[str, str]] = field(default_factory=list)
 
     def __getitem__(self, il: int) -> LayerBlock:
         return self.layers[il]
@@ -203,6 +206,7 @@ def trace(model, tokens) -> BlockTrace:
     def on_node(t) -> None:
         if t.name:
             out.names.setdefault(t.name, t.op)
+            out.nodes.append((t.name, t.op))
         m = kept.match(t.name or "")
         if m is None:
             return

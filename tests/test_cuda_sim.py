@@ -507,9 +507,18 @@ def test_tables_match_the_vendored_source(llama_cpp_src):
 
 
 def test_coalescing_counts():
+    """MMVQ's pattern is the simulator's first qs load of each lane (vec_dot_q4_K_q8_1's q4[0]): one
+    warp-wide instruction moves 8 sectors of 3 lines and uses half of their bytes."""
     from llmlab.viz import mmvq as vm
     pats = vm.coalescing_patterns()
     lines = {k: len(np.unique(np.concatenate([(a + i) // 128 for i in range(4)]))) for k, a in pats.items()}
-    assert list(lines.values()) == [1, 2, 32]
+    assert list(lines.values()) == [1, 3, 32]
     html = str(vm.coalescing_table())
-    assert "100%" in html and "80%" in html and "12%" in html
+    assert "100%" in html and "50%" in html and "12%" in html and ">8<" in html
+    rng = np.random.default_rng(12)
+    w = Q.quantize(rng.standard_normal(2 * 4096).astype(np.float32), "q4_k").reshape(2, -1)
+    launch = cs.simulate(w, "q4_K", rng.standard_normal(4096).astype(np.float32), keep_reads=True)
+    first = [min(a for it, mem, a, n in launch.thread_reads(0, 0, lane) if mem == "weights" and it == 0 and n == 4)
+             for lane in range(32)]
+    mmvq = next(a for k, a in pats.items() if "MMVQ" in k)
+    assert first == mmvq.tolist()

@@ -136,6 +136,19 @@ def test_checkers(smollm2_path, capsys):
     assert ex.check_wordpiece("unplayable", ["[UNK]"]) and not ex.check_unigram("bun", ["▁bun"])
     assert ex.check_kv_cache_bytes(smollm2_path, 4096, 4096 * 30 * 2 * 3 * 64 * 2)
     assert ex.check_arithmetic_intensity(5.0, 3.2)
+    # 00: llama.cpp's simple loop: one prefill pass, then one pass per token fed back (never the last)
+    assert ex.check_forward_passes(10, 20, {"passes": 20, "tokens": 29})
+    v = ex.check_forward_passes(10, 20, {"passes": 29, "tokens": 29})
+    assert not v and "one batch" in v.message
+    v = ex.check_forward_passes(10, 20, {"passes": 21, "tokens": 30})
+    assert not v and "never fed back" in v.message
+    # 03: kq holds one micro-batch of queries against the cache's cells, F32
+    assert ex.check_kq_bytes(9, 512, 4096, 9 * 512 * 4096 * 4)
+    v = ex.check_kq_bytes(9, 512, 4096, 9 * 4096 * 4096 * 4)
+    assert not v and "micro-batch" in v.message
+    v = ex.check_kq_bytes(9, 512, 4096, 9 * 512 * 4096 * 2)
+    assert not v and "F32" in v.message
+    assert "query head" in ex.check_kq_bytes(9, 512, 4096, 512 * 4096 * 4).message
     assert capsys.readouterr().out == ""          # a checker prints nothing: the notebook shows its verdict
 
 
@@ -302,16 +315,20 @@ def test_handout(tmp_path, capsys):
 
 
 def test_graph_carries_its_full_picture():
-    """The full-size picture is in the output itself (a link to a file outside the folder JupyterLab
-    serves would be a 404), fitted above it and at its own size in a section that opens on a click."""
+    """The picture is in the output itself (a link to a file outside the folder JupyterLab serves
+    would be a 404), stored once: fitted to the page, and at its own size through a style scoped to
+    this output when the line below it is opened."""
     from llmlab.ggml.graphviz import has_dot
     if not has_dot():
         pytest.skip("Graphviz's dot is not installed")
     html = nb.graph("digraph { a -> b; b -> c; }", "full-picture-test", folder="test").data
-    assert "href" not in html and html.count("<svg") == 2
-    fitted, full = html.split("<details>")
-    assert '<svg width="100%"' in fitted and re.search(r'<svg width="[\d.]+pt"', full)
-    assert "</details>" in full and "full picture" in full
+    assert "href" not in html and html.count("<svg") == 1
+    assert "full picture" in html and "</details>" in html
+    w = re.search(r"click for the full picture \((\d+) x \d+ px\)", html).group(1)
+    assert f'<svg width="{w}px" style="max-width:100%;height:auto"' in html
+    style = re.search(r"<style>(.*?)</style>", html).group(1)
+    assert "#llmlab-g-full-picture-test details[open] ~ div svg{max-width:none" in style
+    assert html.index("<details>") < html.index("<svg")         # CSS reaches only later siblings
     assert (nb.build_dir("test") / "full-picture-test.svg").is_file()
 
 

@@ -5,6 +5,7 @@ runs here; `make notebooks` takes the cells from the sources and stores fresh ou
 tests/test_notebooks.py runs the teacher's edition, solutions included)."""
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -59,8 +60,11 @@ def test_exercises_follow_the_convention(path):
     for i, c in enumerate(read_source(path).cells):
         if c.cell_type == "code" and SOLUTION_TAG in c.metadata.get("tags", []):
             assert c.metadata.get("jupyter", {}).get("source_hidden"), f"{path.name} cell {i}: a solution opens collapsed"
-            last = [line for line in c.source.splitlines() if line.strip() and not line.startswith("#")][-1]
-            assert CHECKER_CALL.match(last), f"{path.name} cell {i}: a solution ends by showing its checker's verdict"
+            # the last statement (a call wrapped over several lines included) starts with the checker
+            last = ast.parse(c.source).body[-1]
+            text = ast.get_source_segment(c.source, last) or ""
+            assert isinstance(last, ast.Expr) and CHECKER_CALL.match(text), \
+                f"{path.name} cell {i}: a solution ends by showing its checker's verdict"
     for i, c in enumerate(nbformat.read(path, as_version=4).cells):
         if c.cell_type == "code" and "check_" in c.source:
             shown = [o.data.get("text/plain") for o in c.get("outputs", []) if o.output_type == "execute_result"]

@@ -13,6 +13,7 @@ one place, whether a widget front-end is present or not (see its docstring).
 """
 from __future__ import annotations
 
+import base64
 import importlib.util
 import os
 import platform
@@ -73,7 +74,34 @@ def set_matplotlib_defaults(dpi: int = FIGURE_DPI, font_size: float = FIGURE_FON
     _fonts.set_min_size(min_font_size)
     matplotlib.rcParams["savefig.dpi"] = dpi
     matplotlib.rcParams["figure.max_open_warning"] = 0
+    compact_inline_figures()
     return found
+
+
+def compact_inline_figures() -> bool:
+    """Show every figure a cell leaves as a palette PNG at display size (``live.compact_png``), not
+    matplotlib's RGBA one: the notebook files store each figure, and this keeps each under 1 MB. Set on
+    IPython's PNG formatter, after the inline backend registered its own. False outside IPython."""
+    try:
+        from IPython import get_ipython
+        from matplotlib.figure import Figure
+    except ImportError:  # pragma: no cover
+        return False
+    ip = get_ipython()
+    if ip is None:
+        return False
+    import matplotlib
+    import matplotlib.pyplot as plt
+    # pyplot loads its backend on first use, and the inline backend then registers its own formatter:
+    # load it now, so that ours, set after it, stays
+    plt.switch_backend(matplotlib.get_backend())
+
+    def png(fig):
+        if not fig.axes and not fig.lines and not fig.images:   # as the inline backend: nothing drawn
+            return None
+        return base64.b64encode(figure_png(fig, close=False)).decode("ascii")    # as the inline one: base64
+    ip.display_formatter.formatters["image/png"].for_type(Figure, png)
+    return True
 
 
 # ---------------------------------------------------------------- CPU and threads
@@ -223,14 +251,12 @@ def build_dir(*parts: str) -> Path:
 
 def graph(dot, name: str, folder: str = "graphs", max_height: int = 640):
     """A Graphviz graph (DOT text or a ``graphviz.Source``) sized to the notebook's width, in a box
-    that scrolls when the graph is tall, and below it the full-size picture in a section that opens
-    on a click. Both live in the output itself, so they show wherever the notebook does (JupyterLab
-    serving only ``notebooks/``, the HTML export, a copied notebook): a link to a file outside the
-    served folder would not. The SVG is also written to ``build_dir(folder)/<name>.svg`` for use
-    outside the notebook. Returns an HTML object (or a message when Graphviz's ``dot`` program is
-    missing: the one-line message and a simplified static drawing)."""
-    import re
-
+    that scrolls when the graph is tall; a click on the line below shows it at its full size. The SVG
+    is stored once, in the output itself (so it shows wherever the notebook does: JupyterLab serving
+    only ``notebooks/``, the HTML export, a copied notebook), and CSS chooses fitted or full size
+    (``graph_html``). It is also written to ``build_dir(folder)/<name>.svg`` for use outside the
+    notebook. Returns an HTML object (or a message when Graphviz's ``dot`` program is missing: the
+    one-line message and a simplified static drawing)."""
     from IPython.display import HTML
     from ..ggml.graphviz import has_dot
     text = dot if isinstance(dot, str) else getattr(dot, "source", str(dot))
@@ -242,14 +268,31 @@ def graph(dot, name: str, folder: str = "graphs", max_height: int = 640):
     svg = svg[svg.index("<svg"):]                       # drop the XML prolog and doctype
     path = build_dir(folder) / f"{name}.svg"
     path.write_text(svg, encoding="utf-8")
+    return HTML(graph_html(svg, name, max_height))
+
+
+def graph_html(svg: str, name: str, max_height: int = 640) -> str:
+    """One SVG, at most the page's width in a box that scrolls when tall; a ``<details>`` line below
+    it switches, through a style scoped to this output, to its own size (in a box that scrolls both
+    ways). Where a front end drops ``<style>`` (JupyterLab before a notebook is trusted) the fitted
+    picture stays."""
+    import re
     m = re.search(r'<svg width="([\d.]+)pt" height="([\d.]+)pt"', svg)
-    size = f"{float(m.group(1)) * 4 / 3:.0f} x {float(m.group(2)) * 4 / 3:.0f} px" if m else "full size"
-    fitted = re.sub(r'<svg width="[\d.]+pt" height="[\d.]+pt"', '<svg width="100%" style="height:auto"', svg, count=1)
+    w, h = (float(m.group(1)) * 4 / 3, float(m.group(2)) * 4 / 3) if m else (None, None)
+    size = f"{w:.0f} x {h:.0f} px" if m else "full size"
+    # its own width at most, never wider than the page (a small graph is not blown up)
+    natural = f'<svg width="{w:.0f}px" style="max-width:100%;height:auto"' if m else '<svg width="100%" style="height:auto"'
+    fitted = re.sub(r'<svg width="[\d.]+pt" height="[\d.]+pt"', natural, svg, count=1)
+    gid = "llmlab-g-" + re.sub(r"[^A-Za-z0-9_-]", "-", name)
+    full = "max-width:none !important"
+    style = (f"<style>#{gid} details[open] ~ div{{max-height:{2 * max_height}px !important}}"
+             f"#{gid} details[open] ~ div svg{{{full}}}</style>")
     box = "max-width:100%;overflow:auto;border:1px solid #ddd"
-    return HTML(f"<div style='{box};max-height:{max_height}px'>{fitted}</div>"
-                f"<details><summary style='cursor:pointer;font-size:90%'>fitted to the page; click for the full "
-                f"picture ({size}), which scrolls</summary><div style='{box};max-height:{2 * max_height}px'>{svg}</div>"
-                f"</details>")
+    # the details come first (CSS selects only later siblings) and are drawn below the picture
+    return (f"<div id='{gid}' style='display:flex;flex-direction:column-reverse'>{style}"
+            f"<details><summary style='cursor:pointer;font-size:90%'>fitted to the page; click for the full "
+            f"picture ({size}), which scrolls</summary></details>"
+            f"<div style='{box};max-height:{max_height}px'>{fitted}</div></div>")
 
 
 # ---------------------------------------------------------------- the one call

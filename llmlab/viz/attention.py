@@ -53,6 +53,13 @@ def plot_labels(texts: Sequence[str], romanize: Mapping[str, str] | None = None)
     return out
 
 
+def describe_label(label: str) -> str:
+    """A plot label ``"i:text"`` in words for a legend: ``"0:·"`` (a token holding only the leading bytes of
+    a character) becomes "token 0 (leading bytes of the next character)"."""
+    i, _, text = label.partition(":")
+    return f"token {i} (leading bytes of the next character)" if text == "·" else f"token {i}: {text}"
+
+
 # ---- step by step -------------------------------------------------------------------------------------------
 
 LABEL_PT = 9        # token tick labels: readable at the notebooks' 80 dpi, figures at most ~11 inches wide
@@ -63,7 +70,9 @@ def _ticks(n: int, max_labels: int | None, keep: Sequence[int] = ()) -> list[int
     if not max_labels or n <= max_labels:
         return list(range(n))
     k = -(-n // max_labels)
-    return sorted(set(range(0, n, k)) | {i for i in keep if 0 <= i < n})
+    kept = {i for i in keep if 0 <= i < n}
+    # a kept tick (the query's row) pushes away the regular ticks that would overlap its label
+    return sorted({i for i in range(0, n, k) if all(abs(i - j) >= k for j in kept)} | kept)
 
 
 MASKED = "#b0b0b0"   # the colour of a masked (-inf) score in every heatmap
@@ -214,13 +223,18 @@ def heads_widget(trace, labels: Sequence[str], layer: int = 0, head: int = 0, qu
 
 # ---- N x N and tiles ----------------------------------------------------------------------------------------
 
-def plot_nn_memory(ns: Sequence[int], n_head: int, block: int = 64, bytes_per: int = 4, ax=None, title: str = ""):
-    """Bytes of the full (n_head x N x N) score matrix vs one block x block tile per head, over N (log-log)."""
+def plot_nn_memory(ns: Sequence[int], n_head: int, block: int = 64, bytes_per: int = 4, ax=None, title: str = "",
+                   ubatch: int | None = None):
+    """Bytes of the full (n_head x N x N) score matrix vs one block x block tile per head, over N (log-log);
+    with ``ubatch``, llama.cpp's ``kq`` without flash attention: n_head x min(N, n_ubatch) x N."""
     import matplotlib.pyplot as plt
     if ax is None:
         fig, ax = plt.subplots(figsize=(6, 3.4))
     ns = np.asarray(ns, np.float64)
-    ax.loglog(ns, n_head * ns * ns * bytes_per / 2**20, marker="o", label=f"naive: {n_head} x N x N scores")
+    ax.loglog(ns, n_head * ns * ns * bytes_per / 2**20, marker="o", label=f"all at once: {n_head} x N x N")
+    if ubatch:
+        ax.loglog(ns, n_head * np.minimum(ns, ubatch) * ns * bytes_per / 2**20, marker="s",
+                  label=f"llama.cpp's kq: {n_head} x {ubatch} x N")
     ax.loglog(ns, np.full_like(ns, n_head * block * block * bytes_per / 2**20), ls="--",
               label=f"flash: {n_head} x {block} x {block} tile")
     ax.set_xlabel("sequence length N")

@@ -22,22 +22,30 @@ def block_steps(arch: str) -> tuple[tuple[str, str, str], ...]:
 
 
 def block_dot(arch: str) -> str:
-    """Graphviz source of one layer: the stream enters at the top; each ⊕ adds a branch back into it."""
+    """Graphviz source of one layer, left to right in two rows that fit a projector: the attention branch on
+    the first, the FFN branch on the second; each ⊕ adds a branch back into the stream (dashed: the stream
+    as it was before the branch)."""
     steps = block_steps(arch)
-    lines = ['digraph block {', 'rankdir=TB; bgcolor="transparent"; nodesep=0.3; ranksep=0.22;',
+    split = next(i for i, (_, _, kind) in enumerate(steps) if kind == "add") + 1     # after the first addition
+    rows = [[("x", "stream x\n(layer input)", None)] + steps[:split], steps[split:] + [("out", "next layer", None)]]
+    lines = ['digraph block {', 'rankdir=LR; bgcolor="transparent"; nodesep=0.35; ranksep=0.3; newrank=true;',
              'node [shape=box, style="rounded,filled", fontname="Helvetica", fontsize=13, color="#555577"];',
-             'edge [color="#555555", fontname="Helvetica", fontsize=11];',
-             'x [label="stream x (layer input)", fillcolor="#ffffff"];']
-    for name, label, kind in steps:
-        lines.append(f'{name} [label="{label}", fillcolor="{_FILL[kind]}"];'.replace("\n", "\\n"))
-    prev, last_add = "x", "x"
+             'edge [color="#555555", fontname="Helvetica", fontsize=11];']
+    for name, label, kind in rows[0] + rows[1]:
+        fill = _FILL[kind] if kind else "#ffffff"
+        lines.append(f'{name} [label="{label}", fillcolor="{fill}"];'.replace("\n", "\\n"))
+    for row in rows:                    # each row a chain, left to right
+        lines.append(" -> ".join(n for n, _, _ in row) + ";")
+    # the second row starts under the first: column by column, the same rank
+    for (a, _, _), (b, _, _) in zip(rows[0][1:], rows[1]):
+        lines.append(f"{{rank=same; {a}; {b};}}")
+    lines.append(f"{rows[0][-1][0]} -> {rows[1][0][0]} [constraint=false];")      # the stream goes on below
+    last_add = "x"
     for name, _, kind in steps:
-        lines.append(f"{prev} -> {name};")
-        if kind == "add":       # the skip connection: the stream as it was before this branch
-            lines.append(f'{last_add} -> {name} [style=dashed, color="#cc4444", label=" residual"];')
+        if kind == "add":
+            lines.append(f'{last_add} -> {name} [style=dashed, color="#cc4444", label=" residual", constraint=false];')
             last_add = name
-        prev = name
-    lines += ['out [label="next layer", fillcolor="#ffffff"];', f"{prev} -> out;", "}"]
+    lines.append("}")
     return "\n".join(lines)
 
 
@@ -190,7 +198,8 @@ def plot_glu(tr, layer: int, token: int, label: str = "", top: int = 40):
     axes[1].set_xticklabels([str(i) for i in idx], rotation=90, fontsize=8)
     axes[1].set_xlabel("channel (the largest products of this token)")
     axes[1].set_title(f"the {top} channels that pass the most", fontsize=11)
-    axes[1].legend(fontsize=8)
+    # below the axes, so that it covers no bar
+    axes[1].legend(fontsize=9, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.3), frameon=False)
     fig.suptitle(f"layer {layer}'s FFN on token {label or token}: {tr.act}(gate) * up", fontsize=12)
     fig.tight_layout()
     return fig
@@ -206,15 +215,17 @@ def plot_stream(traces: dict, labels: dict, highlight: dict):
     for c, (name, tr) in enumerate(traces.items()):
         rms = tr.stream_rms()
         ax = axes[0, c]
-        ax.semilogy(rms, color="grey", lw=0.6, alpha=0.6)
+        from .attention import describe_label
+        lines = ax.semilogy(rms, color="grey", lw=0.6, alpha=0.6)
+        lines[0].set_label("every other token")
         for t in highlight.get(name, ()):
-            ax.semilogy(rms[:, t], lw=2, label=labels[name][t])
+            ax.semilogy(rms[:, t], lw=2, label=describe_label(labels[name][t]))
         ax.set_xlabel("after layer (0 = the embedding entering layer 0)")
         ax.set_xticks(range(0, rms.shape[0], 5 if rms.shape[0] > 20 else 3))
         ax.set_xticklabels([str(i) for i in range(0, rms.shape[0], 5 if rms.shape[0] > 20 else 3)])
         ax.set_ylabel("RMS of the row")
         ax.set_title(f"{name}: the stream, token by token", fontsize=11)
-        ax.legend(fontsize=9)
+        ax.legend(fontsize=9, loc="lower right")
         con = np.median(tr.contributions(), -1)
         ax = axes[1, c]
         il = np.arange(con.shape[0])

@@ -24,14 +24,37 @@ import struct
 HIDPI = 2
 
 
+def compact_png(png: bytes, colors: int = 256) -> bytes:
+    """The same picture as a palette PNG of at most ``colors`` colours, when that is smaller (a plot has
+    a few hundred to a few thousand colours, most of them anti-aliased edges; no dithering, so flat
+    areas stay flat). A committed notebook stores every figure, so this is what keeps one under 1 MB:
+    about a third of matplotlib's RGBA PNG, and the eye sees no difference at display size."""
+    try:
+        from PIL import Image        # matplotlib's own dependency
+    except ImportError:  # pragma: no cover
+        return png
+    im = Image.open(io.BytesIO(png))
+    if im.mode == "P":
+        return png
+    rgb = im.convert("RGB")
+    few = rgb.getcolors(colors)              # None when there are more than ``colors``
+    pal = rgb.quantize(colors, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE) if few is None \
+        else rgb.quantize(len(few), method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE)
+    buf = io.BytesIO()
+    pal.save(buf, format="png", optimize=True)
+    out = buf.getvalue()
+    return out if len(out) < len(png) else png
+
+
 def figure_png(fig, close: bool = True, scale: float = 1) -> bytes:
-    """PNG bytes of a matplotlib figure at its own dpi times ``scale`` (the notebooks' default dpi is modest)."""
+    """PNG bytes of a matplotlib figure at its own dpi times ``scale`` (the notebooks' default dpi is
+    modest), as a palette PNG (``compact_png``)."""
     import matplotlib.pyplot as plt
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=fig.dpi * scale, bbox_inches="tight", facecolor="white")
     if close:
         plt.close(fig)
-    return buf.getvalue()
+    return compact_png(buf.getvalue())
 
 
 def png_size(png: bytes) -> tuple[int, int]:
@@ -61,8 +84,9 @@ def _figure_of(obj):
     return None
 
 
-def _parts(result) -> list[tuple[str, object]]:
-    """("png", bytes) or ("html", markup) for each piece of a render's result."""
+def _parts(result, static: bool = False) -> list[tuple[str, object]]:
+    """("png", bytes) or ("html", markup) for each piece of a render's result; with ``static`` also the
+    picture at display size for the static copy: ("png", (hidpi, display))."""
     import matplotlib.pyplot as plt
     items = list(result) if isinstance(result, (list, tuple)) else [result]
     if result is None or not items:   # the render drew with pyplot and returned nothing
@@ -71,7 +95,9 @@ def _parts(result) -> list[tuple[str, object]]:
     for it in items:
         fig = _figure_of(it)
         if fig is not None:
-            out.append(("png", figure_png(fig, scale=HIDPI)))
+            sharp = figure_png(fig, close=False, scale=HIDPI)
+            out.append(("png", (sharp, figure_png(fig, close=False)) if static else sharp))
+            plt.close(fig)
         elif hasattr(it, "_repr_svg_") and callable(it._repr_svg_):   # graphviz sources
             out.append(("html", f"<div style='max-width:100%;overflow:auto'>{it._repr_svg_()}</div>"))
         elif hasattr(it, "_repr_html_"):
@@ -87,9 +113,10 @@ def _parts(result) -> list[tuple[str, object]]:
 def _static_html(parts) -> str:
     chunks = []
     for kind, val in parts:
-        if kind == "png":
-            chunks.append(f"<img width='{_css_width(val)}' style='max-width:100%;height:auto' "
-                          f"src='data:image/png;base64,{base64.b64encode(val).decode()}'/>")
+        if kind == "png":     # the display-size picture: the notebook file stores it, the widget the sharp one
+            sharp, shown = val if isinstance(val, tuple) else (val, val)
+            chunks.append(f"<img width='{_css_width(sharp)}' style='max-width:100%;height:auto' "
+                          f"src='data:image/png;base64,{base64.b64encode(shown).decode()}'/>")
         else:
             chunks.append(val)
     return "<div>" + "".join(chunks) + "</div>"
@@ -111,7 +138,7 @@ class LiveView:
                 c.style.description_width = "initial"
         ctl = W.HBox(children, layout=W.Layout(flex_flow="row wrap")) if columns > 1 else W.VBox(children)
         self.box = W.VBox([ctl, self.status, self.panes_box])
-        self.first = self.update()
+        self.first = self.update(static=True)
         for c in self.controls.values():
             c.observe(self._changed, names="value")
 
@@ -122,11 +149,11 @@ class LiveView:
         if self.values() != self._last:      # linked controls may fire twice for one change
             self.update()
 
-    def update(self):
+    def update(self, static: bool = False):
         W = self.W
         self._last = self.values()
         try:
-            parts = _parts(self.render(**self.values()))
+            parts = _parts(self.render(**self.values()), static)
             self.status.value = ""
         except Exception as e:  # a bad combination of values: say so, keep the last view
             self.status.value = f"<span style='color:#b00'>{_html.escape(type(e).__name__)}: {_html.escape(str(e))}</span>"
@@ -141,6 +168,8 @@ class LiveView:
                 panes.append(p)
             self.panes_box.children = panes
         for p, (kind, val) in zip(panes, parts):
+            if kind == "png" and isinstance(val, tuple):
+                val = val[0]
             if kind == "png":        # its own size in CSS pixels: a flex box would otherwise stretch it
                 p.layout.width = f"{_css_width(val)}px"
             p.value = val

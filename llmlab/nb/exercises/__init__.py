@@ -35,25 +35,26 @@ module         notebook
     from llmlab.nb import exercises as ex
     ex.check_kv_head(9, 3, 7, my_answer)      # shows "correct: ..." or "not yet: ..."
 """
-from .attention import (check_attention_row, check_kv_bytes_per_token, check_kv_head, check_mla_cache_row,
-                        check_rms_norm, check_rope, check_stream, check_swiglu)
+from .attention import (check_attention_row, check_kq_bytes, check_kv_bytes_per_token, check_kv_head,
+                        check_mla_cache_row, check_rms_norm, check_rope, check_stream, check_swiglu)
 from .generation import check_greedy_loop, check_repeat_penalty, check_top_p
 from .gguf import check_kv_pair, check_tensor_file_offset, check_tensor_nbytes
 from .graph import (check_added_arch, check_first_offloaded, check_moe_decode_bytes, check_mul_mat_flops,
                     check_set_tensor_bytes, check_splits)
 from .kv_cache import check_context_shift, check_find_slot
 from .mmvq import check_dp4a, check_lanes, check_launch
-from .overview import check_arithmetic_intensity, check_decode_tokens_per_s, check_kv_cache_bytes
+from .overview import check_arithmetic_intensity, check_decode_tokens_per_s, check_forward_passes, check_kv_cache_bytes
 from .quant import check_bits_per_weight, check_q4_1_block, check_q8_0_decode
 from .tokenizers import check_next_bpe_merge, check_segmentation, check_unigram, check_wordpiece
 from .verdict import SOLUTION_TAG, Verdict, is_correct, is_not_yet
 
 __all__ = [
     "SOLUTION_TAG", "Verdict", "is_correct", "is_not_yet",
-    "check_kv_cache_bytes", "check_decode_tokens_per_s", "check_arithmetic_intensity",      # 00
+    "check_forward_passes", "check_decode_tokens_per_s", "check_arithmetic_intensity",      # 00
+    "check_kv_cache_bytes",                                                                   # 04
     "check_kv_pair", "check_tensor_nbytes", "check_tensor_file_offset",                      # 01
     "check_next_bpe_merge", "check_segmentation", "check_wordpiece", "check_unigram",        # 02
-    "check_attention_row", "check_kv_head", "check_kv_bytes_per_token",                      # 03
+    "check_attention_row", "check_kv_head", "check_kq_bytes", "check_kv_bytes_per_token",    # 03
     "check_rms_norm", "check_rope", "check_swiglu", "check_stream", "check_mla_cache_row",   # 03
     "check_find_slot", "check_context_shift",                                                # 04
     "check_q4_1_block", "check_bits_per_weight", "check_q8_0_decode",                        # 05

@@ -1,5 +1,5 @@
 """Checkers of notebook 03_attention_and_heads: RMSNorm of a row, RoPE of a vector, one attention row, GQA's KV
-head, KV bytes per token, SwiGLU, and the residual stream as a sum."""
+head, KV bytes per token, the bytes of one micro-batch's scores, SwiGLU, and the residual stream as a sum."""
 from __future__ import annotations
 
 import numpy as np
@@ -51,6 +51,22 @@ def check_kv_bytes_per_token(n_layer: int, n_head_kv: int, head_dim: int, answer
             "only the KV heads are cached, not every query head" if answer > want else
             "every layer keeps its own K and V rows" if answer * n_layer == want else
             "n_layer x 2 x n_head_kv x head_dim x bytes per value")
+    return Verdict.not_yet(f"{answer:,} bytes", hint)
+
+
+@needs_answer("answer")
+def check_kq_bytes(n_head: int, n_ubatch: int, n_kv: int, answer: int) -> Verdict:
+    """Bytes of llama.cpp's ``kq`` for one micro-batch without flash attention: n_head x n_ubatch queries x
+    n_kv cache cells, in F32 (a MUL_MAT's result is F32; the graph also asks for F32 accumulation)."""
+    want = n_head * n_ubatch * n_kv * 4
+    if answer == want:
+        return Verdict.correct(f"{want:,} bytes ({want / 2**20:.0f} MiB) for one layer and one micro-batch; "
+                               "the graph's allocator reuses the buffer for the next")
+    hint = ("llama.cpp scores one micro-batch of n_ubatch queries at a time, not every cached position"
+            if answer == n_head * n_kv * n_kv * 4 else
+            "kq is F32: 4 bytes per score" if answer in (want // 2, want // 4) else
+            "every query head has its own scores (KV heads are shared, scores are not)" if answer * n_head == want else
+            "n_head x n_ubatch x n_kv scores, 4 bytes each")
     return Verdict.not_yet(f"{answer:,} bytes", hint)
 
 

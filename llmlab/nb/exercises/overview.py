@@ -1,4 +1,5 @@
-"""Checkers of notebook 00_overview: memory and speed arithmetic (KV cache bytes, decode bound, arithmetic intensity)."""
+"""Checkers of notebook 00_overview: the generation loop's passes, the decode bound, arithmetic intensity; and the
+KV cache's bytes (notebook 04)."""
 from __future__ import annotations
 
 from .verdict import Verdict, needs_answer
@@ -37,3 +38,26 @@ def check_arithmetic_intensity(bits_per_weight: float, answer: float, batch: int
     ok = abs(answer - want) <= 0.02 * want
     return Verdict.of(ok, f"{answer:.3g} FLOP/byte", "" if ok else
                       "count 2 FLOPs (multiply + add) per weight per token, and bits_per_weight / 8 bytes per weight")
+
+
+@needs_answer("answer")
+def check_forward_passes(n_prompt: int, n_new: int, answer: dict) -> Verdict:
+    """The generation loop of llama.cpp's simple example: one pass over the whole prompt (its logits give the
+    first new token), then one pass per sampled token that is fed back; the last token sampled is never fed.
+    ``answer``: {"passes": forward passes, "tokens": tokens pushed through the layers in all}."""
+    want = {"passes": 1 + (n_new - 1), "tokens": n_prompt + (n_new - 1)}
+    if isinstance(answer, dict) and all(v in (None, 0) for v in answer.values()):
+        return Verdict.unanswered(answer)
+    if not isinstance(answer, dict) or set(answer) != set(want):
+        return Verdict.not_yet(repr(answer), 'give a dict {"passes": ..., "tokens": ...}')
+    if answer == want:
+        return Verdict.correct(f"{want['passes']} passes (1 prefill + {n_new - 1} decode steps), "
+                               f"{want['tokens']} tokens through the layers")
+    p, t = answer["passes"], answer["tokens"]
+    hint = ("the prompt goes through in one batch: one pass, not one per prompt token"
+            if p in (n_prompt + n_new - 1, n_prompt + n_new) else
+            "the last token sampled is printed but never fed back, and the prompt's pass already gives the "
+            "first new token" if p in (n_new + 1, n_new) or t in (n_prompt + n_new,) else
+            "passes: one prefill plus one decode step per new token but the first; "
+            "tokens: the prompt plus every token fed back")
+    return Verdict.not_yet(f"{p} passes, {t} tokens", hint)
