@@ -24,7 +24,7 @@ export LLMLAB_HOME=$(winpath "$(dirname "$(dirname "$MODEL")")")     # the same 
 cp "$HERE/checks.py" "$WIN/checks.py"
 cd "$WIN/prefix/drive_c"
 set +e
-"$HERE/wpy" "$(winpath "$WIN/checks.py")" --model "$(winpath "$MODEL")" --profile "$PROFILE" ${QUICK:+--quick}
+"$HERE/wpy" -X utf8 "$(winpath "$WIN/checks.py")" --model "$(winpath "$MODEL")" --profile "$PROFILE" ${QUICK:+--quick}
 rc=$?
 set -e
 echo "test-windows${QUICK:+ (quick)}: exit $rc after $(( $(date +%s) - T0 )) s"
