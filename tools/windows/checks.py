@@ -193,9 +193,8 @@ def main() -> int:
 
         @check(f"generate, fast kernels, equals the stored {a.profile} references")
         def _():
-            ref = data.ref_logits("smollm2", a.profile)
-            prompt = json.loads((data.ref_dir(a.profile) / f"{data.REF_STEMS['smollm2']}.logits.json").read_text(
-                encoding="utf-8"))["prompts"][1]["prompt"]
+            meta, ref = data.ref_logits("smollm2", a.profile)
+            prompt = meta["prompts"][1]["prompt"]
             p = llmlab("generate", "-m", model, "-p", prompt, "-n", "48", "--temp", "0", "--json", "--kernels", "fast")
             expect(p.returncode == 0, "generate --kernels fast", p)
             out = json.loads(p.stdout)
@@ -205,9 +204,8 @@ def main() -> int:
 
         @check(f"generate, reference kernels, equals the stored {a.profile} references")
         def _():
-            ref = data.ref_logits("smollm2", a.profile)
-            prompt = json.loads((data.ref_dir(a.profile) / f"{data.REF_STEMS['smollm2']}.logits.json").read_text(
-                encoding="utf-8"))["prompts"][0]["prompt"]
+            meta, ref = data.ref_logits("smollm2", a.profile)
+            prompt = meta["prompts"][0]["prompt"]
             p = llmlab("generate", "-m", model, "-p", prompt, "-n", "4", "--temp", "0", "--json", "--kernels", "reference")
             expect(p.returncode == 0, "generate --kernels reference", p)
             out = json.loads(p.stdout)
