@@ -25,7 +25,7 @@ def block_dot(arch: str) -> str:
     """Graphviz source of one layer, left to right in two rows that fit a projector: the attention branch on
     the first, the FFN branch on the second; each ⊕ adds a branch back into the stream (dashed: the stream
     as it was before the branch)."""
-    steps = block_steps(arch)
+    steps = list(block_steps(arch))
     split = next(i for i, (_, _, kind) in enumerate(steps) if kind == "add") + 1     # after the first addition
     rows = [[("x", "stream x\n(layer input)", None)] + steps[:split], steps[split:] + [("out", "next layer", None)]]
     lines = ['digraph block {', 'rankdir=LR; bgcolor="transparent"; nodesep=0.35; ranksep=0.3; newrank=true;',
