@@ -39,6 +39,10 @@ _HINTS = {
                             "windows": "Segoe UI Emoji ships with Windows: update Windows"},
     "llama_cpp": {"any": "python -m pip install llama-cpp-python==0.3.36 (builds llama.cpp from source: "
                          "needs a C++ compiler and CMake; `make test` does it on Linux)"},
+    "threading_layer": {"linux": "python -m pip install tbb (or: sudo apt-get install libgomp1, for the omp layer)",
+                        "macos": "brew install libomp (numba's omp layer loads it)",
+                        "windows": "python -m pip install tbb",
+                        "conda": "conda install -c conda-forge tbb (or llvm-openmp)"},
     "numba_cache": {"any": "set NUMBA_CACHE_DIR to a folder you can write (numba then caches its compiled "
                            "kernels there)"},
 }
