@@ -11,7 +11,7 @@ from numba import njit, prange, types
 from numba.extending import intrinsic
 
 from ._common import NOPYTHON, hsum8, limit_threads, restore_threads
-from .dot4_ir import I8, I16, I32, I8x64, I32x16, F32x16, c32, data, dot4, f16x16, high_bits, intrinsic_fn, splat, vload, vstore
+from .dot4_ir import I8, I16, I32, I8x64, I32x16, F32x16, data, dot4, f16x16, high_bits, intrinsic_fn, splat, vload, vstore
 from .quantize import quantize_q8_0 as _q8_0, quantize_q8_1 as _q8_1
 
 R16 = 16                      # rows per group: one 512-bit register of int32 lanes

@@ -18,7 +18,7 @@ from typing import Callable
 import numpy as np
 
 from .. import quants as ref_quants, repack_gemm as ref_repack, tiled as ref_tiled
-from . import dot4, neon, quants, repack, tiled
+from . import dot4, dot4_neon, neon, quants, repack, tiled
 from .quantize import quantize_q8_0, quantize_q8_0_neon, quantize_q8_1, quantize_q8_1_neon, quantize_q8_k, quantize_q8_k_neon
 
 
@@ -80,16 +80,22 @@ TWINS: dict[tuple[str, str], Twin] = {
 }
 
 
+def _neon_byte_dot(kernel: str) -> dict:
+    """dot4_neon's kernels of one kind per instruction set (x86 hosts with AVX512-VNNI or AVX2)."""
+    return {isa: Kernels(k[kernel], None, dot4.pack_legacy_quads) for isa, k in dot4_neon.KERNELS.items()}
+
+
 def _neon_legacy(tname: str, partner: str, i8mm: bool) -> Twin:
     quantize = quantize_q8_1_neon if partner == "q8_1" else lambda x: (*quantize_q8_0_neon(x), _NO_S)
     pair = ((neon.vec_dot_mmla, neon.vec_dot_mmla_serial) if i8mm and tname in ref_quants.MMLA_VEC_DOT
             else (neon.vec_dot, neon.vec_dot_serial))
+    mmla = i8mm and tname in ref_quants.MMLA_VEC_DOT
     return Twin(ref_quants.mul_mat, f"ggml_vec_dot_{tname}_{partner} (arch/arm{', MATMUL_INT8' if i8mm else ''})",
-                Kernels(*pair, neon.pack_legacy_nrows, quantize), None)
+                Kernels(*pair, neon.pack_legacy_nrows, quantize), _neon_byte_dot("mmla" if mmla else "vec_dot"))
 
 
-def _neon_repack(layout: str, ggml: str, kernel, pack, quantize) -> Twin:
-    return Twin(ref_repack.REPACKED_MUL_MAT[layout], ggml, Kernels(kernel, None, pack, quantize), None)
+def _neon_repack(layout: str, ggml: str, kernel, pack, quantize, byte_dot: dict | None = None) -> Twin:
+    return Twin(ref_repack.REPACKED_MUL_MAT[layout], ggml, Kernels(kernel, None, pack, quantize), byte_dot)
 
 
 def _q8_0_neon(x):
@@ -99,7 +105,8 @@ def _q8_0_neon(x):
 NEON: dict[tuple[str, str], Twin] = {
     **{(t, "vec_dot"): _neon_legacy(t, p, False) for t, p in (("q4_0", "q8_0"), ("q4_1", "q8_1"),
                                                                ("q5_0", "q8_0"), ("q8_0", "q8_0"))},
-    ("q8_0", "repack"): _neon_repack("q8_0_4x4", "ggml_gemv/gemm_q8_0_4x4_q8_0", neon.q8_0_4x4, neon.pack_legacy_nrows, _q8_0_neon),
+    ("q8_0", "repack"): _neon_repack("q8_0_4x4", "ggml_gemv/gemm_q8_0_4x4_q8_0", neon.q8_0_4x4, neon.pack_legacy_nrows, _q8_0_neon,
+                                     _neon_byte_dot("q8_0_4x4")),
     ("q4_k", "repack"): _neon_repack("q4_K_8x4", "ggml_gemv/gemm_q4_K_8x4_q8_K", neon.q4_k_8x4, quants.pack_q4_k,
                                      quantize_q8_k_neon),
     ("q6_k", "repack"): _neon_repack("q6_K_8x4", "ggml_gemv/gemm_q6_K_8x4_q8_K", neon.q6_k_8x4, quants.pack_q6_k,
@@ -108,7 +115,8 @@ NEON: dict[tuple[str, str], Twin] = {
 
 NEON_I8MM: dict[tuple[str, str], Twin] = {
     **{(t, "vec_dot"): _neon_legacy(t, p, True) for t, p in (("q4_1", "q8_1"), ("q5_0", "q8_0"))},
-    ("q8_0", "repack"): _neon_repack("q8_0_4x8", "ggml_gemv/gemm_q8_0_4x8_q8_0", neon.q8_0_4x8, neon.pack_legacy_nrows, _q8_0_neon),
+    ("q8_0", "repack"): _neon_repack("q8_0_4x8", "ggml_gemv/gemm_q8_0_4x8_q8_0", neon.q8_0_4x8, neon.pack_legacy_nrows, _q8_0_neon,
+                                     _neon_byte_dot("q8_0_4x8")),
     ("q4_k", "repack"): _neon_repack("q4_K_8x8_i8mm", "ggml_gemv/gemm_q4_K_8x8_q8_K (MATMUL_INT8)", neon.q4_k_8x8,
                                      quants.pack_q4_k, quantize_q8_k_neon),
     ("q6_k", "repack"): _neon_repack("q6_K_8x8_i8mm", "ggml_gemv/gemm_q6_K_8x8_q8_K (MATMUL_INT8)", neon.q6_k_8x8,

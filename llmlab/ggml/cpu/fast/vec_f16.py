@@ -56,48 +56,73 @@ def fma_h(a, b, c):
     return add_h(a * b, c)
 
 
+RB = 128     # rows per block: the block's accumulators (step x RB floats) stay in L1
+
+
 @njit(inline="always", **NOPYTHON)
-def _dot_h(a, b, acc, n_reg, lanes, prog, scratch):
-    """One output: a (K,) f16 bits, b (K,) float32 f16 values."""
-    K = a.shape[0]
+def _rows_h(AT, blk, b, out_row, n_reg, lanes, prog, acc, scratch):
+    """out_row[r] for the RB rows of block ``blk`` of AT (K, NB, RB) float32 (f16 values, transposed):
+    each row's registers fma'd in half along K, folded in half, the last register's lanes added by
+    ``prog`` in float32, the leftovers in double; the loops run across the rows (vectorized)."""
+    K = AT.shape[0]
     step = n_reg * lanes
     np_ = K - K % step
-    acc[:] = 0
+    acc[:, :] = 0
     for i in range(0, np_, step):
         for j in range(step):
-            acc[j] = fma_h(b[i + j], f16_bits_to_f32(a[i + j]), acc[j])
+            bj = b[i + j]
+            a = AT[i + j, blk]
+            row = acc[j]
+            for r in range(RB):
+                row[r] = fma_h(bj, a[r], row[r])
     h = n_reg
     while h > 1:                                   # GGML_F16_VEC_REDUCE: registers fold in half
         h //= 2
         for j in range(h * lanes):
-            acc[j] = add_h(acc[j], acc[j + h * lanes])
+            x, y = acc[j], acc[j + h * lanes]
+            for r in range(RB):
+                x[r] = add_h(x[r], y[r])
     for j in range(lanes):
-        scratch[j] = acc[j]
+        sj, aj = scratch[j], acc[j]
+        for r in range(RB):
+            sj[r] = aj[r]
     for k in range(prog.shape[0]):
-        scratch[lanes + k] = scratch[prog[k, 0]] + scratch[prog[k, 1]]
-    total = np.float64(scratch[lanes + prog.shape[0] - 1])
-    for k in range(np_, K):                        # vec_dot_f16's leftovers, in double
-        total += np.float64(b[k] * f16_bits_to_f32(a[k]))
-    return np.float32(total)
+        x, y, z = scratch[prog[k, 0]], scratch[prog[k, 1]], scratch[lanes + k]
+        for r in range(RB):
+            z[r] = x[r] + y[r]
+    last = scratch[lanes + prog.shape[0] - 1]
+    r0 = blk * RB
+    for r in range(min(RB, out_row.shape[0] - r0)):
+        total = np.float64(last[r])
+        for k in range(np_, K):                    # vec_dot_f16's leftovers, in double
+            total += np.float64(b[k] * AT[k, blk, r])
+        out_row[r0 + r] = np.float32(total)
 
 
 @njit(parallel=True, **NOPYTHON)
 def mul_mat_f16h(A, B, out, n_reg, lanes, prog):
     """out[h, t, r] = A[h // (H / Hk), r] . f16(B[h, t]) with half-precision accumulators: A (Hk, R, K)
-    f16 bits (any strides), B (H, T, K) float32; the (head, row) pairs in parallel."""
+    f16 bits (any strides: the KV cache view), B (H, T, K) float32. Each kv head's rows are widened and
+    transposed once (K, R), then every grouped head and activation row passes over them; (kv head,
+    block of RB rows) pairs in parallel."""
     Hk, R, K = A.shape
     H, T = out.shape[0], out.shape[1]
     g = H // Hk
-    for w in prange(H * T):
-        h, t = w // T, w % T
+    NB = -(-R // RB)
+    for w in prange(Hk * NB):
+        hk, blk = w // NB, w % NB
+        AT = np.zeros((K, 1, RB), np.float32)
+        for r in range(blk * RB, min(R, blk * RB + RB)):
+            for k in range(K):
+                AT[k, 0, r - blk * RB] = f16_bits_to_f32(A[hk, r, k])
+        acc = np.empty((n_reg * lanes, RB), np.float32)
+        scratch = np.empty((lanes + prog.shape[0], RB), np.float32)
         b = np.empty(K, np.float32)
-        for k in range(K):
-            b[k] = f16_round(B[h, t, k])
-        acc = np.empty(n_reg * lanes, np.float32)
-        scratch = np.empty(lanes + prog.shape[0], np.float32)
-        o = out[h, t]
-        for r in range(R):
-            o[r] = _dot_h(A[h // g, r], b, acc, n_reg, lanes, prog, scratch)
+        for h in range(hk * g, hk * g + g):
+            for t in range(T):
+                for k in range(K):
+                    b[k] = f16_round(B[h, t, k])
+                _rows_h(AT, 0, b, out[h, t][blk * RB:], n_reg, lanes, prog, acc, scratch)
 
 
 _ORDERS: dict = {}
