@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from llmlab.ggml.cpu import fast, profiles
-from llmlab.ggml.cpu.fast import vec_f16
+from llmlab.ggml.cpu.fast import dot4, vec_f16
 from llmlab.ggml.cpu.fast.quantize import quantize_q8_0_neon, quantize_q8_1_neon, quantize_q8_k_neon
 from llmlab.ggml.cpu.fast.twins import FAMILIES
 from llmlab.ggml.quant.core import random_blocks
@@ -96,6 +96,31 @@ def test_arm_twins(fam, tname, path, R, K, threads):
             for fn in (k.threaded, k.serial):
                 if fn is not None:
                     assert same_bits(fn(*p, *k.quantize(x))[:, :R], ref), (fam, tname, path, R, K, T, n)
+
+
+BYTE_DOT = [c for c in CASES if FAMILIES[c[0]][c[1], c[2]].byte_dot and not c[1].endswith("_k")]
+
+
+@pytest.mark.skipif(not dot4.host_isas(), reason="this host has neither AVX512-VNNI nor AVX2")
+@pytest.mark.parametrize("isa", dot4.host_isas())
+@pytest.mark.parametrize("fam,tname,path,R,K", BYTE_DOT, ids=[f"{f}-{t}-{p}-{R}x{K}" for f, t, p, R, K in BYTE_DOT])
+def test_arm_byte_dot_kernels(fam, tname, path, R, K, isa, threads):
+    """The ARM twins' byte-dot kernels (dot4_neon: x86 hosts) equal the ARM references, threaded and
+    limited to one thread, at 1 and 2 threads."""
+    cpu = profiles.get(ARM[fam])
+    tw = FAMILIES[fam][tname, path]
+    k = tw.byte_dot[isa]
+    raw = raw_rows(tname, R, K, seed=R + K)
+    p = k.pack(raw, tname, K)
+    for T in TS:
+        x = acts(T, K, seed=T)
+        ref = tw.reference(raw, ggml_type(tname), x, cpu=cpu)
+        for n in (1, 2):
+            threads(n)
+            for limit in (0, 1):
+                out = np.full((T, R), np.nan, np.float32)
+                k.threaded(*p, x, out, *k.extra, limit)
+                assert same_bits(out, ref), (fam, tname, path, R, K, T, n, limit)
 
 
 @pytest.mark.parametrize("cpu", list(ARM.values()))
