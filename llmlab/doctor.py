@@ -213,7 +213,22 @@ def check_numba() -> list[Check]:
     except ValueError as e:           # a bad LLMLAB_THREADS: every engine command would refuse it
         threads = Check("threads", "missing", True, str(e), "set LLMLAB_THREADS to a positive integer, or unset it",
                         data={"threads": None, "error": str(e), "cores": os.cpu_count(), "numba_pool": pool})
-    return [cache, threads]
+    return [cache, threads, check_threading_layer()]
+
+
+def check_threading_layer() -> Check:
+    """numba's threading layer: omp or tbb run a decode step's few hundred parallel regions cheaply;
+    workqueue (the only one a pip-only macOS has) wakes a thread for each, even a one-thread one."""
+    from .ggml.cpu.threadpool import threading_layers
+    t = threading_layers()
+    good = t["layer"] in ("omp", "tbb")
+    better = [n for n in ("omp", "tbb") if n in t["available"]]
+    fix = (f"unset NUMBA_THREADING_LAYER ({t['configured']}): {better[0]} loads here" if better
+           else hint("threading_layer"))
+    return Check("threading", "ok" if good else "warn", False,
+                 f"numba's {t['layer']} layer (loads here: {', '.join(t['available']) or 'none'})" + (
+                     "" if good else "; each parallel region wakes a thread: slower decoding"),
+                 None if good else fix, t)
 
 
 def run_checks(lab: bool = True) -> list[Check]:

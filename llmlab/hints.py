@@ -44,7 +44,11 @@ _HINTS = {
     "llama_cpp_amx": {"any": "rebuild it without AMX: python tools/oracle_build.py in a checkout (what `make test` "
                              "runs), or CMAKE_ARGS='-DGGML_NATIVE=OFF -DGGML_AVX512=ON -DGGML_AMX_TILE=OFF "
                              "-DGGML_AMX_INT8=OFF' python -m pip install --no-cache-dir --force-reinstall "
-                             "llama-cpp-python==0.3.36"},
+                             f"llama-cpp-python=={LLAMA_CPP_PYTHON}"},
+    "threading_layer": {"linux": "python -m pip install tbb (or: sudo apt-get install libgomp1, for the omp layer)",
+                        "macos": "brew install libomp (numba's omp layer loads it)",
+                        "windows": "python -m pip install tbb",
+                        "conda": "conda install -c conda-forge tbb (or llvm-openmp)"},
     "numba_cache": {"any": "set NUMBA_CACHE_DIR to a folder you can write (numba then caches its compiled "
                            "kernels there)"},
 }

@@ -89,9 +89,9 @@ def test_neon_q4_1_dot_product_order():
 
 
 def test_arm_profile_routes_the_fast_kernels_to_its_own_bits(smollm2_path):
-    """The fast kernel set on the ARM profile: no x86 twin for NEON's orders (the quantized products and
-    the half-precision f16 products run the reference), the vectorizable ones (ROPE, softmax, SwiGLU)
-    take the profile's lanes; prompt and decode steps give the reference kernels' bits."""
+    """The fast kernel set on the ARM profile: the ARM twins (``fast.neon``: NEON's orders of the quantized
+    products; ``fast.vec_f16``: the half-precision f16 products), and the vectorizable ones (ROPE,
+    softmax, SwiGLU) with the profile's lanes; prompt and decode steps give the reference kernels' bits."""
     model = Model(smollm2_path, cpu=ARM)
     ids = [1, 504, 3458, 282, 260, 1345, 28, 253, 1115]
     out = {}
@@ -333,7 +333,7 @@ def test_live_nodes_equal_arm64_llama_cpp(request, cpu, name, flash_attn):
 @pytest.mark.parametrize("cpu", [ARM, "arm_i8mm"])
 def test_dispatch_paths_and_fast_entry_point_on_arm(cpu):
     """ARM's kernel choice (q8_0 and the K-quants in the REPACK buffer, no tiled matmul) and the fast set's
-    entry point: no x86 twin answers for a NEON profile, so every path gives the reference kernels' bits."""
+    entry point: the ARM twins (no x86 one) answer for a NEON profile, with the reference kernels' bits."""
     from llmlab.ggml.cpu import fast
     from llmlab.ggml.cpu.ops import mul_mat_quantized, quantized_path
     c = profiles.get(cpu)

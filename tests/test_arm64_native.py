@@ -175,9 +175,11 @@ def test_generate_gives_the_arm_tokens(arm64_root, model, kernels, cpu, cpuinfo,
     assert r["prompt_ids"] == ids
     assert r["ids"] == want, f"{model} {kernels} on {want_cpu}: {r['ids']} != llama.cpp's {want}"
     # nothing of dot4 (x86 byte-dot intrinsics) is selected or compiled; the fast set did run numba kernels
-    assert r["dot4"] is None and not [k for k in r["kernels"] if ".dot4." in k], r["kernels"]
+    assert r["dot4"] is None and not [k for k in r["kernels"] if ".fast.dot4" in k], r["kernels"]
     if kernels == "fast":
         assert r["kernels"] and all(k.startswith("llmlab.ggml.cpu.fast.") for k in r["kernels"]), r["kernels"]
+        # the quantized products ran the ARM twins (fast.neon), not the NumPy reference
+        assert [k for k in r["kernels"] if k.startswith("llmlab.ggml.cpu.fast.neon.")], r["kernels"]
     ran = ", ".join(k.rsplit(".", 1)[-1] for k in r["kernels"]) or "none"
     # generate's own lines: the fast set's warm-up (a 128-token batch through the model) and the speeds
     said = "; ".join(line for line in r["stderr"].splitlines() if line.startswith(("kernels:", "prompt eval:")))

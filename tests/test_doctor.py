@@ -32,7 +32,7 @@ def test_doctor_on_this_machine(capsys):
     lines = out.splitlines()
     assert lines[0].startswith("llmlab doctor: ")
     for name in ("python", "numpy", "numba", "matplotlib", "ipywidgets", "jupyterlab", "dot", "fonts_cjk",
-                 "fonts_emoji", "cpu", "llama_cpp", "numba_cache", "threads"):
+                 "fonts_emoji", "cpu", "llama_cpp", "numba_cache", "threads", "threading"):
         assert any(re.match(rf"(ok|warn|missing) +{name} ", line) for line in lines), name
     rc_json = main(["doctor", "--json"])
     rep = json.loads(capsys.readouterr().out)          # strict JSON: one object
@@ -43,6 +43,9 @@ def test_doctor_on_this_machine(capsys):
     assert checks["cpu"]["data"]["profile"] in ("avx2", "avx512") and checks["cpu"]["data"]["machine"]
     assert isinstance(checks["threads"]["data"]["threads"], int) and checks["threads"]["data"]["threads"] >= 1
     assert "writable" in checks["numba_cache"]["data"]
+    layer = checks["threading"]["data"]              # numba's threading layer, and those that load here
+    assert layer["layer"] in layer["available"] and "workqueue" in layer["available"]
+    assert checks["threading"]["status"] == ("ok" if layer["layer"] in ("omp", "tbb") else "warn")
     if shutil.which("dot"):
         assert checks["dot"]["status"] == "ok" and checks["dot"]["data"]["version"]
     if not rep["missing"]:                              # this project's machines: everything required is here

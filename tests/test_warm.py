@@ -14,13 +14,20 @@ from llmlab.warm import Warmup, cache_counts, warm
 def test_summary_says_compiled_or_loaded():
     assert "compiled 3" in Warmup(12.0, 3, 10).summary() and "once per machine" in Warmup(12.0, 3, 10).summary()
     assert "10 loaded from numba's cache" in Warmup(0.5, 0, 10).summary()
+    # a slow warm-up that numba did not compile in says so; one that compiled says so, even when its
+    # kernels' statistics missed it (a helper compiled for a loaded kernel)
+    slow = Warmup(39.5, 0, 7, 0.0).summary()
+    assert "7 loaded from numba's cache" in slow and "compiled" not in slow and "39.5 s warm-up" in slow
+    hidden = Warmup(39.5, 0, 7, 30.2).summary()
+    assert hidden.startswith("kernels: compiled") and "30.2 s of the 39.5 s" in hidden
 
 
 def test_warm_loads_every_kernel_a_generation_takes(smollm2_path):
     from llmlab.llama import Batch, Context, Model
     m = Model(smollm2_path)
     w = warm(m)            # in a process that ran the engine before, nothing is left to load: both may be 0
-    assert w.seconds > 0
+    assert w.seconds > 0 and w.compile_seconds is not None and w.compile_seconds <= w.seconds
+    assert w.summary().startswith("kernels: compiled") == (w.compiled > 0 or w.compile_seconds >= 0.05)
     before = cache_counts()
     ctx = Context(m, n_ctx=64, n_batch=64)
     ctx.decode(Batch.from_tokens(list(range(10, 25))))

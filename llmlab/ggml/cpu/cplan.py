@@ -33,6 +33,7 @@ from .fast._common import parallel_min_work, threads
 from .journal import reader, writer
 from .fast import ops as fops
 from .fast import vec as fvec
+from .fast import vec_f16 as fvec16
 from .ops import COMPUTE, dequantize_rows, rope_cache, rope_vec_pairs
 from .vec import gelu_table
 from .profiles import CPUProfile, resolve
@@ -312,6 +313,9 @@ def _mul_mat(node, cpu):
         A = a.array()[0].view(np.uint16)                    # (Hk, R, K) f16 bits, strides of the cache view
         X, Y = B[0], O[0]
         T, R, K = b.ne[1], a.ne[1], a.ne[0]
+        half = fvec16.half_order(cpu, R, T, K)              # FP16_VA: half-precision accumulators
+        if half is not None:
+            return lambda: fvec16.mul_mat_f16h(A, X, Y, *half)
         order = _f16_order(cpu, R, T, K)
         if order is None:
             return None

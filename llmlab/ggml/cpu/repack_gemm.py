@@ -44,7 +44,7 @@ def _q4_k_rows(ws: np.ndarray):
 
 
 def _q8_k_inputs(raw: np.ndarray, qtype, x: np.ndarray, cpu, sub: int):
-    """What the ARM q4_K kernels read: the weight blocks, and the q8_K activations as codes in groups of
+    """What the q4_K REPACK kernels read: the weight blocks, and the q8_K activations as codes in groups of
     ``sub`` (T, nb, 256 / sub, sub), their scales, and their block sums of 32 (T, nb, 8), exact in float64."""
     x = np.asarray(x, float32).reshape(-1, x.shape[-1])
     w = weight_blocks(raw, qtype, x.shape[1])
@@ -58,22 +58,17 @@ def mul_mat_q4_k_repacked(raw: np.ndarray, qtype, x: np.ndarray, cpu=None) -> np
     """Activation rows in groups of 4 go through the gemm kernel, which adds the integer sums of each
     pair of sub-blocks (64 values) into the float accumulators separately; the rows left over go
     through the gemv kernel, which adds a whole super-block at once."""
-    x = np.asarray(x, float32).reshape(-1, x.shape[-1])
-    w = weight_blocks(raw, qtype, x.shape[1])
-    a = quantize_activations(x, "q8_K")
-    nb = w.shape[1]
-    T, R = a.shape[0], w.shape[0]
+    w, qa, ya, bs32 = _q8_k_inputs(raw, qtype, x, None, 64)               # x86's q8_K quantizer
+    (T, nb), R = qa.shape[:2], w.shape[0]
     n_gemm = T - T % 4
-    qa = a["qs"].astype(float64).reshape(T, nb, 4, 64)
-    ya = a["d"].astype(float32)
-    bs = a["bsums"].astype(float64).reshape(T, nb, 4, 4)               # four 16-sums per 64 values
+    bs = bs32.reshape(T, nb, 4, 2)                                       # two 32-sums per 64 values
     out = np.empty((T, R), float32)
     for r0 in range(0, R, ROW_CHUNK):
         ws = w[r0:r0 + ROW_CHUNK]
         n = len(ws)
         W, mn, dw, dmin = _q4_k_rows(ws)
         W = W.reshape(n, nb, 4, 64)
-        mins = np.repeat(mn.reshape(n, nb, 4, 2), 2, axis=-1)            # min of each 32 over its two 16-sums
+        mins = mn.reshape(n, nb, 4, 2)
         acc = np.zeros((T, n), float64)
         accm = np.zeros((T, n), float64)
         for b in range(nb):

@@ -138,6 +138,43 @@ class Governor:
             self.wait[kind] = min(PROBE_MAX, 2 * self.wait[kind]) if clear else PROBE_MIN
 
 
+# ---- numba's threading layers --------------------------------------------------------------------
+# numba runs a parallel region on one of three layers: ``tbb`` (Intel oneTBB: ``pip install tbb``, wheels
+# for Linux and Windows x86-64, none for macOS arm64), ``omp`` (OpenMP: GNU libgomp on Linux, the MSVC
+# runtime's vcomp on Windows, on macOS only with libomp from Homebrew or conda's llvm-openmp: numba's
+# macOS wheels link it but do not ship it) and ``workqueue`` (numba's own, always there). Every layer
+# exports the get/set_num_threads entries llmlab's thread limit calls (fast._common), so the governor and
+# the limit work on each. workqueue hands even a one-thread region to a worker thread and wakes it
+# (a region costs the caller tens to hundreds of microseconds where omp and tbb run it inline).
+
+LAYERS = ("tbb", "omp", "workqueue")             # numba's own order for its "default"
+_MODULES = {"tbb": "tbbpool", "omp": "omppool", "workqueue": "workqueue"}
+
+
+def threading_layers() -> dict:
+    """Which of numba's threading layers load on this machine, and which one numba runs (``layer``: the
+    one it launched, else the one it will take: the configured one, or the first of its priority that
+    loads). Loads the layers' libraries, starts no thread."""
+    import importlib
+    import numba
+    available = []
+    for name in LAYERS:
+        try:
+            importlib.import_module(f"numba.np.ufunc.{_MODULES[name]}")
+            available.append(name)
+        except Exception:       # noqa: BLE001 - a library the layer needs is missing (ImportError, OSError)
+            pass
+    try:
+        layer, launched = numba.threading_layer(), True
+    except ValueError:                           # threads not launched yet
+        want = numba.config.THREADING_LAYER
+        order = {"default": list(numba.config.THREADING_LAYER_PRIORITY), "safe": ["tbb"],
+                 "threadsafe": ["tbb", "omp"], "forksafe": ["tbb", "omp", "workqueue"]}.get(want, [want])
+        layer, launched = next((n for n in order if n in available), None), False
+    return {"layer": layer, "launched": launched, "available": available,
+            "configured": numba.config.THREADING_LAYER}
+
+
 _SHARED: list[Governor] = []
 
 

@@ -175,15 +175,25 @@ def groups(a: np.ndarray, R: int, size: int = G, axis: int = -1) -> np.ndarray:
     return np.ascontiguousarray(np.moveaxis(a, 1, axis))
 
 
-def pack_legacy(raw: np.ndarray, tname: str, K: int) -> tuple:
-    """Raw rows (R, row_bytes) uint8 of q4_0/q4_1/q5_0/q8_0 -> (qs, d, m) (see the module doc)."""
+def pack_legacy(raw: np.ndarray, tname: str, K: int, layout: str = "rows") -> tuple:
+    """Raw rows (R, row_bytes) uint8 of q4_0/q4_1/q5_0/q8_0 -> the packed arrays of one of two layouts:
+    ``rows`` (qs, d, m): G rows side by side, a code per value (see the module doc); ``quads`` (qs, qh, d,
+    m): dot4's 16-row groups of 4-byte quads, q8_0's codes plus 128 (see ``dot4_pack``)."""
     from ...quant import legacy as L
-    layout = {"q4_0": L.BLOCK_Q4_0, "q4_1": L.BLOCK_Q4_1, "q5_0": L.BLOCK_Q5_0, "q8_0": L.BLOCK_Q8_0}[tname]
+    blocks = {"q4_0": L.BLOCK_Q4_0, "q4_1": L.BLOCK_Q4_1, "q5_0": L.BLOCK_Q5_0, "q8_0": L.BLOCK_Q8_0}[tname]
     nb = K // 32
-    w = np.ascontiguousarray(raw).reshape(-1).view(layout).reshape(-1, nb)
+    w = np.ascontiguousarray(raw).reshape(-1).view(blocks).reshape(-1, nb)
     R = w.shape[0]
-    f16 = lambda name: groups(np.ascontiguousarray(w[name]).view(np.uint16), R)
+    n = 16 if layout == "quads" else G
+    f16 = lambda name: groups(np.ascontiguousarray(w[name]).view(np.uint16), R, n)
     qs = np.ascontiguousarray(w["qs"])
+    if layout == "quads":
+        codes = qs.view(np.uint8) ^ np.uint8(0x80) if tname == "q8_0" else qs.view(np.uint8)   # w + 128 unsigned
+        g = groups(codes.reshape(R, nb, -1, 4), R, n, axis=-2)                                 # (row, block, lane, k)
+        qh = (groups(np.ascontiguousarray(w["qh"]).view("<u4").reshape(R, nb), R, n) if tname == "q5_0"
+              else np.zeros((0, nb, n), np.uint32))
+        m = f16("m") if tname == "q4_1" else np.zeros((0, nb, n), np.uint16)
+        return g.reshape(g.shape[0], nb, -1), qh, f16("d"), m
     if tname == "q5_0":                          # the 5-bit codes minus 16, as q8_0 holds its codes
         qs = (L.q5_codes(w.reshape(-1)).astype(np.int16) - 16).astype(np.int8).reshape(R, nb, 32)
     eight = tname in ("q5_0", "q8_0")           # the empty m slot tells the kernel: int8 codes (as uint8 bits)

@@ -5,6 +5,10 @@ The path is the reference's (``llmlab.ggml.cpu.ops.quantized_path``: vec_dot, ti
 CPU profile); ``generic`` runs on any host, ``byte_dot`` (``dot4``: AVX512-VNNI or AVX2 byte dot
 products) where the host has one of those instruction sets. Dispatch, the tests and the docstrings read
 this table (each fast kernel's docstring ends with the references it reproduces).
+
+One table per kernel family (a profile's ``quant_kernels``): ``x86`` (arch/x86/quants.c and repack.cpp,
+both x86 profiles), ``neon`` (arch/arm: dotprod) and ``neon_i8mm`` (with MATMUL_INT8's 2x2 steps and
+the 4x8 / 8x8 REPACK layouts). The ARM twins (``neon``) are generic numba: they run on any host.
 """
 from __future__ import annotations
 
@@ -14,8 +18,8 @@ from typing import Callable
 import numpy as np
 
 from .. import quants as ref_quants, repack_gemm as ref_repack, tiled as ref_tiled
-from . import dot4, quants, repack, tiled
-from .quantize import quantize_q8_0, quantize_q8_1, quantize_q8_k
+from . import dot4, dot4_neon, neon, quants, repack, tiled
+from .quantize import quantize_q8_0, quantize_q8_0_neon, quantize_q8_1, quantize_q8_1_neon, quantize_q8_k, quantize_q8_k_neon
 
 
 @dataclass(frozen=True)
@@ -52,7 +56,7 @@ def _legacy(tname: str, partner: str) -> Twin:
     quantize = quantize_q8_1 if partner == "q8_1" else lambda x: (*quantize_q8_0(x), _NO_S)
     return Twin(ref_quants.mul_mat, f"ggml_vec_dot_{tname}_{partner}",
                 Kernels(quants.vec_dot_legacy, quants.vec_dot_legacy_serial, quants.pack_legacy, quantize),
-                _byte_dot("legacy", dot4.pack_legacy))
+                _byte_dot("legacy", dot4.pack_legacy_quads))
 
 
 TWINS: dict[tuple[str, str], Twin] = {
@@ -76,19 +80,61 @@ TWINS: dict[tuple[str, str], Twin] = {
 }
 
 
-# the kernel families (a profile's ``quant_kernels``) the twins reproduce: arch/x86/quants.c's orders. A
-# NEON profile finds no twin, so its quantized products run the NumPy reference kernels.
-FAMILIES = ("x86",)
+def _neon_byte_dot(kernel: str) -> dict:
+    """dot4_neon's kernels of one kind per instruction set (x86 hosts with AVX512-VNNI or AVX2)."""
+    return {isa: Kernels(k[kernel], None, dot4.pack_legacy_quads) for isa, k in dot4_neon.KERNELS.items()}
+
+
+def _neon_legacy(tname: str, partner: str, i8mm: bool) -> Twin:
+    quantize = quantize_q8_1_neon if partner == "q8_1" else lambda x: (*quantize_q8_0_neon(x), _NO_S)
+    pair = ((neon.vec_dot_mmla, neon.vec_dot_mmla_serial) if i8mm and tname in ref_quants.MMLA_VEC_DOT
+            else (neon.vec_dot, neon.vec_dot_serial))
+    mmla = i8mm and tname in ref_quants.MMLA_VEC_DOT
+    return Twin(ref_quants.mul_mat, f"ggml_vec_dot_{tname}_{partner} (arch/arm{', MATMUL_INT8' if i8mm else ''})",
+                Kernels(*pair, neon.pack_legacy_nrows, quantize), _neon_byte_dot("mmla" if mmla else "vec_dot"))
+
+
+def _neon_repack(layout: str, ggml: str, kernel, pack, quantize, byte_dot: dict | None = None) -> Twin:
+    return Twin(ref_repack.REPACKED_MUL_MAT[layout], ggml, Kernels(kernel, None, pack, quantize), byte_dot)
+
+
+def _q8_0_neon(x):
+    return (*quantize_q8_0_neon(x), _NO_S)
+
+
+NEON: dict[tuple[str, str], Twin] = {
+    **{(t, "vec_dot"): _neon_legacy(t, p, False) for t, p in (("q4_0", "q8_0"), ("q4_1", "q8_1"),
+                                                               ("q5_0", "q8_0"), ("q8_0", "q8_0"))},
+    ("q8_0", "repack"): _neon_repack("q8_0_4x4", "ggml_gemv/gemm_q8_0_4x4_q8_0", neon.q8_0_4x4, neon.pack_legacy_nrows, _q8_0_neon,
+                                     _neon_byte_dot("q8_0_4x4")),
+    ("q4_k", "repack"): _neon_repack("q4_K_8x4", "ggml_gemv/gemm_q4_K_8x4_q8_K", neon.q4_k_8x4, quants.pack_q4_k,
+                                     quantize_q8_k_neon),
+    ("q6_k", "repack"): _neon_repack("q6_K_8x4", "ggml_gemv/gemm_q6_K_8x4_q8_K", neon.q6_k_8x4, quants.pack_q6_k,
+                                     quantize_q8_k_neon),
+}
+
+NEON_I8MM: dict[tuple[str, str], Twin] = {
+    **{(t, "vec_dot"): _neon_legacy(t, p, True) for t, p in (("q4_1", "q8_1"), ("q5_0", "q8_0"))},
+    ("q8_0", "repack"): _neon_repack("q8_0_4x8", "ggml_gemv/gemm_q8_0_4x8_q8_0", neon.q8_0_4x8, neon.pack_legacy_nrows, _q8_0_neon,
+                                     _neon_byte_dot("q8_0_4x8")),
+    ("q4_k", "repack"): _neon_repack("q4_K_8x8_i8mm", "ggml_gemv/gemm_q4_K_8x8_q8_K (MATMUL_INT8)", neon.q4_k_8x8,
+                                     quants.pack_q4_k, quantize_q8_k_neon),
+    ("q6_k", "repack"): _neon_repack("q6_K_8x8_i8mm", "ggml_gemv/gemm_q6_K_8x8_q8_K (MATMUL_INT8)", neon.q6_k_8x8,
+                                     quants.pack_q6_k, quantize_q8_k_neon),
+}
+
+# the kernel families (a profile's ``quant_kernels``) and their tables
+FAMILIES: dict[str, dict[tuple[str, str], Twin]] = {"x86": TWINS, "neon": NEON, "neon_i8mm": NEON_I8MM}
 
 
 def twin(tname: str, path: str | None, family: str = "x86") -> Twin | None:
-    return TWINS.get((tname, path)) if family in FAMILIES else None
+    return FAMILIES.get(family, {}).get((tname, path))
 
 
 def _document() -> None:
-    """Append to each fast kernel's docstring the references it reproduces (read from TWINS)."""
+    """Append to each fast kernel's docstring the references it reproduces (read from the tables)."""
     seen: dict[int, tuple] = {}
-    for (_tname, path), tw in TWINS.items():
+    for (_tname, path), tw in [kv for table in FAMILIES.values() for kv in table.items()]:
         for k in [tw.generic, *(tw.byte_dot or {}).values()]:
             for fn in (k.threaded, k.serial):
                 if fn is not None:

@@ -1,0 +1,89 @@
+"""LLVM IR builders of the byte-dot kernels (``dot4``): numba has no vector types, so the inner steps of
+``dot4_legacy`` and ``dot4_kquants`` are written as LLVM IR in ``@intrinsic`` codegens from these pieces:
+vector loads and stores, a broadcast, the f16 widening (vcvtph2ps) and :func:`dot4`, 16 int32 lanes of
+4 byte products each (``llvm.x86.avx512.vpdpbusd.512``, or ``llvm.x86.avx2.pmadd.ub.sw`` then
+``pmadd.wd`` by ones)."""
+from __future__ import annotations
+
+from llvmlite import ir
+from numba.core import cgutils
+
+I8, I16, I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
+I8x64 = ir.VectorType(I8, 64)
+I32x16 = ir.VectorType(I32, 16)
+F32x16 = ir.VectorType(ir.FloatType(), 16)
+
+
+def data(context, builder, arrty, arr, elem):
+    """The data pointer of a contiguous array, as a pointer to ``elem``."""
+    return builder.bitcast(context.make_array(arrty)(context, builder, arr).data, elem.as_pointer())
+
+
+def vload(builder, ptr, index, vec):
+    p = builder.gep(ptr, [index])
+    return builder.load(builder.bitcast(p, vec.as_pointer()), align=1)
+
+
+def vstore(builder, ptr, index, value):
+    p = builder.gep(ptr, [index])
+    builder.store(value, builder.bitcast(p, value.type.as_pointer()), align=1)
+
+
+def splat(builder, x, vec):
+    v = builder.insert_element(ir.Constant(vec, None), x, ir.Constant(I32, 0))
+    return builder.shuffle_vector(v, ir.Constant(vec, None), ir.Constant(I32x16, [0] * vec.count))
+
+
+def intrinsic_fn(builder, name, ret, args):
+    return cgutils.get_or_insert_function(builder.module, ir.FunctionType(ret, args), name)
+
+
+def f16x16(builder, ptr):
+    """16 float16 bits at ptr -> <16 x float> (vcvtph2ps)."""
+    h = vload(builder, ptr, ir.Constant(I32, 0), ir.VectorType(I16, 16))
+    return builder.fpext(builder.bitcast(h, ir.VectorType(ir.HalfType(), 16)), F32x16)
+
+
+def dot4(builder, isa: str, acc, u8, word, signed: bool = False):
+    """acc + the 16 lanes' sums of 4 byte products: u8 (<64 x i8>, unsigned codes; with ``signed`` the
+    bytes are signed codes) times the 4 signed bytes of the int32 ``word`` (broadcast). VNNI: one
+    vpdpbusd. AVX2: pmaddubsw (pairs, int16) then pmaddwd by ones (quads, int32), per 8 rows; exact
+    while a pair cannot saturate int16: unsigned codes up to 63 (2 * 63 * 128 < 2^15), or, for signed
+    codes (q8_0), ggml's |w| x sign(a, w) with activations in -127..127, as ggml's quantizers make them."""
+    w = splat(builder, word, I32x16)
+    if isa == "vnni":
+        if signed:
+            raise ValueError("vpdpbusd takes unsigned codes")
+        fn = intrinsic_fn(builder, "llvm.x86.avx512.vpdpbusd.512", I32x16, [I32x16] * 3)
+        return builder.call(fn, [acc, builder.bitcast(u8, I32x16), w])
+    sb = builder.bitcast(w, I8x64)
+    if signed:
+        zero = ir.Constant(I8x64, [0] * 64)
+        neg = builder.icmp_signed("<", u8, zero)
+        ax = builder.select(neg, builder.sub(zero, u8), u8)                     # |w| (-128 -> 128 unsigned)
+        sb = builder.select(neg, builder.sub(zero, sb), builder.select(builder.icmp_signed("==", u8, zero), zero, sb))
+        u8 = ax
+    I8x32, I16x16, I32x8 = ir.VectorType(I8, 32), ir.VectorType(I16, 16), ir.VectorType(I32, 8)
+    maddubs = intrinsic_fn(builder, "llvm.x86.avx2.pmadd.ub.sw", I16x16, [I8x32, I8x32])
+    maddwd = intrinsic_fn(builder, "llvm.x86.avx2.pmadd.wd", I32x8, [I16x16, I16x16])
+    ones = ir.Constant(I16x16, [1] * 16)
+    halves = []
+    for h in range(2):
+        idx = ir.Constant(ir.VectorType(I32, 32), list(range(32 * h, 32 * h + 32)))
+        uh = builder.shuffle_vector(u8, ir.Constant(I8x64, None), idx)
+        sh = builder.shuffle_vector(sb, ir.Constant(I8x64, None), idx)
+        halves.append(builder.call(maddwd, [builder.call(maddubs, [uh, sh]), ones]))
+    both = builder.shuffle_vector(halves[0], halves[1], ir.Constant(I32x16, list(range(16))))
+    return builder.add(acc, both)
+
+
+def c32(v: int):
+    return ir.Constant(I32x16, [v] * 16)
+
+
+def high_bits(builder, qh, shift: int):
+    """q5_0's fifth bits: from each row's 32-bit qh, bits shift .. shift+3 spread to bit 4 of the lane's
+    4 bytes (t * 0x00204081 puts bit k of a 4-bit t at bit 8k, with no carries)."""
+    t = builder.and_(builder.lshr(qh, c32(shift)), c32(15))
+    spread = builder.and_(builder.mul(t, c32(0x00204081)), c32(0x01010101))
+    return builder.bitcast(builder.shl(spread, c32(4)), I8x64)
