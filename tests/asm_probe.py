@@ -40,6 +40,15 @@ def instructions(fn, *args) -> dict[str, int]:
     return dict(c)
 
 
+def outputs_of(fn, *args) -> tuple:
+    """Arrays of the types a jitted ``fn`` returns for ``args``, made without running it: its machine code
+    for this CPU model may not run on this host (an AVX-512 target on an AVX2 machine dies with SIGILL)."""
+    fn.compile(tuple(numba.typeof(a) for a in args))
+    ret = fn.overloads[fn.signatures[-1]].signature.return_type
+    kinds = ret.types if isinstance(ret, numba.types.BaseTuple) else (ret,)
+    return tuple(np.zeros((1,) * t.ndim, numba.np.numpy_support.as_dtype(t.dtype)) for t in kinds)
+
+
 def main(isas: list[str]) -> dict:
     rng = np.random.default_rng(0)
     raw = rng.integers(0, 256, (32, 2 * 20), dtype=np.uint8)
@@ -48,7 +57,7 @@ def main(isas: list[str]) -> dict:
     out: dict[str, dict[str, int]] = {}
     q41 = TWINS["q4_1", "vec_dot"]
     k = q41.generic
-    out["generic_decode_q4_1"] = instructions(k.serial, *k.pack(raw, "q4_1", 64), *k.quantize(x))
+    out["generic_decode_q4_1"] = instructions(k.serial, *k.pack(raw, "q4_1", 64), *outputs_of(k.quantize, x))
     v = fvec.params(profiles.get("avx512"))
     s = np.ones((2, 1, 64), np.float32)
     out["soft_max"] = instructions(fvec.soft_max, s, np.zeros((0, 64), np.float32), np.float32(1), s.copy(),
