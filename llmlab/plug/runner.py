@@ -305,13 +305,13 @@ def llama_cpp_tokens(model: str, path, prompt: str, prompt_ids: list[int], n: in
 def _live_greedy(path, prompt_ids, n, cpu) -> list[int] | None:
     """Greedy tokens from the installed llama.cpp, where it computes this CPU profile; else None."""
     from .. import llamacpp
+    from ..ggml.cpu import profiles
+    from ..llamacpp.eval_callback import run_logits
     if not llamacpp.available():
         return None
     try:
-        from ..ggml.cpu import profiles
         if profiles.resolve("auto").name != cpu.name:
             return None
-        from ..llamacpp.eval_callback import run_logits
         toks = list(prompt_ids)
         out: list[int] = []
         for _ in range(n):
@@ -456,10 +456,10 @@ def _llama_cpp_first(path, ids, nodes, cpu):
     """With the live llama.cpp (of this profile): the first node of the plugged prompt's graph whose values
     differ from llama.cpp's own, through diff-llama-cpp's machinery (``llmlab.llamacpp``); else None."""
     from .. import llamacpp
+    from ..ggml.cpu import profiles
     if not llamacpp.available():
         return None
     try:
-        from ..ggml.cpu import profiles
         if profiles.resolve("auto").name != cpu.name:
             return None
         rep = llamacpp.diff(nodes, llamacpp.capture(path, ids, output="last"))
