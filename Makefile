@@ -25,7 +25,7 @@ HTML_DIR ?= build/html
 TEACHER_HTML_DIR ?= build/html-teacher
 IS_ROOT := $(shell [ "$$(id -u)" = 0 ] && echo 1)
 
-.PHONY: setup setup-dev system-deps browser-deps demo lint test test-slow test-browser test-all bench bench-notebook lab notebooks teacher html handout kit clean oracle-avx2 test-avx2 arm64-deps oracle-arm64 test-arm64 refs-arm64 rpc-server arm64-root test-arm64-native test-arm64-native-quick test-windows test-windows-quick
+.PHONY: setup setup-dev system-deps browser-deps demo lint test test-slow test-browser test-all bench bench-notebook lab notebooks teacher html handout kit clean oracle-avx2 test-avx2 arm64-deps oracle-arm64 test-arm64 refs-arm64 rpc-server arm64-root test-arm64-native test-arm64-native-quick test-windows test-windows-quick test-plug
 
 setup: system-deps $(STAMP_LAB)
 setup-dev: system-deps $(STAMP_DEV)
@@ -94,7 +94,11 @@ test: setup-dev lint
 
 # long suites: notebooks top to bottom, whole-model llama.cpp comparisons, generation through rpc-server
 test-slow: setup-dev rpc-server
-	LLMLAB_REQUIRE_ORACLES=1 $(PY) -m pytest -q -rs --slow -m "slow and not browser" $(PYTEST_ARGS); rc=$$?; [ $$rc -eq 5 ] && rc=0; exit $$rc
+	LLMLAB_REQUIRE_ORACLES=1 $(PY) -m pytest -q -rs --slow -m "slow and not browser and not exhaustive" $(PYTEST_ARGS); rc=$$?; [ $$rc -eq 5 ] && rc=0; exit $$rc
+
+# every learner's slot plugged in alone on both real models, against the stored references (~20 min)
+test-plug: setup-dev
+	LLMLAB_REQUIRE_ORACLES=1 $(PY) -m pytest -q -rs --slow -m exhaustive tests/test_plug.py $(PYTEST_ARGS)
 
 # JupyterLab in headless chromium: runs notebooks 00, 01, 05, 06, 08, screenshots in build/browser/
 test-browser: browser-deps

@@ -309,19 +309,32 @@ def _ref_prompt(model):
     return meta["prompts"][0]["prompt"]
 
 
+def _slots_of(model):
+    return [s.name for s in list_slots() if model in s.models]
+
+
 @pytest.mark.slow
+@pytest.mark.exhaustive
 @pytest.mark.parametrize("model", ["smollm2", "gemma3"])
-def test_each_reference_alone_and_all_together_keep_llama_cpps_greedy_tokens(model):
+def test_each_reference_alone_keeps_llama_cpps_greedy_tokens(model):
+    """Every slot's reference plugged in alone: one run per slot with the reference kernels (about 20 minutes
+    for both models on 2 cores, so not in test-slow: make test-plug)."""
     prompt = _ref_prompt(model)
-    names = [s.name for s in list_slots() if model in s.models]
-    for name in names:
+    for name in _slots_of(model):
         r = runner.run(model, prompt, 4, {name: "reference"}, oracle=False)
         assert r.slots[0].status == "bit-identical", r.summary()
         if not get_slot(name).sampling:
             assert r.compared_with.startswith("llama.cpp's stored references")
             assert r.n_equal == r.n_compared == 4
-    r = runner.run(model, prompt, 4, {n: "reference" for n in names if not get_slot(n).sampling}, oracle=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["smollm2", "gemma3"])
+def test_all_references_together_keep_llama_cpps_greedy_tokens(model):
+    r = runner.run(model, _ref_prompt(model), 4,
+                   {n: "reference" for n in _slots_of(model) if not get_slot(n).sampling}, oracle=False)
     assert all(s.status == "bit-identical" for s in r.slots) and r.n_equal == 4, r.summary()
+    assert r.compared_with.startswith("llama.cpp's stored references")
 
 
 @pytest.mark.slow
