@@ -97,7 +97,10 @@ def _generate(path, *extra, n: int = 16, prompt: str, timeout: int = 900) -> sub
 
 
 def _prompt0(name):
-    meta, npz = ref_logits(name, "avx512")
+    """The first stored prompt and its greedy tokens, from the references of the profile this host's
+    llama.cpp (and so the natively built rpc-server) computes, not always avx512's."""
+    from llmlab.ggml.cpu import profiles
+    meta, npz = ref_logits(name, profiles.resolve(None).name)
     return meta["prompts"][0]["prompt"], npz["p0_greedy"].tolist()
 
 
@@ -106,6 +109,12 @@ def _prompt0(name):
 def test_generate_through_rpc_server_gives_llama_cpps_tokens(real_model, servers):
     """``generate --rpc HOST:PORT -ngl 99``: llama.cpp's greedy continuation, computed by the server."""
     name, path = real_model
+    from llmlab.ggml.cpu import profiles
+    if name == "gemma3" and profiles.resolve(None).name != "avx512":
+        # the stored references are llama.cpp's local CPU run, which computes Gemma's q4_K weights through
+        # REPACK's gemm; an rpc-server holds them unrepacked. On avx2 the two orders differ (token 11, seen on
+        # a Zen 3): the oracle of this path is llama.cpp itself through the same server, not yet wired here
+        pytest.skip("Gemma through rpc-server on this profile needs llama.cpp through rpc-server as its oracle")
     prompt, want = _prompt0(name)
     (srv,) = servers(1)
     before = srv.cpu_ticks()
