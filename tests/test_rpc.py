@@ -104,25 +104,42 @@ def _prompt0(name):
     return meta["prompts"][0]["prompt"], npz["p0_greedy"].tolist()
 
 
+def _llama_completion(server_bin, path, endpoint, prompt, n) -> str:
+    """llama.cpp's own client (llama-completion --rpc, built beside rpc-server) on the same server: the text it
+    generates greedily, prompt included."""
+    completion = Path(server_bin).with_name("llama-completion")
+    if not completion.exists():
+        pytest.skip("llama-completion is not built beside rpc-server: make rpc-server")
+    r = subprocess.run([str(completion), "-m", str(path), "--rpc", endpoint, "-ngl", "99", "-fa", "off",
+                        "-c", "256", "--temp", "0", "-n", str(n), "-p", prompt, "-no-cnv", "--no-warmup", "-t", "2"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return r.stdout.rstrip("\n")
+
+
 # ---- the real server
 @pytest.mark.slow
-def test_generate_through_rpc_server_gives_llama_cpps_tokens(real_model, servers):
-    """``generate --rpc HOST:PORT -ngl 99``: llama.cpp's greedy continuation, computed by the server."""
+def test_generate_through_rpc_server_gives_llama_cpps_tokens(real_model, servers, server_bin):
+    """``generate --rpc HOST:PORT -ngl 99``: llama.cpp's greedy continuation, computed by the server.
+
+    The oracle is the stored references where llama.cpp's local run and the server compute alike. Gemma's
+    q4_K weights are the exception off avx512: the local CPU run (the references) repacks them for REPACK's
+    gemm, the server holds them unrepacked, and on avx2 the two orders part (token 11, seen on a Zen 3).
+    There the oracle is llama.cpp itself through the same server."""
     name, path = real_model
     from llmlab.ggml.cpu import profiles
-    if name == "gemma3" and profiles.resolve(None).name != "avx512":
-        # the stored references are llama.cpp's local CPU run, which computes Gemma's q4_K weights through
-        # REPACK's gemm; an rpc-server holds them unrepacked. On avx2 the two orders differ (token 11, seen on
-        # a Zen 3): the oracle of this path is llama.cpp itself through the same server, not yet wired here
-        pytest.skip("Gemma through rpc-server on this profile needs llama.cpp through rpc-server as its oracle")
     prompt, want = _prompt0(name)
     (srv,) = servers(1)
     before = srv.cpu_ticks()
     r = _generate(path, "--rpc", srv.endpoint, "-ngl", "99", prompt=prompt)
     assert r.returncode == 0, r.stderr
-    ids = json.loads(r.stdout)["ids"]
-    assert ids == want[:len(ids)] and len(ids) == 16
+    out = json.loads(r.stdout)
+    assert len(out["ids"]) == 16
     assert srv.cpu_ticks() - before > 10          # more than 0.1 s of the server's CPU: it computed
+    if name == "gemma3" and profiles.resolve(None).name != "avx512":
+        assert (prompt + out["text"]).rstrip("\n") == _llama_completion(server_bin, path, srv.endpoint, prompt, 16)
+    else:
+        assert out["ids"] == want[:16]
 
 
 @pytest.mark.slow
@@ -397,19 +414,13 @@ def test_request_layouts_on_the_wire():
 def test_same_text_as_llama_cpps_own_rpc_client(servers, server_bin, name, prompt):
     """llama.cpp's llama-completion --rpc on the same server (built beside it by make rpc-server) and llmlab's
     RPC backend generate the same greedy text, Gemma 3's included, where both part from the local CPU run."""
-    completion = Path(server_bin).with_name("llama-completion")
-    if not completion.exists():
-        pytest.skip("llama-completion is not built beside rpc-server: make rpc-server")
     from llmlab import models
     path = models.resolve(name)
     (srv,) = servers(1)
-    want = subprocess.run([str(completion), "-m", str(path), "--rpc", srv.endpoint, "-ngl", "99", "-fa", "off",
-                           "-c", "256", "--temp", "0", "-n", "24", "-p", prompt, "-no-cnv", "--no-warmup", "-t", "2"],
-                          capture_output=True, text=True, timeout=600)
-    assert want.returncode == 0, want.stderr[-2000:]
+    want = _llama_completion(server_bin, path, srv.endpoint, prompt, 24)
     r = _generate(path, "--rpc", srv.endpoint, "-ngl", "99", prompt=prompt, n=24)
     assert r.returncode == 0, r.stderr
-    assert (prompt + json.loads(r.stdout)["text"]).rstrip("\n") == want.stdout.rstrip("\n")
+    assert (prompt + json.loads(r.stdout)["text"]).rstrip("\n") == want
 
 
 def test_devices_of_one_server_copy_there():
