@@ -40,6 +40,7 @@ class LLMGraph:
         self.t_logits: Tensor | None = None
         self.t_embd: Tensor | None = None
         self.layer_of: dict[int, int] = {}     # id(tensor) -> layer index, for drawing and placement
+        self._n_marked = 0                     # ctx0.tensors already given a layer by mark_layer
         self.build()
 
     # ---- naming, as llama.cpp's graph callback
@@ -285,5 +286,7 @@ class LLMGraph:
 
     def mark_layer(self, il: int) -> None:
         """Record which layer the tensors made since the last call belong to (for drawing and placement)."""
-        for t in self.ctx0.tensors:
+        made = self.ctx0.tensors
+        for t in made[self._n_marked:]:
             self.layer_of.setdefault(id(t), il)
+        self._n_marked = len(made)
