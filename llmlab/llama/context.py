@@ -94,8 +94,8 @@ class Context:
         self.builder = get_builder(model.arch)
         self.sched = sched
         self.last_graph = None            # the LLMGraph of the last micro-batch (for inspection)
-        self.graph_reuse = graph_reuse    # keep the last graph and run it again when the shapes repeat
-        self._reuse = None
+        self.graph_reuse = graph_reuse    # keep the last graph of each kind and run it again when the shapes repeat
+        self._reuse: dict[str, tuple] = {}    # "token" (one-token steps) or "batch" -> (shapes, graph)
         self.n_built = self.n_reused = 0
         self.captured: dict[str, np.ndarray] = {}
         # without a scheduler the graphs run on this CPU backend, on its kernel set ("fast": numba, "reference":
@@ -106,23 +106,47 @@ class Context:
             if sched is not None:
                 raise ValueError("give either devices or sched, not both")
             self.sched = device_scheduler(devices, hp.n_layer, n_gpu_layers, tensor_split, self.cpu, kernels)
+        if graph_reuse and self.sched is None and kernels == "fast":
+            self.reserve()
+
+    def reserve(self) -> None:
+        """Build and plan now the graph of a one-token step on this empty cache (llama_context's
+        graph_reserve, which builds the worst-case graphs when the context is made). A decode step after a
+        prompt shorter than the cache's 256-cell padding has the same shapes and reuses it, so the first
+        token's step does not pay for building and binding ~650 nodes (tens of ms in Python)."""
+        n_kv, swa = self._n_kv()
+        g = self.builder(self.model, 1, 1, KVView(self.k_l, self.v_l, n_kv, swa), flash_attn=self.flash_attn)
+        for t in g.inputs.values():               # the inputs' bytes, filled by each step (in place)
+            if t.view_src is None and t.data is None:
+                t.data = np.zeros(t.nbytes(), np.uint8)
+        self._reuse["token"] = ((1, 1, tuple(n_kv)), g)
+        self.backend.plan(g.gf)
+
+    def _n_kv(self) -> tuple[list[int], list[bool]]:
+        """The cells each layer's attention looks at now, and which layers slide a window."""
+        hp, kv = self.model.hparams, self.kv
+        swa = [hp.is_swa(il) for il in range(hp.n_layer)]
+        first = {s: swa.index(s) for s in set(swa)}                # one cache per kind of layer (global, SWA):
+        n_kv = [kv.n_kv(first[s]) for s in swa] if len(first) > 1 else [kv.n_kv(0)] * hp.n_layer   # asked once
+        return n_kv, swa
 
     # ---- one micro-batch: place it, build its graph, fill the inputs
     def _graph(self, ub: UBatch, placement):
         hp, kv = self.model.hparams, self.kv
         kv.apply_ubatch(placement, ub)
-        swa = [hp.is_swa(il) for il in range(hp.n_layer)]
-        first = {s: swa.index(s) for s in set(swa)}                # one cache per kind of layer (global, SWA):
-        n_kv = [kv.n_kv(first[s]) for s in swa] if len(first) > 1 else [kv.n_kv(0)] * hp.n_layer   # asked once
+        n_kv, swa = self._n_kv()
         out_ids = np.flatnonzero(ub.output).astype(np.int32)
         key = (ub.n_tokens, len(out_ids), tuple(n_kv))
-        if self._reuse is not None and self._reuse[0] == key:
-            g = self._reuse[1]           # same shapes as last time: only the inputs change (llama.cpp's can_reuse)
+        kind = "token" if ub.n_tokens == 1 else "batch"
+        kept = self._reuse.get(kind)
+        if kept is not None and kept[0] == key:
+            g = kept[1]                  # same shapes as before: only the inputs change (llama.cpp's can_reuse)
             self.n_reused += 1
         else:
             g = self.builder(self.model, ub.n_tokens, len(out_ids), KVView(self.k_l, self.v_l, n_kv, swa),
                              flash_attn=self.flash_attn)
-            self._reuse = (key, g) if self.graph_reuse else None
+            if self.graph_reuse:
+                self._reuse[kind] = (key, g)
             self.n_built += 1
         inp = g.inputs
         inp["inp_tokens"].set_data(ub.tokens)
@@ -163,7 +187,7 @@ class Context:
             return self._decode(ubs, slots, capture, replace, callback, dispatch)
         except BaseException:                       # as llama_decode: a failed batch leaves the cache as it was
             self.kv.restore(state)
-            self._reuse = None
+            self._reuse.clear()
             raise
 
     def _decode(self, ubs, slots, capture, replace, callback, dispatch) -> np.ndarray:
@@ -232,4 +256,3 @@ class Context:
 
     def clear(self) -> None:
         self.kv.clear()
-        self._reuse = None

@@ -97,13 +97,17 @@ class CPUBackend(Backend):
         self.kernels = kernels
         self.extra: list[ExtraBufferType] = list(extra or [])
         self.plugin_log: list[tuple[str, str]] = []     # (node name, plug-in) for nodes a plug-in computed
-        self._plan: tuple[CGraph | None, CPlan | None] = (None, None)   # kept while the graph is reused
+        self._plans: list[tuple[CGraph, CPlan]] = []   # the last two graphs' plans (a context keeps a one-token
+                                                        # graph and a batch graph), kept while they are reused
 
     def plan(self, graph: CGraph) -> CPlan:
         """The graph bound to this backend's kernels and its arena (ggml_graph_plan), once per graph."""
-        if self._plan[0] is not graph:
-            self._plan = (graph, graph_plan(graph.nodes, cpu=self.cpu, fast=self.kernels == "fast"))
-        return self._plan[1]
+        for g, p in self._plans:
+            if g is graph:
+                return p
+        p = graph_plan(graph.nodes, cpu=self.cpu, fast=self.kernels == "fast")
+        self._plans = [*self._plans[-1:], (graph, p)]
+        return p
 
     def graph_compute(self, graph: CGraph, capture=None, replace=None, callback=None, dispatch=None) -> dict:
         """Run a whole graph (ggml_backend_cpu_graph_compute) with the executor's hooks: through its plan, or,
