@@ -161,22 +161,20 @@ def test_logits_and_every_named_node_are_llama_cpps(tmp_path, vocab, arch, wtype
 @pytest.mark.llamacpp_exact
 @pytest.mark.parametrize("arch", NEW)
 def test_greedy_continuations_are_llama_cpps(tmp_path, vocab, arch):
-    """Prefill, then 48 tokens one at a time, each the argmax: llama.cpp's own loop against llmlab's."""
-    import llama_cpp
+    """Prefill, then 48 tokens one at a time, each the argmax: llama.cpp (through the one bridge, in its worker
+    process) against llmlab's one greedy loop."""
+    from llmlab.generate import greedy
+    from llmlab.llamacpp.session import Session
+    from llmlab.llamacpp.worker import open_remote
     m, kw = _model(tmp_path, arch, "q8_0", salt=7, vocab=vocab)
     n = 48
-    llm = llama_cpp.Llama(str(m.path), n_ctx=128, n_threads=2, logits_all=True, verbose=False)
-    want, toks = [], list(PROMPT)
-    llm.eval(toks)
-    for _ in range(n):
-        want.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
-        llm.eval([want[-1]])
-    del llm
-    ctx = Context(m, n_ctx=128)
-    logits = ctx.decode(Batch.from_tokens(toks, logits="last"))
-    got = []
-    for i in range(n):
-        got.append(int(np.argmax(logits[-1])))
-        logits = ctx.decode(Batch.from_tokens([got[-1]], pos0=len(toks) + i, logits="all"))
+    with open_remote(Session, str(m.path), n_ctx=128, n_threads=2, flash_attn=False) as sess:
+        want, batch, pos = [], list(PROMPT), 0
+        for _ in range(n):
+            assert sess.decode(batch, pos0=pos, logits="last") == 0
+            want.append(int(np.argmax(sess.logits([len(batch) - 1])[0])))
+            pos, batch = pos + len(batch), [want[-1]]
+    steps = greedy(Context(m, n_ctx=128), PROMPT)
+    got = [next(steps).token for _ in range(n)]
     agree = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), n)
     assert agree == n, f"seed {SEED} {kw}: {agree}/{n} tokens agree"

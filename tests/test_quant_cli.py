@@ -2,7 +2,6 @@
 type, a valid file for llama.cpp, and clear errors."""
 from __future__ import annotations
 
-import ctypes
 import subprocess
 import sys
 
@@ -15,12 +14,11 @@ from llmlab.ggml.gguf import GGUFFile
 
 
 def llama_quantize(src, dst, qtype):
-    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (optional oracle)")
-    p = llama_cpp.llama_model_quantize_default_params()
-    p.ftype = FILE_TYPES[qtype]
-    p.allow_requantize = True
-    p.nthread = 2
-    assert llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(p)) == 0
+    """llama.cpp's quantizer, through the bridge in the llama.cpp worker."""
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (optional oracle)")
+    from llmlab.llamacpp.session import quantize_model
+    from llmlab.llamacpp.worker import isolated
+    isolated(quantize_model, str(src), str(dst), FILE_TYPES[qtype])
 
 
 def compare(mine_path, ref_path):

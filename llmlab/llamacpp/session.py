@@ -296,3 +296,16 @@ def token_pieces(model_path: str | Path, special: bool) -> list[bytes]:
         n = lc.llama_token_to_piece(voc, i, buf, 512, 0, special)
         out.append(buf.raw[:n])
     return out
+
+
+def quantize_model(src: str | Path, dst: str | Path, ftype: int, n_threads: int = 2) -> None:
+    """llama.cpp's quantizer (``llama_model_quantize``, as its llama-quantize tool calls it) from ``src`` to
+    ``dst`` as file type ``ftype`` (a ``LLAMA_FTYPE_*`` number), requantizing allowed."""
+    lc = llama_cpp()
+    n0 = len(logs().lines)
+    p = lc.llama_model_quantize_default_params()
+    p.ftype = int(ftype)
+    p.allow_requantize = True
+    p.nthread = n_threads
+    if lc.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(p)) != 0:
+        raise LLMLabError(f"llama.cpp could not quantize {src}: {logs().since(n0, 500)}")
