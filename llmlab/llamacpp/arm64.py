@@ -110,6 +110,7 @@ def llmlab_run(model, ids, cpu, flash_attn: bool = False, n_predict: int = 0, al
                n_ctx: int = 512, kernels: str | None = None) -> OracleRun:
     """llmlab doing what :func:`run` makes llama.cpp do: the prompt in one batch, then greedy tokens one
     decode step each (``model``: a ``Model`` or a path)."""
+    from ..generate import greedy
     from ..llama import Batch, Context, Model
     from ..llama.vocab.vocab import Vocab
     if not isinstance(model, Model):
@@ -119,13 +120,14 @@ def llmlab_run(model, ids, cpu, flash_attn: bool = False, n_predict: int = 0, al
     ctx = Context(model, n_ctx=n_ctx, flash_attn=flash_attn, cpu=cpu, **kw)
     ids = [int(t) for t in ids]
     prompt = ctx.decode(Batch.from_tokens(ids, logits="all" if all_logits else "last"))
-    greedy, gen = [], []
-    last = prompt[-1]
-    for step in range(n_predict):
-        greedy.append(int(np.argmax(last)))           # the first of equal maxima, as the oracle's loop
-        if step + 1 == n_predict or greedy[-1] in eog:
-            break
-        last = ctx.decode(Batch.from_tokens([greedy[-1]], pos0=len(ids) + step, logits="last"))[-1]
-        gen.append(last)
-    return OracleRun(f"llmlab {profiles.resolve(cpu).name}", ids, greedy, np.asarray(prompt),
+    taken, gen = [], []                                 # then llmlab's one greedy loop, from the first token
+    if n_predict > 0:
+        taken.append(int(np.argmax(prompt[-1])))        # the first of equal maxima, as the oracle's loop
+        if n_predict > 1 and taken[-1] not in eog:
+            for step in greedy(ctx, taken[-1:], n_past=len(ids)):
+                gen.append(step.logits)
+                taken.append(step.token)
+                if len(taken) == n_predict or step.token in eog:
+                    break
+    return OracleRun(f"llmlab {profiles.resolve(cpu).name}", ids, taken, np.asarray(prompt),
                      np.asarray(gen).reshape(-1, prompt.shape[-1]))
