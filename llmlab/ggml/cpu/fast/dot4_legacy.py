@@ -10,7 +10,7 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
-from ._common import NOPYTHON, hsum8, limit_threads, restore_threads
+from ._common import NOPYTHON, _get_num_threads, hsum8, limit_threads, restore_threads
 from .dot4_ir import I8, I16, I32, I8x64, I32x16, F32x16, data, dot4, f16x16, high_bits, intrinsic_fn, splat, vload, vstore
 from .quantize import quantize_q8_0 as _q8_0, quantize_q8_1 as _q8_1
 
@@ -151,25 +151,33 @@ def _mul_mat(qs, qh, d, m, x, out, step):
     kind = 1 if q41 else (2 if q50 else (0 if nbytes == 256 else 3))
     aq4, qsum, ad, as_ = _quantize(x, q41)
     T = aq4.shape[0]
-    for g in prange(ng):
-        acc = np.zeros((T, 8, R16), np.float32)
-        summ = np.zeros((T, R16), np.float32)
+    nch = min(ng, _get_num_threads())            # one task per thread, contiguous groups (numba's own
+    for c in prange(nch):                        # static split): its scratch allocated once, not per group
+        acc = np.empty((T, 8, R16), np.float32)
+        summ = np.empty((T, R16), np.float32)
         codes = np.empty(512, np.uint8)
-        for b in range(nb):
-            blk = qs[g, b]
-            dw = d[g, b]
-            mw = m[g, b] if q41 else dw
-            if q50:
-                expand_q5_0(blk, qh[g, b], codes)
+        for g in range(c * ng // nch, (c + 1) * ng // nch):
             for t in range(T):
-                s = as_[t, b] if q41 else np.float32(0)
-                step(kind, blk, codes, aq4[t], qsum[t], 8 * b, dw, ad[t, b], acc[t], mw, s, summ[t])
-        n = min(R16, R - g * R16)
-        for t in range(T):
-            for r in range(n):
-                v = hsum8(acc[t, 0, r], acc[t, 1, r], acc[t, 2, r], acc[t, 3, r],
-                          acc[t, 4, r], acc[t, 5, r], acc[t, 6, r], acc[t, 7, r])
-                out[t, g * R16 + r] = v + summ[t, r] if q41 else v
+                for j in range(8):
+                    for r in range(R16):
+                        acc[t, j, r] = 0
+                for r in range(R16):
+                    summ[t, r] = 0
+            for b in range(nb):
+                blk = qs[g, b]
+                dw = d[g, b]
+                mw = m[g, b] if q41 else dw
+                if q50:
+                    expand_q5_0(blk, qh[g, b], codes)
+                for t in range(T):
+                    s = as_[t, b] if q41 else np.float32(0)
+                    step(kind, blk, codes, aq4[t], qsum[t], 8 * b, dw, ad[t, b], acc[t], mw, s, summ[t])
+            n = min(R16, R - g * R16)
+            for t in range(T):
+                for r in range(n):
+                    v = hsum8(acc[t, 0, r], acc[t, 1, r], acc[t, 2, r], acc[t, 3, r],
+                              acc[t, 4, r], acc[t, 5, r], acc[t, 6, r], acc[t, 7, r])
+                    out[t, g * R16 + r] = v + summ[t, r] if q41 else v
 
 
 # out (T, R) = x (T, K) float32 times the packed weight: activations quantized to the weight's partner
