@@ -233,7 +233,10 @@ def test_fast_plan_binds_every_compute_node_of_a_real_decode_step(smollm2_path):
                                              "CONT", "SOFT_MAX", "SWIGLU", "GET_ROWS")}
     assert slow == set()
     assert plan.n_fast == len(plan._run) + plan.n_fused
-    assert plan.n_fused == 30                               # every layer's CONT of V^T, read in place by kqv
+    absorbed = sorted({plan.nodes[i].name.split("-")[0] for i in plan.absorbed})
+    # every layer's CONT of V^T (read in place by kqv); V computed with K and up with gate, one region and
+    # one activation quantization each (Q not: K's output bytes are Q's, freed by Q's ROPE in between)
+    assert absorbed == ["Vcur", "ffn_up", "v_cont"] and plan.n_fused == 90
 
 
 def test_unknown_kernel_set_is_refused(tiny):

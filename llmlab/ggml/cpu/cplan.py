@@ -120,6 +120,11 @@ def graph_plan(nodes: list[Tensor], cpu=None, fast: bool = True) -> CPlan:
                     fused[i] = got[0]
                     absorbed.update(index[id(n)] for n in got[1])
                     break
+            else:
+                got = None if i in absorbed else _fuse_shared_activations(nodes, i, cpu)
+                if got is not None and not any(index[id(n)] in absorbed or index[id(n)] in fused for n in got[1]):
+                    fused[i] = got[0]
+                    absorbed.update(index[id(n)] for n in got[1])
     return CPlan(nodes, steps, n_fast, fused, absorbed, arena)
 
 
@@ -402,6 +407,76 @@ def _fuse_v_transpose(node, cpu, readers):
         return None
     n_reg, lanes, prog = order
     return (lambda: fvec.mul_mat_f16_vt(V, X, Y, n_reg, lanes, prog)), [c]
+
+
+def _quantized_matvec(node: Tensor, cpu: CPUProfile):
+    """(weight rows, activations, output, repacked) of a MUL_MAT of a 2-D quantized weight by float32
+    activations (as ``_mul_mat`` binds it), or None."""
+    if node.op != "MUL_MAT" or node.type is not F32:
+        return None
+    a, b = node.src
+    if (a.type.block_size == 1 or b.type is not F32 or a.ne[2] != 1 or a.ne[3] != 1 or b.ne[2] != 1
+            or b.ne[3] != 1):
+        return None
+    repacked = a.view_src is None and cpu.repacks(a.type.name, a.ne[1])
+    return a.array()[0, 0], b.array()[0, 0], node.array()[0, 0], repacked
+
+
+def _span(a: np.ndarray) -> tuple[int, int]:
+    """The bytes an array's elements lie in, [lo, hi) (numpy's byte_bounds, which moved in NumPy 2)."""
+    lo = hi = a.__array_interface__["data"][0]
+    if a.size == 0:
+        return lo, lo
+    for n, st in zip(a.shape, a.strides):
+        lo, hi = lo + min(0, (n - 1) * st), hi + max(0, (n - 1) * st)
+    return lo, hi + a.itemsize
+
+
+def _span_of(t: Tensor) -> tuple[int, int] | None:
+    try:
+        return _span(t.array())
+    except RuntimeError:                       # no bytes (an input not set): nothing to collide with
+        return None
+
+
+def _overlap(x: tuple[int, int], y: tuple[int, int]) -> bool:
+    return x[0] < y[1] and y[0] < x[1]
+
+
+def _fuse_shared_activations(nodes: list[Tensor], i: int, cpu: CPUProfile, window: int = 16):
+    """Attention's Q, K and V (the FFN's gate and up) are MUL_MATs of weights of one type by the same
+    activations, a few nodes apart (Q's ROPE lies between Q and K). At the first of them one step
+    (``fast.dispatch.bind_multi_step``) quantizes the activations once and computes every weight's rows
+    in one parallel region; the later ones are absorbed. Computing a later one early is safe when its
+    output bytes are disjoint from the activations, the other outputs, and every buffer the nodes in
+    between read or write (the graph allocator may have given it memory freed in between): checked
+    here. The graph keeps its nodes; each output row is the bits its own step gives."""
+    first = _quantized_matvec(nodes[i], cpu)
+    if first is None:
+        return None
+    a, b = nodes[i].src
+    run, mv = [nodes[i]], [first]
+    spans = [_span(first[2])]
+    x_span = _span(first[1])
+    between: list[tuple[int, int]] = []          # buffers read or written by the computed nodes passed
+    for j in range(i + 1, min(len(nodes), i + 1 + window)):
+        n = nodes[j]
+        if n.op in VIEW_OPS:
+            continue
+        got = _quantized_matvec(n, cpu)
+        if got is not None and n.src[1] is b and n.src[0].type is a.type and got[3] == first[3]:
+            out = _span(got[2])
+            if _overlap(out, x_span) or any(_overlap(out, o) for o in spans + between):
+                break
+            run.append(n)
+            mv.append(got)
+            spans.append(out)
+            continue
+        between.extend(sp for t in (n, *n.src) if (sp := _span_of(t)) is not None)
+    if len(run) < 2:
+        return None
+    step = fq.bind_multi_step([m[0] for m in mv], a.type, first[1], [m[2] for m in mv], first[3], cpu)
+    return None if step is None else (step, run[1:])
 
 
 def _threads() -> int:

@@ -156,6 +156,29 @@ def bind_step(raw: np.ndarray, qtype, X: np.ndarray, Y: np.ndarray, repacked: bo
     return lambda: run(X, Y)
 
 
+def bind_multi_step(raws: list, qtype, X: np.ndarray, Ys: list, repacked: bool = False, cpu=None):
+    """One step computing Y_i[...] = mul_mat_quantized(raws[i], qtype, X, repacked, cpu) for several weights
+    of one type that read the same activations (attention's Q, K and V; the FFN's gate and up): the
+    activations quantized once and all the rows in one parallel region (``dot4.MULTI``), each output
+    row summed as its own step sums it. None where the weights' kernel has no such form (only the
+    byte-dot legacy kernels have)."""
+    cpu = profiles.resolve(cpu)
+    T, K = X.shape
+    k = kernels_for(qtype, T, repacked, cpu)
+    if k is None or k.quantize is not None or not dot4.AVAILABLE or X.dtype != np.float32 or not X.flags.c_contiguous:
+        return None
+    multi = dot4.MULTI[dot4.ISA].get("legacy")
+    if multi is None or k.threaded is not dot4.KERNELS[dot4.ISA]["legacy"]:
+        return None
+    if any(Y.dtype != np.float32 or not Y.flags.c_contiguous or Y.shape[0] != T for Y in Ys):
+        return None
+    packs = [packed(raw, qtype, K, k.pack) for raw in raws]
+    qs_t, qh_t, d_t, m_t = (tuple(p[j] for _, p in packs) for j in range(4))
+    Ys = tuple(Ys)
+    n = n_threads(sum(R for R, _ in packs) * K * T >= parallel_min_work())
+    return lambda: multi(qs_t, qh_t, d_t, m_t, X, Ys, n)
+
+
 def n_threads(parallel: bool) -> int:
     """A byte-dot kernel's thread limit: 0 (the step's count) for a product of parallel_min_work()
     multiply-adds or more (``parallel``) when there are threads to wake, else 1 (serial)."""

@@ -143,41 +143,76 @@ def _quantize(x, q41):
 
 
 @njit(inline="always", **NOPYTHON)
+def _groups(qs, qh, d, m, out, g0, g1, aq4, qsum, ad, as_, acc, summ, codes, step):
+    """Row groups g0 .. g1-1 of one packed weight against the quantized activations (acc, summ, codes:
+    the task's scratch): each output row summed in ggml's order, whichever task computes it."""
+    nb, nbytes = qs.shape[1], qs.shape[2]
+    R = out.shape[1]
+    T = aq4.shape[0]
+    q41, q50 = m.shape[0] != 0, qh.shape[0] != 0
+    kind = 1 if q41 else (2 if q50 else (0 if nbytes == 256 else 3))
+    for g in range(g0, g1):
+        for t in range(T):
+            for j in range(8):
+                for r in range(R16):
+                    acc[t, j, r] = 0
+            for r in range(R16):
+                summ[t, r] = 0
+        for b in range(nb):
+            if q50:
+                expand_q5_0(qs[g, b], qh[g, b], codes)
+            for t in range(T):
+                s = as_[t, b] if q41 else np.float32(0)
+                step(kind, qs, codes, aq4, qsum, d, acc, g, b, t, ad[t, b], m, s, summ)
+        n = min(R16, R - g * R16)
+        for t in range(T):
+            for r in range(n):
+                v = hsum8(acc[t, 0, r], acc[t, 1, r], acc[t, 2, r], acc[t, 3, r],
+                          acc[t, 4, r], acc[t, 5, r], acc[t, 6, r], acc[t, 7, r])
+                out[t, g * R16 + r] = v + summ[t, r] if q41 else v
+
+
+@njit(inline="always", **NOPYTHON)
 def _mul_mat(qs, qh, d, m, x, out, step):
     """qs (ng, nb, 256 or 512) uint8; qh (ng, nb, 16) uint32 (q5_0's fifth bits, else empty); d / m
     (ng, nb, 16) f16 bits (m: q4_1's, else empty); x (T, K) float32, quantized here; out (T, R) f32,
     R <= ng*16 (the rows past R are zero padding). ``step``: _step_vnni or _step_avx2 (a compile-time
     choice: each entry point below is compiled with one of them)."""
-    ng, nb, nbytes = qs.shape
-    R = out.shape[1]
-    q41, q50 = m.shape[0] != 0, qh.shape[0] != 0
-    kind = 1 if q41 else (2 if q50 else (0 if nbytes == 256 else 3))
-    aq4, qsum, ad, as_ = _quantize(x, q41)
+    ng = qs.shape[0]
+    aq4, qsum, ad, as_ = _quantize(x, m.shape[0] != 0)
     T = aq4.shape[0]
     nch = min(ng, _get_num_threads())            # one task per thread, contiguous groups (numba's own
     for c in prange(nch):                        # static split): its scratch allocated once, not per group
         acc = np.empty((T, 8, R16), np.float32)
         summ = np.empty((T, R16), np.float32)
         codes = np.empty(512, np.uint8)
-        for g in range(c * ng // nch, (c + 1) * ng // nch):
-            for t in range(T):
-                for j in range(8):
-                    for r in range(R16):
-                        acc[t, j, r] = 0
-                for r in range(R16):
-                    summ[t, r] = 0
-            for b in range(nb):
-                if q50:
-                    expand_q5_0(qs[g, b], qh[g, b], codes)
-                for t in range(T):
-                    s = as_[t, b] if q41 else np.float32(0)
-                    step(kind, qs, codes, aq4, qsum, d, acc, g, b, t, ad[t, b], m, s, summ)
-            n = min(R16, R - g * R16)
-            for t in range(T):
-                for r in range(n):
-                    v = hsum8(acc[t, 0, r], acc[t, 1, r], acc[t, 2, r], acc[t, 3, r],
-                              acc[t, 4, r], acc[t, 5, r], acc[t, 6, r], acc[t, 7, r])
-                    out[t, g * R16 + r] = v + summ[t, r] if q41 else v
+        _groups(qs, qh, d, m, out, c * ng // nch, (c + 1) * ng // nch, aq4, qsum, ad, as_, acc, summ, codes, step)
+
+
+@njit(inline="always", **NOPYTHON)
+def _mul_mat_multi(qs_t, qh_t, d_t, m_t, x, out_t, step):
+    """Several weights of one type against the same activations (attention's Q, K and V; the FFN's gate
+    and up), as :func:`_mul_mat` computes each: the activations quantized once, all their row groups in
+    one parallel region (tuples of the packed arrays and of the outputs, one entry per weight)."""
+    n = len(qs_t)
+    total = 0
+    for i in range(n):
+        total += qs_t[i].shape[0]
+    aq4, qsum, ad, as_ = _quantize(x, m_t[0].shape[0] != 0)
+    T = aq4.shape[0]
+    nch = min(total, _get_num_threads())
+    for c in prange(nch):
+        acc = np.empty((T, 8, R16), np.float32)
+        summ = np.empty((T, R16), np.float32)
+        codes = np.empty(512, np.uint8)
+        lo, hi = c * total // nch, (c + 1) * total // nch
+        base = 0
+        for i in range(n):
+            ng = qs_t[i].shape[0]
+            g0, g1 = max(lo - base, 0), min(hi - base, ng)
+            if g0 < g1:
+                _groups(qs_t[i], qh_t[i], d_t[i], m_t[i], out_t[i], g0, g1, aq4, qsum, ad, as_, acc, summ, codes, step)
+            base += ng
 
 
 # out (T, R) = x (T, K) float32 times the packed weight: activations quantized to the weight's partner
@@ -195,4 +230,20 @@ def mul_mat_vnni(qs, qh, d, m, x, out, n_threads):
 def mul_mat_avx2(qs, qh, d, m, x, out, n_threads):
     prev = limit_threads(n_threads)
     _mul_mat(qs, qh, d, m, x, out, _step_avx2)
+    restore_threads(prev)
+
+
+# The same for several weights sharing their activations (tuples of packed arrays and outputs, one type).
+
+@njit(parallel=True, **NOPYTHON)
+def mul_mat_multi_vnni(qs_t, qh_t, d_t, m_t, x, out_t, n_threads):
+    prev = limit_threads(n_threads)
+    _mul_mat_multi(qs_t, qh_t, d_t, m_t, x, out_t, _step_vnni)
+    restore_threads(prev)
+
+
+@njit(parallel=True, **NOPYTHON)
+def mul_mat_multi_avx2(qs_t, qh_t, d_t, m_t, x, out_t, n_threads):
+    prev = limit_threads(n_threads)
+    _mul_mat_multi(qs_t, qh_t, d_t, m_t, x, out_t, _step_avx2)
     restore_threads(prev)
