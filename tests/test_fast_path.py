@@ -297,3 +297,18 @@ def test_decode_after_cache_edits_equals_reference(tiny):
             seq.append(ctx.decode(Batch.from_tokens([t], pos0=3 + i, logits="last")))
         outs[kernels] = seq
     assert all(same_bits(a, b) for a, b in zip(outs["fast"], outs["reference"]))
+
+
+def test_small_read_only_operands_are_read_from_a_private_copy():
+    """A norm's weight lies in the file's read-only mmap between quantized weights: the plan reads a copy
+    (same bytes), so that its reads each step do not fault the packed weights' file pages back in."""
+    from llmlab.ggml.cpu.cplan import SMALL_WEIGHT, _resident
+    ro = np.arange(16, dtype=np.float32)
+    ro.flags.writeable = False
+    got = _resident(ro)
+    assert got is not ro and got.flags.writeable and np.array_equal(got, ro)
+    rw = np.arange(16, dtype=np.float32)
+    assert _resident(rw) is rw                                  # an activation buffer: written by steps
+    big = np.zeros(SMALL_WEIGHT // 4 + 1, np.float32)
+    big.flags.writeable = False
+    assert _resident(big) is big

@@ -125,6 +125,7 @@ def graph_plan(nodes: list[Tensor], cpu=None, fast: bool = True) -> CPlan:
                 if got is not None and not any(index[id(n)] in absorbed or index[id(n)] in fused for n in got[1]):
                     fused[i] = got[0]
                     absorbed.update(index[id(n)] for n in got[1])
+    fq.settle_file_pages()
     return CPlan(nodes, steps, n_fast, fused, absorbed, arena)
 
 
@@ -146,12 +147,23 @@ def _rms_norm(node, cpu):
     return lambda: fops.rms_norm(x, eps, out)
 
 
+SMALL_WEIGHT = 1 << 20      # read-only operands up to this size are read from a private copy
+
+
+def _resident(X: np.ndarray) -> np.ndarray:
+    """A small read-only operand (a norm's weight in the file's mmap) as a private copy: the same bytes
+    (a read-only map cannot change), but reading it every step does not fault the file back in: each
+    read fault maps up to 64 KiB of cached file pages around it (fault-around), the ends of the
+    quantized weights around the norm, whose file pages the packing dropped (about 9 MB for SmolLM2)."""
+    return X.copy() if not X.flags.writeable and X.nbytes <= SMALL_WEIGHT else X
+
+
 def _binary(ufunc):
     def bind(node, cpu):
         a, b = node.src
         if a.type is not F32 or b.type is not F32 or node.type is not F32:
             return None
-        A, B, O = a.array(), b.array(), node.array()
+        A, B, O = _resident(a.array()), _resident(b.array()), node.array()
         try:
             np.broadcast_shapes(B.shape, A.shape)
         except ValueError:
