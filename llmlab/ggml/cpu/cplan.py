@@ -463,20 +463,26 @@ def _fuse_shared_activations(nodes: list[Tensor], i: int, cpu: CPUProfile, windo
     output bytes are disjoint from the activations, the other outputs, and every buffer the nodes in
     between read or write (the graph allocator may have given it memory freed in between): checked
     here. The graph keeps its nodes; each output row is the bits its own step gives."""
-    first = _quantized_matvec(nodes[i], cpu)
+    node = nodes[i]
+    if node.op != "MUL_MAT" or node.src[0].type.block_size == 1:
+        return None
+    a, b = node.src
+    stop = min(len(nodes), i + 1 + window)
+    later = [j for j in range(i + 1, stop) if nodes[j].op == "MUL_MAT" and nodes[j].src[1] is b
+             and nodes[j].src[0].type is a.type]                   # cheap: most MUL_MATs have none
+    first = _quantized_matvec(node, cpu) if later else None
     if first is None:
         return None
-    a, b = nodes[i].src
-    run, mv = [nodes[i]], [first]
+    run, mv = [node], [first]
     spans = [_span(first[2])]
     x_span = _span(first[1])
     between: list[tuple[int, int]] = []          # buffers read or written by the computed nodes passed
-    for j in range(i + 1, min(len(nodes), i + 1 + window)):
+    for j in range(i + 1, later[-1] + 1):
         n = nodes[j]
         if n.op in VIEW_OPS:
             continue
-        got = _quantized_matvec(n, cpu)
-        if got is not None and n.src[1] is b and n.src[0].type is a.type and got[3] == first[3]:
+        got = _quantized_matvec(n, cpu) if j in later else None
+        if got is not None and got[3] == first[3]:
             out = _span(got[2])
             if _overlap(out, x_span) or any(_overlap(out, o) for o in spans + between):
                 break
