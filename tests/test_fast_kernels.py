@@ -390,3 +390,33 @@ def test_fast_and_reference_agree_on_non_finite_inputs(tname, K, value, poison):
             ref_out = ref_mul_mat_quantized(raw, t, x, repacked)
             assert agree(fast_out, ref_out), (tname, value, poison, T, repacked)
             assert not np.isfinite(ref_out).all() or poison == "activations", "the poison reaches the output"
+
+
+@pytest.mark.skipif(not ISAS, reason="this host has neither AVX512-VNNI nor AVX2")
+@pytest.mark.parametrize("tname", ["q4_0", "q4_1", "q5_0", "q8_0"])
+def test_multi_weight_kernel_equals_one_weight_at_a_time(tname):
+    """dot4.MULTI (several weights against one activation matrix, one region: the plan's K+V and
+    gate+up) gives each weight the bits of its own product, for row counts that split the row groups
+    of one weight across the threads' tasks, at 1 and 2 threads."""
+    import numba
+    K = 640
+    Rs = (48, 40, 200)                                     # 40: a partial row group
+    raws = [raw_rows(tname, R, K, seed=7 + i) for i, R in enumerate(Rs)]
+    t = ggml_type(tname)
+    n0 = numba.get_num_threads()
+    try:
+        for isa in ISAS:
+            k = TWINS[tname, "vec_dot"].byte_dot[isa]
+            packs = [k.pack(raw, tname, K) for raw in raws]
+            multi = dot4.MULTI[isa]["legacy"]
+            for T in (1, 3):
+                x = acts(T, K, seed=T)
+                refs = [vec_dot_mul_mat(raw, t, x) for raw in raws]
+                for n in (1, 2):
+                    numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+                    for limit in (0, 1):
+                        outs = tuple(np.full((T, R), np.nan, np.float32) for R in Rs)
+                        multi(*(tuple(p[j] for p in packs) for j in range(4)), x, outs, limit)
+                        assert all(same_bits(o, r) for o, r in zip(outs, refs)), (isa, T, n, limit)
+    finally:
+        numba.set_num_threads(n0)

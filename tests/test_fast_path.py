@@ -233,7 +233,10 @@ def test_fast_plan_binds_every_compute_node_of_a_real_decode_step(smollm2_path):
                                              "CONT", "SOFT_MAX", "SWIGLU", "GET_ROWS")}
     assert slow == set()
     assert plan.n_fast == len(plan._run) + plan.n_fused
-    assert plan.n_fused == 30                               # every layer's CONT of V^T, read in place by kqv
+    absorbed = sorted({plan.nodes[i].name.split("-")[0] for i in plan.absorbed})
+    # every layer's CONT of V^T (read in place by kqv); V computed with K and up with gate, one region and
+    # one activation quantization each (Q not: K's output bytes are Q's, freed by Q's ROPE in between)
+    assert absorbed == ["Vcur", "ffn_up", "v_cont"] and plan.n_fused == 90
 
 
 def test_unknown_kernel_set_is_refused(tiny):
@@ -294,3 +297,18 @@ def test_decode_after_cache_edits_equals_reference(tiny):
             seq.append(ctx.decode(Batch.from_tokens([t], pos0=3 + i, logits="last")))
         outs[kernels] = seq
     assert all(same_bits(a, b) for a, b in zip(outs["fast"], outs["reference"]))
+
+
+def test_small_read_only_operands_are_read_from_a_private_copy():
+    """A norm's weight lies in the file's read-only mmap between quantized weights: the plan reads a copy
+    (same bytes), so that its reads each step do not fault the packed weights' file pages back in."""
+    from llmlab.ggml.cpu.cplan import SMALL_WEIGHT, _resident
+    ro = np.arange(16, dtype=np.float32)
+    ro.flags.writeable = False
+    got = _resident(ro)
+    assert got is not ro and got.flags.writeable and np.array_equal(got, ro)
+    rw = np.arange(16, dtype=np.float32)
+    assert _resident(rw) is rw                                  # an activation buffer: written by steps
+    big = np.zeros(SMALL_WEIGHT // 4 + 1, np.float32)
+    big.flags.writeable = False
+    assert _resident(big) is big

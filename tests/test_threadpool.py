@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from llmlab.ggml.cpu.threadpool import PROBE_MAX, PROBE_MIN, Governor, busy_cores, candidates, start_count
+from llmlab.ggml.cpu.threadpool import PROBE_MAX, PROBE_MIN, BusySince, Governor, busy_cores, candidates, start_count
 
 QUIET = {2: 0.008, 1: 0.014}        # seconds per decode step: threads pay
 BUSY = {2: 0.300, 1: 0.050}         # another process on the second core: every region waits for it
@@ -81,6 +81,34 @@ def test_busy_cores_sees_a_busy_process():
     finally:
         p.kill()
         p.wait()
+
+
+def test_busy_since_counts_other_processes_not_this_one():
+    """The probe's reading without a sleep: a spinning child counts, this process's own spinning
+    (a decode step's work between two probes) does not; too short an interval says nothing."""
+    import subprocess
+    import sys
+    b = BusySince()
+    if b.last is None:
+        pytest.skip("no /proc/stat on this system")
+    assert b() is None                                  # no interval yet
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < 0.3:               # our own work
+        pass
+    own = b()
+    assert own is not None and 0 <= own <= os.cpu_count() + 0.01
+    base = busy_cores(0.1)                              # what the rest of the machine does meanwhile
+    p = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        b()
+        time.sleep(0.3)
+        other = b()
+        assert other is not None and other >= 0.8       # at least the spinning child
+    finally:
+        p.kill()
+        p.wait()
+    assert own < other or base > 0.5                    # our own spin was not counted (unless the machine is busy)
 
 
 def test_busy_start_tries_more_threads_only_on_the_probe_schedule():

@@ -120,6 +120,12 @@ def graph_plan(nodes: list[Tensor], cpu=None, fast: bool = True) -> CPlan:
                     fused[i] = got[0]
                     absorbed.update(index[id(n)] for n in got[1])
                     break
+            else:
+                got = None if i in absorbed else _fuse_shared_activations(nodes, i, cpu)
+                if got is not None and not any(index[id(n)] in absorbed or index[id(n)] in fused for n in got[1]):
+                    fused[i] = got[0]
+                    absorbed.update(index[id(n)] for n in got[1])
+    fq.settle_file_pages()
     return CPlan(nodes, steps, n_fast, fused, absorbed, arena)
 
 
@@ -141,12 +147,23 @@ def _rms_norm(node, cpu):
     return lambda: fops.rms_norm(x, eps, out)
 
 
+SMALL_WEIGHT = 1 << 20      # read-only operands up to this size are read from a private copy
+
+
+def _resident(X: np.ndarray) -> np.ndarray:
+    """A small read-only operand (a norm's weight in the file's mmap) as a private copy: the same bytes
+    (a read-only map cannot change), but reading it every step does not fault the file back in: each
+    read fault maps up to 64 KiB of cached file pages around it (fault-around), the ends of the
+    quantized weights around the norm, whose file pages the packing dropped (about 9 MB for SmolLM2)."""
+    return X.copy() if not X.flags.writeable and X.nbytes <= SMALL_WEIGHT else X
+
+
 def _binary(ufunc):
     def bind(node, cpu):
         a, b = node.src
         if a.type is not F32 or b.type is not F32 or node.type is not F32:
             return None
-        A, B, O = a.array(), b.array(), node.array()
+        A, B, O = _resident(a.array()), _resident(b.array()), node.array()
         try:
             np.broadcast_shapes(B.shape, A.shape)
         except ValueError:
@@ -402,6 +419,82 @@ def _fuse_v_transpose(node, cpu, readers):
         return None
     n_reg, lanes, prog = order
     return (lambda: fvec.mul_mat_f16_vt(V, X, Y, n_reg, lanes, prog)), [c]
+
+
+def _quantized_matvec(node: Tensor, cpu: CPUProfile):
+    """(weight rows, activations, output, repacked) of a MUL_MAT of a 2-D quantized weight by float32
+    activations (as ``_mul_mat`` binds it), or None."""
+    if node.op != "MUL_MAT" or node.type is not F32:
+        return None
+    a, b = node.src
+    if (a.type.block_size == 1 or b.type is not F32 or a.ne[2] != 1 or a.ne[3] != 1 or b.ne[2] != 1
+            or b.ne[3] != 1):
+        return None
+    repacked = a.view_src is None and cpu.repacks(a.type.name, a.ne[1])
+    return a.array()[0, 0], b.array()[0, 0], node.array()[0, 0], repacked
+
+
+def _span(a: np.ndarray) -> tuple[int, int]:
+    """The bytes an array's elements lie in, [lo, hi) (numpy's byte_bounds, which moved in NumPy 2)."""
+    lo = hi = a.__array_interface__["data"][0]
+    if a.size == 0:
+        return lo, lo
+    for n, st in zip(a.shape, a.strides):
+        lo, hi = lo + min(0, (n - 1) * st), hi + max(0, (n - 1) * st)
+    return lo, hi + a.itemsize
+
+
+def _span_of(t: Tensor) -> tuple[int, int] | None:
+    try:
+        return _span(t.array())
+    except RuntimeError:                       # no bytes (an input not set): nothing to collide with
+        return None
+
+
+def _overlap(x: tuple[int, int], y: tuple[int, int]) -> bool:
+    return x[0] < y[1] and y[0] < x[1]
+
+
+def _fuse_shared_activations(nodes: list[Tensor], i: int, cpu: CPUProfile, window: int = 16):
+    """Attention's Q, K and V (the FFN's gate and up) are MUL_MATs of weights of one type by the same
+    activations, a few nodes apart (Q's ROPE lies between Q and K). At the first of them one step
+    (``fast.dispatch.bind_multi_step``) quantizes the activations once and computes every weight's rows
+    in one parallel region; the later ones are absorbed. Computing a later one early is safe when its
+    output bytes are disjoint from the activations, the other outputs, and every buffer the nodes in
+    between read or write (the graph allocator may have given it memory freed in between): checked
+    here. The graph keeps its nodes; each output row is the bits its own step gives."""
+    node = nodes[i]
+    if node.op != "MUL_MAT" or node.src[0].type.block_size == 1:
+        return None
+    a, b = node.src
+    stop = min(len(nodes), i + 1 + window)
+    later = [j for j in range(i + 1, stop) if nodes[j].op == "MUL_MAT" and nodes[j].src[1] is b
+             and nodes[j].src[0].type is a.type]                   # cheap: most MUL_MATs have none
+    first = _quantized_matvec(node, cpu) if later else None
+    if first is None:
+        return None
+    run, mv = [node], [first]
+    spans = [_span(first[2])]
+    x_span = _span(first[1])
+    between: list[tuple[int, int]] = []          # buffers read or written by the computed nodes passed
+    for j in range(i + 1, later[-1] + 1):
+        n = nodes[j]
+        if n.op in VIEW_OPS:
+            continue
+        got = _quantized_matvec(n, cpu) if j in later else None
+        if got is not None and got[3] == first[3]:
+            out = _span(got[2])
+            if _overlap(out, x_span) or any(_overlap(out, o) for o in spans + between):
+                break
+            run.append(n)
+            mv.append(got)
+            spans.append(out)
+            continue
+        between.extend(sp for t in (n, *n.src) if (sp := _span_of(t)) is not None)
+    if len(run) < 2:
+        return None
+    step = fq.bind_multi_step([m[0] for m in mv], a.type, first[1], [m[2] for m in mv], first[3], cpu)
+    return None if step is None else (step, run[1:])
 
 
 def _threads() -> int:

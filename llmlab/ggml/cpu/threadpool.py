@@ -56,6 +56,39 @@ def busy_cores(window: float = 0.05) -> float | None:
     return n * (1 - (i1 - i0) / (t1 - t0)) if t1 > t0 else None
 
 
+class BusySince:
+    """:func:`busy_cores` without the wait, for a probe in the middle of a decode: the cores other work
+    kept busy since the previous call, /proc/stat's busy jiffies minus this process's own CPU time (all
+    its threads, ``os.times``) over that interval. A decode step calls it every 8 to 256 steps, so the
+    interval is tens of milliseconds or more, where busy_cores' own 30 ms sleep was paid by the step
+    that probed. None on the first call, for an interval under ``min_s``, or without /proc/stat."""
+
+    def __init__(self, min_s: float = 0.02):
+        self.min_s = min_s
+        self.last = self._sample()
+
+    @staticmethod
+    def _sample():
+        try:
+            with open("/proc/stat") as f:
+                v = [int(x) for x in f.readline().split()[1:]]
+        except (OSError, ValueError, IndexError):
+            return None
+        t = os.times()
+        return time.perf_counter(), sum(v), v[3] + (v[4] if len(v) > 4 else 0), t.user + t.system
+
+    def __call__(self) -> float | None:
+        now = self._sample()
+        last, self.last = self.last, now
+        if now is None or last is None or now[0] - last[0] < self.min_s or now[1] <= last[1]:
+            return None
+        n = os.cpu_count() or 1
+        jiffy_s = (now[0] - last[0]) * n / (now[1] - last[1])       # seconds per jiffy of one CPU
+        own = (now[3] - last[3]) / jiffy_s                          # this process's jiffies
+        busy = (now[1] - last[1]) - (now[2] - last[2]) - own
+        return max(0.0, n * busy / (now[1] - last[1]))
+
+
 def start_count(n_max: int, busy: float | None, n_cpus: int | None = None) -> int:
     """The count to start from: the largest candidate not above the cores that other work leaves free
     (``busy``: cores in use, None: unknown, all threads). A momentary reading only moves the start:
@@ -182,7 +215,7 @@ def governor(n_max: int) -> Governor:
     """The process's governor for up to ``n_max`` threads (a new one when the maximum changes)."""
     if not _SHARED or _SHARED[0].n_max != n_max:
         _SHARED[:] = [Governor(n_max, start_count(n_max, busy_cores() if n_max > 1 else None),
-                               busy=lambda: busy_cores(0.03))]
+                               busy=BusySince())]
     return _SHARED[0]
 
 

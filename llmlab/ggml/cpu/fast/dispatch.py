@@ -126,6 +126,16 @@ def drop_file_pages(arr: np.ndarray) -> bool:
     return True
 
 
+def settle_file_pages() -> None:
+    """Drop again the file pages of every packed weight (a plan calls it once its steps are bound: about
+    a millisecond). Each weight's pages are dropped as it is packed, but a later read fault near them
+    (the next weight's first bytes, a norm's weight read by a step being bound) maps back up to 64 KiB
+    of cached file pages around it (the kernel's fault-around): about 15 MB of SmolLM2's file stayed
+    resident that way."""
+    for arr, _, _ in _PACKED.values():
+        drop_file_pages(arr)
+
+
 def packed_nbytes() -> int:
     """Bytes held by the packed-weight cache (the extra memory of the fast path)."""
     return sum(a.nbytes for _, _, p in _PACKED.values() for a in p)
@@ -154,6 +164,29 @@ def bind_step(raw: np.ndarray, qtype, X: np.ndarray, Y: np.ndarray, repacked: bo
         return lambda: kern(*args)
     run = bind(raw, qtype, repacked, cpu)
     return lambda: run(X, Y)
+
+
+def bind_multi_step(raws: list, qtype, X: np.ndarray, Ys: list, repacked: bool = False, cpu=None):
+    """One step computing Y_i[...] = mul_mat_quantized(raws[i], qtype, X, repacked, cpu) for several weights
+    of one type that read the same activations (attention's Q, K and V; the FFN's gate and up): the
+    activations quantized once and all the rows in one parallel region (``dot4.MULTI``), each output
+    row summed as its own step sums it. None where the weights' kernel has no such form (only the
+    byte-dot legacy kernels have)."""
+    cpu = profiles.resolve(cpu)
+    T, K = X.shape
+    k = kernels_for(qtype, T, repacked, cpu)
+    if k is None or k.quantize is not None or not dot4.AVAILABLE or X.dtype != np.float32 or not X.flags.c_contiguous:
+        return None
+    multi = dot4.MULTI[dot4.ISA].get("legacy")
+    if multi is None or k.threaded is not dot4.KERNELS[dot4.ISA]["legacy"]:
+        return None
+    if any(Y.dtype != np.float32 or not Y.flags.c_contiguous or Y.shape[0] != T for Y in Ys):
+        return None
+    packs = [packed(raw, qtype, K, k.pack) for raw in raws]
+    qs_t, qh_t, d_t, m_t = (tuple(p[j] for _, p in packs) for j in range(4))
+    Ys = tuple(Ys)
+    n = n_threads(sum(R for R, _ in packs) * K * T >= parallel_min_work())
+    return lambda: multi(qs_t, qh_t, d_t, m_t, X, Ys, n)
 
 
 def n_threads(parallel: bool) -> int:

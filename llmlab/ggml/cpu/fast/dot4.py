@@ -26,7 +26,7 @@ import numba
 
 from .... import config
 from .dot4_kquants import mul_mat_q4_k_avx2, mul_mat_q4_k_vnni, mul_mat_q6_k_avx2, mul_mat_q6_k_vnni
-from .dot4_legacy import R16, mul_mat_avx2, mul_mat_vnni
+from .dot4_legacy import R16, mul_mat_avx2, mul_mat_multi_avx2, mul_mat_multi_vnni, mul_mat_vnni
 from .dot4_pack import pack_legacy_quads, pack_q4_k, pack_q6_k
 
 __all__ = ["R16", "KERNELS", "host_isas", "pack_legacy_quads", "pack_q4_k", "pack_q6_k"]
@@ -73,4 +73,6 @@ def __getattr__(name: str):
 # (1 for work too small to wake other threads, 0 for the step's count), so one compiled kernel serves both
 KERNELS = {"vnni": {"legacy": mul_mat_vnni, "q4_k": mul_mat_q4_k_vnni, "q6_k": mul_mat_q6_k_vnni},
            "avx2": {"legacy": mul_mat_avx2, "q4_k": mul_mat_q4_k_avx2, "q6_k": mul_mat_q6_k_avx2}}
+# several legacy weights sharing one activation matrix, one region (tuples: packed arrays, outputs)
+MULTI = {"vnni": {"legacy": mul_mat_multi_vnni}, "avx2": {"legacy": mul_mat_multi_avx2}}
 

@@ -6,6 +6,7 @@ vector loads and stores, a broadcast, the f16 widening (vcvtph2ps) and :func:`do
 from __future__ import annotations
 
 from llvmlite import ir
+from numba import types
 from numba.core import cgutils
 
 I8, I16, I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
@@ -17,6 +18,20 @@ F32x16 = ir.VectorType(ir.FloatType(), 16)
 def data(context, builder, arrty, arr, elem):
     """The data pointer of a contiguous array, as a pointer to ``elem``."""
     return builder.bitcast(context.make_array(arrty)(context, builder, arr).data, elem.as_pointer())
+
+
+def at(context, builder, arrty, arr, indices, elem):
+    """The address of ``arr[indices...]`` (leading indices, each an (LLVM value, numba type) pair; the
+    rest of the axes from 0), as a pointer to ``elem``: a kernel passes an array and indices rather than
+    a view made per block, whose reference count numba updates with an atomic instruction per view (on
+    a shared array, a cache line the threads pass back and forth)."""
+    ary = context.make_array(arrty)(context, builder, arr)
+    strides = cgutils.unpack_tuple(builder, ary.strides, arrty.ndim)
+    intp = context.get_value_type(types.intp)
+    p = builder.ptrtoint(ary.data, intp)
+    for (v, ty), st in zip(indices, strides):
+        p = builder.add(p, builder.mul(context.cast(builder, v, ty, types.intp), st))
+    return builder.inttoptr(p, elem.as_pointer())
 
 
 def vload(builder, ptr, index, vec):

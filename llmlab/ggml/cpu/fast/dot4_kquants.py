@@ -9,8 +9,8 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
-from ._common import NOPYTHON, as_f32, fma, hsum8, limit_threads, restore_threads
-from .dot4_ir import I8, I32, I8x64, I32x16, data, dot4, vload, vstore
+from ._common import NOPYTHON, _get_num_threads, as_f32, fma, hsum8, limit_threads, restore_threads
+from .dot4_ir import I8, I32, I8x64, I32x16, at, data, dot4, vload, vstore
 from .quants import pair_sums
 from .quantize import quantize_q8_k as _q8_k
 from .repack import repack_step
@@ -22,14 +22,15 @@ def _q4_k_dots(isa: str):
     """D[c] = the 16 rows' integer dots of sub-block c (32 values) of one q4_K super-block with the
     activations: blk (2048 bytes: chunk 8j + q holds, per row, the 4 bytes 32j+4q .. 32j+4q+3, whose
     low nibbles are values 64j+4q.. of sub-block 2j and high nibbles those of sub-block 2j+1);
-    a[w0:w0+64] the 256 int8 activations as words. 8 accumulating byte dots per sub-block."""
-    def typer(typingctx, blk, a, w0, D):
+    a[w0:w0+64] the 256 int8 activations as words. 8 accumulating byte dots per sub-block. Called as
+    (qs, g, b, aq4, t, w0, D): blk = qs[g, b] and a = aq4[t], addressed here (no views per block)."""
+    def typer(typingctx, qs, g, b, aq4, t, w0, D):
         def codegen(context, builder, signature, args):
-            t = signature.args
-            bp = data(context, builder, t[0], args[0], I8)
-            ap = data(context, builder, t[1], args[1], I32)
-            w0 = context.cast(builder, args[2], t[2], types.intp)
-            dp = data(context, builder, t[3], args[3], I32)
+            ty = signature.args
+            bp = at(context, builder, ty[0], args[0], [(args[1], ty[1]), (args[2], ty[2])], I8)
+            ap = at(context, builder, ty[3], args[3], [(args[4], ty[4])], I32)
+            w0 = context.cast(builder, args[5], ty[5], types.intp)
+            dp = data(context, builder, ty[6], args[6], I32)
             word = lambda j: builder.load(builder.gep(ap, [builder.add(w0, ir.Constant(w0.type, j))]))
             for j in range(4):
                 lo_acc = hi_acc = ir.Constant(I32x16, [0] * 16)
@@ -42,7 +43,7 @@ def _q4_k_dots(isa: str):
                 vstore(builder, dp, ir.Constant(I32, 16 * (2 * j)), lo_acc)
                 vstore(builder, dp, ir.Constant(I32, 16 * (2 * j + 1)), hi_acc)
             return context.get_dummy_value()
-        return types.none(blk, a, w0, D), codegen
+        return types.none(qs, g, b, aq4, t, w0, D), codegen
     typer.__name__ = f"q4_k_dots_{isa}"
     return intrinsic(typer)
 
@@ -65,26 +66,30 @@ def _mul_mat_q4_k(qs, sc, mn, d, dmin, x, out, dots):
     aq4 = aq.view(np.int32)
     T = aq.shape[0]
     n_gemm = T - T % 4
-    for g in prange(ng):
+    nch = min(ng, _get_num_threads())            # one task per thread, contiguous groups (as dot4_legacy)
+    for c in prange(nch):
         D = np.empty((8, nr), np.int32)
-        acc = np.zeros((T, nr), np.float32)
-        accm = np.zeros((T, nr), np.float32)
-        for b in range(nb):
-            blk = qs[g, b]
-            s_, m_, dw, dmw = sc[g, b], mn[g, b], d[g, b], dmin[g, b]
+        acc = np.empty((T, nr), np.float32)
+        accm = np.empty((T, nr), np.float32)
+        for g in range(c * ng // nch, (c + 1) * ng // nch):
             for t in range(T):
-                dots(blk, aq4[t], 64 * b, D)
-                ya = ad[t, b]
-                p = pair_sums(bsums, t, 16 * b)
-                gemm = t < n_gemm
-                at, amt = acc[t], accm[t]
                 for r in range(nr):
-                    at[r], amt[r] = repack_step(at[r], amt[r], s_, m_, D, p, r, as_f32(dw[r]) * ya,
-                                                as_f32(dmw[r]) * ya, gemm)
-        n = min(nr, R - g * nr)
-        for t in range(T):
-            for r in range(n):
-                out[t, g * nr + r] = acc[t, r] - accm[t, r]
+                    acc[t, r] = 0
+                    accm[t, r] = 0
+            for b in range(nb):
+                s_, m_ = sc[g, b], mn[g, b]
+                for t in range(T):
+                    dots(qs, g, b, aq4, t, 64 * b, D)
+                    ya = ad[t, b]
+                    p = pair_sums(bsums, t, 16 * b)
+                    gemm = t < n_gemm
+                    for r in range(nr):
+                        acc[t, r], accm[t, r] = repack_step(acc[t, r], accm[t, r], s_, m_, D, p, r,
+                                                            as_f32(d[g, b, r]) * ya, as_f32(dmin[g, b, r]) * ya, gemm)
+            n = min(nr, R - g * nr)
+            for t in range(T):
+                for r in range(n):
+                    out[t, g * nr + r] = acc[t, r] - accm[t, r]
 
 
 # out (T, R) = x (T, K) times a packed q4_K weight in the REPACK buffer; row groups on at most n_threads.
@@ -110,14 +115,14 @@ def _q6_k_dots(isa: str, per: int):
     output: per = 1 gives Q[8c + u], quad u (values 32c+4u .. 32c+4u+3) of chunk c (vec_dot's lanes);
     per = 4 gives D[s], the 16-value sub-block s (the tiled kernel's). blk (4096 bytes, chunk 8c + u: the
     unsigned 6-bit codes, 4 per row); a[w0:w0+64] the 256 int8 activations as words; out (64 / per, 16)
-    int32."""
-    def typer(typingctx, blk, a, w0, out):
+    int32. Called as (qs, g, b, aq4, t, w0, out): blk = qs[g, b], a = aq4[t], addressed here."""
+    def typer(typingctx, qs, g, b, aq4, t, w0, out):
         def codegen(context, builder, signature, args):
-            t = signature.args
-            bp = data(context, builder, t[0], args[0], I8)
-            ap = data(context, builder, t[1], args[1], I32)
-            w0 = context.cast(builder, args[2], t[2], types.intp)
-            op = data(context, builder, t[3], args[3], I32)
+            ty = signature.args
+            bp = at(context, builder, ty[0], args[0], [(args[1], ty[1]), (args[2], ty[2])], I8)
+            ap = at(context, builder, ty[3], args[3], [(args[4], ty[4])], I32)
+            w0 = context.cast(builder, args[5], ty[5], types.intp)
+            op = data(context, builder, ty[6], args[6], I32)
             for o in range(64 // per):
                 acc = ir.Constant(I32x16, [0] * 16)
                 for j in range(per * o, per * o + per):
@@ -126,7 +131,7 @@ def _q6_k_dots(isa: str, per: int):
                     acc = dot4(builder, isa, acc, v, wd)
                 vstore(builder, op, ir.Constant(I32, 16 * o), acc)
             return context.get_dummy_value()
-        return types.none(blk, a, w0, out), codegen
+        return types.none(qs, g, b, aq4, t, w0, out), codegen
     typer.__name__ = f"q6_k_dots_{per}_{isa}"
     return intrinsic(typer)
 
@@ -148,52 +153,51 @@ def _mul_mat_q6_k(qs, sc, d, x, out, quads, subs, tiled):
     aq, ad, bsums = _q8_k(x)
     aq4 = aq.view(np.int32)
     T = aq.shape[0]
-    for g in prange(ng):
+    nch = min(ng, _get_num_threads())            # one task per thread, contiguous groups (as dot4_legacy);
+    for ch in prange(nch):                       # scalars indexed in place: no views per block
         Q = np.empty((64, nr), np.int32)
         L = np.empty((8, nr), np.int32)
-        acc = np.zeros((T, 8, nr), np.float32)
-        for b in range(nb):
-            s_, dw = sc[g, b], d[g, b]
+        acc = np.empty((T, 8, nr), np.float32)
+        for g in range(ch * ng // nch, (ch + 1) * ng // nch):
             for t in range(T):
-                ya = ad[t, b]
-                k = 16 * b
-                if tiled:
-                    subs(qs[g, b], aq4[t], 64 * b, Q)   # Q[:16]: the 16 sub-block dots
-                    s1 = L[0]                           # per row: sum over the 16 sub-blocks of
-                    s1[:] = 0                           # scale x (dot - 32 x block sum), in int32
-                    for sb in range(16):
-                        qsb, ssb = Q[sb], s_[sb]
-                        bs = np.int32(32 * np.int32(bsums[t, k + sb]))
-                        for r in range(nr):
-                            s1[r] = np.int32(s1[r] + np.int32(np.int32(ssb[r]) * np.int32(qsb[r] - bs)))
-                    at = acc[t, 0]
+                for u in range(8):
                     for r in range(nr):
-                        at[r] = fma(as_f32(dw[r]) * np.float32(s1[r]), ya, at[r])
-                else:
-                    quads(qs[g, b], aq4[t], 64 * b, Q)
-                    for u in range(8):                  # chunk c: lanes 0-3 take scale 2c, lanes 4-7 scale 2c+1
-                        h = u >> 2
-                        Lu, q0, s0 = L[u], Q[u], s_[h]
-                        for r in range(nr):
-                            Lu[r] = np.int32(np.int32(s0[r]) * q0[r])
-                        for c in range(1, 8):
-                            qc, sc_ = Q[8 * c + u], s_[2 * c + h]
+                        acc[t, u, r] = 0
+            for b in range(nb):
+                for t in range(T):
+                    ya = ad[t, b]
+                    k = 16 * b
+                    if tiled:
+                        subs(qs, g, b, aq4, t, 64 * b, Q)  # Q[:16]: the 16 sub-block dots
+                        for r in range(nr):                # per row: sum over the 16 sub-blocks of
+                            L[0, r] = 0                    # scale x (dot - 32 x block sum), in int32
+                        for sb in range(16):
+                            bs = np.int32(32 * np.int32(bsums[t, k + sb]))
                             for r in range(nr):
-                                Lu[r] = np.int32(Lu[r] + np.int32(np.int32(sc_[r]) * qc[r]))
-                        b0, b1 = np.int32(bsums[t, k + 2 * u]), np.int32(bsums[t, k + 2 * u + 1])
-                        sa, sb_ = s_[2 * u], s_[2 * u + 1]
+                                L[0, r] = np.int32(L[0, r] + np.int32(np.int32(sc[g, b, sb, r]) * np.int32(Q[sb, r] - bs)))
                         for r in range(nr):
-                            Lu[r] = np.int32(Lu[r] - np.int32(32 * np.int32(np.int32(np.int32(sa[r]) * b0)
-                                                                             + np.int32(np.int32(sb_[r]) * b1))))
-                    for u in range(8):
-                        au, Lu = acc[t, u], L[u]
-                        for r in range(nr):
-                            au[r] = fma(ya * as_f32(dw[r]), Lu[r], au[r])
-        n = min(nr, R - g * nr)
-        for t in range(T):
-            for r in range(n):
-                out[t, g * nr + r] = acc[t, 0, r] if tiled else hsum8(
-                    acc[t, 0, r], acc[t, 1, r], acc[t, 2, r], acc[t, 3, r], acc[t, 4, r], acc[t, 5, r], acc[t, 6, r], acc[t, 7, r])
+                            acc[t, 0, r] = fma(as_f32(d[g, b, r]) * np.float32(L[0, r]), ya, acc[t, 0, r])
+                    else:
+                        quads(qs, g, b, aq4, t, 64 * b, Q)
+                        for u in range(8):                 # chunk c: lanes 0-3 take scale 2c, lanes 4-7 scale 2c+1
+                            h = u >> 2
+                            for r in range(nr):
+                                L[u, r] = np.int32(np.int32(sc[g, b, h, r]) * Q[u, r])
+                            for c in range(1, 8):
+                                for r in range(nr):
+                                    L[u, r] = np.int32(L[u, r] + np.int32(np.int32(sc[g, b, 2 * c + h, r]) * Q[8 * c + u, r]))
+                            b0, b1 = np.int32(bsums[t, k + 2 * u]), np.int32(bsums[t, k + 2 * u + 1])
+                            for r in range(nr):
+                                L[u, r] = np.int32(L[u, r] - np.int32(32 * np.int32(np.int32(np.int32(sc[g, b, 2 * u, r]) * b0)
+                                                                                   + np.int32(np.int32(sc[g, b, 2 * u + 1, r]) * b1))))
+                        for u in range(8):
+                            for r in range(nr):
+                                acc[t, u, r] = fma(ya * as_f32(d[g, b, r]), L[u, r], acc[t, u, r])
+            n = min(nr, R - g * nr)
+            for t in range(T):
+                for r in range(n):
+                    out[t, g * nr + r] = acc[t, 0, r] if tiled else hsum8(
+                        acc[t, 0, r], acc[t, 1, r], acc[t, 2, r], acc[t, 3, r], acc[t, 4, r], acc[t, 5, r], acc[t, 6, r], acc[t, 7, r])
 
 
 @njit(parallel=True, **NOPYTHON)

@@ -10,26 +10,27 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
-from ._common import NOPYTHON, hsum8, limit_threads, restore_threads
-from .dot4_ir import I8, I16, I32, I8x64, I32x16, F32x16, data, dot4, f16x16, high_bits, intrinsic_fn, splat, vload, vstore
+from ._common import NOPYTHON, _get_num_threads, hsum8, limit_threads, restore_threads
+from .dot4_ir import I8, I16, I32, I8x64, I32x16, F32x16, at, data, dot4, f16x16, high_bits, intrinsic_fn, splat, vload, vstore
 from .quantize import quantize_q8_0 as _q8_0, quantize_q8_1 as _q8_1
 
 R16 = 16                      # rows per group: one 512-bit register of int32 lanes
 OFFSET = {"q4_0": 8, "q4_1": 0, "q5_0": 16, "q8_0": 128}   # the codes are used as c + OFFSET (unsigned)
 
 
-def _step_codegen(nibbles: bool, offset: int, with_m: bool, isa: str):
+def _step_codegen(nibbles: bool, offset: int, with_m: bool, isa: str, indexed: bool):
     signed = isa == "avx2" and offset == 128           # q8_0 on AVX2: the signed codes, no offset
     if signed:
         offset = 0
 
     def codegen(context, builder, signature, args):
-        blk, a, qsum, w0, dw, dab, acc = args[:7]
-        t = signature.args
-        bp = data(context, builder, t[0], blk, I8)
-        ap = data(context, builder, t[1], a, I32)
-        sp = data(context, builder, t[2], qsum, I32)
-        w0 = context.cast(builder, w0, t[3], types.intp)
+        qs, aq4, qsum, d, acc, g, b, t, dab = args[:9]
+        ty = signature.args
+        gi, bi, ti = (g, ty[5]), (b, ty[6]), (t, ty[7])
+        bp = at(context, builder, ty[0], qs, [gi, bi] if indexed else [], I8)     # the block's bytes
+        ap = at(context, builder, ty[1], aq4, [ti], I32)                           # row t's words
+        sp = at(context, builder, ty[2], qsum, [ti], I32)
+        w0 = builder.mul(context.cast(builder, b, ty[6], types.intp), ir.Constant(context.get_value_type(types.intp), 8))
         fma = intrinsic_fn(builder, "llvm.fma.v16f32", F32x16, [F32x16] * 3)
         zero = ir.Constant(I32x16, [0] * 16)
         word = lambda p, j: builder.load(builder.gep(p, [builder.add(w0, ir.Constant(w0.type, j))]))
@@ -41,9 +42,9 @@ def _step_codegen(nibbles: bool, offset: int, with_m: bool, isa: str):
             codes = [vload(builder, bp, ir.Constant(I32, 64 * j), I8x64) for j in range(8)]
             if signed:                                       # stored as w + 128: back to w
                 codes = [builder.xor(c, ir.Constant(I8x64, [0x80] * 64)) for c in codes]
-        dd = builder.fmul(splat(builder, context.cast(builder, dab, t[5], types.float32), F32x16),
-                          f16x16(builder, data(context, builder, t[4], dw, I16)))
-        accp = data(context, builder, t[6], acc, ir.FloatType())
+        dd = builder.fmul(splat(builder, context.cast(builder, dab, ty[8], types.float32), F32x16),
+                          f16x16(builder, at(context, builder, ty[3], d, [gi, bi], I16)))
+        accp = at(context, builder, ty[4], acc, [ti], ir.FloatType())
         for j in range(8):
             lane = dot4(builder, isa, zero, codes[j], word(ap, j), signed)
             if offset:
@@ -52,48 +53,50 @@ def _step_codegen(nibbles: bool, offset: int, with_m: bool, isa: str):
             idx = ir.Constant(I32, 16 * j)
             vstore(builder, accp, idx, builder.call(fma, [dd, builder.sitofp(lane, F32x16), vload(builder, accp, idx, F32x16)]))
         if with_m:                                           # q4_1: summ = fma(m_w, s_x, summ)
-            mw, s, summ = args[7:]
-            m = f16x16(builder, data(context, builder, t[7], mw, I16))
-            sv = splat(builder, context.cast(builder, s, t[8], types.float32), F32x16)
-            p = data(context, builder, t[9], summ, ir.FloatType())
-            vstore(builder, p, ir.Constant(I32, 0), builder.call(fma, [m, sv, vload(builder, p, ir.Constant(I32, 0), F32x16)]))
+            m, s, summ = args[9:]
+            mw = f16x16(builder, at(context, builder, ty[9], m, [gi, bi], I16))
+            sv = splat(builder, context.cast(builder, s, ty[10], types.float32), F32x16)
+            p = at(context, builder, ty[11], summ, [ti], ir.FloatType())
+            vstore(builder, p, ir.Constant(I32, 0), builder.call(fma, [mw, sv, vload(builder, p, ir.Constant(I32, 0), F32x16)]))
         return context.get_dummy_value()
     return codegen
 
 
-def _step(name: str, nibbles: bool, offset: int, with_m: bool, isa: str):
+def _step(name: str, nibbles: bool, offset: int, with_m: bool, isa: str, indexed: bool = True):
     if with_m:
-        def typer(typingctx, blk, a, qsum, w0, dw, dab, acc, mw, s, summ):
-            return types.none(blk, a, qsum, w0, dw, dab, acc, mw, s, summ), _step_codegen(nibbles, offset, with_m, isa)
+        def typer(typingctx, qs, aq4, qsum, d, acc, g, b, t, dab, m, s, summ):
+            return (types.none(qs, aq4, qsum, d, acc, g, b, t, dab, m, s, summ),
+                    _step_codegen(nibbles, offset, with_m, isa, indexed))
     else:
-        def typer(typingctx, blk, a, qsum, w0, dw, dab, acc):
-            return types.none(blk, a, qsum, w0, dw, dab, acc), _step_codegen(nibbles, offset, with_m, isa)
+        def typer(typingctx, qs, aq4, qsum, d, acc, g, b, t, dab):
+            return types.none(qs, aq4, qsum, d, acc, g, b, t, dab), _step_codegen(nibbles, offset, with_m, isa, indexed)
     typer.__name__ = f"{name}_{isa}"
     return intrinsic(typer)
 
 
-# One block of 16 rows against one activation row: the 8 lane sums (blk: the block's 256 bytes of
-# nibbles or 512 bytes of codes; a[w0:w0+8]: the activation quads as int32 words; minus offset x their
-# sums qsum[w0:w0+8]), then acc[j] = fma(dab * d_w, lane_j, acc[j]) across the rows (dw: their f16
-# scales, acc: (8, 16)); q4_1 also summ = fma(m_w, s, summ). One set per instruction set.
+# One block of 16 rows against one activation row: the 8 lane sums (qs[g, b]: the block's 256 bytes of
+# nibbles or 512 bytes of codes, or q5_0's expanded codes; aq4[t, 8b:8b+8]: the activation quads as int32
+# words; minus offset x their sums qsum[t, 8b:8b+8]), then acc[t, j] = fma(dab * d_w, lane_j, acc[t, j])
+# across the rows (d[g, b]: their f16 scales, acc: (T, 8, 16)); q4_1 also summ[t] = fma(m[g, b], s,
+# summ[t]). Arrays and indices, not views (no reference counts per block). One set per instruction set.
 def _block_step(isa: str):
     """The block step of weight kind 0 q4_0, 1 q4_1, 2 q5_0 (``codes``: the block expanded), 3 q8_0, on
     one instruction set (a compile-time choice: each entry point below inlines one of them)."""
-    q40 = _step("step_q4_0", True, OFFSET["q4_0"], False, isa)     # (blk, a, qsum, w0, dw, dab, acc)
-    q41 = _step("step_q4_1", True, OFFSET["q4_1"], True, isa)      # (..., acc, mw, s, summ)
-    q50 = _step("step_q5_0", False, OFFSET["q5_0"], False, isa)    # blk: the codes of expand_q5_0
+    q40 = _step("step_q4_0", True, OFFSET["q4_0"], False, isa)
+    q41 = _step("step_q4_1", True, OFFSET["q4_1"], True, isa)
+    q50 = _step("step_q5_0", False, OFFSET["q5_0"], False, isa, indexed=False)   # qs: the block's codes
     q80 = _step("step_q8_0", False, OFFSET["q8_0"], False, isa)
 
     @njit(inline="always", **NOPYTHON)
-    def step(kind, blk, codes, a, qsum, w0, dw, dab, acc, mw, s, summ):
+    def step(kind, qs, codes, aq4, qsum, d, acc, g, b, t, dab, m, s, summ):
         if kind == 1:
-            q41(blk, a, qsum, w0, dw, dab, acc, mw, s, summ)
+            q41(qs, aq4, qsum, d, acc, g, b, t, dab, m, s, summ)
         elif kind == 2:
-            q50(codes, a, qsum, w0, dw, dab, acc)
+            q50(codes, aq4, qsum, d, acc, g, b, t, dab)
         elif kind == 0:
-            q40(blk, a, qsum, w0, dw, dab, acc)
+            q40(qs, aq4, qsum, d, acc, g, b, t, dab)
         else:
-            q80(blk, a, qsum, w0, dw, dab, acc)
+            q80(qs, aq4, qsum, d, acc, g, b, t, dab)
     return step
 
 
@@ -140,36 +143,76 @@ def _quantize(x, q41):
 
 
 @njit(inline="always", **NOPYTHON)
-def _mul_mat(qs, qh, d, m, x, out, step):
-    """qs (ng, nb, 256 or 512) uint8; qh (ng, nb, 16) uint32 (q5_0's fifth bits, else empty); d / m
-    (ng, nb, 16) f16 bits (m: q4_1's, else empty); x (T, K) float32, quantized here; out (T, R) f32,
-    R <= ng*16 (the rows past R are zero padding). ``step``: _step_vnni or _step_avx2 (a compile-time
-    choice: each entry point below is compiled with one of them)."""
-    ng, nb, nbytes = qs.shape
+def _groups(qs, qh, d, m, out, g0, g1, aq4, qsum, ad, as_, acc, summ, codes, step):
+    """Row groups g0 .. g1-1 of one packed weight against the quantized activations (acc, summ, codes:
+    the task's scratch): each output row summed in ggml's order, whichever task computes it."""
+    nb, nbytes = qs.shape[1], qs.shape[2]
     R = out.shape[1]
+    T = aq4.shape[0]
     q41, q50 = m.shape[0] != 0, qh.shape[0] != 0
     kind = 1 if q41 else (2 if q50 else (0 if nbytes == 256 else 3))
-    aq4, qsum, ad, as_ = _quantize(x, q41)
-    T = aq4.shape[0]
-    for g in prange(ng):
-        acc = np.zeros((T, 8, R16), np.float32)
-        summ = np.zeros((T, R16), np.float32)
-        codes = np.empty(512, np.uint8)
+    for g in range(g0, g1):
+        for t in range(T):
+            for j in range(8):
+                for r in range(R16):
+                    acc[t, j, r] = 0
+            for r in range(R16):
+                summ[t, r] = 0
         for b in range(nb):
-            blk = qs[g, b]
-            dw = d[g, b]
-            mw = m[g, b] if q41 else dw
             if q50:
-                expand_q5_0(blk, qh[g, b], codes)
+                expand_q5_0(qs[g, b], qh[g, b], codes)
             for t in range(T):
                 s = as_[t, b] if q41 else np.float32(0)
-                step(kind, blk, codes, aq4[t], qsum[t], 8 * b, dw, ad[t, b], acc[t], mw, s, summ[t])
+                step(kind, qs, codes, aq4, qsum, d, acc, g, b, t, ad[t, b], m, s, summ)
         n = min(R16, R - g * R16)
         for t in range(T):
             for r in range(n):
                 v = hsum8(acc[t, 0, r], acc[t, 1, r], acc[t, 2, r], acc[t, 3, r],
                           acc[t, 4, r], acc[t, 5, r], acc[t, 6, r], acc[t, 7, r])
                 out[t, g * R16 + r] = v + summ[t, r] if q41 else v
+
+
+@njit(inline="always", **NOPYTHON)
+def _mul_mat(qs, qh, d, m, x, out, step):
+    """qs (ng, nb, 256 or 512) uint8; qh (ng, nb, 16) uint32 (q5_0's fifth bits, else empty); d / m
+    (ng, nb, 16) f16 bits (m: q4_1's, else empty); x (T, K) float32, quantized here; out (T, R) f32,
+    R <= ng*16 (the rows past R are zero padding). ``step``: _step_vnni or _step_avx2 (a compile-time
+    choice: each entry point below is compiled with one of them)."""
+    ng = qs.shape[0]
+    aq4, qsum, ad, as_ = _quantize(x, m.shape[0] != 0)
+    T = aq4.shape[0]
+    nch = min(ng, _get_num_threads())            # one task per thread, contiguous groups (numba's own
+    for c in prange(nch):                        # static split): its scratch allocated once, not per group
+        acc = np.empty((T, 8, R16), np.float32)
+        summ = np.empty((T, R16), np.float32)
+        codes = np.empty(512, np.uint8)
+        _groups(qs, qh, d, m, out, c * ng // nch, (c + 1) * ng // nch, aq4, qsum, ad, as_, acc, summ, codes, step)
+
+
+@njit(inline="always", **NOPYTHON)
+def _mul_mat_multi(qs_t, qh_t, d_t, m_t, x, out_t, step):
+    """Several weights of one type against the same activations (attention's Q, K and V; the FFN's gate
+    and up), as :func:`_mul_mat` computes each: the activations quantized once, all their row groups in
+    one parallel region (tuples of the packed arrays and of the outputs, one entry per weight)."""
+    n = len(qs_t)
+    total = 0
+    for i in range(n):
+        total += qs_t[i].shape[0]
+    aq4, qsum, ad, as_ = _quantize(x, m_t[0].shape[0] != 0)
+    T = aq4.shape[0]
+    nch = min(total, _get_num_threads())
+    for c in prange(nch):
+        acc = np.empty((T, 8, R16), np.float32)
+        summ = np.empty((T, R16), np.float32)
+        codes = np.empty(512, np.uint8)
+        lo, hi = c * total // nch, (c + 1) * total // nch
+        base = 0
+        for i in range(n):
+            ng = qs_t[i].shape[0]
+            g0, g1 = max(lo - base, 0), min(hi - base, ng)
+            if g0 < g1:
+                _groups(qs_t[i], qh_t[i], d_t[i], m_t[i], out_t[i], g0, g1, aq4, qsum, ad, as_, acc, summ, codes, step)
+            base += ng
 
 
 # out (T, R) = x (T, K) float32 times the packed weight: activations quantized to the weight's partner
@@ -187,4 +230,20 @@ def mul_mat_vnni(qs, qh, d, m, x, out, n_threads):
 def mul_mat_avx2(qs, qh, d, m, x, out, n_threads):
     prev = limit_threads(n_threads)
     _mul_mat(qs, qh, d, m, x, out, _step_avx2)
+    restore_threads(prev)
+
+
+# The same for several weights sharing their activations (tuples of packed arrays and outputs, one type).
+
+@njit(parallel=True, **NOPYTHON)
+def mul_mat_multi_vnni(qs_t, qh_t, d_t, m_t, x, out_t, n_threads):
+    prev = limit_threads(n_threads)
+    _mul_mat_multi(qs_t, qh_t, d_t, m_t, x, out_t, _step_vnni)
+    restore_threads(prev)
+
+
+@njit(parallel=True, **NOPYTHON)
+def mul_mat_multi_avx2(qs_t, qh_t, d_t, m_t, x, out_t, n_threads):
+    prev = limit_threads(n_threads)
+    _mul_mat_multi(qs_t, qh_t, d_t, m_t, x, out_t, _step_avx2)
     restore_threads(prev)
