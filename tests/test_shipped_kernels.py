@@ -1,0 +1,95 @@
+"""The compiled kernels llmlab ships (llmlab/data/kernels/, ``make kernels``) are these sources' kernels, for the
+pinned numba, and a fresh process on a CPU a target fits loads them: nothing compiled, llama.cpp's tokens."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from conftest import ref_logits
+from llmlab.ggml.cpu import numba_cache, shipped_kernels
+from llmlab.ggml.cpu.shipped_kernels import TARGETS
+
+ROOT = Path(__file__).resolve().parent.parent
+MAX_BYTES = 4 << 20         # an archive larger than this does not belong in a git repository
+
+
+def pinned_numba() -> str:
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    pins = [re.fullmatch(r"numba==([0-9.]+)", d.split(";")[0].strip()) for d in deps]
+    found = [m.group(1) for m in pins if m]
+    assert len(found) == 1, f"pyproject.toml pins no exact numba version: {deps}"
+    return found[0]
+
+
+def manifests() -> list[tuple[Path, dict]]:
+    return [(p, json.loads(p.read_text())) for p in sorted(shipped_kernels.ARCHIVES.glob("*.json"))]
+
+
+def test_every_target_has_an_archive_of_these_sources_for_the_pinned_numba():
+    """Stale archives fail here (make kernels rebuilds them): each manifest names the kernel sources' digest,
+    the pinned numba, and the hash of the archive beside it."""
+    found = manifests()
+    assert {m["target"] for _, m in found} == set(TARGETS), "make kernels: a target has no archive"
+    digest = numba_cache.sources_digest()
+    for path, m in found:
+        t = TARGETS[m["target"]]
+        archive = path.with_suffix(".tar.xz")
+        assert m["sources"] == digest, f"{archive.name} is older than the kernel sources: run make kernels"
+        assert m["numba"] == pinned_numba(), f"{archive.name} is for numba {m['numba']}, pyproject pins {pinned_numba()}"
+        assert (m["cpu"], m["features"]) == (t.cpu, shipped_kernels.FEATURES)
+        data = archive.read_bytes()
+        assert hashlib.sha256(data).hexdigest() == m["sha256"] and len(data) == m["bytes"]
+        assert len(data) <= MAX_BYTES, f"{archive.name}: {len(data)} bytes"
+        assert path.name == f"{m['target']}-py{m['python'].replace('.', '')}.json"
+
+
+def _fresh_env(tmp_path) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("NUMBA_", "LLMLAB_KERNEL"))}
+    env.update(PYTHONPATH=str(ROOT), LLMLAB_HOME=str(tmp_path / "home"), NUMBA_CACHE_DIR=str(tmp_path / "numba"))
+    return env
+
+
+def test_a_fresh_process_loads_the_shipped_kernels_and_compiles_nothing(tmp_path, smollm2_path):
+    """A machine that never ran llmlab (empty LLMLAB_HOME and numba cache): generate's warm-up loads every kernel
+    from the shipped archive, compiles none, and the greedy tokens are llama.cpp's."""
+    t = shipped_kernels.host_target()
+    if t is None:
+        pytest.skip("no shipped target fits this CPU")
+    why = shipped_kernels.mismatch(t, shipped_kernels.read_manifest(t))
+    if why is not None and "older than these kernel sources" not in why:
+        pytest.skip(why)        # another numba or Python than the archives' (stale archives fail the first test)
+    assert why is None, why
+    meta, npz = ref_logits("smollm2")
+    r = subprocess.run([sys.executable, "-m", "llmlab", "generate", "-m", str(smollm2_path), "-p",
+                        meta["prompts"][1]["prompt"], "-n", "12", "--temp", "0", "--json"],
+                       capture_output=True, text=True, env=_fresh_env(tmp_path), cwd=tmp_path, timeout=600)
+    assert r.returncode == 0, r.stderr
+    line = next(x for x in r.stderr.splitlines() if x.startswith("kernels:"))
+    assert f"loaded from numba's cache (shipped with llmlab for {t.name})" in line and "compiled" not in line, line
+    assert json.loads(r.stdout)["ids"] == npz["p1_greedy"].tolist()
+    assert list((tmp_path / "home" / "numba" / "shipped").glob(f"{t.name}-*/.unpacked"))
+
+
+def test_a_stale_or_damaged_archive_is_never_unpacked(tmp_path, monkeypatch):
+    """Sources newer than the archive, another numba, a damaged archive: never loaded; the reason is what the
+    warm-up line says when numba then compiles."""
+    t = shipped_kernels.host_target() or next(iter(TARGETS.values()))
+    good = shipped_kernels.read_manifest(t)
+    if good is None:
+        pytest.skip(f"no archive for {t.name} on this Python")
+    here = {**good, **shipped_kernels.versions(), "sources": numba_cache.sources_digest()}
+    assert shipped_kernels.mismatch(t, here) is None
+    assert "for numba 0.1.0, this is" in shipped_kernels.mismatch(t, {**here, "numba": "0.1.0"})
+    assert "older than these kernel sources" in shipped_kernels.mismatch(t, {**here, "sources": "0" * 40})
+    monkeypatch.setenv("LLMLAB_HOME", str(tmp_path))
+    with pytest.raises(ValueError, match="not the archive its manifest describes"):
+        shipped_kernels.unpack(t, {**here, "sha256": "0" * 64})
+    assert not any(tmp_path.rglob("*.nbc"))
