@@ -222,10 +222,7 @@ def unpack(t: Target, m: dict) -> Path:
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    for old in dest.parent.glob(f"{t.name}-*"):  # earlier sources' or numbas' kernels for this target
-        if old != dest and not old.name.startswith("."):
-            shutil.rmtree(old, ignore_errors=True)
-    return dest
+    return dest     # (other keys' folders stay: another clone or version of llmlab may still use them)
 
 
 @functools.cache
