@@ -93,3 +93,19 @@ def test_a_stale_or_damaged_archive_is_never_unpacked(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="not the archive its manifest describes"):
         shipped_kernels.unpack(t, {**here, "sha256": "0" * 64})
     assert not any(tmp_path.rglob("*.nbc"))
+
+
+def test_an_archive_member_outside_its_folder_is_refused(tmp_path):
+    """Unpacking writes only regular files under the cache folder (Python 3.11 before 3.11.4 has no
+    ``filter="data"``): a name with ``..`` or a link is a damaged archive, nothing is written outside."""
+    import io
+    import tarfile
+    for name, kind in (("../escape.nbc", tarfile.REGTYPE), ("ggml/link.nbc", tarfile.SYMTYPE)):
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w:xz") as tar:
+            info = tarfile.TarInfo(name)
+            info.type, info.size = kind, 0
+            tar.addfile(info, io.BytesIO(b""))
+        with pytest.raises(ValueError, match="unexpected member"):
+            shipped_kernels._extract(buf.getvalue(), tmp_path / "into" / name.replace("/", "_"))
+    assert not (tmp_path / "escape.nbc").exists()

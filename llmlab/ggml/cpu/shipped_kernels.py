@@ -209,9 +209,7 @@ def unpack(t: Target, m: dict) -> Path:
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        import io
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r:xz") as tar:
-            tar.extractall(tmp, filter="data")
+        _extract(data, tmp)
         (tmp / ".unpacked").write_text(m["sha256"] + "\n", encoding="ascii")
         if dest.exists():                       # an older or partial unpack of the same key
             shutil.rmtree(dest, ignore_errors=True)
@@ -223,6 +221,21 @@ def unpack(t: Target, m: dict) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return dest     # (other keys' folders stay: another clone or version of llmlab may still use them)
+
+
+def _extract(data: bytes, into: Path) -> None:
+    """The archive's regular files under ``into``, each name checked (relative, no ``..``): tarfile's own
+    ``filter="data"`` is missing from Python 3.11 before 3.11.4 (Debian 12's)."""
+    import io
+    into.mkdir(parents=True)
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:xz") as tar:
+        for member in tar:
+            parts = Path(member.name).parts
+            if not member.isfile() or not parts or Path(member.name).is_absolute() or ".." in parts:
+                raise ValueError(f"unexpected member {member.name!r} in the archive")
+            dest = into.joinpath(*parts)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_bytes(tar.extractfile(member).read())
 
 
 @functools.cache
