@@ -20,6 +20,7 @@ import hashlib
 import importlib
 import io
 import json
+import lzma
 import os
 import pickle
 import subprocess
@@ -118,12 +119,16 @@ def pack(name: str, home: Path, out_dir: Path, models: list[str]) -> dict:
     if not files:
         raise SystemExit(f"error: nothing was compiled for {name} in {folder}")
     buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:xz", preset=9) as tar:
+    with tarfile.open(fileobj=buf, mode="w") as tar:
         for f in files:
             info = tarfile.TarInfo(f.relative_to(folder).as_posix())
             info.size, info.mtime, info.mode = f.stat().st_size, 0, 0o644
             tar.addfile(info, io.BytesIO(f.read_bytes()))
-    data = buf.getvalue()
+    raw = buf.getvalue()
+    # xz's strongest preset, its dictionary no larger than the data: preset 9's 64 MiB dictionary would be
+    # allocated by every learner's first run to unpack 3 MB
+    dict_size = max(1 << 20, 1 << (len(raw) - 1).bit_length())
+    data = lzma.compress(raw, format=lzma.FORMAT_XZ, filters=[{"id": lzma.FILTER_LZMA2, "preset": 9, "dict_size": dict_size}])
     manifest = {"target": name, "cpu": t.cpu, "features": shipped_kernels.FEATURES, **shipped_kernels.versions(),
                 "sources": numba_cache.sources_digest(), "sha256": hashlib.sha256(data).hexdigest(),
                 "bytes": len(data), "unpacked_bytes": sum(f.stat().st_size for f in files),
