@@ -33,15 +33,17 @@ class Warmup:
 
     def summary(self) -> str:
         from .ggml.cpu import shipped_kernels
-        shipped = shipped_kernels.active()
-        source = f"numba's cache (shipped with llmlab for {shipped.name})" if shipped else "numba's cache"
+        target, seeded = shipped_kernels.active(), shipped_kernels.shipped()
+        source = ("numba's cache" if target is None else f"numba's cache (shipped with llmlab for {target.name})" if seeded
+                  else f"numba's cache ({target.name} code, LLMLAB_KERNEL_TARGET)")
         c = self.compile_seconds
         if self.compiled or (c is not None and c >= 0.05):
             took = f"{c:.1f} s of the {self.seconds:.1f} s warm-up" if c is not None else f"{self.seconds:.1f} s"
             also = f", {self.loaded} loaded from {source}" if self.loaded else ""
             what = f"{self.compiled}" if self.compiled else "helper functions"
             from .ggml.cpu.numba_cache import PROBLEMS
-            why = (f"not in the shipped kernels for {shipped.name}; " if shipped else
+            why = (f"not in the shipped kernels for {target.name}; " if target and seeded else
+                   f"for {target.name}, LLMLAB_KERNEL_TARGET; " if target else
                    f"{shipped_kernels.note()}; " if shipped_kernels.note() else "")
             later = ("the kernel cache is off in this run, so the next compiles them again" if PROBLEMS else
                      "once per machine; later runs load them from numba's cache")

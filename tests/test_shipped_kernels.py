@@ -109,3 +109,20 @@ def test_an_archive_member_outside_its_folder_is_refused(tmp_path):
         with pytest.raises(ValueError, match="unexpected member"):
             shipped_kernels._extract(buf.getvalue(), tmp_path / "into" / name.replace("/", "_"))
     assert not (tmp_path / "escape.nbc").exists()
+
+
+def test_the_warm_up_line_says_where_the_kernels_came_from(monkeypatch):
+    """Loaded from the shipped kernels, compiled because they did not fit (and why), compiled for a target named by
+    LLMLAB_KERNEL_TARGET: the line says which happened."""
+    from llmlab.warm import Warmup
+    t = next(iter(TARGETS.values()))
+    for k, v in (("target", t), ("shipped", True), ("note", None)):
+        monkeypatch.setitem(shipped_kernels._STATE, k, v)
+    assert f"14 loaded from numba's cache (shipped with llmlab for {t.name})" in Warmup(0.4, 0, 14, 0.0).summary()
+    assert f"not in the shipped kernels for {t.name}" in Warmup(30.0, 2, 12, 29.0).summary()
+    monkeypatch.setitem(shipped_kernels._STATE, "shipped", False)
+    assert f"for {t.name}, LLMLAB_KERNEL_TARGET" in Warmup(30.0, 2, 0, 29.0).summary()
+    for k, v in (("target", None), ("note", "the shipped kernels are for numba 0.1.0, this is 0.2.0")):
+        monkeypatch.setitem(shipped_kernels._STATE, k, v)
+    line = Warmup(120.0, 16, 0, 118.0).summary()
+    assert line.startswith("kernels: compiled 16") and "(the shipped kernels are for numba 0.1.0, this is 0.2.0; once" in line

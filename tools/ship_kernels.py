@@ -183,7 +183,7 @@ def main(argv=None) -> int:
                 _child(["--child", "compile", str(tmp / "sigs.pkl")], name, tmp / name)
             m = pack(name, tmp / name, out, chosen)
             print(f"{name}: {m['kernels']} kernels, {m['bytes'] / 1e6:.2f} MB ({m['unpacked_bytes'] / 1e6:.1f} MB "
-                  f"unpacked) -> {out / (name + '.tar.xz')}", file=sys.stderr, flush=True)
+                  f"unpacked) -> {out / shipped_kernels.TARGETS[name].archive().name}", file=sys.stderr, flush=True)
         print(f"done in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     return 0
 

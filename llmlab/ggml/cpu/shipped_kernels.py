@@ -69,12 +69,18 @@ TARGETS = {t.name: t for t in (
     Target("x86_64-avx2", "x86_64", "haswell", _X86, ("avx2",)),
 )}
 
-_STATE: dict = {"target": None, "folder": None, "note": None, "done": False}
+_STATE: dict = {"target": None, "folder": None, "note": None, "done": False, "shipped": False}
 
 
 def active() -> Target | None:
     """The shipped target numba compiles llmlab's kernels for in this process (None: the host)."""
     return _STATE["target"]
+
+
+def shipped() -> bool:
+    """Is :func:`active`'s cache seeded by a shipped archive (False: a target named by LLMLAB_KERNEL_TARGET, compiled
+    here)?"""
+    return _STATE["shipped"]
 
 
 def note() -> str | None:
@@ -170,6 +176,7 @@ def activate() -> Target | None:
         where = unpack(t, m)
     except Exception as e:    # noqa: BLE001 (OSError, tarfile's, lzma's: a damaged archive is only a reason to compile)
         return _host(f"the shipped kernels cannot be unpacked ({type(e).__name__}: {e})")
+    _STATE["shipped"] = True
     return _use(t, where)
 
 
