@@ -69,16 +69,16 @@ def _why(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"
 
 
-def install() -> None:
+def install(first_locator=None) -> None:
     """Guard numba's cache (lookup, saving, locating a folder) and adopt a read-only shared cache (once per
-    process; before any cached kernel is defined)."""
+    process; before any cached kernel is defined). ``first_locator(caching)``: a locator class numba asks before
+    its own (``shipped_kernels``'s)."""
     from numba.core import caching, dispatcher
     if getattr(caching.Cache, "_llmlab_guarded", False):
         return
     caching.Cache._llmlab_guarded = True
-    from . import shipped_kernels
-    shipped_kernels.activate()      # the machine code's target (a shipped one, unpacked, or the host): first
-    caching.CacheImpl._locator_classes.insert(0, shipped_kernels.locator(caching))
+    if first_locator is not None:
+        caching.CacheImpl._locator_classes.insert(0, first_locator(caching))
     for step in (adopt_read_only_cache, drop_stale):
         try:
             step()

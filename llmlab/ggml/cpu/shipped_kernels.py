@@ -9,7 +9,7 @@ an archive per Python version of the kernels the two real models reach, built by
 (``tools/ship_kernels.py``) from these sources, in ``llmlab/data/kernels/`` (so a clone and the wheel both
 carry it).
 
-On first use (:func:`activate`, from ``numba_cache.install``, before numba's code generator exists) the best
+On first use (:func:`install`, when the kernels are imported, before numba's code generator exists) the best
 target whose features this CPU has is chosen, its archive checked against this process (numba's, llvmlite's
 and Python's versions, the platform triple, the kernel sources' digest, the archive's own hash) and unpacked
 once into ``~/.cache/llmlab/numba/shipped/`` (under ``LLMLAB_HOME``); then numba compiles everything in this
@@ -178,6 +178,14 @@ def activate() -> Target | None:
         return _host(f"the shipped kernels cannot be unpacked ({type(e).__name__}: {e})")
     _STATE["shipped"] = True
     return _use(t, where)
+
+
+def install() -> None:
+    """Before any cached kernel is defined: choose the target (:func:`activate`), then guard numba's cache with
+    :func:`locator` asked first (``numba_cache.install``)."""
+    from .numba_cache import install as guard
+    activate()
+    guard(first_locator=locator)
 
 
 def _host(why: str | None) -> None:
