@@ -56,20 +56,22 @@ $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) --upgrade pip
 
-$(STAMP_LAB): pyproject.toml | $(VENV)/bin/python
-	$(PIP) -e '.[lab]'
+# constraints.txt: the numba (and llvmlite) llmlab/data/kernels/ is compiled with, so that the set-ups load the
+# shipped kernels instead of compiling them
+$(STAMP_LAB): pyproject.toml constraints.txt | $(VENV)/bin/python
+	$(PIP) -e '.[lab]' -c constraints.txt
 	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $@
 
 # the oracle: llama.cpp built natively, except on a CPU with AMX (tools/oracle_build.py: AVX-512 without AMX,
 # a wheel kept per flags, never pip's cache); then the rest of the dev extras
-$(STAMP_DEV): $(STAMP_LAB) pyproject.toml tools/oracle_build.py
+$(STAMP_DEV): $(STAMP_LAB) pyproject.toml constraints.txt tools/oracle_build.py
 	$(PY) tools/oracle_build.py
-	CMAKE_BUILD_PARALLEL_LEVEL=2 $(PIP) -e '.[dev,lab]'
+	CMAKE_BUILD_PARALLEL_LEVEL=2 $(PIP) -e '.[dev,lab]' -c constraints.txt
 	touch $@
 
-$(STAMP_BROWSER): $(STAMP_DEV) pyproject.toml
-	$(PIP) -e '.[dev,lab,browser]'
+$(STAMP_BROWSER): $(STAMP_DEV) pyproject.toml constraints.txt
+	$(PIP) -e '.[dev,lab,browser]' -c constraints.txt
 	touch $@
 
 DEMO_PROMPT ?= <|im_start|>user\nWhat is the capital of France? Answer in one sentence.<|im_end|>\n<|im_start|>assistant\n
@@ -81,7 +83,7 @@ demo: setup
 	$(PY) -m llmlab generate -m $(MODEL) -n 32 --temp 0 -p "$$(printf '$(DEMO_PROMPT)')"
 
 # the compiled kernels that ship in llmlab/data/kernels/ (one archive per target and Python, tools/ship_kernels.py):
-# rebuild after any change to a kernel's source (the default suite fails until then) or to the pinned numba
+# rebuild after any change to a kernel's source (the default suite fails until then) or to constraints.txt's numba
 kernels: setup
 	$(PY) -m llmlab fetch smollm2 --quiet
 	$(PY) -m llmlab fetch gemma3 --quiet

@@ -8,7 +8,6 @@ import os
 import re
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
@@ -21,11 +20,11 @@ ROOT = Path(__file__).resolve().parent.parent
 MAX_BYTES = 4 << 20         # an archive larger than this does not belong in a git repository
 
 
-def pinned_numba() -> str:
-    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    pins = [re.fullmatch(r"numba==([0-9.]+)", d.split(";")[0].strip()) for d in deps]
-    found = [m.group(1) for m in pins if m]
-    assert len(found) == 1, f"pyproject.toml pins no exact numba version: {deps}"
+def pinned(dist: str) -> str:
+    """The version constraints.txt (the set-ups' pip constraints) pins ``dist`` to."""
+    lines = [ln.split("#")[0].strip() for ln in (ROOT / "constraints.txt").read_text().splitlines()]
+    found = [m.group(1) for m in (re.fullmatch(rf"{dist}==([0-9.]+)", ln) for ln in lines) if m]
+    assert len(found) == 1, f"constraints.txt pins no exact {dist} version"
     return found[0]
 
 
@@ -35,7 +34,7 @@ def manifests() -> list[tuple[Path, dict]]:
 
 def test_every_target_has_an_archive_of_these_sources_for_the_pinned_numba():
     """Stale archives fail here (make kernels rebuilds them): each manifest names the kernel sources' digest,
-    the pinned numba, and the hash of the archive beside it."""
+    the numba and llvmlite constraints.txt pins, and the hash of the archive beside it."""
     found = manifests()
     assert {m["target"] for _, m in found} == set(TARGETS), "make kernels: a target has no archive"
     digest = numba_cache.sources_digest()
@@ -43,7 +42,8 @@ def test_every_target_has_an_archive_of_these_sources_for_the_pinned_numba():
         t = TARGETS[m["target"]]
         archive = path.with_suffix(".tar.xz")
         assert m["sources"] == digest, f"{archive.name} is older than the kernel sources: run make kernels"
-        assert m["numba"] == pinned_numba(), f"{archive.name} is for numba {m['numba']}, pyproject pins {pinned_numba()}"
+        for dist in ("numba", "llvmlite"):
+            assert m[dist] == pinned(dist), f"{archive.name} is for {dist} {m[dist]}, constraints.txt pins {pinned(dist)}"
         assert (m["cpu"], m["features"]) == (t.cpu, shipped_kernels.FEATURES)
         data = archive.read_bytes()
         assert hashlib.sha256(data).hexdigest() == m["sha256"] and len(data) == m["bytes"]
