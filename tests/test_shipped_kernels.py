@@ -126,3 +126,51 @@ def test_the_warm_up_line_says_where_the_kernels_came_from(monkeypatch):
         monkeypatch.setitem(shipped_kernels._STATE, k, v)
     line = Warmup(120.0, 16, 0, 118.0).summary()
     assert line.startswith("kernels: compiled 16") and "(the shipped kernels are for numba 0.1.0, this is 0.2.0; once" in line
+
+
+_LOAD_ALL = r"""
+import pickle, sys
+from pathlib import Path
+import llmlab.ggml.cpu.fast                     # chooses the target and unpacks its archive
+from llmlab.ggml.cpu import shipped_kernels as sk
+from llmlab.ggml.cpu.fast import dot4
+t = sk.active()
+assert t is not None and t.name == sys.argv[1], (t, sk.note())
+assert dot4.ISA == t.isas[0], dot4.ISA
+import importlib, pkgutil
+mods = {i.name: importlib.import_module(f"llmlab.ggml.cpu.fast.{i.name}") for i in pkgutil.iter_modules(llmlab.ggml.cpu.fast.__path__)}
+loaded = compiled = 0
+for index in sorted(sk.folder(t).rglob("*.nbi")):
+    module, qualname = index.name.split("-")[0].split(".", 1)
+    with open(index, "rb") as f:
+        pickle.load(f)
+        _, overloads = pickle.loads(f.read())
+    d = getattr(mods[module], qualname)
+    for sig, magic, _ in overloads:
+        assert magic[1:] == (t.cpu, sk.FEATURES), magic
+        d.compile(sig)                          # a cache hit loads it; never run (this CPU may lack the target's)
+    loaded += sum(d.stats.cache_hits.values()); compiled += sum(d.stats.cache_misses.values())
+print("loaded", loaded, "compiled", compiled)
+"""
+
+
+@pytest.mark.parametrize("name", list(TARGETS))
+def test_every_archive_loads_for_its_target_without_compiling(tmp_path, name):
+    """Each archive, on a CPU its target fits (this CPU's features stood in by LLMLAB_CPUINFO where it lacks
+    them: the machine code is loaded, never run), loads every kernel it holds and compiles none; the byte-dot
+    kernels are the target's."""
+    t = TARGETS[name]
+    why = shipped_kernels.mismatch(t, shipped_kernels.read_manifest(t))
+    if why is not None and "older than these kernel sources" not in why:
+        pytest.skip(why)
+    from llmlab.ggml.cpu import profiles
+    if profiles.machine() != t.machine:
+        pytest.skip(f"{t.name} is for {t.machine}")
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("model name\t: a CPU the target fits\nflags\t\t: " + " ".join(sorted(t.needs | {"pni"})) + "\n")
+    env = _fresh_env(tmp_path)
+    env["LLMLAB_CPUINFO"] = str(cpuinfo)
+    r = subprocess.run([sys.executable, "-c", _LOAD_ALL, name], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    loaded, compiled = (int(x) for x in r.stdout.split()[1::2])
+    assert loaded == shipped_kernels.read_manifest(t)["kernels"] and compiled == 0, r.stdout
