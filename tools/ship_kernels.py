@@ -93,9 +93,10 @@ def compile_from(sigs_file: str) -> None:
     n = 0
     for m, attr, signatures in sigs:
         d = getattr(sys.modules[m], attr)
-        if id(d) in tables:
+        if id(d) in tables:             # the target's own byte-dot kernel of that family (none: the one recorded)
             table, family = tables[id(d)]
-            d = table[next(i for i in t.isas if i in table)][family]
+            isa = next((i for i in t.isas if i in table and family in table[i]), None)
+            d = table[isa][family] if isa else d
         for sig in signatures:
             d.compile(sig)
             n += 1
