@@ -25,7 +25,7 @@ HTML_DIR ?= build/html
 TEACHER_HTML_DIR ?= build/html-teacher
 IS_ROOT := $(shell [ "$$(id -u)" = 0 ] && echo 1)
 
-.PHONY: setup setup-dev system-deps browser-deps demo lint test test-slow test-browser test-all bench bench-notebook lab notebooks teacher html handout kit clean oracle-avx2 test-avx2 arm64-deps oracle-arm64 test-arm64 refs-arm64 rpc-server arm64-root test-arm64-native test-arm64-native-quick test-windows test-windows-quick test-plug
+.PHONY: setup setup-dev system-deps browser-deps demo kernels lint test test-slow test-browser test-all bench bench-notebook lab notebooks teacher html handout kit clean oracle-avx2 test-avx2 arm64-deps oracle-arm64 test-arm64 refs-arm64 rpc-server arm64-root test-arm64-native test-arm64-native-quick test-windows test-windows-quick test-plug
 
 setup: system-deps $(STAMP_LAB)
 setup-dev: system-deps $(STAMP_DEV)
@@ -56,20 +56,22 @@ $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) --upgrade pip
 
-$(STAMP_LAB): pyproject.toml | $(VENV)/bin/python
-	$(PIP) -e '.[lab]'
+# constraints.txt: the numba (and llvmlite) llmlab/data/kernels/ is compiled with, so that the set-ups load the
+# shipped kernels instead of compiling them
+$(STAMP_LAB): pyproject.toml constraints.txt | $(VENV)/bin/python
+	$(PIP) -e '.[lab]' -c constraints.txt
 	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $@
 
 # the oracle: llama.cpp built natively, except on a CPU with AMX (tools/oracle_build.py: AVX-512 without AMX,
 # a wheel kept per flags, never pip's cache); then the rest of the dev extras
-$(STAMP_DEV): $(STAMP_LAB) pyproject.toml tools/oracle_build.py
+$(STAMP_DEV): $(STAMP_LAB) pyproject.toml constraints.txt tools/oracle_build.py
 	$(PY) tools/oracle_build.py
-	CMAKE_BUILD_PARALLEL_LEVEL=2 $(PIP) -e '.[dev,lab]'
+	CMAKE_BUILD_PARALLEL_LEVEL=2 $(PIP) -e '.[dev,lab]' -c constraints.txt
 	touch $@
 
-$(STAMP_BROWSER): $(STAMP_DEV) pyproject.toml
-	$(PIP) -e '.[dev,lab,browser]'
+$(STAMP_BROWSER): $(STAMP_DEV) pyproject.toml constraints.txt
+	$(PIP) -e '.[dev,lab,browser]' -c constraints.txt
 	touch $@
 
 DEMO_PROMPT ?= <|im_start|>user\nWhat is the capital of France? Answer in one sentence.<|im_end|>\n<|im_start|>assistant\n
@@ -79,6 +81,13 @@ demo: setup
 	$(PY) -m llmlab fetch $(MODEL)
 	$(PY) -m llmlab warm -m $(MODEL)
 	$(PY) -m llmlab generate -m $(MODEL) -n 32 --temp 0 -p "$$(printf '$(DEMO_PROMPT)')"
+
+# the compiled kernels that ship in llmlab/data/kernels/ (one archive per target and Python, tools/ship_kernels.py):
+# rebuild after any change to a kernel's source (the default suite fails until then) or to constraints.txt's numba
+kernels: setup
+	$(PY) -m llmlab fetch smollm2 --quiet
+	$(PY) -m llmlab fetch gemma3 --quiet
+	$(PY) tools/ship_kernels.py
 
 # ruff (pyproject.toml's [tool.ruff]): pycodestyle, pyflakes and bugbear over the code, tests, tools, benchmarks;
 # the notebooks' code cells at 88 columns (tools/lint_notebooks.py: JupyterLab does not wrap code)

@@ -17,6 +17,11 @@ LLMLAB_PARALLEL_MIN_WORK   multiply-adds of a quantized product from which it ru
                            threaded (read when a plan binds its kernels)
 LLMLAB_DOT4                dot4's byte-dot kernels: unset (the best the host runs),     unset
                            ``0`` (off: the generic kernels), ``vnni`` or ``avx2``
+LLMLAB_KERNEL_TARGET       the machine code numba compiles the fast kernels for:        auto
+                           ``auto`` (the best shipped target this CPU runs, its
+                           archive unpacked, else this CPU), ``host`` (this CPU), or a
+                           target of ``shipped_kernels.TARGETS`` (compiled, never
+                           unpacked: ``make kernels`` builds the archives so)
 LLMLAB_DEBUG               any non-empty value: the CLI prints tracebacks (``--debug``)  off
 LLMLAB_RPC_TIMEOUT         seconds an rpc-server may take to answer (0 < s <= 86400)      120
 LLMLAB_CPUINFO             the file Linux's CPU features are read from (tests stand a     /proc/cpuinfo
@@ -117,6 +122,12 @@ def dot4() -> str | None:
     if v not in DOT4_CHOICES:
         raise ValueError(f"LLMLAB_DOT4: {v!r} is not one of {', '.join(DOT4_CHOICES)} (or unset)")
     return v
+
+
+def kernel_target() -> str:
+    """LLMLAB_KERNEL_TARGET lower-cased: "auto" (unset), "host" or a target's name (checked by
+    ``llmlab.ggml.cpu.shipped_kernels``)."""
+    return _env("LLMLAB_KERNEL_TARGET").lower() or "auto"
 
 
 def debug() -> bool:

@@ -341,9 +341,16 @@ def _writable(folder: Path) -> bool:
 def kernel_cache_state() -> tuple[str, dict]:
     """How many of llmlab's kernels numba's cache holds for these sources, without compiling any: "warm",
     "cold" (nothing cached: the first run compiles for minutes), "stale" (cached for other sources) or
-    "not writable"."""
+    "not writable". Where llmlab's shipped kernels fit this CPU, numba and these sources, it is "warm" too: the
+    first run unpacks them and compiles nothing."""
     import numba
+    from . import config
     from .ggml.cpu import numba_cache as nc
+    from .ggml.cpu import shipped_kernels as sk
+    t = sk.host_target() if config.kernel_target() == "auto" else None
+    if t is not None and sk.mismatch(t, sk.read_manifest(t)) is None:
+        return (f"warm (llmlab's shipped kernels for {t.name} fit this machine)",
+                {"state": "warm", "entries": None, "writable": None, "dir": str(sk.folder(t)), "shipped": t.name})
     base = Path(numba.config.CACHE_DIR) if numba.config.CACHE_DIR else None
     digest, entries, stale, writable = nc.sources_digest(), 0, False, True
     for src in nc._kernel_folders():

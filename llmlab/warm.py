@@ -10,7 +10,9 @@ counts what numba compiled and what it loaded; ``generate``, ``chat``, ``bench``
 
 What happened is measured, not inferred from the time taken: numba's ``numba:compile`` event (fired
 only when it compiles, never for a cache load) times the compiling, whichever dispatcher it was for, and
-the dispatchers' cache statistics count the kernels loaded and compiled.
+the dispatchers' cache statistics count the kernels loaded and compiled. Where llmlab's shipped kernels
+(``ggml.cpu.shipped_kernels``) serve this CPU, the line says they were loaded from them; where they could
+not serve it, the compile line says why (another numba, sources newer than the archive).
 """
 from __future__ import annotations
 
@@ -30,19 +32,26 @@ class Warmup:
     compile_seconds: float | None = None    # time numba spent compiling (None: not measured)
 
     def summary(self) -> str:
+        from .ggml.cpu import shipped_kernels
+        target, seeded = shipped_kernels.active(), shipped_kernels.shipped()
+        source = ("numba's cache" if target is None else f"numba's cache (shipped with llmlab for {target.name})" if seeded
+                  else f"numba's cache ({target.name} code, LLMLAB_KERNEL_TARGET)")
         c = self.compile_seconds
         if self.compiled or (c is not None and c >= 0.05):
             took = f"{c:.1f} s of the {self.seconds:.1f} s warm-up" if c is not None else f"{self.seconds:.1f} s"
-            also = f", {self.loaded} loaded from numba's cache" if self.loaded else ""
+            also = f", {self.loaded} loaded from {source}" if self.loaded else ""
             what = f"{self.compiled}" if self.compiled else "helper functions"
             from .ggml.cpu.numba_cache import PROBLEMS
+            why = (f"not in the shipped kernels for {target.name}; " if target and seeded else
+                   f"for {target.name}, LLMLAB_KERNEL_TARGET; " if target else
+                   f"{shipped_kernels.note()}; " if shipped_kernels.note() else "")
             later = ("the kernel cache is off in this run, so the next compiles them again" if PROBLEMS else
                      "once per machine; later runs load them from numba's cache")
-            return f"kernels: compiled {what} in {took}{also} ({later})"
+            return f"kernels: compiled {what} in {took}{also} ({why}{later})"
         if c is not None and self.seconds >= 1:
-            return (f"kernels: {self.loaded} loaded from numba's cache (no compiling; the {self.seconds:.1f} s "
+            return (f"kernels: {self.loaded} loaded from {source} (no compiling; the {self.seconds:.1f} s "
                     f"warm-up ran the model)")
-        return f"kernels: {self.loaded} loaded from numba's cache in {self.seconds:.2f} s"
+        return f"kernels: {self.loaded} loaded from {source} in {self.seconds:.2f} s"
 
 
 def _dispatchers() -> list:

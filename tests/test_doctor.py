@@ -223,6 +223,7 @@ def test_room_reports_a_crashing_oracle_as_a_state_not_a_crash(monkeypatch, prob
 
 def test_room_says_what_the_kernel_cache_holds(monkeypatch, tmp_path):
     import numba
+    monkeypatch.setenv("LLMLAB_KERNEL_TARGET", "host")         # numba's own cache, not the shipped kernels
     monkeypatch.setattr(numba.config, "CACHE_DIR", str(tmp_path / "empty"))
     text, data = doctor.kernel_cache_state()
     assert text.startswith("cold (0 kernel entries") and data["state"] == "cold"

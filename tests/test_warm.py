@@ -62,7 +62,7 @@ def test_a_read_only_shared_cache_is_used(tmp_path, smollm2_path):
     not write. numba passes over a folder it cannot write, so llmlab copies what it holds into the user's
     own folder: the user's first run loads every kernel and compiles none."""
     shared, home = tmp_path / "shared", tmp_path / "home"
-    env = dict(os.environ, NUMBA_CACHE_DIR=str(shared), LLMLAB_HOME=str(home))
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(shared), LLMLAB_HOME=str(home), LLMLAB_KERNEL_TARGET="host")
     cmd = [sys.executable, "-m", "llmlab", "warm", "-m", str(smollm2_path)]
     admin = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env=env)
     assert admin.returncode == 0 and admin.stdout.startswith("kernels: compiled"), admin.stderr

@@ -24,7 +24,10 @@ def run(args) -> int:
     cpu = resolve_cpu(args)
     for name in args.model or [models.DEFAULT_MODEL]:
         model = Model(models.resolve(name), cpu=cpu)
-        print(f"warming the kernels for {name} (the first time on a machine numba compiles them, a minute or two; "
+        from ..ggml.cpu import fast, shipped_kernels  # noqa: F401 (importing the kernels chooses their target)
+        t = shipped_kernels.active()
+        print(f"warming the kernels for {name} (compiled for {t.name}, shipped with llmlab: loaded in seconds)" if t else
+              f"warming the kernels for {name} (the first time on a machine numba compiles them, a minute or two; "
               f"later runs load them in seconds)", file=sys.stderr)
         bar = Progress(len(STAGES), "kernels", enabled=sys.stderr.isatty())
         w = warm(model, cpu, progress=lambda i, stage: bar.update(i) if bar.enabled else

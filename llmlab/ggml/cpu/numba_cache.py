@@ -19,6 +19,9 @@ the ``__pycache__`` folders of a read-only install); without help every user wou
 again, minutes each. ``adopt_read_only_cache()`` copies what such a cache holds for llmlab's kernels
 into the user's own folder (``~/.cache/llmlab/numba``, under ``LLMLAB_HOME``) once and points numba there.
 
+Compiled kernels also ship with llmlab (``shipped_kernels``): where one of its targets fits this CPU and this
+numba, their cache is unpacked once and found first, by that module's locator.
+
 The cache is an optimisation, never a reason to stop: a folder numba cannot write (a full disk, a read-only
 install and home), a stamp that is not text, or no folder at all for numba's ``cache=True`` (numba raises at
 decoration time when none of its locators works) turn caching off for the run, with one line on stderr
@@ -66,13 +69,16 @@ def _why(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"
 
 
-def install() -> None:
+def install(first_locator=None) -> None:
     """Guard numba's cache (lookup, saving, locating a folder) and adopt a read-only shared cache (once per
-    process; before any cached kernel is defined)."""
+    process; before any cached kernel is defined). ``first_locator(caching)``: a locator class numba asks before
+    its own (``shipped_kernels``'s)."""
     from numba.core import caching, dispatcher
     if getattr(caching.Cache, "_llmlab_guarded", False):
         return
     caching.Cache._llmlab_guarded = True
+    if first_locator is not None:
+        caching.CacheImpl._locator_classes.insert(0, first_locator(caching))
     for step in (adopt_read_only_cache, drop_stale):
         try:
             step()

@@ -10,12 +10,12 @@ from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from .... import config
-from ..numba_cache import install as install_cache_guard
+from ..shipped_kernels import install as install_cache_guard
 
 F32, F64 = np.float32, np.float64
 G = 32          # rows side by side in the packed weight layouts (one int16 zmm register across rows)
 NOPYTHON = dict(cache=True, nogil=True, boundscheck=False)
-install_cache_guard()   # before any cached kernel loads: a damaged numba cache is compiled anew, not fatal
+install_cache_guard()   # before any cached kernel loads: the target (shipped kernels), a damaged cache compiled anew
 
 
 @intrinsic

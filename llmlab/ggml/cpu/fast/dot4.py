@@ -14,7 +14,8 @@ subtracts 8 (16, 128) times the lane's activation sum, which is exact in int32 (
 would saturate pmaddubsw's int16 pairs, q8_0 takes ggml's |w| x sign(a, w) instead). The float steps
 that follow are the generic kernels': the same bits.
 
-:data:`ISA` is the best set the host runs ("vnni", "avx2"), when numba compiles for the host;
+:data:`ISA` is the best set the host runs ("vnni", "avx2"), when numba compiles for the host (under a
+shipped target: the best the target has and the host runs);
 ``LLMLAB_DOT4=avx2`` picks a lesser one, ``LLMLAB_DOT4=0`` turns these kernels off (the generic ones
 run). Every choice gives the same bits.
 """
@@ -49,14 +50,25 @@ def _compiles_for_host() -> bool:
     return (numba.config.CPU_NAME or "host") == "host" and not numba.config.CPU_FEATURES
 
 
+def target_isas() -> tuple[str, ...]:
+    """The byte-dot instruction sets numba's machine code may use here: the host's; under a shipped target
+    (``shipped_kernels``) those of the target that the host also runs; under any other CPU model numba was
+    told to compile for, none (its features are not known here)."""
+    if _compiles_for_host():
+        return host_isas()
+    from ..shipped_kernels import active
+    t = active()
+    return tuple(i for i in t.isas if i in host_isas()) if t is not None else ()
+
+
 @functools.cache
 def _choose() -> str | None:
     """LLMLAB_DOT4 (config.dot4): unset (the best the host runs), 0 (none: the generic kernels), or one of
     host_isas(); read on first use."""
     want = config.dot4()
-    if want == "0" or not _compiles_for_host():
+    if want == "0":
         return None
-    isas = host_isas()
+    isas = target_isas()
     if want and want in isas:
         return want
     return isas[0] if isas else None
