@@ -10,10 +10,17 @@ from numba import njit, prange, types
 from numba.extending import intrinsic
 
 from ._common import NOPYTHON, as_f32, fma, hsum8, limit_threads, restore_threads
-from .dot4_ir import I8, I32, I8x64, I32x16, data, dot4, vload, vstore
+from .dot4_ir import I32, I8x64, I32x16, block_words, data, dot4, vload, vstore
 from .quants import pair_sums
 from .quantize import quantize_q8_k as _q8_k
 from .repack import repack_step
+
+
+@njit(inline="always", **NOPYTHON)
+def _q8_k_words(x):
+    """x (T, K) float32 -> q8_K activations: the codes four to an int32 word, the scales, the block sums."""
+    aq, ad, bsums = _q8_k(x)
+    return aq.view(np.int32), ad, bsums
 
 
 # ---- q4_K in the REPACK buffer: ggml_gemv / ggml_gemm_q4_K_8x8_q8_K --------------------------------
@@ -25,20 +32,16 @@ def _q4_k_dots(isa: str):
     a[w0:w0+64] the 256 int8 activations as words. 8 accumulating byte dots per sub-block."""
     def typer(typingctx, blk, a, w0, D):
         def codegen(context, builder, signature, args):
-            t = signature.args
-            bp = data(context, builder, t[0], args[0], I8)
-            ap = data(context, builder, t[1], args[1], I32)
-            w0 = context.cast(builder, args[2], t[2], types.intp)
-            dp = data(context, builder, t[3], args[3], I32)
-            word = lambda j: builder.load(builder.gep(ap, [builder.add(w0, ir.Constant(w0.type, j))]))
+            bp, ap, word = block_words(context, builder, signature, args)
+            dp = data(context, builder, signature.args[3], args[3], I32)
             for j in range(4):
                 lo_acc = hi_acc = ir.Constant(I32x16, [0] * 16)
                 for q in range(8):
                     v = vload(builder, bp, ir.Constant(I32, 64 * (8 * j + q)), I8x64)
                     lo = builder.and_(v, ir.Constant(I8x64, [15] * 64))
                     hi = builder.lshr(v, ir.Constant(I8x64, [4] * 64))
-                    lo_acc = dot4(builder, isa, lo_acc, lo, word(16 * j + q))
-                    hi_acc = dot4(builder, isa, hi_acc, hi, word(16 * j + 8 + q))
+                    lo_acc = dot4(builder, isa, lo_acc, lo, word(ap, 16 * j + q))
+                    hi_acc = dot4(builder, isa, hi_acc, hi, word(ap, 16 * j + 8 + q))
                 vstore(builder, dp, ir.Constant(I32, 16 * (2 * j)), lo_acc)
                 vstore(builder, dp, ir.Constant(I32, 16 * (2 * j + 1)), hi_acc)
             return context.get_dummy_value()
@@ -61,9 +64,8 @@ def _mul_mat_q4_k(qs, sc, mn, d, dmin, x, out, dots):
     ng, nb = qs.shape[0], qs.shape[1]
     nr = d.shape[2]
     R = out.shape[1]
-    aq, ad, bsums = _q8_k(x)
-    aq4 = aq.view(np.int32)
-    T = aq.shape[0]
+    aq4, ad, bsums = _q8_k_words(x)
+    T = aq4.shape[0]
     n_gemm = T - T % 4
     for g in prange(ng):
         D = np.empty((8, nr), np.int32)
@@ -113,17 +115,13 @@ def _q6_k_dots(isa: str, per: int):
     int32."""
     def typer(typingctx, blk, a, w0, out):
         def codegen(context, builder, signature, args):
-            t = signature.args
-            bp = data(context, builder, t[0], args[0], I8)
-            ap = data(context, builder, t[1], args[1], I32)
-            w0 = context.cast(builder, args[2], t[2], types.intp)
-            op = data(context, builder, t[3], args[3], I32)
+            bp, ap, word = block_words(context, builder, signature, args)
+            op = data(context, builder, signature.args[3], args[3], I32)
             for o in range(64 // per):
                 acc = ir.Constant(I32x16, [0] * 16)
                 for j in range(per * o, per * o + per):
                     v = vload(builder, bp, ir.Constant(I32, 64 * j), I8x64)
-                    wd = builder.load(builder.gep(ap, [builder.add(w0, ir.Constant(w0.type, j))]))
-                    acc = dot4(builder, isa, acc, v, wd)
+                    acc = dot4(builder, isa, acc, v, word(ap, j))
                 vstore(builder, op, ir.Constant(I32, 16 * o), acc)
             return context.get_dummy_value()
         return types.none(blk, a, w0, out), codegen
@@ -145,9 +143,8 @@ def _mul_mat_q6_k(qs, sc, d, x, out, quads, subs, tiled):
     ng, nb = qs.shape[0], qs.shape[1]
     nr = d.shape[2]
     R = out.shape[1]
-    aq, ad, bsums = _q8_k(x)
-    aq4 = aq.view(np.int32)
-    T = aq.shape[0]
+    aq4, ad, bsums = _q8_k_words(x)
+    T = aq4.shape[0]
     for g in prange(ng):
         Q = np.empty((64, nr), np.int32)
         L = np.empty((8, nr), np.int32)

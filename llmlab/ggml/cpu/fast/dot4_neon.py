@@ -11,43 +11,31 @@ from numba import njit, prange, types
 from numba.extending import intrinsic
 
 from ._common import NOPYTHON, as_f32, fma, limit_threads, restore_threads
-from .dot4_ir import I8, I16, I32, I8x64, I32x16, F32x16, data, dot4, f16x16, splat, vload, vstore
+from .dot4_ir import I16, I32, I32x16, F32x16, block_codes, block_words, data, dot4, f16x16, splat, vload, vstore
 from .dot4_legacy import OFFSET, expand_q5_0
-from .neon import MMLA, REPACK_4X4, REPACK_4X8, VEC_DOT, _even_chunk, _mmla_span, _pair_tree
-from .quantize import quantize_q8_0_neon, quantize_q8_1_neon
+from .neon import MMLA, REPACK_4X4, REPACK_4X8, VEC_DOT, _mmla_span, finish
+from .quantize import quantize_quads
 
 R16 = 16
 GROUPS = 8          # row groups per parallel task (one allocation of its scratch for all of them)
 
 
 def _lanes(nibbles: bool, offset: int, isa: str, step: bool = False):
-    """An intrinsic (blk, a, qsum, w0, L): L (8 x 16 int32) = the 8 lane sums of one block of 16 rows
-    against one activation row, minus offset x the activations' quad sums (the codes are stored as
-    c + offset), exact. With ``step``: (blk, a, qsum, w0, dw, dab, acc) does NEON's float step
-    instead, acc[j] = acc[j] + (float) (lane j + lane j+4) * (dab * d_w), multiplied then added, for
-    the 4 NEON lanes (acc: 4 x 16 float32, dw: the 16 rows' f16 scales)."""
+    """An intrinsic (blk, a, qsum, w0, dw, dab, out): out = L (8 x 16 int32), the 8 lane sums of one block
+    of 16 rows against one activation row, minus offset x the activations' quad sums (the codes are
+    stored as c + offset), exact (dw, dab unused). With ``step``, out = acc (4 x 16 float32) takes NEON's
+    float step instead, acc[j] = acc[j] + (float) (lane j + lane j+4) * (dab * d_w), multiplied then
+    added, for the 4 NEON lanes (dw: the 16 rows' f16 scales)."""
     signed = isa == "avx2" and offset == 128           # q8_0 on AVX2: the signed codes, no offset
     off = 0 if signed else offset
 
     def codegen(context, builder, signature, args):
-        blk, a, qsum, w0 = args[:4]
-        out = args[-1]
         t = signature.args
-        bp = data(context, builder, t[0], blk, I8)
-        ap = data(context, builder, t[1], a, I32)
-        sp = data(context, builder, t[2], qsum, I32)
-        w0 = context.cast(builder, w0, t[3], types.intp)
-        op = data(context, builder, t[-1], out, ir.FloatType() if step else I32)
+        bp, ap, word = block_words(context, builder, signature, args, 3)
+        sp = data(context, builder, t[2], args[2], I32)
+        op = data(context, builder, t[-1], args[-1], ir.FloatType() if step else I32)
         zero = ir.Constant(I32x16, [0] * 16)
-        word = lambda p, j: builder.load(builder.gep(p, [builder.add(w0, ir.Constant(w0.type, j))]))
-        if nibbles:
-            raw = [vload(builder, bp, ir.Constant(I32, 64 * j), I8x64) for j in range(4)]
-            codes = ([builder.and_(v, ir.Constant(I8x64, [15] * 64)) for v in raw]
-                     + [builder.lshr(v, ir.Constant(I8x64, [4] * 64)) for v in raw])
-        else:
-            codes = [vload(builder, bp, ir.Constant(I32, 64 * j), I8x64) for j in range(8)]
-            if signed:
-                codes = [builder.xor(c, ir.Constant(I8x64, [0x80] * 64)) for c in codes]
+        codes = block_codes(builder, bp, nibbles, signed)
         lanes = []
         for j in range(8):
             lane = dot4(builder, isa, zero, codes[j], word(ap, j), signed)
@@ -67,71 +55,33 @@ def _lanes(nibbles: bool, offset: int, isa: str, step: bool = False):
             vstore(builder, op, idx, builder.fadd(vload(builder, op, idx, F32x16), builder.fmul(v, dd)))
         return context.get_dummy_value()
 
-    if step:
-        def typer(typingctx, blk, a, qsum, w0, dw, dab, acc):
-            return types.none(blk, a, qsum, w0, dw, dab, acc), codegen
-    else:
-        def typer(typingctx, blk, a, qsum, w0, out):
-            return types.none(blk, a, qsum, w0, out), codegen
+    def typer(typingctx, blk, a, qsum, w0, dw, dab, out):
+        return types.none(blk, a, qsum, w0, dw, dab, out), codegen
     typer.__name__ = f"{'step' if step else 'lanes'}_{offset}_{int(nibbles)}_{isa}"
     return intrinsic(typer)
 
 
-def _kind_lanes(isa: str):
-    """kind 0 q4_0, 1 q4_1, 2 q5_0 (its codes expanded), 3 q8_0 -> the lanes of one block."""
-    q40, q41 = _lanes(True, OFFSET["q4_0"], isa), _lanes(True, OFFSET["q4_1"], isa)
-    q50, q80 = _lanes(False, OFFSET["q5_0"], isa), _lanes(False, OFFSET["q8_0"], isa)
+def _by_kind(isa: str, step: bool):
+    """kind 0 q4_0, 1 q4_1, 2 q5_0 (its codes expanded), 3 q8_0 -> the lanes of one block, or with
+    ``step`` NEON's float step on them (see _lanes)."""
+    q40, q41 = _lanes(True, OFFSET["q4_0"], isa, step), _lanes(True, OFFSET["q4_1"], isa, step)
+    q50, q80 = _lanes(False, OFFSET["q5_0"], isa, step), _lanes(False, OFFSET["q8_0"], isa, step)
 
     @njit(inline="always", **NOPYTHON)
-    def lanes(kind, blk, codes, a, qsum, w0, L):
+    def by_kind(kind, blk, codes, a, qsum, w0, dw, dab, out):
         if kind == 1:
-            q41(blk, a, qsum, w0, L)
+            q41(blk, a, qsum, w0, dw, dab, out)
         elif kind == 2:
-            q50(codes, a, qsum, w0, L)
+            q50(codes, a, qsum, w0, dw, dab, out)
         elif kind == 0:
-            q40(blk, a, qsum, w0, L)
+            q40(blk, a, qsum, w0, dw, dab, out)
         else:
-            q80(blk, a, qsum, w0, L)
-    return lanes
+            q80(blk, a, qsum, w0, dw, dab, out)
+    return by_kind
 
 
-def _kind_step(isa: str):
-    """The same kinds -> NEON's float step on the block's lanes (dw, dab, acc: see _lanes)."""
-    q40, q41 = _lanes(True, OFFSET["q4_0"], isa, True), _lanes(True, OFFSET["q4_1"], isa, True)
-    q50, q80 = _lanes(False, OFFSET["q5_0"], isa, True), _lanes(False, OFFSET["q8_0"], isa, True)
-
-    @njit(inline="always", **NOPYTHON)
-    def step(kind, blk, codes, a, qsum, w0, dw, dab, acc):
-        if kind == 1:
-            q41(blk, a, qsum, w0, dw, dab, acc)
-        elif kind == 2:
-            q50(codes, a, qsum, w0, dw, dab, acc)
-        elif kind == 0:
-            q40(blk, a, qsum, w0, dw, dab, acc)
-        else:
-            q80(blk, a, qsum, w0, dw, dab, acc)
-    return step
-
-
-_lanes_vnni, _lanes_avx2 = _kind_lanes("vnni"), _kind_lanes("avx2")
-_step_vnni, _step_avx2 = _kind_step("vnni"), _kind_step("avx2")
-
-
-@njit(inline="always", **NOPYTHON)
-def _acts(x, q41):
-    """NEON's q8_1 (q4_1) or q8_0 activations, the codes four to a word, and each word's code sum."""
-    if q41:
-        aq, ad, as_ = quantize_q8_1_neon(x)
-    else:
-        aq, ad = quantize_q8_0_neon(x)
-        as_ = np.zeros((0, 0), np.float32)
-    T, K = aq.shape
-    qsum = np.empty((T, K // 4), np.int32)
-    for t in range(T):
-        for i in range(K // 4):
-            qsum[t, i] = (np.int32(aq[t, 4 * i]) + np.int32(aq[t, 4 * i + 1])
-                          + np.int32(aq[t, 4 * i + 2]) + np.int32(aq[t, 4 * i + 3]))
-    return aq.view(np.int32), qsum, ad, as_
+_lanes_vnni, _lanes_avx2 = _by_kind("vnni", False), _by_kind("avx2", False)
+_step_vnni, _step_avx2 = _by_kind("vnni", True), _by_kind("avx2", True)
 
 
 @njit(inline="always", **NOPYTHON)
@@ -141,7 +91,7 @@ def _mul_mat(qs, qh, d, m, x, out, lanes, fstep, mode):
     R = out.shape[1]
     q41, q50 = m.shape[0] != 0, qh.shape[0] != 0
     kind = 1 if q41 else (2 if q50 else (0 if nbytes == 256 else 3))
-    aq4, qsum, ad, as_ = _acts(x, q41)
+    aq4, qsum, ad, as_ = quantize_quads(x, q41, True)
     T = aq4.shape[0]
     repack = mode == REPACK_4X4 or mode == REPACK_4X8
     n_gemm = T - T % 4 if mode == REPACK_4X4 else 0
@@ -184,7 +134,7 @@ def _mul_mat(qs, qh, d, m, x, out, lanes, fstep, mode):
                             for r in range(R16):
                                 st[r] = st[r] + fma(m_even[r], s0, as_f32(m[g, b, r]) * s1)
                         continue
-                    lanes(kind, blk, codes, aq4[t], qsum[t], 8 * b, L)
+                    lanes(kind, blk, codes, aq4[t], qsum[t], 8 * b, dw, da, L)
                     for r in range(R16):
                         ddv[r] = da * as_f32(dw[r])
                     if repack or mode == MMLA or tail:
@@ -230,84 +180,28 @@ def _mul_mat(qs, qh, d, m, x, out, lanes, fstep, mode):
             n = min(R16, R - g * R16)
             for t in range(T):
                 for r in range(n):
-                    if repack:
-                        out[t, g * R16 + r] = acc1[t, r]
-                    elif d0 > 0 and _even_chunk(g * R16 + r, d0, R) and _even_chunk(t, d1, T):
-                        out[t, g * R16 + r] = acc1[t, r] + summ1[t, r]
-                    else:
-                        e, od = acc[t, 0], acc[t, 1]
-                        s = (_pair_tree(e[0, r], e[1, r], e[2, r], e[3, r])
-                             + _pair_tree(od[0, r], od[1, r], od[2, r], od[3, r]))
-                        if q41:
-                            s = s + summ[t, r]
-                        if nb % 2 == 1:
-                            lt = last[t]
-                            if kind == 0:
-                                s = fma(lt[0, r] * lt[1, r], ad[t, nb - 1], s)
-                            elif q41:
-                                s = s + fma(lt[1, r], lt[0, r], lt[2, r])
-                            else:
-                                s = fma(lt[1, r], lt[0, r], s)
-                        out[t, g * R16 + r] = s
+                    out[t, g * R16 + r] = finish(acc, summ, acc1, summ1, last, ad, t, r, g * R16 + r, R, nb, kind, repack,
+                                                 d0, d1)
 
 
-# entry points: (family kernel) x instruction set, each taking n_threads last (1: serial, 0: the step's)
-
-@njit(parallel=True, **NOPYTHON)
-def vec_dot_avx2(qs, qh, d, m, x, out, n_threads):
-    prev = limit_threads(n_threads)
-    _mul_mat(qs, qh, d, m, x, out, _lanes_avx2, _step_avx2, VEC_DOT)
-    restore_threads(prev)
+MODES = {"vec_dot": VEC_DOT, "mmla": MMLA, "q8_0_4x4": REPACK_4X4, "q8_0_4x8": REPACK_4X8}   # the family kernels
 
 
-@njit(parallel=True, **NOPYTHON)
-def vec_dot_vnni(qs, qh, d, m, x, out, n_threads):
-    prev = limit_threads(n_threads)
-    _mul_mat(qs, qh, d, m, x, out, _lanes_vnni, _step_vnni, VEC_DOT)
-    restore_threads(prev)
+def _entry(isa: str, kernel: str):
+    """The entry point of one family kernel on one instruction set, (qs, qh, d, m, x, out, n_threads) with
+    n_threads last (1: serial, 0: the step's). The closure holds plain values only, the flag and the mode
+    (numba's cache key pickles them); the other instruction set's branch is pruned before typing."""
+    vnni, mode = isa == "vnni", MODES[kernel]
+
+    def entry(qs, qh, d, m, x, out, n_threads):
+        prev = limit_threads(n_threads)
+        if vnni:
+            _mul_mat(qs, qh, d, m, x, out, _lanes_vnni, _step_vnni, mode)
+        else:
+            _mul_mat(qs, qh, d, m, x, out, _lanes_avx2, _step_avx2, mode)
+        restore_threads(prev)
+    entry.__name__ = entry.__qualname__ = f"{kernel}_{isa}"
+    return njit(parallel=True, **NOPYTHON)(entry)
 
 
-@njit(parallel=True, **NOPYTHON)
-def mmla_avx2(qs, qh, d, m, x, out, n_threads):
-    prev = limit_threads(n_threads)
-    _mul_mat(qs, qh, d, m, x, out, _lanes_avx2, _step_avx2, MMLA)
-    restore_threads(prev)
-
-
-@njit(parallel=True, **NOPYTHON)
-def mmla_vnni(qs, qh, d, m, x, out, n_threads):
-    prev = limit_threads(n_threads)
-    _mul_mat(qs, qh, d, m, x, out, _lanes_vnni, _step_vnni, MMLA)
-    restore_threads(prev)
-
-
-@njit(parallel=True, **NOPYTHON)
-def q8_0_4x4_avx2(qs, qh, d, m, x, out, n_threads):
-    prev = limit_threads(n_threads)
-    _mul_mat(qs, qh, d, m, x, out, _lanes_avx2, _step_avx2, REPACK_4X4)
-    restore_threads(prev)
-
-
-@njit(parallel=True, **NOPYTHON)
-def q8_0_4x4_vnni(qs, qh, d, m, x, out, n_threads):
-    prev = limit_threads(n_threads)
-    _mul_mat(qs, qh, d, m, x, out, _lanes_vnni, _step_vnni, REPACK_4X4)
-    restore_threads(prev)
-
-
-@njit(parallel=True, **NOPYTHON)
-def q8_0_4x8_avx2(qs, qh, d, m, x, out, n_threads):
-    prev = limit_threads(n_threads)
-    _mul_mat(qs, qh, d, m, x, out, _lanes_avx2, _step_avx2, REPACK_4X8)
-    restore_threads(prev)
-
-
-@njit(parallel=True, **NOPYTHON)
-def q8_0_4x8_vnni(qs, qh, d, m, x, out, n_threads):
-    prev = limit_threads(n_threads)
-    _mul_mat(qs, qh, d, m, x, out, _lanes_vnni, _step_vnni, REPACK_4X8)
-    restore_threads(prev)
-
-
-KERNELS = {"vnni": {"vec_dot": vec_dot_vnni, "mmla": mmla_vnni, "q8_0_4x4": q8_0_4x4_vnni, "q8_0_4x8": q8_0_4x8_vnni},
-           "avx2": {"vec_dot": vec_dot_avx2, "mmla": mmla_avx2, "q8_0_4x4": q8_0_4x4_avx2, "q8_0_4x8": q8_0_4x8_avx2}}
+KERNELS = {isa: {kernel: _entry(isa, kernel) for kernel in MODES} for isa in ("vnni", "avx2")}
