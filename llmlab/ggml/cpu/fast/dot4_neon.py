@@ -11,7 +11,7 @@ from numba import njit, prange, types
 from numba.extending import intrinsic
 
 from ._common import NOPYTHON, as_f32, fma, limit_threads, restore_threads
-from .dot4_ir import I16, I32, I32x16, F32x16, block_codes, block_words, data, dot4, f16x16, splat, vload, vstore
+from .dot4_ir import I16, I32, I32x16, F32x16, block_codes, block_words, data, dot4, f16x16, intrinsic_fn, splat, vload, vstore
 from .dot4_legacy import OFFSET, expand_q5_0
 from .neon import MMLA, REPACK_4X4, REPACK_4X8, VEC_DOT, _mmla_span, finish
 from .quantize import quantize_quads
@@ -84,6 +84,23 @@ _lanes_vnni, _lanes_avx2 = _by_kind("vnni", False), _by_kind("avx2", False)
 _step_vnni, _step_avx2 = _by_kind("vnni", True), _by_kind("avx2", True)
 
 
+@intrinsic
+def _mins_pair(typingctx, m0, m1, s0, s1, summ):
+    """q4_1's min terms of a pair of blocks for 16 rows as NEON adds them, summ = summ + fma(m0, s0, m1 * s1)
+    (m0, m1: the two blocks' f16 mins; s0, s1: the activations' block sums), in vector registers."""
+    def codegen(context, builder, signature, args):
+        t = signature.args
+        fma_v = intrinsic_fn(builder, "llvm.fma.v16f32", F32x16, [F32x16] * 3)
+        mv0, mv1 = (f16x16(builder, data(context, builder, t[i], args[i], I16)) for i in (0, 1))
+        sv0, sv1 = (splat(builder, context.cast(builder, args[i], t[i], types.float32), F32x16) for i in (2, 3))
+        p = data(context, builder, t[4], args[4], ir.FloatType())
+        zero = ir.Constant(I32, 0)
+        terms = builder.call(fma_v, [mv0, sv0, builder.fmul(mv1, sv1)])
+        vstore(builder, p, zero, builder.fadd(vload(builder, p, zero, F32x16), terms))
+        return context.get_dummy_value()
+    return types.none(m0, m1, s0, s1, summ), codegen
+
+
 @njit(inline="always", **NOPYTHON)
 def _mul_mat(qs, qh, d, m, x, out, lanes, fstep, mode):
     """neon._legacy's float steps on the byte-dot lanes; out (T, R) float32 is written."""
@@ -108,7 +125,6 @@ def _mul_mat(qs, qh, d, m, x, out, lanes, fstep, mode):
         acc1 = np.empty((T, R16), np.float32)
         summ1 = np.empty((T, R16), np.float32)
         last = np.empty((T, 3, R16), np.float32)
-        m_even = np.empty(R16, np.float32)
         for g in range(c * GROUPS, min(ng, c * GROUPS + GROUPS)):
             acc[...] = 0
             summ[...] = 0
@@ -121,18 +137,12 @@ def _mul_mat(qs, qh, d, m, x, out, lanes, fstep, mode):
                     expand_q5_0(blk, qh[g, b], codes)
                 par = b % 2
                 tail = b == nb - 1 and par == 0
-                if q41 and par == 0:
-                    for r in range(R16):
-                        m_even[r] = as_f32(m[g, b, r])
                 for t in range(T):
                     da = ad[t, b]
                     if plain and not tail:               # the whole step in vector registers
                         fstep(kind, blk, codes, aq4[t], qsum[t], 8 * b, dw, da, acc[t, par])
                         if q41 and par == 1:
-                            s0, s1 = as_[t, b - 1], as_[t, b]
-                            st = summ[t]
-                            for r in range(R16):
-                                st[r] = st[r] + fma(m_even[r], s0, as_f32(m[g, b, r]) * s1)
+                            _mins_pair(m[g, b - 1], m[g, b], as_[t, b - 1], as_[t, b], summ[t])
                         continue
                     lanes(kind, blk, codes, aq4[t], qsum[t], 8 * b, dw, da, L)
                     for r in range(R16):
@@ -173,10 +183,7 @@ def _mul_mat(qs, qh, d, m, x, out, lanes, fstep, mode):
                         for r in range(R16):
                             aj[r] = aj[r] + np.float32(l0[r] + l1[r]) * ddv[r]
                     if q41 and par == 1:
-                        s0, s1 = as_[t, b - 1], as_[t, b]
-                        st = summ[t]
-                        for r in range(R16):
-                            st[r] = st[r] + fma(m_even[r], s0, as_f32(m[g, b, r]) * s1)
+                        _mins_pair(m[g, b - 1], m[g, b], as_[t, b - 1], as_[t, b], summ[t])
             n = min(R16, R - g * R16)
             for t in range(T):
                 for r in range(n):
