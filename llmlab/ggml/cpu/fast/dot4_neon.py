@@ -20,12 +20,17 @@ R16 = 16
 GROUPS = 8          # row groups per parallel task (one allocation of its scratch for all of them)
 
 
-def _lanes(nibbles: bool, offset: int, isa: str, step: bool = False):
+LANES, NEON, FUSED, UNFUSED = 0, 1, 2, 3     # what _lanes' intrinsic does with a block's lanes
+
+
+def _lanes(nibbles: bool, offset: int, isa: str, step: int = LANES):
     """An intrinsic (blk, a, qsum, w0, dw, dab, out): out = L (8 x 16 int32), the 8 lane sums of one block
     of 16 rows against one activation row, minus offset x the activations' quad sums (the codes are
-    stored as c + offset), exact (dw, dab unused). With ``step``, out = acc (4 x 16 float32) takes NEON's
-    float step instead, acc[j] = acc[j] + (float) (lane j + lane j+4) * (dab * d_w), multiplied then
-    added, for the 4 NEON lanes (dw: the 16 rows' f16 scales)."""
+    stored as c + offset), exact (dw, dab unused). The float steps, in vector registers (dw: the 16 rows'
+    f16 scales, dd = dab * d_w): NEON, out = acc (4 x 16 float32), acc[j] = acc[j] + (float) (lane j +
+    lane j+4) * dd for the 4 NEON lanes, multiplied then added (vec_dot); FUSED, out = acc (16 float32),
+    acc = fma((float) sum of the lanes, dd, acc) (REPACK's gemv rows); UNFUSED, acc = acc + dd * (float)
+    sum of the lanes (the q8_0 4x4 gemm's groups of 4 rows)."""
     signed = isa == "avx2" and offset == 128           # q8_0 on AVX2: the signed codes, no offset
     off = 0 if signed else offset
 
@@ -33,7 +38,7 @@ def _lanes(nibbles: bool, offset: int, isa: str, step: bool = False):
         t = signature.args
         bp, ap, word = block_words(context, builder, signature, args, 3)
         sp = data(context, builder, t[2], args[2], I32)
-        op = data(context, builder, t[-1], args[-1], ir.FloatType() if step else I32)
+        op = data(context, builder, t[-1], args[-1], ir.FloatType() if step != LANES else I32)
         zero = ir.Constant(I32x16, [0] * 16)
         codes = block_codes(builder, bp, nibbles, signed)
         lanes = []
@@ -43,12 +48,23 @@ def _lanes(nibbles: bool, offset: int, isa: str, step: bool = False):
                 c = builder.mul(word(sp, j), ir.Constant(I32, off))
                 lane = builder.sub(lane, splat(builder, c, I32x16))
             lanes.append(lane)
-        if not step:
+        if step == LANES:
             for j in range(8):
                 vstore(builder, op, ir.Constant(I32, 16 * j), lanes[j])
             return context.get_dummy_value()
         dd = builder.fmul(splat(builder, context.cast(builder, args[5], t[5], types.float32), F32x16),
                           f16x16(builder, data(context, builder, t[4], args[4], I16)))
+        if step != NEON:                         # the integer sum of all 8 lanes (exact in any order)
+            pairs = [builder.add(lanes[j], lanes[j + 4]) for j in range(4)]
+            v = builder.sitofp(builder.add(builder.add(pairs[0], pairs[1]), builder.add(pairs[2], pairs[3])), F32x16)
+            idx = ir.Constant(I32, 0)
+            acc = vload(builder, op, idx, F32x16)
+            if step == FUSED:
+                fma_v = intrinsic_fn(builder, "llvm.fma.v16f32", F32x16, [F32x16] * 3)
+                vstore(builder, op, idx, builder.call(fma_v, [v, dd, acc]))
+            else:
+                vstore(builder, op, idx, builder.fadd(acc, builder.fmul(dd, v)))
+            return context.get_dummy_value()
         for j in range(4):
             v = builder.sitofp(builder.add(lanes[j], lanes[j + 4]), F32x16)
             idx = ir.Constant(I32, 16 * j)
@@ -57,13 +73,13 @@ def _lanes(nibbles: bool, offset: int, isa: str, step: bool = False):
 
     def typer(typingctx, blk, a, qsum, w0, dw, dab, out):
         return types.none(blk, a, qsum, w0, dw, dab, out), codegen
-    typer.__name__ = f"{'step' if step else 'lanes'}_{offset}_{int(nibbles)}_{isa}"
+    typer.__name__ = f"{('lanes', 'neon', 'fused', 'unfused')[step]}_{offset}_{int(nibbles)}_{isa}"
     return intrinsic(typer)
 
 
-def _by_kind(isa: str, step: bool):
-    """kind 0 q4_0, 1 q4_1, 2 q5_0 (its codes expanded), 3 q8_0 -> the lanes of one block, or with
-    ``step`` NEON's float step on them (see _lanes)."""
+def _by_kind(isa: str, step: int):
+    """kind 0 q4_0, 1 q4_1, 2 q5_0 (its codes expanded), 3 q8_0 -> the lanes of one block, or a float
+    step on them (``step``: see _lanes)."""
     q40, q41 = _lanes(True, OFFSET["q4_0"], isa, step), _lanes(True, OFFSET["q4_1"], isa, step)
     q50, q80 = _lanes(False, OFFSET["q5_0"], isa, step), _lanes(False, OFFSET["q8_0"], isa, step)
 
@@ -80,8 +96,10 @@ def _by_kind(isa: str, step: bool):
     return by_kind
 
 
-_lanes_vnni, _lanes_avx2 = _by_kind("vnni", False), _by_kind("avx2", False)
-_step_vnni, _step_avx2 = _by_kind("vnni", True), _by_kind("avx2", True)
+_lanes_vnni, _lanes_avx2 = _by_kind("vnni", LANES), _by_kind("avx2", LANES)
+_step_vnni, _step_avx2 = _by_kind("vnni", NEON), _by_kind("avx2", NEON)
+_fused_vnni, _fused_avx2 = _by_kind("vnni", FUSED), _by_kind("avx2", FUSED)
+_unfused_vnni, _unfused_avx2 = _by_kind("vnni", UNFUSED), _by_kind("avx2", UNFUSED)
 
 
 @intrinsic
@@ -102,8 +120,9 @@ def _mins_pair(typingctx, m0, m1, s0, s1, summ):
 
 
 @njit(inline="always", **NOPYTHON)
-def _mul_mat(qs, qh, d, m, x, out, lanes, fstep, mode):
-    """neon._legacy's float steps on the byte-dot lanes; out (T, R) float32 is written."""
+def _mul_mat(qs, qh, d, m, x, out, lanes, fstep, fused, unfused, mode):
+    """neon._legacy's float steps on the byte-dot lanes (lanes, fstep, fused, unfused: _by_kind's of one
+    instruction set); out (T, R) float32 is written."""
     ng, nb, nbytes = qs.shape
     R = out.shape[1]
     q41, q50 = m.shape[0] != 0, qh.shape[0] != 0
@@ -139,6 +158,12 @@ def _mul_mat(qs, qh, d, m, x, out, lanes, fstep, mode):
                 tail = b == nb - 1 and par == 0
                 for t in range(T):
                     da = ad[t, b]
+                    if repack:                           # one accumulator, in vector registers
+                        if t < n_gemm:
+                            unfused(kind, blk, codes, aq4[t], qsum[t], 8 * b, dw, da, acc1[t])
+                        else:
+                            fused(kind, blk, codes, aq4[t], qsum[t], 8 * b, dw, da, acc1[t])
+                        continue
                     if plain and not tail:               # the whole step in vector registers
                         fstep(kind, blk, codes, aq4[t], qsum[t], 8 * b, dw, da, acc[t, par])
                         if q41 and par == 1:
@@ -147,19 +172,10 @@ def _mul_mat(qs, qh, d, m, x, out, lanes, fstep, mode):
                     lanes(kind, blk, codes, aq4[t], qsum[t], 8 * b, dw, da, L)
                     for r in range(R16):
                         ddv[r] = da * as_f32(dw[r])
-                    if repack or mode == MMLA or tail:
+                    if mode == MMLA or tail:
                         for r in range(R16):
                             isum[r] = np.float32((L[0, r] + L[4, r]) + (L[1, r] + L[5, r])
                                                  + (L[2, r] + L[6, r]) + (L[3, r] + L[7, r]))
-                    if repack:
-                        at1 = acc1[t]
-                        if t < n_gemm:
-                            for r in range(R16):
-                                at1[r] = at1[r] + ddv[r] * isum[r]
-                        else:
-                            for r in range(R16):
-                                at1[r] = fma(isum[r], ddv[r], at1[r])
-                        continue
                     if mode == MMLA and not plain:
                         at1, st1 = acc1[t], summ1[t]
                         for r in range(R16):
@@ -203,9 +219,9 @@ def _entry(isa: str, kernel: str):
     def entry(qs, qh, d, m, x, out, n_threads):
         prev = limit_threads(n_threads)
         if vnni:
-            _mul_mat(qs, qh, d, m, x, out, _lanes_vnni, _step_vnni, mode)
+            _mul_mat(qs, qh, d, m, x, out, _lanes_vnni, _step_vnni, _fused_vnni, _unfused_vnni, mode)
         else:
-            _mul_mat(qs, qh, d, m, x, out, _lanes_avx2, _step_avx2, mode)
+            _mul_mat(qs, qh, d, m, x, out, _lanes_avx2, _step_avx2, _fused_avx2, _unfused_avx2, mode)
         restore_threads(prev)
     entry.__name__ = entry.__qualname__ = f"{kernel}_{isa}"
     return njit(parallel=True, **NOPYTHON)(entry)
