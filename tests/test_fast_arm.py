@@ -87,7 +87,7 @@ def test_arm_twins(fam, tname, path, R, K, threads):
                     assert same_bits(fn(*p, *k.quantize(x))[:, :R], ref), (fam, tname, path, R, K, T, n)
 
 
-BYTE_DOT = [c for c in CASES if FAMILIES[c[0]][c[1], c[2]].byte_dot and not c[1].endswith("_k")]
+BYTE_DOT = [c for c in CASES if FAMILIES[c[0]][c[1], c[2]].byte_dot]
 
 
 @pytest.mark.skipif(not dot4.host_isas(), reason="this host has neither AVX512-VNNI nor AVX2")

@@ -13,8 +13,9 @@ from numba.extending import intrinsic
 from ._common import NOPYTHON, as_f32, fma, limit_threads, restore_threads
 from .dot4_ir import I16, I32, I32x16, F32x16, block_codes, block_words, data, dot4, f16x16, intrinsic_fn, splat, vload, vstore
 from .dot4_legacy import OFFSET, expand_q5_0
-from .neon import MMLA, REPACK_4X4, REPACK_4X8, VEC_DOT, _mmla_span, finish
-from .quantize import quantize_quads
+from .dot4_kquants import q4_k_dots_avx2, q4_k_dots_vnni
+from .neon import MMLA, REPACK_4X4, REPACK_4X8, VEC_DOT, _mmla_span, _steps_8x4, _steps_8x8, finish
+from .quantize import quantize_q8_k_neon, quantize_quads
 
 R16 = 16
 GROUPS = 8          # row groups per parallel task (one allocation of its scratch for all of them)
@@ -228,3 +229,61 @@ def _entry(isa: str, kernel: str):
 
 
 KERNELS = {isa: {kernel: _entry(isa, kernel) for kernel in MODES} for isa in ("vnni", "avx2")}
+
+
+# ---- q4_K in ARM's REPACK buffer (8x4 dotprod, 8x8 i8mm) on the byte-dot layout of dot4_pack.pack_q4_k ----
+
+@njit(inline="always", **NOPYTHON)
+def _mul_mat_q4_k(qs, sc, mn, d, dmin, x, out, dots, steps):
+    """neon.q4_k_8x4 / q4_k_8x8's float steps (``steps``: neon._steps_8x4 or _steps_8x8) on the sub-block
+    dots of dot4_kquants' ``dots`` (16 rows at a time), with the NEON q8_K activations; out (T, R) float32."""
+    ng, nb = qs.shape[0], qs.shape[1]
+    nr = d.shape[2]
+    R = out.shape[1]
+    aq, ad, bsums = quantize_q8_k_neon(x)
+    aq4 = aq.view(np.int32)
+    T = aq.shape[0]
+    n_gemm = T - T % 4
+    for g in prange(ng):
+        D = np.empty((8, nr), np.int32)
+        dw = np.empty(nr, np.float32)
+        dmw = np.empty(nr, np.float32)
+        acc = np.zeros((T, nr), np.float32)
+        accm = np.zeros((T, nr), np.float32)
+        for b in range(nb):
+            blk = qs[g, b]
+            for r in range(nr):
+                dw[r] = as_f32(d[g, b, r])
+                dmw[r] = as_f32(dmin[g, b, r])
+            for t in range(T):
+                dots(blk, aq4[t], 64 * b, D)
+                steps(sc[g, b], mn[g, b], dw, dmw, D, bsums, t, b, ad[t, b], t < n_gemm, acc[t], accm[t])
+        n = min(nr, R - g * nr)
+        for t in range(T):
+            for r in range(n):
+                out[t, g * nr + r] = acc[t, r] - accm[t, r]
+
+
+def _q4_k_entry(isa: str, layout: str):
+    """(qs, sc, mn, d, dmin, x, out, n_threads) of one REPACK layout ("8x4", "8x8") on one instruction set
+    (plain values in the closure, as _entry's)."""
+    vnni, wide = isa == "vnni", layout == "8x8"
+
+    def entry(qs, sc, mn, d, dmin, x, out, n_threads):
+        prev = limit_threads(n_threads)
+        if vnni:
+            if wide:
+                _mul_mat_q4_k(qs, sc, mn, d, dmin, x, out, q4_k_dots_vnni, _steps_8x8)
+            else:
+                _mul_mat_q4_k(qs, sc, mn, d, dmin, x, out, q4_k_dots_vnni, _steps_8x4)
+        elif wide:
+            _mul_mat_q4_k(qs, sc, mn, d, dmin, x, out, q4_k_dots_avx2, _steps_8x8)
+        else:
+            _mul_mat_q4_k(qs, sc, mn, d, dmin, x, out, q4_k_dots_avx2, _steps_8x4)
+        restore_threads(prev)
+    entry.__name__ = entry.__qualname__ = f"q4_k_{layout}_{isa}"
+    return njit(parallel=True, **NOPYTHON)(entry)
+
+
+for _isa in KERNELS:
+    KERNELS[_isa].update({f"q4_k_{lay}": _q4_k_entry(_isa, lay) for lay in ("8x4", "8x8")})
