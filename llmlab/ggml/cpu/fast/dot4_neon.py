@@ -287,3 +287,7 @@ def _q4_k_entry(isa: str, layout: str):
 
 for _isa in KERNELS:
     KERNELS[_isa].update({f"q4_k_{lay}": _q4_k_entry(_isa, lay) for lay in ("8x4", "8x8")})
+
+# each entry point also a module attribute under its name (vec_dot_avx2, q4_k_8x4_vnni, ...): llmlab.warm's
+# census of the kernels (compiled or loaded) reads modules' attributes
+globals().update({f.__name__: f for table in KERNELS.values() for f in table.values()})
