@@ -2,7 +2,9 @@
 q8_0 4x4 / 4x8) with their integer sums by byte dot products, on x86 hosts that have them: the 8 int32
 lanes of a block for 16 rows come from ``dot4_ir.dot4`` (exact, as in ``dot4_legacy``), NEON's 4 lanes
 are their pairs (lane j + lane j+4: values 4j..4j+3 of every 16), and the float steps are ``neon``'s,
-written again here over 16-row groups. Layout: ``quants.pack_legacy``'s ``quads``."""
+written again here over 16-row groups, in vector registers where a block's step is one (vec_dot, REPACK
+q8_0, q4_1's min terms). Layout: ``quants.pack_legacy``'s ``quads``. Also ARM's REPACK q4_K (8x4, 8x8):
+``dot4_kquants``' sub-block dots with ``neon``'s float steps (layout ``dot4_pack.pack_q4_k``)."""
 from __future__ import annotations
 
 import numpy as np
