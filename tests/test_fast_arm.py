@@ -11,8 +11,9 @@ from llmlab.ggml.cpu import fast, profiles
 from llmlab.ggml.cpu.fast import dot4, vec_f16
 from llmlab.ggml.cpu.fast.quantize import quantize_q8_0_neon, quantize_q8_1_neon, quantize_q8_k_neon
 from llmlab.ggml.cpu.fast.twins import FAMILIES
-from llmlab.ggml.quant.core import random_blocks
 from llmlab.ggml.types import ggml_type
+
+from kernel_data import acts, raw_rows, same_bits
 
 # ---- the NumPy references ----------------------------------------------------------------------
 from llmlab.ggml.cpu.ops import mul_mat_quantized as ref_mul_mat_quantized, quantized_path
@@ -21,23 +22,6 @@ from llmlab.ggml.cpu.sgemm import mul_mat_f16_op
 
 ARM = {"neon": "arm_dotprod_fp16", "neon_i8mm": "arm_i8mm"}
 TS = (1, 2, 3, 4, 7, 8, 9, 16, 17)
-
-
-def same_bits(a, b) -> bool:
-    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
-    return a.shape == b.shape and np.array_equal(a.view(np.uint32), b.view(np.uint32))
-
-
-def acts(T: int, K: int, seed: int = 0) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    x = (rng.standard_normal((T, K)) * rng.uniform(0.01, 20, (T, 1))).astype(np.float32)
-    x[0, :32] = 0                                          # an all-zero block
-    x[-1, 40] = -np.abs(x[-1, 32:64]).max() * 2            # a negative extreme
-    return x
-
-
-def raw_rows(tname: str, R: int, K: int, seed: int = 1) -> np.ndarray:
-    return random_blocks(tname, R * K // ggml_type(tname).block_size, seed=seed).reshape(R, -1)
 
 
 @pytest.fixture
@@ -79,18 +63,23 @@ CASES = [(fam, t, path, R, K) for fam, table in FAMILIES.items() if fam in ARM f
          for R, K in _shapes(t, path)]
 
 
+def _cases(fam, tname, path, R, K, kernels):
+    """(T, the packed weight, x, the ARM reference's product) for each activation count T: R random rows
+    of K values packed by ``kernels``' packer."""
+    cpu, tw = profiles.get(ARM[fam]), FAMILIES[fam][tname, path]
+    raw = raw_rows(tname, R, K, seed=R + K)
+    p = kernels.pack(raw, tname, K)
+    for T in TS:
+        x = acts(T, K, seed=T)
+        yield T, p, x, tw.reference(raw, ggml_type(tname), x, cpu=cpu)
+
+
 @pytest.mark.parametrize("fam,tname,path,R,K", CASES, ids=[f"{f}-{t}-{p}-{R}x{K}" for f, t, p, R, K in CASES])
 def test_arm_twins(fam, tname, path, R, K, threads):
     """Every ARM twin equals its reference (vec_dot with the NEON tail and i8mm's 2x2 steps; the REPACK
     gemv rows and gemm groups of 4), threaded and serial, at 1 and 2 threads."""
-    cpu = profiles.get(ARM[fam])
-    tw = FAMILIES[fam][tname, path]
-    k = tw.generic
-    raw = raw_rows(tname, R, K, seed=R + K)
-    p = k.pack(raw, tname, K)
-    for T in TS:
-        x = acts(T, K, seed=T)
-        ref = tw.reference(raw, ggml_type(tname), x, cpu=cpu)
+    k = FAMILIES[fam][tname, path].generic
+    for T, p, x, ref in _cases(fam, tname, path, R, K, k):
         for n in (1, 2):
             threads(n)
             for fn in (k.threaded, k.serial):
@@ -98,7 +87,7 @@ def test_arm_twins(fam, tname, path, R, K, threads):
                     assert same_bits(fn(*p, *k.quantize(x))[:, :R], ref), (fam, tname, path, R, K, T, n)
 
 
-BYTE_DOT = [c for c in CASES if FAMILIES[c[0]][c[1], c[2]].byte_dot and not c[1].endswith("_k")]
+BYTE_DOT = [c for c in CASES if FAMILIES[c[0]][c[1], c[2]].byte_dot]
 
 
 @pytest.mark.skipif(not dot4.host_isas(), reason="this host has neither AVX512-VNNI nor AVX2")
@@ -107,14 +96,8 @@ BYTE_DOT = [c for c in CASES if FAMILIES[c[0]][c[1], c[2]].byte_dot and not c[1]
 def test_arm_byte_dot_kernels(fam, tname, path, R, K, isa, threads):
     """The ARM twins' byte-dot kernels (dot4_neon: x86 hosts) equal the ARM references, threaded and
     limited to one thread, at 1 and 2 threads."""
-    cpu = profiles.get(ARM[fam])
-    tw = FAMILIES[fam][tname, path]
-    k = tw.byte_dot[isa]
-    raw = raw_rows(tname, R, K, seed=R + K)
-    p = k.pack(raw, tname, K)
-    for T in TS:
-        x = acts(T, K, seed=T)
-        ref = tw.reference(raw, ggml_type(tname), x, cpu=cpu)
+    k = FAMILIES[fam][tname, path].byte_dot[isa]
+    for T, p, x, ref in _cases(fam, tname, path, R, K, k):
         for n in (1, 2):
             threads(n)
             for limit in (0, 1):
@@ -150,7 +133,8 @@ def test_arm_paths_have_twins():
 
 @pytest.mark.parametrize("cpu", list(ARM.values()))
 @pytest.mark.parametrize("Hk,H,R,T,K", [(1, 3, 20, 1, 64), (3, 9, 33, 1, 64), (1, 4, 40, 9, 256),
-                                        (2, 4, 12, 8, 40), (1, 2, 8, 16, 64), (1, 1, 7, 3, 100)])
+                                        (2, 4, 12, 8, 40), (1, 2, 8, 16, 64), (1, 1, 7, 3, 100),
+                                        (3, 9, 64, 1, 200)])
 def test_half_accumulators(cpu, Hk, H, R, T, K, threads):
     """f16 products with float16 accumulators (vec_dot_f16 on FP16_VA, tinyBLAS's float16x8_t where it
     takes the shape), leftovers in double, at 1 and 2 threads; large values reach half's overflow."""
@@ -165,9 +149,10 @@ def test_half_accumulators(cpu, Hk, H, R, T, K, threads):
         ref = np.stack([mul_mat_f16_op(A[h // g], B[h].astype(np.float16), c) for h in range(H)])
     for n in (1, 2):
         threads(n)
-        out = np.empty((H, T, R), np.float32)
-        vec_f16.mul_mat_f16h(A.view(np.uint16), B, out, *order)
-        assert same_bits(out, ref), (cpu, Hk, H, R, T, K, n)
+        for f16h in dict.fromkeys((vec_f16.mul_mat_f16h, vec_f16.kernel(R))):   # the narrow block where it fits
+            out = np.empty((H, T, R), np.float32)
+            f16h(A.view(np.uint16), B, out, *order)
+            assert same_bits(out, ref), (cpu, Hk, H, R, T, K, n, f16h.__name__)
 
 
 def test_half_order_is_for_half_accumulators_only():

@@ -10,8 +10,9 @@ from llmlab.ggml.cpu.fast import dot4
 from llmlab.ggml.cpu.fast.twins import TWINS
 from llmlab.ggml.cpu.fast._common import round_to_f16
 from llmlab.ggml.cpu.fast.quantize import quantize_q8_0, quantize_q8_1, quantize_q8_k
-from llmlab.ggml.quant.core import random_blocks
 from llmlab.ggml.types import ggml_type
+
+from kernel_data import acts, raw_rows, same_bits
 
 # ---- the NumPy references: imported here only, so a rename upstream is a one-place fix ----------
 from llmlab.ggml.cpu.quants import mul_mat as vec_dot_mul_mat
@@ -19,24 +20,6 @@ from llmlab.ggml.cpu.ops import mul_mat_quantized as ref_mul_mat_quantized
 from llmlab.ggml.cpu.quants import quantize_activations
 
 TS = (1, 3, 7, 8, 9, 17)
-
-
-def same_bits(a, b) -> bool:
-    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
-    return a.shape == b.shape and np.array_equal(a.view(np.uint32), b.view(np.uint32))
-
-
-def acts(T: int, K: int, seed: int = 0) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    x = (rng.standard_normal((T, K)) * rng.uniform(0.01, 20, (T, 1))).astype(np.float32)
-    x[0, :32] = 0                                          # an all-zero block (amax = 0)
-    x[-1, 40] = -np.abs(x[-1, 32:64]).max() * 2            # a negative extreme
-    return x
-
-
-def raw_rows(tname: str, R: int, K: int, seed: int = 1) -> np.ndarray:
-    t = ggml_type(tname)
-    return random_blocks(tname, R * K // t.block_size, seed=seed).reshape(R, -1)
 
 
 # ---- float16 and activation quantizers -----------------------------------------------------------

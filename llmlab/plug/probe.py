@@ -104,6 +104,12 @@ class Probe:
     def diff(self, out, engine) -> float:
         return self.slot.diff(out, engine) if self.slot.diff else max_diff(out, engine)
 
+    def stop(self, where: Where, message: str):
+        """Stop the run: the learner's output, checked and taken, is one the engine cannot use after all (a
+        cell outside the cache, a hole too small), which the slot's wrapper found at ``where``."""
+        self.fault, self.fault_where = guard.Fault("output", message), where
+        raise SlotStopped(self)
+
     def __call__(self, where: Where, args: tuple, engine):
         """The value the engine goes on with: the learner's, once checked."""
         self.calls += 1

@@ -332,7 +332,8 @@ def _mul_mat(node, cpu):
         T, R, K = b.ne[1], a.ne[1], a.ne[0]
         half = fvec16.half_order(cpu, R, T, K)              # FP16_VA: half-precision accumulators
         if half is not None:
-            return lambda: fvec16.mul_mat_f16h(A, X, Y, *half)
+            f16h = fvec16.kernel(R)
+            return lambda: f16h(A, X, Y, *half)
         order = _f16_order(cpu, R, T, K)
         if order is None:
             return None

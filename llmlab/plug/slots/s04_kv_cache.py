@@ -95,12 +95,8 @@ def _install(probe):
             return None
         bad = [c for c in cells if not 0 <= c < self.size]
         if bad or len(set(cells)) != len(cells):
-            from ..guard import Fault
-            from ..probe import SlotStopped
             what = f"cell {bad[0]} outside 0..{self.size - 1}" if bad else "a cell twice"
-            probe.fault = Fault("output", f"find_slot() returned {what}")
-            probe.fault_where = where
-            raise SlotStopped(probe)
+            probe.stop(where, f"find_slot() returned {what}")
         return K.Slot(np.array(cells, dtype=np.int32))
     return swap_attr(K.KVCache, "find_slot", find)
 

@@ -63,10 +63,10 @@ def _install(probe):
         i = probe(where, (list(holes), int(size)), engine)
         if i is not None:
             if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < len(holes):
-                _fault(probe, where, f"choose_block() returned {i!r}: an index into the {len(holes)} holes, or None")
+                probe.stop(where, f"choose_block() returned {i!r}: an index into the {len(holes)} holes, or None")
             if holes[i][1] < size:
-                _fault(probe, where, f"choose_block() chose hole {i} of {holes[i][1]} bytes for {size} bytes: the "
-                                     "node would overwrite the bytes after it")
+                probe.stop(where, f"choose_block() chose hole {i} of {holes[i][1]} bytes for {size} bytes: the "
+                                  "node would overwrite the bytes after it")
         # the allocation itself, with the chosen hole (or the end): ggml_dyn_tallocr_alloc's bookkeeping
         k = len(self.blocks) - 1 if i is None else i
         b = self.blocks[k]
@@ -80,13 +80,6 @@ def _install(probe):
         return off
 
     return swap_attr(alloc.FreeList, "alloc", alloc_)
-
-
-def _fault(probe, where, msg):
-    from ..guard import Fault
-    from ..probe import SlotStopped
-    probe.fault, probe.fault_where = Fault("output", msg), where
-    raise SlotStopped(probe)
 
 
 def _check_index(out, engine):

@@ -102,3 +102,36 @@ def high_bits(builder, qh, shift: int):
     t = builder.and_(builder.lshr(qh, c32(shift)), c32(15))
     spread = builder.and_(builder.mul(t, c32(0x00204081)), c32(0x01010101))
     return builder.bitcast(builder.shl(spread, c32(4)), I8x64)
+
+
+def block_words(context, builder, signature, args, w0_at: int = 2):
+    """The operands every byte-dot intrinsic starts from: the weight block's bytes (argument 0, as i8*),
+    the activation words (argument 1, as i32*) and ``word(p, j)``, the int32 j past the first word's index
+    (argument ``w0_at``) in p (the words, or an array beside them such as their code sums)."""
+    t = signature.args
+    bp = data(context, builder, t[0], args[0], I8)
+    ap = data(context, builder, t[1], args[1], I32)
+    w0 = context.cast(builder, args[w0_at], t[w0_at], types.intp)
+    return bp, ap, lambda p, j: builder.load(builder.gep(p, [builder.add(w0, ir.Constant(w0.type, j))]))
+
+
+def block_words_at(context, builder, signature, args):
+    """:func:`block_words` for intrinsics called as (qs, g, b, aq4, t, w0, out): the block qs[g, b] and the
+    words aq4[t] addressed from their indices (no array views per block), and ``word(p, j)``."""
+    t = signature.args
+    bp = at(context, builder, t[0], args[0], [(args[1], t[1]), (args[2], t[2])], I8)
+    ap = at(context, builder, t[3], args[3], [(args[4], t[4])], I32)
+    w0 = context.cast(builder, args[5], t[5], types.intp)
+    return bp, ap, lambda p, j: builder.load(builder.gep(p, [builder.add(w0, ir.Constant(w0.type, j))]))
+
+
+def block_codes(builder, bp, nibbles: bool, signed: bool = False) -> list:
+    """A legacy block's codes for 16 rows, one <64 x i8> per lane j (4 codes per row): from 4 chunks of
+    nibbles (q4 types: the low nibbles are lanes 0-3, the high ones lanes 4-7) or 8 chunks of bytes (q5_0's
+    expanded codes, q8_0's; ``signed``: q8_0's stored w + 128 back to w)."""
+    if nibbles:
+        raw = [vload(builder, bp, ir.Constant(I32, 64 * j), I8x64) for j in range(4)]
+        return ([builder.and_(v, ir.Constant(I8x64, [15] * 64)) for v in raw]
+                + [builder.lshr(v, ir.Constant(I8x64, [4] * 64)) for v in raw])
+    codes = [vload(builder, bp, ir.Constant(I32, 64 * j), I8x64) for j in range(8)]
+    return [builder.xor(c, ir.Constant(I8x64, [0x80] * 64)) for c in codes] if signed else codes

@@ -10,10 +10,17 @@ from numba import njit, prange, types
 from numba.extending import intrinsic
 
 from ._common import NOPYTHON, _get_num_threads, as_f32, fma, hsum8, limit_threads, restore_threads
-from .dot4_ir import I8, I32, I8x64, I32x16, at, data, dot4, vload, vstore
+from .dot4_ir import I32, I8x64, I32x16, block_words_at, data, dot4, vload, vstore
 from .quants import pair_sums
 from .quantize import quantize_q8_k as _q8_k
 from .repack import repack_step
+
+
+@njit(inline="always", **NOPYTHON)
+def _q8_k_words(x):
+    """x (T, K) float32 -> q8_K activations: the codes four to an int32 word, the scales, the block sums."""
+    aq, ad, bsums = _q8_k(x)
+    return aq.view(np.int32), ad, bsums
 
 
 # ---- q4_K in the REPACK buffer: ggml_gemv / ggml_gemm_q4_K_8x8_q8_K --------------------------------
@@ -26,20 +33,16 @@ def _q4_k_dots(isa: str):
     (qs, g, b, aq4, t, w0, D): blk = qs[g, b] and a = aq4[t], addressed here (no views per block)."""
     def typer(typingctx, qs, g, b, aq4, t, w0, D):
         def codegen(context, builder, signature, args):
-            ty = signature.args
-            bp = at(context, builder, ty[0], args[0], [(args[1], ty[1]), (args[2], ty[2])], I8)
-            ap = at(context, builder, ty[3], args[3], [(args[4], ty[4])], I32)
-            w0 = context.cast(builder, args[5], ty[5], types.intp)
-            dp = data(context, builder, ty[6], args[6], I32)
-            word = lambda j: builder.load(builder.gep(ap, [builder.add(w0, ir.Constant(w0.type, j))]))
+            bp, ap, word = block_words_at(context, builder, signature, args)
+            dp = data(context, builder, signature.args[6], args[6], I32)
             for j in range(4):
                 lo_acc = hi_acc = ir.Constant(I32x16, [0] * 16)
                 for q in range(8):
                     v = vload(builder, bp, ir.Constant(I32, 64 * (8 * j + q)), I8x64)
                     lo = builder.and_(v, ir.Constant(I8x64, [15] * 64))
                     hi = builder.lshr(v, ir.Constant(I8x64, [4] * 64))
-                    lo_acc = dot4(builder, isa, lo_acc, lo, word(16 * j + q))
-                    hi_acc = dot4(builder, isa, hi_acc, hi, word(16 * j + 8 + q))
+                    lo_acc = dot4(builder, isa, lo_acc, lo, word(ap, 16 * j + q))
+                    hi_acc = dot4(builder, isa, hi_acc, hi, word(ap, 16 * j + 8 + q))
                 vstore(builder, dp, ir.Constant(I32, 16 * (2 * j)), lo_acc)
                 vstore(builder, dp, ir.Constant(I32, 16 * (2 * j + 1)), hi_acc)
             return context.get_dummy_value()
@@ -62,9 +65,8 @@ def _mul_mat_q4_k(qs, sc, mn, d, dmin, x, out, dots):
     ng, nb = qs.shape[0], qs.shape[1]
     nr = d.shape[2]
     R = out.shape[1]
-    aq, ad, bsums = _q8_k(x)
-    aq4 = aq.view(np.int32)
-    T = aq.shape[0]
+    aq4, ad, bsums = _q8_k_words(x)
+    T = aq4.shape[0]
     n_gemm = T - T % 4
     nch = min(ng, _get_num_threads())            # one task per thread, contiguous groups (as dot4_legacy)
     for c in prange(nch):
@@ -118,17 +120,13 @@ def _q6_k_dots(isa: str, per: int):
     int32. Called as (qs, g, b, aq4, t, w0, out): blk = qs[g, b], a = aq4[t], addressed here."""
     def typer(typingctx, qs, g, b, aq4, t, w0, out):
         def codegen(context, builder, signature, args):
-            ty = signature.args
-            bp = at(context, builder, ty[0], args[0], [(args[1], ty[1]), (args[2], ty[2])], I8)
-            ap = at(context, builder, ty[3], args[3], [(args[4], ty[4])], I32)
-            w0 = context.cast(builder, args[5], ty[5], types.intp)
-            op = data(context, builder, ty[6], args[6], I32)
+            bp, ap, word = block_words_at(context, builder, signature, args)
+            op = data(context, builder, signature.args[6], args[6], I32)
             for o in range(64 // per):
                 acc = ir.Constant(I32x16, [0] * 16)
                 for j in range(per * o, per * o + per):
                     v = vload(builder, bp, ir.Constant(I32, 64 * j), I8x64)
-                    wd = builder.load(builder.gep(ap, [builder.add(w0, ir.Constant(w0.type, j))]))
-                    acc = dot4(builder, isa, acc, v, wd)
+                    acc = dot4(builder, isa, acc, v, word(ap, j))
                 vstore(builder, op, ir.Constant(I32, 16 * o), acc)
             return context.get_dummy_value()
         return types.none(qs, g, b, aq4, t, w0, out), codegen
@@ -150,9 +148,8 @@ def _mul_mat_q6_k(qs, sc, d, x, out, quads, subs, tiled):
     ng, nb = qs.shape[0], qs.shape[1]
     nr = d.shape[2]
     R = out.shape[1]
-    aq, ad, bsums = _q8_k(x)
-    aq4 = aq.view(np.int32)
-    T = aq.shape[0]
+    aq4, ad, bsums = _q8_k_words(x)
+    T = aq4.shape[0]
     nch = min(ng, _get_num_threads())            # one task per thread, contiguous groups (as dot4_legacy);
     for ch in prange(nch):                       # scalars indexed in place: no views per block
         Q = np.empty((64, nr), np.int32)

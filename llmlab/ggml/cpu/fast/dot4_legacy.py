@@ -11,8 +11,8 @@ from numba import njit, prange, types
 from numba.extending import intrinsic
 
 from ._common import NOPYTHON, _get_num_threads, hsum8, limit_threads, restore_threads
-from .dot4_ir import I8, I16, I32, I8x64, I32x16, F32x16, at, data, dot4, f16x16, high_bits, intrinsic_fn, splat, vload, vstore
-from .quantize import quantize_q8_0 as _q8_0, quantize_q8_1 as _q8_1
+from .dot4_ir import I8, I16, I32, I8x64, I32x16, F32x16, at, block_codes, data, dot4, f16x16, high_bits, intrinsic_fn, splat, vload, vstore
+from .quantize import quantize_quads
 
 R16 = 16                      # rows per group: one 512-bit register of int32 lanes
 OFFSET = {"q4_0": 8, "q4_1": 0, "q5_0": 16, "q8_0": 128}   # the codes are used as c + OFFSET (unsigned)
@@ -34,14 +34,7 @@ def _step_codegen(nibbles: bool, offset: int, with_m: bool, isa: str, indexed: b
         fma = intrinsic_fn(builder, "llvm.fma.v16f32", F32x16, [F32x16] * 3)
         zero = ir.Constant(I32x16, [0] * 16)
         word = lambda p, j: builder.load(builder.gep(p, [builder.add(w0, ir.Constant(w0.type, j))]))
-        if nibbles:
-            raw = [vload(builder, bp, ir.Constant(I32, 64 * j), I8x64) for j in range(4)]
-            codes = ([builder.and_(v, ir.Constant(I8x64, [15] * 64)) for v in raw]
-                     + [builder.lshr(v, ir.Constant(I8x64, [4] * 64)) for v in raw])
-        else:
-            codes = [vload(builder, bp, ir.Constant(I32, 64 * j), I8x64) for j in range(8)]
-            if signed:                                       # stored as w + 128: back to w
-                codes = [builder.xor(c, ir.Constant(I8x64, [0x80] * 64)) for c in codes]
+        codes = block_codes(builder, bp, nibbles, signed)
         dd = builder.fmul(splat(builder, context.cast(builder, dab, ty[8], types.float32), F32x16),
                           f16x16(builder, at(context, builder, ty[3], d, [gi, bi], I16)))
         accp = at(context, builder, ty[4], acc, [ti], ir.FloatType())
@@ -126,20 +119,8 @@ def expand_q5_0(typingctx, blk, qh, out):
 
 @njit(inline="always", **NOPYTHON)
 def _quantize(x, q41):
-    """x (T, K) float32 -> (aq4 (T, K/4) int32: the int8 codes four to a word, qsum: each word's four
-    codes added, d, s): q8_1 blocks for q4_1, q8_0 blocks (s empty) otherwise."""
-    if q41:
-        aq, ad, as_ = _q8_1(x)
-    else:
-        aq, ad = _q8_0(x)
-        as_ = np.zeros((0, 0), np.float32)
-    T, K = aq.shape
-    qsum = np.empty((T, K // 4), np.int32)
-    for t in range(T):
-        for i in range(K // 4):
-            qsum[t, i] = (np.int32(aq[t, 4 * i]) + np.int32(aq[t, 4 * i + 1])
-                          + np.int32(aq[t, 4 * i + 2]) + np.int32(aq[t, 4 * i + 3]))
-    return aq.view(np.int32), qsum, ad, as_
+    """x (T, K) float32 -> (aq4, qsum, d, s) by the x86 quantizers (``quantize.quantize_quads``)."""
+    return quantize_quads(x, q41, False)
 
 
 @njit(inline="always", **NOPYTHON)

@@ -2,7 +2,9 @@
 q8_0 4x4 / 4x8) with their integer sums by byte dot products, on x86 hosts that have them: the 8 int32
 lanes of a block for 16 rows come from ``dot4_ir.dot4`` (exact, as in ``dot4_legacy``), NEON's 4 lanes
 are their pairs (lane j + lane j+4: values 4j..4j+3 of every 16), and the float steps are ``neon``'s,
-written again here over 16-row groups. Layout: ``quants.pack_legacy``'s ``quads``."""
+written again here over 16-row groups, in vector registers where a block's step is one (vec_dot, REPACK
+q8_0, q4_1's min terms). Layout: ``quants.pack_legacy``'s ``quads``. Also ARM's REPACK q4_K (8x4, 8x8):
+``dot4_kquants``' sub-block dots with ``neon``'s float steps (layout ``dot4_pack.pack_q4_k``)."""
 from __future__ import annotations
 
 import numpy as np
@@ -11,43 +13,37 @@ from numba import njit, prange, types
 from numba.extending import intrinsic
 
 from ._common import NOPYTHON, as_f32, fma, limit_threads, restore_threads
-from .dot4_ir import I8, I16, I32, I8x64, I32x16, F32x16, data, dot4, f16x16, splat, vload, vstore
+from .dot4_ir import I16, I32, I32x16, F32x16, block_codes, block_words, data, dot4, f16x16, intrinsic_fn, splat, vload, vstore
 from .dot4_legacy import OFFSET, expand_q5_0
-from .neon import MMLA, REPACK_4X4, REPACK_4X8, VEC_DOT, _even_chunk, _mmla_span, _pair_tree
-from .quantize import quantize_q8_0_neon, quantize_q8_1_neon
+from .dot4_kquants import q4_k_dots_avx2, q4_k_dots_vnni
+from .neon import MMLA, REPACK_4X4, REPACK_4X8, VEC_DOT, _mmla_span, _steps_8x4, _steps_8x8, finish
+from .quantize import quantize_q8_k_neon, quantize_quads
 
 R16 = 16
 GROUPS = 8          # row groups per parallel task (one allocation of its scratch for all of them)
 
 
-def _lanes(nibbles: bool, offset: int, isa: str, step: bool = False):
-    """An intrinsic (blk, a, qsum, w0, L): L (8 x 16 int32) = the 8 lane sums of one block of 16 rows
-    against one activation row, minus offset x the activations' quad sums (the codes are stored as
-    c + offset), exact. With ``step``: (blk, a, qsum, w0, dw, dab, acc) does NEON's float step
-    instead, acc[j] = acc[j] + (float) (lane j + lane j+4) * (dab * d_w), multiplied then added, for
-    the 4 NEON lanes (acc: 4 x 16 float32, dw: the 16 rows' f16 scales)."""
+LANES, NEON, FUSED, UNFUSED = 0, 1, 2, 3     # what _lanes' intrinsic does with a block's lanes
+
+
+def _lanes(nibbles: bool, offset: int, isa: str, step: int = LANES):
+    """An intrinsic (blk, a, qsum, w0, dw, dab, out): out = L (8 x 16 int32), the 8 lane sums of one block
+    of 16 rows against one activation row, minus offset x the activations' quad sums (the codes are
+    stored as c + offset), exact (dw, dab unused). The float steps, in vector registers (dw: the 16 rows'
+    f16 scales, dd = dab * d_w): NEON, out = acc (4 x 16 float32), acc[j] = acc[j] + (float) (lane j +
+    lane j+4) * dd for the 4 NEON lanes, multiplied then added (vec_dot); FUSED, out = acc (16 float32),
+    acc = fma((float) sum of the lanes, dd, acc) (REPACK's gemv rows); UNFUSED, acc = acc + dd * (float)
+    sum of the lanes (the q8_0 4x4 gemm's groups of 4 rows)."""
     signed = isa == "avx2" and offset == 128           # q8_0 on AVX2: the signed codes, no offset
     off = 0 if signed else offset
 
     def codegen(context, builder, signature, args):
-        blk, a, qsum, w0 = args[:4]
-        out = args[-1]
         t = signature.args
-        bp = data(context, builder, t[0], blk, I8)
-        ap = data(context, builder, t[1], a, I32)
-        sp = data(context, builder, t[2], qsum, I32)
-        w0 = context.cast(builder, w0, t[3], types.intp)
-        op = data(context, builder, t[-1], out, ir.FloatType() if step else I32)
+        bp, ap, word = block_words(context, builder, signature, args, 3)
+        sp = data(context, builder, t[2], args[2], I32)
+        op = data(context, builder, t[-1], args[-1], ir.FloatType() if step != LANES else I32)
         zero = ir.Constant(I32x16, [0] * 16)
-        word = lambda p, j: builder.load(builder.gep(p, [builder.add(w0, ir.Constant(w0.type, j))]))
-        if nibbles:
-            raw = [vload(builder, bp, ir.Constant(I32, 64 * j), I8x64) for j in range(4)]
-            codes = ([builder.and_(v, ir.Constant(I8x64, [15] * 64)) for v in raw]
-                     + [builder.lshr(v, ir.Constant(I8x64, [4] * 64)) for v in raw])
-        else:
-            codes = [vload(builder, bp, ir.Constant(I32, 64 * j), I8x64) for j in range(8)]
-            if signed:
-                codes = [builder.xor(c, ir.Constant(I8x64, [0x80] * 64)) for c in codes]
+        codes = block_codes(builder, bp, nibbles, signed)
         lanes = []
         for j in range(8):
             lane = dot4(builder, isa, zero, codes[j], word(ap, j), signed)
@@ -55,93 +51,86 @@ def _lanes(nibbles: bool, offset: int, isa: str, step: bool = False):
                 c = builder.mul(word(sp, j), ir.Constant(I32, off))
                 lane = builder.sub(lane, splat(builder, c, I32x16))
             lanes.append(lane)
-        if not step:
+        if step == LANES:
             for j in range(8):
                 vstore(builder, op, ir.Constant(I32, 16 * j), lanes[j])
             return context.get_dummy_value()
         dd = builder.fmul(splat(builder, context.cast(builder, args[5], t[5], types.float32), F32x16),
                           f16x16(builder, data(context, builder, t[4], args[4], I16)))
+        if step != NEON:                         # the integer sum of all 8 lanes (exact in any order)
+            pairs = [builder.add(lanes[j], lanes[j + 4]) for j in range(4)]
+            v = builder.sitofp(builder.add(builder.add(pairs[0], pairs[1]), builder.add(pairs[2], pairs[3])), F32x16)
+            idx = ir.Constant(I32, 0)
+            acc = vload(builder, op, idx, F32x16)
+            if step == FUSED:
+                fma_v = intrinsic_fn(builder, "llvm.fma.v16f32", F32x16, [F32x16] * 3)
+                vstore(builder, op, idx, builder.call(fma_v, [v, dd, acc]))
+            else:
+                vstore(builder, op, idx, builder.fadd(acc, builder.fmul(dd, v)))
+            return context.get_dummy_value()
         for j in range(4):
             v = builder.sitofp(builder.add(lanes[j], lanes[j + 4]), F32x16)
             idx = ir.Constant(I32, 16 * j)
             vstore(builder, op, idx, builder.fadd(vload(builder, op, idx, F32x16), builder.fmul(v, dd)))
         return context.get_dummy_value()
 
-    if step:
-        def typer(typingctx, blk, a, qsum, w0, dw, dab, acc):
-            return types.none(blk, a, qsum, w0, dw, dab, acc), codegen
-    else:
-        def typer(typingctx, blk, a, qsum, w0, out):
-            return types.none(blk, a, qsum, w0, out), codegen
-    typer.__name__ = f"{'step' if step else 'lanes'}_{offset}_{int(nibbles)}_{isa}"
+    def typer(typingctx, blk, a, qsum, w0, dw, dab, out):
+        return types.none(blk, a, qsum, w0, dw, dab, out), codegen
+    typer.__name__ = f"{('lanes', 'neon', 'fused', 'unfused')[step]}_{offset}_{int(nibbles)}_{isa}"
     return intrinsic(typer)
 
 
-def _kind_lanes(isa: str):
-    """kind 0 q4_0, 1 q4_1, 2 q5_0 (its codes expanded), 3 q8_0 -> the lanes of one block."""
-    q40, q41 = _lanes(True, OFFSET["q4_0"], isa), _lanes(True, OFFSET["q4_1"], isa)
-    q50, q80 = _lanes(False, OFFSET["q5_0"], isa), _lanes(False, OFFSET["q8_0"], isa)
+def _by_kind(isa: str, step: int):
+    """kind 0 q4_0, 1 q4_1, 2 q5_0 (its codes expanded), 3 q8_0 -> the lanes of one block, or a float
+    step on them (``step``: see _lanes)."""
+    q40, q41 = _lanes(True, OFFSET["q4_0"], isa, step), _lanes(True, OFFSET["q4_1"], isa, step)
+    q50, q80 = _lanes(False, OFFSET["q5_0"], isa, step), _lanes(False, OFFSET["q8_0"], isa, step)
 
     @njit(inline="always", **NOPYTHON)
-    def lanes(kind, blk, codes, a, qsum, w0, L):
+    def by_kind(kind, blk, codes, a, qsum, w0, dw, dab, out):
         if kind == 1:
-            q41(blk, a, qsum, w0, L)
+            q41(blk, a, qsum, w0, dw, dab, out)
         elif kind == 2:
-            q50(codes, a, qsum, w0, L)
+            q50(codes, a, qsum, w0, dw, dab, out)
         elif kind == 0:
-            q40(blk, a, qsum, w0, L)
+            q40(blk, a, qsum, w0, dw, dab, out)
         else:
-            q80(blk, a, qsum, w0, L)
-    return lanes
+            q80(blk, a, qsum, w0, dw, dab, out)
+    return by_kind
 
 
-def _kind_step(isa: str):
-    """The same kinds -> NEON's float step on the block's lanes (dw, dab, acc: see _lanes)."""
-    q40, q41 = _lanes(True, OFFSET["q4_0"], isa, True), _lanes(True, OFFSET["q4_1"], isa, True)
-    q50, q80 = _lanes(False, OFFSET["q5_0"], isa, True), _lanes(False, OFFSET["q8_0"], isa, True)
-
-    @njit(inline="always", **NOPYTHON)
-    def step(kind, blk, codes, a, qsum, w0, dw, dab, acc):
-        if kind == 1:
-            q41(blk, a, qsum, w0, dw, dab, acc)
-        elif kind == 2:
-            q50(codes, a, qsum, w0, dw, dab, acc)
-        elif kind == 0:
-            q40(blk, a, qsum, w0, dw, dab, acc)
-        else:
-            q80(blk, a, qsum, w0, dw, dab, acc)
-    return step
+_lanes_vnni, _lanes_avx2 = _by_kind("vnni", LANES), _by_kind("avx2", LANES)
+_step_vnni, _step_avx2 = _by_kind("vnni", NEON), _by_kind("avx2", NEON)
+_fused_vnni, _fused_avx2 = _by_kind("vnni", FUSED), _by_kind("avx2", FUSED)
+_unfused_vnni, _unfused_avx2 = _by_kind("vnni", UNFUSED), _by_kind("avx2", UNFUSED)
 
 
-_lanes_vnni, _lanes_avx2 = _kind_lanes("vnni"), _kind_lanes("avx2")
-_step_vnni, _step_avx2 = _kind_step("vnni"), _kind_step("avx2")
+@intrinsic
+def _mins_pair(typingctx, m0, m1, s0, s1, summ):
+    """q4_1's min terms of a pair of blocks for 16 rows as NEON adds them, summ = summ + fma(m0, s0, m1 * s1)
+    (m0, m1: the two blocks' f16 mins; s0, s1: the activations' block sums), in vector registers."""
+    def codegen(context, builder, signature, args):
+        t = signature.args
+        fma_v = intrinsic_fn(builder, "llvm.fma.v16f32", F32x16, [F32x16] * 3)
+        mv0, mv1 = (f16x16(builder, data(context, builder, t[i], args[i], I16)) for i in (0, 1))
+        sv0, sv1 = (splat(builder, context.cast(builder, args[i], t[i], types.float32), F32x16) for i in (2, 3))
+        p = data(context, builder, t[4], args[4], ir.FloatType())
+        zero = ir.Constant(I32, 0)
+        terms = builder.call(fma_v, [mv0, sv0, builder.fmul(mv1, sv1)])
+        vstore(builder, p, zero, builder.fadd(vload(builder, p, zero, F32x16), terms))
+        return context.get_dummy_value()
+    return types.none(m0, m1, s0, s1, summ), codegen
 
 
 @njit(inline="always", **NOPYTHON)
-def _acts(x, q41):
-    """NEON's q8_1 (q4_1) or q8_0 activations, the codes four to a word, and each word's code sum."""
-    if q41:
-        aq, ad, as_ = quantize_q8_1_neon(x)
-    else:
-        aq, ad = quantize_q8_0_neon(x)
-        as_ = np.zeros((0, 0), np.float32)
-    T, K = aq.shape
-    qsum = np.empty((T, K // 4), np.int32)
-    for t in range(T):
-        for i in range(K // 4):
-            qsum[t, i] = (np.int32(aq[t, 4 * i]) + np.int32(aq[t, 4 * i + 1])
-                          + np.int32(aq[t, 4 * i + 2]) + np.int32(aq[t, 4 * i + 3]))
-    return aq.view(np.int32), qsum, ad, as_
-
-
-@njit(inline="always", **NOPYTHON)
-def _mul_mat(qs, qh, d, m, x, out, lanes, fstep, mode):
-    """neon._legacy's float steps on the byte-dot lanes; out (T, R) float32 is written."""
+def _mul_mat(qs, qh, d, m, x, out, lanes, fstep, fused, unfused, mode):
+    """neon._legacy's float steps on the byte-dot lanes (lanes, fstep, fused, unfused: _by_kind's of one
+    instruction set); out (T, R) float32 is written."""
     ng, nb, nbytes = qs.shape
     R = out.shape[1]
     q41, q50 = m.shape[0] != 0, qh.shape[0] != 0
     kind = 1 if q41 else (2 if q50 else (0 if nbytes == 256 else 3))
-    aq4, qsum, ad, as_ = _acts(x, q41)
+    aq4, qsum, ad, as_ = quantize_quads(x, q41, True)
     T = aq4.shape[0]
     repack = mode == REPACK_4X4 or mode == REPACK_4X8
     n_gemm = T - T % 4 if mode == REPACK_4X4 else 0
@@ -158,7 +147,6 @@ def _mul_mat(qs, qh, d, m, x, out, lanes, fstep, mode):
         acc1 = np.empty((T, R16), np.float32)
         summ1 = np.empty((T, R16), np.float32)
         last = np.empty((T, 3, R16), np.float32)
-        m_even = np.empty(R16, np.float32)
         for g in range(c * GROUPS, min(ng, c * GROUPS + GROUPS)):
             acc[...] = 0
             summ[...] = 0
@@ -171,35 +159,26 @@ def _mul_mat(qs, qh, d, m, x, out, lanes, fstep, mode):
                     expand_q5_0(blk, qh[g, b], codes)
                 par = b % 2
                 tail = b == nb - 1 and par == 0
-                if q41 and par == 0:
-                    for r in range(R16):
-                        m_even[r] = as_f32(m[g, b, r])
                 for t in range(T):
                     da = ad[t, b]
+                    if repack:                           # one accumulator, in vector registers
+                        if t < n_gemm:
+                            unfused(kind, blk, codes, aq4[t], qsum[t], 8 * b, dw, da, acc1[t])
+                        else:
+                            fused(kind, blk, codes, aq4[t], qsum[t], 8 * b, dw, da, acc1[t])
+                        continue
                     if plain and not tail:               # the whole step in vector registers
                         fstep(kind, blk, codes, aq4[t], qsum[t], 8 * b, dw, da, acc[t, par])
                         if q41 and par == 1:
-                            s0, s1 = as_[t, b - 1], as_[t, b]
-                            st = summ[t]
-                            for r in range(R16):
-                                st[r] = st[r] + fma(m_even[r], s0, as_f32(m[g, b, r]) * s1)
+                            _mins_pair(m[g, b - 1], m[g, b], as_[t, b - 1], as_[t, b], summ[t])
                         continue
-                    lanes(kind, blk, codes, aq4[t], qsum[t], 8 * b, L)
+                    lanes(kind, blk, codes, aq4[t], qsum[t], 8 * b, dw, da, L)
                     for r in range(R16):
                         ddv[r] = da * as_f32(dw[r])
-                    if repack or mode == MMLA or tail:
+                    if mode == MMLA or tail:
                         for r in range(R16):
                             isum[r] = np.float32((L[0, r] + L[4, r]) + (L[1, r] + L[5, r])
                                                  + (L[2, r] + L[6, r]) + (L[3, r] + L[7, r]))
-                    if repack:
-                        at1 = acc1[t]
-                        if t < n_gemm:
-                            for r in range(R16):
-                                at1[r] = at1[r] + ddv[r] * isum[r]
-                        else:
-                            for r in range(R16):
-                                at1[r] = fma(isum[r], ddv[r], at1[r])
-                        continue
                     if mode == MMLA and not plain:
                         at1, st1 = acc1[t], summ1[t]
                         for r in range(R16):
@@ -223,91 +202,93 @@ def _mul_mat(qs, qh, d, m, x, out, lanes, fstep, mode):
                         for r in range(R16):
                             aj[r] = aj[r] + np.float32(l0[r] + l1[r]) * ddv[r]
                     if q41 and par == 1:
-                        s0, s1 = as_[t, b - 1], as_[t, b]
-                        st = summ[t]
-                        for r in range(R16):
-                            st[r] = st[r] + fma(m_even[r], s0, as_f32(m[g, b, r]) * s1)
+                        _mins_pair(m[g, b - 1], m[g, b], as_[t, b - 1], as_[t, b], summ[t])
             n = min(R16, R - g * R16)
             for t in range(T):
                 for r in range(n):
-                    if repack:
-                        out[t, g * R16 + r] = acc1[t, r]
-                    elif d0 > 0 and _even_chunk(g * R16 + r, d0, R) and _even_chunk(t, d1, T):
-                        out[t, g * R16 + r] = acc1[t, r] + summ1[t, r]
-                    else:
-                        e, od = acc[t, 0], acc[t, 1]
-                        s = (_pair_tree(e[0, r], e[1, r], e[2, r], e[3, r])
-                             + _pair_tree(od[0, r], od[1, r], od[2, r], od[3, r]))
-                        if q41:
-                            s = s + summ[t, r]
-                        if nb % 2 == 1:
-                            lt = last[t]
-                            if kind == 0:
-                                s = fma(lt[0, r] * lt[1, r], ad[t, nb - 1], s)
-                            elif q41:
-                                s = s + fma(lt[1, r], lt[0, r], lt[2, r])
-                            else:
-                                s = fma(lt[1, r], lt[0, r], s)
-                        out[t, g * R16 + r] = s
+                    out[t, g * R16 + r] = finish(acc, summ, acc1, summ1, last, ad, t, r, g * R16 + r, R, nb, kind, repack,
+                                                 d0, d1)
 
 
-# entry points: (family kernel) x instruction set, each taking n_threads last (1: serial, 0: the step's)
-
-@njit(parallel=True, **NOPYTHON)
-def vec_dot_avx2(qs, qh, d, m, x, out, n_threads):
-    prev = limit_threads(n_threads)
-    _mul_mat(qs, qh, d, m, x, out, _lanes_avx2, _step_avx2, VEC_DOT)
-    restore_threads(prev)
+MODES = {"vec_dot": VEC_DOT, "mmla": MMLA, "q8_0_4x4": REPACK_4X4, "q8_0_4x8": REPACK_4X8}   # the family kernels
 
 
-@njit(parallel=True, **NOPYTHON)
-def vec_dot_vnni(qs, qh, d, m, x, out, n_threads):
-    prev = limit_threads(n_threads)
-    _mul_mat(qs, qh, d, m, x, out, _lanes_vnni, _step_vnni, VEC_DOT)
-    restore_threads(prev)
+def _entry(isa: str, kernel: str):
+    """The entry point of one family kernel on one instruction set, (qs, qh, d, m, x, out, n_threads) with
+    n_threads last (1: serial, 0: the step's). The closure holds plain values only, the flag and the mode
+    (numba's cache key pickles them); the other instruction set's branch is pruned before typing."""
+    vnni, mode = isa == "vnni", MODES[kernel]
+
+    def entry(qs, qh, d, m, x, out, n_threads):
+        prev = limit_threads(n_threads)
+        if vnni:
+            _mul_mat(qs, qh, d, m, x, out, _lanes_vnni, _step_vnni, _fused_vnni, _unfused_vnni, mode)
+        else:
+            _mul_mat(qs, qh, d, m, x, out, _lanes_avx2, _step_avx2, _fused_avx2, _unfused_avx2, mode)
+        restore_threads(prev)
+    entry.__name__ = entry.__qualname__ = f"{kernel}_{isa}"
+    return njit(parallel=True, **NOPYTHON)(entry)
 
 
-@njit(parallel=True, **NOPYTHON)
-def mmla_avx2(qs, qh, d, m, x, out, n_threads):
-    prev = limit_threads(n_threads)
-    _mul_mat(qs, qh, d, m, x, out, _lanes_avx2, _step_avx2, MMLA)
-    restore_threads(prev)
+KERNELS = {isa: {kernel: _entry(isa, kernel) for kernel in MODES} for isa in ("vnni", "avx2")}
 
 
-@njit(parallel=True, **NOPYTHON)
-def mmla_vnni(qs, qh, d, m, x, out, n_threads):
-    prev = limit_threads(n_threads)
-    _mul_mat(qs, qh, d, m, x, out, _lanes_vnni, _step_vnni, MMLA)
-    restore_threads(prev)
+# ---- q4_K in ARM's REPACK buffer (8x4 dotprod, 8x8 i8mm) on the byte-dot layout of dot4_pack.pack_q4_k ----
+
+@njit(inline="always", **NOPYTHON)
+def _mul_mat_q4_k(qs, sc, mn, d, dmin, x, out, dots, steps):
+    """neon.q4_k_8x4 / q4_k_8x8's float steps (``steps``: neon._steps_8x4 or _steps_8x8) on the sub-block
+    dots of dot4_kquants' ``dots`` (16 rows at a time), with the NEON q8_K activations; out (T, R) float32."""
+    ng, nb = qs.shape[0], qs.shape[1]
+    nr = d.shape[2]
+    R = out.shape[1]
+    aq, ad, bsums = quantize_q8_k_neon(x)
+    aq4 = aq.view(np.int32)
+    T = aq.shape[0]
+    n_gemm = T - T % 4
+    for g in prange(ng):
+        D = np.empty((8, nr), np.int32)
+        dw = np.empty(nr, np.float32)
+        dmw = np.empty(nr, np.float32)
+        acc = np.zeros((T, nr), np.float32)
+        accm = np.zeros((T, nr), np.float32)
+        for b in range(nb):
+            for r in range(nr):
+                dw[r] = as_f32(d[g, b, r])
+                dmw[r] = as_f32(dmin[g, b, r])
+            for t in range(T):
+                dots(qs, g, b, aq4, t, 64 * b, D)
+                steps(sc[g, b], mn[g, b], dw, dmw, D, bsums, t, b, ad[t, b], t < n_gemm, acc[t], accm[t])
+        n = min(nr, R - g * nr)
+        for t in range(T):
+            for r in range(n):
+                out[t, g * nr + r] = acc[t, r] - accm[t, r]
 
 
-@njit(parallel=True, **NOPYTHON)
-def q8_0_4x4_avx2(qs, qh, d, m, x, out, n_threads):
-    prev = limit_threads(n_threads)
-    _mul_mat(qs, qh, d, m, x, out, _lanes_avx2, _step_avx2, REPACK_4X4)
-    restore_threads(prev)
+def _q4_k_entry(isa: str, layout: str):
+    """(qs, sc, mn, d, dmin, x, out, n_threads) of one REPACK layout ("8x4", "8x8") on one instruction set
+    (plain values in the closure, as _entry's)."""
+    vnni, wide = isa == "vnni", layout == "8x8"
+
+    def entry(qs, sc, mn, d, dmin, x, out, n_threads):
+        prev = limit_threads(n_threads)
+        if vnni:
+            if wide:
+                _mul_mat_q4_k(qs, sc, mn, d, dmin, x, out, q4_k_dots_vnni, _steps_8x8)
+            else:
+                _mul_mat_q4_k(qs, sc, mn, d, dmin, x, out, q4_k_dots_vnni, _steps_8x4)
+        elif wide:
+            _mul_mat_q4_k(qs, sc, mn, d, dmin, x, out, q4_k_dots_avx2, _steps_8x8)
+        else:
+            _mul_mat_q4_k(qs, sc, mn, d, dmin, x, out, q4_k_dots_avx2, _steps_8x4)
+        restore_threads(prev)
+    entry.__name__ = entry.__qualname__ = f"q4_k_{layout}_{isa}"
+    return njit(parallel=True, **NOPYTHON)(entry)
 
 
-@njit(parallel=True, **NOPYTHON)
-def q8_0_4x4_vnni(qs, qh, d, m, x, out, n_threads):
-    prev = limit_threads(n_threads)
-    _mul_mat(qs, qh, d, m, x, out, _lanes_vnni, _step_vnni, REPACK_4X4)
-    restore_threads(prev)
+for _isa in KERNELS:
+    KERNELS[_isa].update({f"q4_k_{lay}": _q4_k_entry(_isa, lay) for lay in ("8x4", "8x8")})
 
-
-@njit(parallel=True, **NOPYTHON)
-def q8_0_4x8_avx2(qs, qh, d, m, x, out, n_threads):
-    prev = limit_threads(n_threads)
-    _mul_mat(qs, qh, d, m, x, out, _lanes_avx2, _step_avx2, REPACK_4X8)
-    restore_threads(prev)
-
-
-@njit(parallel=True, **NOPYTHON)
-def q8_0_4x8_vnni(qs, qh, d, m, x, out, n_threads):
-    prev = limit_threads(n_threads)
-    _mul_mat(qs, qh, d, m, x, out, _lanes_vnni, _step_vnni, REPACK_4X8)
-    restore_threads(prev)
-
-
-KERNELS = {"vnni": {"vec_dot": vec_dot_vnni, "mmla": mmla_vnni, "q8_0_4x4": q8_0_4x4_vnni, "q8_0_4x8": q8_0_4x8_vnni},
-           "avx2": {"vec_dot": vec_dot_avx2, "mmla": mmla_avx2, "q8_0_4x4": q8_0_4x4_avx2, "q8_0_4x8": q8_0_4x8_avx2}}
+# each entry point also a module attribute under its name (vec_dot_avx2, q4_k_8x4_vnni, ...): llmlab.warm's
+# census of the kernels (compiled or loaded) reads modules' attributes
+globals().update({f.__name__: f for table in KERNELS.values() for f in table.values()})

@@ -74,6 +74,31 @@ def _even_chunk(i, d, n):
     return (min(i0 + d, n) - i0) % 2 == 0
 
 
+@njit(inline="always", **NOPYTHON)
+def finish(acc, summ, acc1, summ1, last, ad, t, r, o, R, nb, k, repack, d0, d1):
+    """Output o (row r of its group) for activation row t, from the legacy kernels' accumulators (see
+    _legacy; k: 0 q4_0, 1 q4_1, else int8 codes): REPACK's one accumulator; i8mm's 2x2 sum where both
+    chunks are even (d0, d1: _mmla_span's); else vec_dot's even and odd float32x4 by vaddvq_f32, q4_1's
+    min terms, and an odd last block's scalar step."""
+    if repack:
+        return acc1[t, r]
+    if d0 > 0 and _even_chunk(o, d0, R) and _even_chunk(t, d1, acc.shape[0]):
+        return acc1[t, r] + summ1[t, r]
+    e, od = acc[t, 0], acc[t, 1]
+    s = _pair_tree(e[0, r], e[1, r], e[2, r], e[3, r]) + _pair_tree(od[0, r], od[1, r], od[2, r], od[3, r])
+    if k == 1:
+        s = s + summ[t, r]
+    if nb % 2 == 1:
+        lt = last[t]
+        if k == 0:                      # sumf += sumi * d_w * d_x, the last product fused
+            s = fma(lt[0, r] * lt[1, r], ad[t, nb - 1], s)
+        elif k == 1:                    # sumf + fma(d, sumi, m*s)
+            s = s + fma(lt[1, r], lt[0, r], lt[2, r])
+        else:
+            s = fma(lt[1, r], lt[0, r], s)
+    return s
+
+
 def kind(m):
     """The code kind of a packed legacy weight (from its m slot, as ``quants.codes`` reads it): 0 q4_0,
     1 q4_1, 2 int8 codes (q5_0, q8_0); a compile-time constant."""
@@ -176,61 +201,26 @@ def _legacy(qs, d, m, aq, ad, as_, nrows, mode):
         n = min(G, R - g * G)
         for t in range(T):
             for r in range(n):
-                if repack:
-                    out[t, g * G + r] = acc1[t, r]
-                elif d0 > 0 and _even_chunk(g * G + r, d0, R) and _even_chunk(t, d1, T):
-                    out[t, g * G + r] = acc1[t, r] + summ1[t, r]
-                else:
-                    e, od = acc[t, 0], acc[t, 1]
-                    s = _pair_tree(e[0, r], e[1, r], e[2, r], e[3, r]) + _pair_tree(od[0, r], od[1, r], od[2, r], od[3, r])
-                    if k == 1:
-                        s = s + summ[t, r]
-                    if nb % 2 == 1:
-                        lt = last[t]
-                        if k == 0:                      # sumf += sumi * d_w * d_x, the last product fused
-                            s = fma(lt[0, r] * lt[1, r], ad[t, nb - 1], s)
-                        elif k == 1:                    # sumf + fma(d, sumi, m*s)
-                            s = s + fma(lt[1, r], lt[0, r], lt[2, r])
-                        else:
-                            s = fma(lt[1, r], lt[0, r], s)
-                    out[t, g * G + r] = s
+                out[t, g * G + r] = finish(acc, summ, acc1, summ1, last, ad, t, r, g * G + r, R, nb, k, repack, d0, d1)
     return out
 
 
-# the entry points (threaded: prange over row groups; the serial twin for small work, same body)
-
-@njit(parallel=True, **NOPYTHON)
-def vec_dot(qs, d, m, nrows, aq, ad, as_):
-    """arch/arm/quants.c ggml_vec_dot_q4_0/q4_1/q5_0/q8_0 (NEON dotprod)."""
-    return _legacy(qs, d, m, aq, ad, as_, nrows, VEC_DOT)
-
-
-@njit(**NOPYTHON)
-def vec_dot_serial(qs, d, m, nrows, aq, ad, as_):
-    return _legacy(qs, d, m, aq, ad, as_, nrows, VEC_DOT)
+def _entry(name: str, mode: int, parallel: bool, doc: str | None = None):
+    """An entry point of _legacy with its mode: threaded (prange over row groups) or its serial twin for small
+    work, the same body. The closure holds only the mode and the flag (plain values: numba's cache key)."""
+    def entry(qs, d, m, nrows, aq, ad, as_):
+        return _legacy(qs, d, m, aq, ad, as_, nrows, mode)
+    entry.__name__ = entry.__qualname__ = name
+    entry.__doc__ = doc
+    return njit(parallel=parallel, **NOPYTHON)(entry)
 
 
-@njit(parallel=True, **NOPYTHON)
-def vec_dot_mmla(qs, d, m, nrows, aq, ad, as_):
-    """The same with MATMUL_INT8: 2x2 vmmlaq_s32 steps where vec_dot_rows gives 2."""
-    return _legacy(qs, d, m, aq, ad, as_, nrows, MMLA)
-
-
-@njit(**NOPYTHON)
-def vec_dot_mmla_serial(qs, d, m, nrows, aq, ad, as_):
-    return _legacy(qs, d, m, aq, ad, as_, nrows, MMLA)
-
-
-@njit(parallel=True, **NOPYTHON)
-def q8_0_4x4(qs, d, m, nrows, aq, ad, as_):
-    """ggml_gemv/gemm_q8_0_4x4_q8_0: fused gemv, unfused gemm (rows in groups of 4)."""
-    return _legacy(qs, d, m, aq, ad, as_, nrows, REPACK_4X4)
-
-
-@njit(parallel=True, **NOPYTHON)
-def q8_0_4x8(qs, d, m, nrows, aq, ad, as_):
-    """ggml_gemv/gemm_q8_0_4x8_q8_0: one fma per block in both."""
-    return _legacy(qs, d, m, aq, ad, as_, nrows, REPACK_4X8)
+vec_dot = _entry("vec_dot", VEC_DOT, True, "arch/arm/quants.c ggml_vec_dot_q4_0/q4_1/q5_0/q8_0 (NEON dotprod).")
+vec_dot_serial = _entry("vec_dot_serial", VEC_DOT, False)
+vec_dot_mmla = _entry("vec_dot_mmla", MMLA, True, "The same with MATMUL_INT8: 2x2 vmmlaq_s32 steps where vec_dot_rows gives 2.")
+vec_dot_mmla_serial = _entry("vec_dot_mmla_serial", MMLA, False)
+q8_0_4x4 = _entry("q8_0_4x4", REPACK_4X4, True, "ggml_gemv/gemm_q8_0_4x4_q8_0: fused gemv, unfused gemm (rows in groups of 4).")
+q8_0_4x8 = _entry("q8_0_4x8", REPACK_4X8, True, "ggml_gemv/gemm_q8_0_4x8_q8_0: one fma per block in both.")
 
 
 def pack_legacy_nrows(raw: np.ndarray, tname: str, K: int) -> tuple:

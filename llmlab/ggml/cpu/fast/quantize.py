@@ -144,3 +144,28 @@ def quantize_q8_k_neon(x):
     """quantize_row_q8_K_ref as GCC compiles it for AArch64: q = min(127, rint(iscale * x)) of the
     exact product."""
     return _q8_k(x, True)
+
+
+@njit(inline="always", **NOPYTHON)
+def quantize_quads(x, q41, neon):
+    """x (T, K) float32 -> the activations as the byte-dot kernels (``dot4_legacy``, ``dot4_neon``) read
+    them: (aq4 (T, K/4) int32: the int8 codes four to a word, qsum: each word's four codes added, d, s),
+    q8_1 blocks for q4_1, q8_0 blocks (s empty) otherwise, by the x86 or (``neon``) the ARM quantizers."""
+    if q41:
+        if neon:
+            aq, ad, as_ = quantize_q8_1_neon(x)
+        else:
+            aq, ad, as_ = quantize_q8_1(x)
+    else:
+        if neon:
+            aq, ad = quantize_q8_0_neon(x)
+        else:
+            aq, ad = quantize_q8_0(x)
+        as_ = np.zeros((0, 0), np.float32)
+    T, K = aq.shape
+    qsum = np.empty((T, K // 4), np.int32)
+    for t in range(T):
+        for i in range(K // 4):
+            qsum[t, i] = (np.int32(aq[t, 4 * i]) + np.int32(aq[t, 4 * i + 1])
+                          + np.int32(aq[t, 4 * i + 2]) + np.int32(aq[t, 4 * i + 3]))
+    return aq.view(np.int32), qsum, ad, as_

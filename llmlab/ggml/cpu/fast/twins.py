@@ -80,9 +80,9 @@ TWINS: dict[tuple[str, str], Twin] = {
 }
 
 
-def _neon_byte_dot(kernel: str) -> dict:
+def _neon_byte_dot(kernel: str, pack: Callable = dot4.pack_legacy_quads) -> dict:
     """dot4_neon's kernels of one kind per instruction set (x86 hosts with AVX512-VNNI or AVX2)."""
-    return {isa: Kernels(k[kernel], None, dot4.pack_legacy_quads) for isa, k in dot4_neon.KERNELS.items()}
+    return {isa: Kernels(k[kernel], None, pack) for isa, k in dot4_neon.KERNELS.items()}
 
 
 def _neon_legacy(tname: str, partner: str, i8mm: bool) -> Twin:
@@ -108,7 +108,7 @@ NEON: dict[tuple[str, str], Twin] = {
     ("q8_0", "repack"): _neon_repack("q8_0_4x4", "ggml_gemv/gemm_q8_0_4x4_q8_0", neon.q8_0_4x4, neon.pack_legacy_nrows, _q8_0_neon,
                                      _neon_byte_dot("q8_0_4x4")),
     ("q4_k", "repack"): _neon_repack("q4_K_8x4", "ggml_gemv/gemm_q4_K_8x4_q8_K", neon.q4_k_8x4, quants.pack_q4_k,
-                                     quantize_q8_k_neon),
+                                     quantize_q8_k_neon, _neon_byte_dot("q4_k_8x4", dot4.pack_q4_k)),
     ("q6_k", "repack"): _neon_repack("q6_K_8x4", "ggml_gemv/gemm_q6_K_8x4_q8_K", neon.q6_k_8x4, quants.pack_q6_k,
                                      quantize_q8_k_neon),
 }
@@ -118,7 +118,7 @@ NEON_I8MM: dict[tuple[str, str], Twin] = {
     ("q8_0", "repack"): _neon_repack("q8_0_4x8", "ggml_gemv/gemm_q8_0_4x8_q8_0", neon.q8_0_4x8, neon.pack_legacy_nrows, _q8_0_neon,
                                      _neon_byte_dot("q8_0_4x8")),
     ("q4_k", "repack"): _neon_repack("q4_K_8x8_i8mm", "ggml_gemv/gemm_q4_K_8x8_q8_K (MATMUL_INT8)", neon.q4_k_8x8,
-                                     quants.pack_q4_k, quantize_q8_k_neon),
+                                     quants.pack_q4_k, quantize_q8_k_neon, _neon_byte_dot("q4_k_8x8", dot4.pack_q4_k)),
     ("q6_k", "repack"): _neon_repack("q6_K_8x8_i8mm", "ggml_gemv/gemm_q6_K_8x8_q8_K (MATMUL_INT8)", neon.q6_k_8x8,
                                      quants.pack_q6_k, quantize_q8_k_neon),
 }

@@ -60,8 +60,8 @@ RB = 128     # rows per block: the block's accumulators (step x RB floats) stay 
 
 
 @njit(inline="always", **NOPYTHON)
-def _rows_h(AT, blk, b, out_row, n_reg, lanes, prog, acc, scratch):
-    """out_row[r] for the RB rows of block ``blk`` of AT (K, NB, RB) float32 (f16 values, transposed):
+def _rows_h(AT, blk, b, out_row, n_reg, lanes, prog, acc, scratch, rb):
+    """out_row[r] for the rb rows of block ``blk`` of AT (K, NB, rb) float32 (f16 values, transposed):
     each row's registers fma'd in half along K, folded in half, the last register's lanes added by
     ``prog`` in float32, the leftovers in double; the loops run across the rows (vectorized)."""
     K = AT.shape[0]
@@ -73,56 +73,73 @@ def _rows_h(AT, blk, b, out_row, n_reg, lanes, prog, acc, scratch):
             bj = b[i + j]
             a = AT[i + j, blk]
             row = acc[j]
-            for r in range(RB):
+            for r in range(rb):
                 row[r] = fma_h(bj, a[r], row[r])
     h = n_reg
     while h > 1:                                   # GGML_F16_VEC_REDUCE: registers fold in half
         h //= 2
         for j in range(h * lanes):
             x, y = acc[j], acc[j + h * lanes]
-            for r in range(RB):
+            for r in range(rb):
                 x[r] = add_h(x[r], y[r])
     for j in range(lanes):
         sj, aj = scratch[j], acc[j]
-        for r in range(RB):
+        for r in range(rb):
             sj[r] = aj[r]
     for k in range(prog.shape[0]):
         x, y, z = scratch[prog[k, 0]], scratch[prog[k, 1]], scratch[lanes + k]
-        for r in range(RB):
+        for r in range(rb):
             z[r] = x[r] + y[r]
     last = scratch[lanes + prog.shape[0] - 1]
-    r0 = blk * RB
-    for r in range(min(RB, out_row.shape[0] - r0)):
+    r0 = blk * rb
+    for r in range(min(rb, out_row.shape[0] - r0)):
         total = np.float64(last[r])
         for k in range(np_, K):                    # vec_dot_f16's leftovers, in double
             total += np.float64(b[k] * AT[k, blk, r])
         out_row[r0 + r] = np.float32(total)
 
 
-@njit(parallel=True, **NOPYTHON)
-def mul_mat_f16h(A, B, out, n_reg, lanes, prog):
+@njit(inline="always", **NOPYTHON)
+def _mul_mat_f16h(A, B, out, n_reg, lanes, prog, rb):
     """out[h, t, r] = A[h // (H / Hk), r] . f16(B[h, t]) with half-precision accumulators: A (Hk, R, K)
     f16 bits (any strides: the KV cache view), B (H, T, K) float32. Each kv head's rows are widened and
     transposed once (K, R), then every grouped head and activation row passes over them; (kv head,
-    block of RB rows) pairs in parallel."""
+    block of rb rows) pairs in parallel."""
     Hk, R, K = A.shape
     H, T = out.shape[0], out.shape[1]
     g = H // Hk
-    NB = -(-R // RB)
+    NB = -(-R // rb)
     for w in prange(Hk * NB):
         hk, blk = w // NB, w % NB
-        AT = np.zeros((K, 1, RB), np.float32)
-        for r in range(blk * RB, min(R, blk * RB + RB)):
+        AT = np.zeros((K, 1, rb), np.float32)
+        for r in range(blk * rb, min(R, blk * rb + rb)):
             for k in range(K):
-                AT[k, 0, r - blk * RB] = f16_bits_to_f32(A[hk, r, k])
-        acc = np.empty((n_reg * lanes, RB), np.float32)
-        scratch = np.empty((lanes + prog.shape[0], RB), np.float32)
+                AT[k, 0, r - blk * rb] = f16_bits_to_f32(A[hk, r, k])
+        acc = np.empty((n_reg * lanes, rb), np.float32)
+        scratch = np.empty((lanes + prog.shape[0], rb), np.float32)
         b = np.empty(K, np.float32)
         for h in range(hk * g, hk * g + g):
             for t in range(T):
                 for k in range(K):
                     b[k] = f16_round(B[h, t, k])
-                _rows_h(AT, 0, b, out[h, t][blk * RB:], n_reg, lanes, prog, acc, scratch)
+                _rows_h(AT, 0, b, out[h, t][blk * rb:], n_reg, lanes, prog, acc, scratch, rb)
+
+
+def _entry(name: str, rb: int):
+    """An entry point of _mul_mat_f16h with its block width (a constant: the row loops' trip count)."""
+    def entry(A, B, out, n_reg, lanes, prog):
+        _mul_mat_f16h(A, B, out, n_reg, lanes, prog, rb)
+    entry.__name__ = entry.__qualname__ = name
+    return njit(parallel=True, **NOPYTHON)(entry)
+
+
+mul_mat_f16h = _entry("mul_mat_f16h", RB)
+mul_mat_f16h_narrow = _entry("mul_mat_f16h_narrow", RB // 2)   # at most RB/2 rows (a decode step's V^T)
+
+
+def kernel(R: int):
+    """The f16h kernel for R rows: a block as wide as the rows when they fit half a block (no idle lanes)."""
+    return mul_mat_f16h_narrow if R <= RB // 2 else mul_mat_f16h
 
 
 _ORDERS: dict = {}
