@@ -84,16 +84,20 @@ def main() -> None:
         print(f"prefill {len(ids)} tokens: {len(ids) / pp:.1f} tok/s ({plan_s[0] * 1e3:.1f} ms in the plan of "
               f"{pp * 1e3:.1f})")
         decoding[0], plan_s[0] = True, 0.0
+        r0 = threadpool.region_counts()
         t0 = time.perf_counter()
         for _ in range(args.gen):
             next(steps)
         tg = time.perf_counter() - t0
+        r1 = threadpool.region_counts()
     finally:
         cplan.CPlan.compute, threadpool.Governor.choose = plain, choose
     n = args.gen
     plan = ctx.backend.plan(ctx.last_graph.gf)
     print(f"decode {n} tokens: {n / tg:.2f} tok/s = {tg / n * 1e3:.3f} ms/token; in the plan {plan_s[0] / n * 1e3:.3f} ms, "
           f"outside {(tg - plan_s[0]) / n * 1e3:.3f} ms; thread counts chosen {dict(chosen)}")
+    print(f"threading layer {threadpool.threading_layers()['layer']}: parallel regions per token "
+          f"{(r1[0] - r0[0]) / n:.1f} on the calling thread, {(r1[1] - r0[1]) / n:.1f} woke the layer's threads")
     print(f"plan: {plan}; parallel-capable steps per token (MUL_MAT, SOFT_MAX): "
           f"{sum(1 for i in plan._order if plan.nodes[i].op in ('MUL_MAT', 'SOFT_MAX'))}")
     if args.no_steps:

@@ -153,14 +153,17 @@ def rpc_timeout() -> float:
 RPC_TIMEOUT_MAX = 86400      # a day: longer is no timeout at all (and past ~1e9 s the socket cannot be given it)
 
 
-def parallel_min_work() -> int:
+def parallel_min_work(default=1 << 18) -> int:
     """LLMLAB_PARALLEL_MIN_WORK: R * K * T multiply-adds of a quantized product below which it runs on one
     thread (cplan scales it for other ops). Threads pay only when a product's work covers waking and joining
     them: the default, 2^18, threads the per-token matvecs of the small models but their K/V projections.
     Where other processes hold the cores, a threaded call waits for a thread the OS has not scheduled: a
     larger value (2097152) keeps every layer serial. Read when a kernel is bound (a plan build), never per
-    call."""
-    return _env_int("LLMLAB_PARALLEL_MIN_WORK", 1 << 18, 0)
+    call. ``default``: the value where unset, or a function giving it (the fast kernels derive it from the
+    threading layer's measured wake-up cost: ``fast._common.parallel_min_work``)."""
+    if not _env("LLMLAB_PARALLEL_MIN_WORK"):
+        return default() if callable(default) else default
+    return _env_int("LLMLAB_PARALLEL_MIN_WORK", 0, 0)
 
 
 # ---------------------------------------------------------------- threads: one policy

@@ -151,7 +151,7 @@ def test_half_accumulators(cpu, Hk, H, R, T, K, threads):
         threads(n)
         for f16h in dict.fromkeys((vec_f16.mul_mat_f16h, vec_f16.kernel(R))):   # the narrow block where it fits
             out = np.empty((H, T, R), np.float32)
-            f16h(A.view(np.uint16), B, out, *order)
+            f16h(A.view(np.uint16), B, out, *order, 0)         # 0: no limit below the count threads(n) set
             assert same_bits(out, ref), (cpu, Hk, H, R, T, K, n, f16h.__name__)
 
 

@@ -43,6 +43,10 @@ Step = Callable[[], None]
 # fma is about 8 times cheaper, so it threads from 8 times as many; softmax from as many elements (each
 # exp is about 8 multiply-adds).
 F16_PARALLEL_FACTOR = 8
+# A decode step's attention products (the f16 K and V of the cache against one token: kq, kqv; on the ARM
+# profiles every f16 product) compute about a quarter as many multiply-adds a microsecond as a quantized
+# product (each cache row widened from f16 and reduced per block), so they thread from a quarter as many.
+ATTENTION_PARALLEL_DIVISOR = 4
 BINDERS: dict[str, Callable[[Tensor, CPUProfile], Step | None]] = {}
 
 
@@ -332,8 +336,8 @@ def _mul_mat(node, cpu):
         T, R, K = b.ne[1], a.ne[1], a.ne[0]
         half = fvec16.half_order(cpu, R, T, K)              # FP16_VA: half-precision accumulators
         if half is not None:
-            f16h = fvec16.kernel(R)
-            return lambda: f16h(A, X, Y, *half)
+            f16h, n = fvec16.kernel(R), _attention_limit(Y.size * K)
+            return lambda: f16h(A, X, Y, *half, n)
         order = _f16_order(cpu, R, T, K)
         if order is None:
             return None
@@ -345,7 +349,8 @@ def _mul_mat(node, cpu):
         flags = reader(A.transpose(1, 0, 2)) if T == 1 else None
         if flags is not None and flags.shape[0] >= R:       # a decode step: keep the cache rows transposed,
             AT = np.zeros((A.shape[0], K, -(-R // fvec.RB), fvec.RB), np.uint16)   # redo those written since
-            return lambda: fvec.mul_mat_f16_cached(A, X, Y, n_reg, lanes, prog, flags, AT)
+            n = _attention_limit(Y.size * K)
+            return lambda: fvec.mul_mat_f16_cached(A, X, Y, n_reg, lanes, prog, flags, AT, n)
         if Y.size * K >= F16_PARALLEL_FACTOR * parallel_min_work() and _threads() > 1:
             n = _threads()
             return lambda: fvec.mul_mat_f16_mt(A, X, Y, n_reg, lanes, prog, n)
@@ -419,7 +424,8 @@ def _fuse_v_transpose(node, cpu, readers):
     if order is None:
         return None
     n_reg, lanes, prog = order
-    return (lambda: fvec.mul_mat_f16_vt(V, X, Y, n_reg, lanes, prog)), [c]
+    n = _attention_limit(Y.size * V.shape[0])
+    return (lambda: fvec.mul_mat_f16_vt(V, X, Y, n_reg, lanes, prog, n)), [c]
 
 
 def _quantized_matvec(node: Tensor, cpu: CPUProfile):
@@ -500,3 +506,10 @@ def _fuse_shared_activations(nodes: list[Tensor], i: int, cpu: CPUProfile, windo
 
 def _threads() -> int:
     return threads()        # the count fast.set_threads set (config's policy on first use), as dispatch reads it
+
+
+def _attention_limit(work: int) -> int:
+    """The thread limit of an attention product of ``work`` multiply-adds: 0 (the step's count) from
+    parallel_min_work() / ATTENTION_PARALLEL_DIVISOR on, else 1 (the calling thread: a short context's
+    products are smaller than waking workqueue's threads costs)."""
+    return 0 if _threads() > 1 and work * ATTENTION_PARALLEL_DIVISOR >= parallel_min_work() else 1

@@ -177,8 +177,13 @@ class Governor:
 # runtime's vcomp on Windows, on macOS only with libomp from Homebrew or conda's llvm-openmp: numba's
 # macOS wheels link it but do not ship it) and ``workqueue`` (numba's own, always there). Every layer
 # exports the get/set_num_threads entries llmlab's thread limit calls (fast._common), so the governor and
-# the limit work on each. workqueue hands even a one-thread region to a worker thread and wakes it
-# (a region costs the caller tens to hundreds of microseconds where omp and tbb run it inline).
+# the limit work on each. workqueue hands even a one-thread region to a worker thread and wakes it (two
+# rounds through each worker's condition variable: the thread counts synced, then the work): tens to
+# hundreds of microseconds a region, where omp and tbb run a one-thread region inline in 1-3. So llmlab
+# runs every one-thread region itself on the calling thread, on every layer (:func:`install_inline_regions`),
+# and sizes the work from which a product is threaded by what waking the layer's threads costs here
+# (:func:`wake_cost_us`): under workqueue a decode step's small products run on the calling thread and
+# only large ones (prefill, the output head) wake the workers.
 
 LAYERS = ("tbb", "omp", "workqueue")             # numba's own order for its "default"
 _MODULES = {"tbb": "tbbpool", "omp": "omppool", "workqueue": "workqueue"}
@@ -222,3 +227,130 @@ def governor(n_max: int) -> Governor:
 def forget() -> None:
     """Drop the process's governor and its timings (after a warm-up, whose steps time the compiler)."""
     _SHARED.clear()
+
+
+# ---- one-thread regions on the calling thread ------------------------------------------------------
+# numba's parallel code calls its layer through one symbol, ``numba_parallel_for(fn, args, dims, steps,
+# data, inner_ndim, array_count, num_threads)`` (numba.np.ufunc.parallel.build_gufunc_kernel), bound
+# when a kernel's machine code is linked (compiled or loaded from the cache). Once numba has launched its
+# layer, llmlab binds that symbol to a small entry of its own: a region of one thread calls ``fn`` on the
+# whole schedule directly, what every layer computes for one thread (same chunk, same order, the same
+# bits); a larger one goes on to the layer. It also counts both kinds (``region_counts``).
+
+_INLINE: dict = {}                 # the entry's library (kept alive), addresses and counters, once built
+
+
+def _build_inline_entry(layer_entry: int) -> dict:
+    """Compile (LLVM IR, numba's JIT) the entry that forwards to ``layer_entry`` (the layer's parallel_for)
+    and a no-op task for :func:`wake_cost_us`."""
+    import ctypes
+    from llvmlite import ir
+    from numba.core.compiler_lock import global_compiler_lock
+    from numba.core.registry import cpu_target
+
+    i8p, i64 = ir.IntType(8).as_pointer(), ir.IntType(64)
+    mod = ir.Module("llmlab_regions")
+    counts = (ctypes.c_int64 * 2)()                  # (inline, handed to the layer), read by region_counts
+    fnty = ir.FunctionType(ir.VoidType(), [i8p] * 5 + [i64] * 3)       # as numba declares numba_parallel_for
+    task = ir.FunctionType(ir.VoidType(), [i8p.as_pointer(), i64.as_pointer(), i64.as_pointer(), i8p])
+    f = ir.Function(mod, fnty, "llmlab_parallel_for")
+    fn, args, dims, steps, data, _, _, nth = f.args
+    b = ir.IRBuilder(f.append_basic_block())
+    inline, layer = f.append_basic_block("inline"), f.append_basic_block("layer")
+    n32 = b.trunc(nth, ir.IntType(32))               # the C entries take an int
+    b.cbranch(b.icmp_signed("<=", n32, ir.IntType(32)(1)), inline, layer)
+    for block, k in ((inline, 0), (layer, 1)):
+        b = ir.IRBuilder(block)
+        at = b.inttoptr(i64(ctypes.addressof(counts) + 8 * k), i64.as_pointer())
+        b.atomic_rmw("add", at, i64(1), "monotonic")
+        if k == 0:
+            b.call(b.bitcast(fn, task.as_pointer()), [b.bitcast(args, i8p.as_pointer()), b.bitcast(dims, i64.as_pointer()),
+                                                        b.bitcast(steps, i64.as_pointer()), data])
+        else:
+            b.call(b.inttoptr(i64(layer_entry), fnty.as_pointer()), list(f.args))
+        b.ret_void()
+    noop = ir.Function(mod, task, "llmlab_noop_task")
+    ir.IRBuilder(noop.append_basic_block()).ret_void()
+    with global_compiler_lock:
+        lib = cpu_target.target_context.codegen().create_library("llmlab_regions")
+        lib.add_ir_module(mod)
+        lib.finalize()
+        addr = {name: lib.get_pointer_to_function(name) for name in ("llmlab_parallel_for", "llmlab_noop_task")}
+    return {"lib": lib, "entry": addr["llmlab_parallel_for"], "noop": addr["llmlab_noop_task"],
+            "layer_entry": layer_entry, "counts": counts}
+
+
+def _bind_inline_entry() -> None:
+    import llvmlite.binding as ll
+    if _INLINE:
+        return
+    layer_entry = ll.address_of_symbol("numba_parallel_for")
+    if not layer_entry:
+        return
+    _INLINE.update(_build_inline_entry(layer_entry))
+    ll.add_symbol("numba_parallel_for", _INLINE["entry"])
+
+
+def install_inline_regions() -> None:
+    """Have every one-thread parallel region of kernels linked from now on run on the calling thread. numba
+    binds its layer lazily (``numba.np.ufunc.parallel._launch_threads``, called before any parallel kernel
+    is compiled or loaded from the cache): that function is wrapped so that the entry is bound right after
+    (at once if numba already launched its layer). Called when the fast kernels are imported."""
+    from numba.np.ufunc import parallel
+    if getattr(parallel, "_is_initialized", False):
+        _bind_inline_entry()
+        return
+    launch = parallel._launch_threads
+    if getattr(launch, "llmlab_inline", False):
+        return
+
+    def launch_then_bind():
+        launch()
+        _bind_inline_entry()
+    launch_then_bind.llmlab_inline = True
+    parallel._launch_threads = launch_then_bind
+
+
+def region_counts() -> tuple[int, int]:
+    """Parallel regions entered so far in this process through llmlab's entry: (run inline on one thread,
+    handed to the layer's threads). (0, 0) before numba launched its layer."""
+    c = _INLINE.get("counts")
+    return (int(c[0]), int(c[1])) if c is not None else (0, 0)
+
+
+_WAKE: dict[int, float] = {}
+
+
+def wake_cost_us(n: int) -> float:
+    """What a parallel region of ``n`` threads costs the calling thread beyond running its work there, in
+    microseconds: back-to-back empty regions through the layer minus the same through the inline entry,
+    the best of 5 rounds of 16 (a decode step's regions come back to back: a spinning omp or tbb worker
+    answers in a few microseconds; workqueue's condition variables take tens to hundreds). Measured once
+    per process and count (a few milliseconds at most); 0.0 for one thread."""
+    if n <= 1:
+        return 0.0
+    if n in _WAKE:
+        return _WAKE[n]
+    import ctypes
+    from numba.np.ufunc import parallel
+    parallel._launch_threads()
+    if not _INLINE:
+        _bind_inline_entry()
+    c = ctypes
+    proto = c.CFUNCTYPE(None, c.c_void_p, c.c_void_p, c.c_void_p, c.c_void_p, c.c_void_p, c.c_ssize_t, c.c_ssize_t,
+                        c.c_ssize_t)
+    layer, inline = proto(_INLINE["layer_entry"]), proto(_INLINE["entry"])
+    args, dims, steps = (c.c_void_p * 1)(), (c.c_ssize_t * 2)(n, 1), (c.c_ssize_t * 1)(0)
+    noop = _INLINE["noop"]
+
+    def per_region(entry, threads: int, reps: int = 16) -> float:
+        t = time.perf_counter()
+        for _ in range(reps):
+            entry(noop, args, dims, steps, None, 1, 0, threads)
+        return (time.perf_counter() - t) / reps
+
+    per_region(layer, n, 4)                          # wake the workers first
+    pooled = min(per_region(layer, n) for _ in range(5))
+    alone = min(per_region(inline, 1) for _ in range(5))
+    _WAKE[n] = max(0.0, pooled - alone) * 1e6
+    return _WAKE[n]

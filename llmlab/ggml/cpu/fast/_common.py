@@ -11,11 +11,13 @@ from numba.extending import intrinsic, overload
 
 from .... import config
 from ..shipped_kernels import install as install_cache_guard
+from ..threadpool import install_inline_regions, wake_cost_us
 
 F32, F64 = np.float32, np.float64
 G = 32          # rows side by side in the packed weight layouts (one int16 zmm register across rows)
 NOPYTHON = dict(cache=True, nogil=True, boundscheck=False)
 install_cache_guard()   # before any cached kernel loads: the target (shipped kernels), a damaged cache compiled anew
+install_inline_regions()    # ... and before any parallel kernel links: a one-thread region runs on the caller
 
 
 @intrinsic
@@ -116,8 +118,9 @@ def restore_threads(n):
 def limit_threads(n):
     """Inside a kernel: run its parallel regions on at most ``n`` threads (0: the count the step set) and
     return the count to restore. One thread is the serial case: the outlined prange body on the calling
-    thread, with nobody woken. (LLVM compiles that body about twice as fast as a plain serial loop, whose
-    array views pay reference counts per block: SmolLM2's q4_1 and Gemma's q8_0 head, 2.3x.)"""
+    thread, with nobody woken, on every layer (threadpool.install_inline_regions). (LLVM compiles that
+    body about twice as fast as a plain serial loop, whose array views pay reference counts per block:
+    SmolLM2's q4_1 and Gemma's q8_0 head, 2.3x.)"""
     prev = _get_num_threads()
     if 0 < n < prev:
         _set_num_threads(n)
@@ -129,10 +132,29 @@ def thread_count() -> int:
     return min(config.threads()[0], numba.config.NUMBA_NUM_THREADS)
 
 
+# What threading a product saves: one thread computes about WORK_PER_US quantized multiply-adds a
+# microsecond (the AVX2 byte-dot kernels on the Zen 3: SmolLM2's 1536x576 q4_1 matvec, 884,736 of them, in
+# 57 us), so n threads save work / WORK_PER_US * (n - 1) / n microseconds, and pay when that exceeds what
+# waking them costs (threadpool.wake_cost_us). MIN_WORK is the floor: the threshold tuned on omp, whose
+# threads answer in a few microseconds.
+WORK_PER_US = 15000
+MIN_WORK = 1 << 18
+
+
+def min_work_for(wake_us: float, n: int) -> int:
+    """The multiply-adds from which n threads pay for a wake of ``wake_us`` microseconds (at least MIN_WORK)."""
+    if n <= 1:
+        return MIN_WORK
+    return max(MIN_WORK, int(wake_us * WORK_PER_US * n / (n - 1)))
+
+
 def parallel_min_work() -> int:
-    """Multiply-adds of a quantized product from which it runs threaded (``config.parallel_min_work``):
-    read when a kernel is bound, not per call."""
-    return config.parallel_min_work()
+    """Multiply-adds of a quantized product from which it runs threaded: LLMLAB_PARALLEL_MIN_WORK where set,
+    else :func:`min_work_for` the measured wake cost of the layer's threads (measured once per process:
+    about 2^18 on omp and tbb, several million under workqueue, where a decode step's products then run on
+    the calling thread). Read when a kernel is bound, not per call."""
+    n = threads()
+    return config.parallel_min_work(default=lambda: min_work_for(wake_cost_us(n), n))
 
 
 _THREADS = [0]          # 0: not set yet (threads() sets it from config on first use)

@@ -19,7 +19,7 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ._common import as_f32, f16_bits_to_f32, f16_round, f32_to_f16_bits, fma
+from ._common import as_f32, f16_bits_to_f32, f16_round, f32_to_f16_bits, fma, limit_threads, restore_threads
 
 EXPF_CODES = {"scalef": 0, "bits": 1}
 
@@ -210,10 +210,12 @@ def _round_f16(x, out):
 
 
 @njit(cache=True, parallel=True)
-def mul_mat_f16_vt(V, X, out, n_reg, lanes, prog):
+def mul_mat_f16_vt(V, X, out, n_reg, lanes, prog, n_threads):
     """Attention's kqv for one token fused with the CONT of V^T before it: out[h, t, d] = V[:, h // g, d]
     . f16(X[h, t]), V (KV, Hk, D) the cache rows as f16 bits, read in place (no transposed copy). The
-    arithmetic of vec_dot_f16 on the row d of V^T, vectorized across d; the heads in parallel."""
+    arithmetic of vec_dot_f16 on the row d of V^T, vectorized across d; the heads in parallel on at most
+    ``n_threads`` threads (1: on the calling thread, 0: the step's count)."""
+    prev = limit_threads(n_threads)
     KV, Hk, D = V.shape
     H, T = out.shape[0], out.shape[1]
     g = H // Hk
@@ -224,6 +226,7 @@ def mul_mat_f16_vt(V, X, out, n_reg, lanes, prog):
         for t in range(T):
             _round_f16(X[h, t], b)
             _dot_rows(V, h // g, h // g + 1, b, out[h, t], n_reg, lanes, prog, acc, scratch)
+    restore_threads(prev)
 
 
 _F32x16 = ir.VectorType(ir.FloatType(), 16)
@@ -348,11 +351,13 @@ def mul_mat_f16(A, B, out, n_reg, lanes, prog):
 
 
 @njit(cache=True, parallel=True)
-def mul_mat_f16_cached(A, X, out, n_reg, lanes, prog, written, AT):
+def mul_mat_f16_cached(A, X, out, n_reg, lanes, prog, written, AT, n_threads):
     """:func:`mul_mat_f16` for a decode step, which reads the same cache rows step after step: ``AT``
     (Hk, K, R/RB, RB) keeps the rows transposed (f16 bits, zero-padded); a row is transposed again only
     where ``written`` (one flag per cache row, set by every writer: ``llmlab.ggml.cpu.journal``) says it
-    changed. ``X``: the activations before their rounding to f16."""
+    changed. ``X``: the activations before their rounding to f16. On at most ``n_threads`` threads (1:
+    the calling thread, 0: the step's count)."""
+    prev = limit_threads(n_threads)
     Hk, R, K = A.shape
     H, T = out.shape[0], out.shape[1]
     g = H // Hk
@@ -371,6 +376,7 @@ def mul_mat_f16_cached(A, X, out, n_reg, lanes, prog, written, AT):
         for t in range(T):
             _round_f16(X[h, t], b)
             _dot_rows(AT[h // g], blk, blk + 1, b, out[h, t][blk * RB:], n_reg, lanes, prog, acc, scratch)
+    restore_threads(prev)
 
 
 @njit(cache=True, parallel=True)

@@ -20,7 +20,7 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
-from ._common import NOPYTHON, f16_bits_to_f32, f16_round
+from ._common import NOPYTHON, f16_bits_to_f32, f16_round, limit_threads, restore_threads
 from .vec import tree_program
 
 
@@ -126,9 +126,12 @@ def _mul_mat_f16h(A, B, out, n_reg, lanes, prog, rb):
 
 
 def _entry(name: str, rb: int):
-    """An entry point of _mul_mat_f16h with its block width (a constant: the row loops' trip count)."""
-    def entry(A, B, out, n_reg, lanes, prog):
+    """An entry point of _mul_mat_f16h with its block width (a constant: the row loops' trip count), on at
+    most ``n_threads`` threads (1: the calling thread, 0: the step's count)."""
+    def entry(A, B, out, n_reg, lanes, prog, n_threads):
+        prev = limit_threads(n_threads)
         _mul_mat_f16h(A, B, out, n_reg, lanes, prog, rb)
+        restore_threads(prev)
     entry.__name__ = entry.__qualname__ = name
     return njit(parallel=True, **NOPYTHON)(entry)
 
