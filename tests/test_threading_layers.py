@@ -1,0 +1,180 @@
+"""numba's threading layers under llmlab: a one-thread parallel region runs on the calling thread on every
+layer (workqueue would hand it to a worker and wake it), the thread limit and the governor's count reach
+the layer, and the work from which a product is threaded comes from the layer's measured wake-up cost.
+Checked by which thread ran each task and by the region counts, never by timing."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numba
+import numpy as np
+import pytest
+
+from llmlab.ggml.cpu import threadpool
+from llmlab.ggml.cpu.fast import _common          # binds llmlab's region entry before any kernel below links
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# pthread_self() of the thread running each task of a parallel region, and of the caller: a region ran
+# on the calling thread when every task reports the caller's. The limit is llmlab's (fast._common).
+PROBE = r'''
+import json, os, sys
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from llmlab.ggml.cpu import threadpool
+from llmlab.ggml.cpu.fast import _common
+
+
+@intrinsic
+def _pthread_self(typingctx):
+    def codegen(context, builder, signature, args):
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.IntType(64), []), "pthread_self")
+        return builder.call(fn, [])
+    return types.int64(), codegen
+
+
+@njit
+def caller():
+    return _pthread_self()
+
+
+@njit(parallel=True)
+def tasks(out, n_threads):
+    prev = _common.limit_threads(n_threads)
+    for i in prange(out.size):
+        out[i] = _pthread_self()
+    _common.restore_threads(prev)
+
+
+def run(step_count, limit):
+    """Tasks of one region on ``step_count`` threads (as the governor sets a step's count) with a kernel limit:
+    (all on the caller, regions run inline, regions handed to the layer)."""
+    _common.use_threads(step_count)
+    out = np.zeros(8, np.int64)
+    c0 = threadpool.region_counts()
+    tasks(out, limit)
+    c1 = threadpool.region_counts()
+    me = caller()
+    return {"on_caller": bool((out == me).all()), "none_on_caller": bool((out != me).all()),
+            "inline": c1[0] - c0[0], "layer": c1[1] - c0[1]}
+
+
+_common.set_threads(2)
+res = {"limit_1": run(2, 1), "step_1": run(1, 0), "step_2": run(2, 0)}
+import numba
+res["layer"] = numba.threading_layer()
+res["min_work"] = _common.parallel_min_work()
+res["derived"] = _common.min_work_for(threadpool.wake_cost_us(2), 2)
+print(json.dumps(res))
+'''
+
+two_threads = pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="numba's pool has one thread here")
+posix = pytest.mark.skipif(sys.platform == "win32", reason="the probe reads pthread_self")
+
+
+def probe(layer: str | None) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+           "NUMBA_NUM_THREADS": "2"}
+    env.pop("LLMLAB_PARALLEL_MIN_WORK", None)
+    env.pop("LLMLAB_THREADS", None)
+    if layer:
+        env["NUMBA_THREADING_LAYER"] = layer
+    else:
+        env.pop("NUMBA_THREADING_LAYER", None)
+    p = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+@two_threads
+@posix
+def test_workqueue_one_thread_regions_stay_on_the_calling_thread():
+    """workqueue hands every region to its workers, a one-thread one too, and the caller never runs a task
+    (the two-thread case shows it: no task on the caller). llmlab's entry runs the limit's one-thread
+    regions and the governor's one-thread steps on the caller, without the layer."""
+    r = probe("workqueue")
+    assert r["layer"] == "workqueue"
+    assert r["limit_1"] == {"on_caller": True, "none_on_caller": False, "inline": 1, "layer": 0}
+    assert r["step_1"] == {"on_caller": True, "none_on_caller": False, "inline": 1, "layer": 0}
+    assert r["step_2"]["none_on_caller"] and (r["step_2"]["inline"], r["step_2"]["layer"]) == (0, 1)
+    assert r["min_work"] == r["derived"] >= _common.MIN_WORK      # from the layer's measured wake-up cost
+
+
+@two_threads
+@posix
+def test_default_layer_one_thread_regions_stay_on_the_calling_thread():
+    r = probe(None)
+    for case in ("limit_1", "step_1"):
+        assert r[case] == {"on_caller": True, "none_on_caller": False, "inline": 1, "layer": 0}, (r["layer"], case)
+    assert not r["step_2"]["on_caller"] and (r["step_2"]["inline"], r["step_2"]["layer"]) == (0, 1)
+
+
+def test_min_work_follows_the_wake_cost(monkeypatch):
+    """The threshold is what a wake costs in one thread's work, n/(n-1) times (n threads save (n-1)/n of
+    it), never below MIN_WORK; LLMLAB_PARALLEL_MIN_WORK wins; one thread wakes nobody (nothing measured)."""
+    monkeypatch.delenv("LLMLAB_PARALLEL_MIN_WORK", raising=False)
+    asked = []
+
+    def wake(n):
+        asked.append(n)
+        return cost[0]
+    monkeypatch.setattr(_common, "wake_cost_us", wake)
+    monkeypatch.setattr(_common, "threads", lambda: 2)
+    cost = [100.0]                                           # workqueue's condition variables
+    assert _common.parallel_min_work() == 100 * _common.WORK_PER_US * 2
+    cost[0] = 0.5                                            # a spinning omp worker
+    assert _common.parallel_min_work() == _common.MIN_WORK
+    monkeypatch.setattr(_common, "threads", lambda: 4)
+    cost[0] = 90.0
+    assert _common.parallel_min_work() == int(90 * _common.WORK_PER_US * 4 / 3)
+    assert asked == [2, 2, 4]
+    monkeypatch.setenv("LLMLAB_PARALLEL_MIN_WORK", "12345")
+    assert _common.parallel_min_work() == 12345 and asked == [2, 2, 4]
+    assert _common.min_work_for(1e6, 1) == _common.MIN_WORK
+
+
+def test_wake_cost_is_measured_once_per_count():
+    a = threadpool.wake_cost_us(2)
+    assert a >= 0.0 and threadpool.wake_cost_us(2) == a and threadpool.wake_cost_us(1) == 0.0
+
+
+@two_threads
+def test_a_small_product_runs_on_the_calling_thread(monkeypatch):
+    """A quantized product bound below the threshold gets the limit 1: its region runs inline; above it,
+    the layer's threads. The same bits either way."""
+    from llmlab.ggml.cpu.fast import dispatch
+    from llmlab.ggml.quant import quantize
+    from llmlab.ggml.types import ggml_type
+    monkeypatch.delenv("LLMLAB_PARALLEL_MIN_WORK", raising=False)
+    rng = np.random.default_rng(3)
+    qt = ggml_type("q4_0")
+    raw = quantize(rng.standard_normal(64 * 256).astype(np.float32), "q4_0").reshape(64, -1)
+    X = rng.standard_normal((1, 256)).astype(np.float32)
+    n0 = _common.threads()
+    _common.set_threads(2)
+    try:
+        outs = []
+        for wake in (1e6, 0.0):                              # a layer slower than any product, then a free one
+            monkeypatch.setattr(_common, "wake_cost_us", lambda n, w=wake: w)
+            monkeypatch.setattr(_common, "MIN_WORK", 1)
+            Y = np.zeros((1, 64), np.float32)
+            step = dispatch.bind_step(raw, qt, X, Y)
+            c0 = threadpool.region_counts()
+            step()
+            c1 = threadpool.region_counts()
+            outs.append(Y.copy())
+            if wake:
+                assert c1[1] == c0[1] and c1[0] > c0[0]
+            else:
+                assert c1[1] > c0[1]
+        assert outs[0].tobytes() == outs[1].tobytes()
+    finally:
+        _common.set_threads(n0)
