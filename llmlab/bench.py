@@ -179,6 +179,15 @@ def plot_speeds(sides: dict, title: str = "", ax=None):
     return ax
 
 
+def threading_layer() -> str:
+    """The threading layer numba's parallel kernels ran on in this process ("" if none ran yet)."""
+    import numba
+    try:
+        return numba.threading_layer()
+    except ValueError:
+        return ""
+
+
 def cpu_model() -> str:
     """The CPU's name as the OS gives it (speed ratios differ by vendor: say which CPU a figure comes from)."""
     import platform
@@ -240,6 +249,7 @@ class BenchResult:
     prefill_ratio: float | None = None
     rss_ratio: float | None = None
     same_tokens: int | None = None
+    threading: str = ""         # numba's threading layer the fast kernels ran on ("" before any parallel kernel ran)
 
     def to_json(self) -> dict:
         return asdict(self)

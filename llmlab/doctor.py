@@ -218,7 +218,9 @@ def check_numba() -> list[Check]:
 
 def check_threading_layer() -> Check:
     """numba's threading layer: omp or tbb run a decode step's few hundred parallel regions cheaply;
-    workqueue (the only one a pip-only macOS has) wakes a thread for each, even a one-thread one."""
+    workqueue (the only one a pip-only macOS has) wakes its threads through condition variables, tens to
+    hundreds of microseconds a region, so llmlab runs a decode step's small products on the calling thread
+    there (``threadpool.install_inline_regions``) and threads only the large ones."""
     from .ggml.cpu.threadpool import threading_layers
     t = threading_layers()
     good = t["layer"] in ("omp", "tbb")
@@ -227,7 +229,7 @@ def check_threading_layer() -> Check:
            else hint("threading_layer"))
     return Check("threading", "ok" if good else "warn", False,
                  f"numba's {t['layer']} layer (loads here: {', '.join(t['available']) or 'none'})" + (
-                     "" if good else "; each parallel region wakes a thread: slower decoding"),
+                     "" if good else "; its threads are slow to wake: decoding runs mostly on one thread"),
                  None if good else fix, t)
 
 

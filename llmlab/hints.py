@@ -45,7 +45,8 @@ _HINTS = {
                              "runs), or CMAKE_ARGS='-DGGML_NATIVE=OFF -DGGML_AVX512=ON -DGGML_AMX_TILE=OFF "
                              "-DGGML_AMX_INT8=OFF' python -m pip install --no-cache-dir --force-reinstall "
                              f"llama-cpp-python=={LLAMA_CPP_PYTHON}"},
-    "threading_layer": {"linux": "python -m pip install tbb (or: sudo apt-get install libgomp1, for the omp layer)",
+    "threading_layer": {"linux": "sudo apt-get install libgomp1 (numba's omp layer; or python -m pip install tbb, then "
+                                 "start Python with LD_LIBRARY_PATH=$VIRTUAL_ENV/lib: numba looks for libtbb by name)",
                         "macos": "brew install libomp (numba's omp layer loads it)",
                         "windows": "python -m pip install tbb",
                         "conda": "conda install -c conda-forge tbb (or llvm-openmp)"},

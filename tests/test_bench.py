@@ -47,6 +47,7 @@ def test_bench_json_with_load(smollm2_path):
     assert r.returncode == 0, r.stderr
     res = json.loads(r.stdout)
     assert res["load"] == 1 and res["cpu_model"] and res["decode_tokens_per_s"] > 0
+    assert res["threading"] in ("tbb", "omp", "workqueue")
     bad = subprocess.run([sys.executable, "-m", "llmlab", "bench", "--load", "1000"], capture_output=True, text=True,
                          timeout=300, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert bad.returncode == 2 and bad.stderr.startswith("error: ") and len(bad.stderr.splitlines()) == 1

@@ -53,7 +53,7 @@ def run(args) -> int:
         prompt_tokens=len(ids),
         gen_tokens=args.gen_tokens, prefill_tokens_per_s=me.prefill_tokens_per_s,
         decode_tokens_per_s=me.decode_tokens_per_s, decode_gb_per_s=wb * me.decode_tokens_per_s / 1e9,
-        weight_mb=wb / 2**20, peak_rss_mb=me.peak_rss_mb)
+        weight_mb=wb / 2**20, peak_rss_mb=me.peak_rss_mb, threading=bench.threading_layer())
     if args.first_token:
         res.first_token_s = bench.first_token_s(args.model, threads)
         res.first_token_cold_s = bench.first_token_s(args.model, threads, cold=True)
@@ -86,7 +86,8 @@ def _print(r, out) -> None:
         ll = r.llama_cpp
         rows.append(("llama.cpp", ll["prefill_tokens_per_s"], ll["decode_tokens_per_s"], ll["decode_gb_per_s"],
                      ll["peak_rss_mb"]))
-    print(f"model {r.model}, {r.threads} threads, cpu {r.cpu} ({r.cpu_model}), kernels {r.kernels}; "
+    layer = f" on numba's {r.threading} layer" if r.threading else ""
+    print(f"model {r.model}, {r.threads} threads, cpu {r.cpu} ({r.cpu_model}), kernels {r.kernels}{layer}; "
           f"pp{r.prompt_tokens} then tg{r.gen_tokens}; {r.weight_mb:.1f} MiB of weights per token"
           + (f"; beside {r.load} busy process{'es' if r.load > 1 else ''}" if r.load else "; no added load"), file=out)
     print(f"{'engine':<10} {'pp tok/s':>10} {'tg tok/s':>10} {'tg GB/s':>8} {'peak RSS MB':>12}", file=out)
