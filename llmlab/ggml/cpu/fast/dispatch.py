@@ -18,8 +18,10 @@ get huge pages from numpy's allocator (MADV_HUGEPAGE: fewer TLB misses when a de
 
 Threads: below ``parallel_min_work()`` multiply-adds a call runs single-threaded: the byte-dot kernels
 take a thread limit (1), the generic ones a serial twin (same body, same bits) or their threaded kernel
-in a one-thread region. Waking the other threads costs about a microsecond on a quiet machine and
-milliseconds on a loaded one, more than a small matvec saves. (A limit of 1 runs the kernel's
+in a one-thread region, which runs on the calling thread on every layer (``threadpool.install_inline_regions``).
+Waking the other threads costs a few microseconds on omp or tbb on a quiet machine, tens to hundreds
+under workqueue and milliseconds on a loaded machine, more than a small matvec saves: the threshold is
+derived from the layer's measured wake-up cost (``_common.parallel_min_work``). (A limit of 1 runs the kernel's
 outlined prange body on the calling thread, which LLVM compiles better than a plain serial loop:
 2.3x faster for Gemma's q8_0 head.)
 """
