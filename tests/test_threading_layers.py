@@ -151,8 +151,14 @@ def test_min_work_follows_the_wake_cost(monkeypatch):
 
 
 def test_wake_cost_is_measured_once_per_count():
+    """Once per process and count, never above the layer's quiet cost (load only adds to a measurement);
+    a spinning layer (omp, tbb) takes the table's value."""
     a = threadpool.wake_cost_us(2)
     assert a >= 0.0 and threadpool.wake_cost_us(2) == a and threadpool.wake_cost_us(1) == 0.0
+    layer = numba.threading_layer()
+    assert a <= threadpool.QUIET_WAKE_US.get(layer, float("inf"))
+    if threadpool.QUIET_WAKE_US.get(layer, 1e9) < threadpool.MEASURE_FROM_US:
+        assert a == threadpool.QUIET_WAKE_US[layer]
 
 
 @two_threads
