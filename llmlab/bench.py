@@ -90,9 +90,16 @@ class Side:
     peak_rss_mb: float = 0.0
     load_s: float = 0.0
     ids: list[int] = field(default_factory=list)
+    decode_short_tokens_per_s: float | None = None      # decoding from a SHORT_PROMPT-token prompt
 
 
-def run_llmlab(path, ids: list[int], n_gen: int, threads: int, cpu=None, kernels: str = "fast") -> Side:
+SHORT_PROMPT = 10       # llama-bench's tg convention: decode speed with (almost) nothing in the KV cache
+
+
+def run_llmlab(path, ids: list[int], n_gen: int, threads: int, cpu=None, kernels: str = "fast",
+               short: int = 0) -> Side:
+    """Prefill ``ids``, then decode ``n_gen`` greedy tokens; with ``short``, decode ``n_gen`` tokens again
+    from the first ``short`` prompt tokens (an almost empty KV cache: attention costs little there)."""
     from .generate import greedy
     from .ggml.cpu.fast import set_threads
     from .llama import Batch, Context, Model
@@ -114,17 +121,28 @@ def run_llmlab(path, ids: list[int], n_gen: int, threads: int, cpu=None, kernels
         out.append(step.token)
         step = next(steps)
     t_tg = time.perf_counter() - t0
-    return Side(len(ids) / t_pp, n_gen / t_tg if n_gen else 0.0, peak_rss_mb(), load, out)
+    tg_short = None
+    if short and n_gen:
+        steps.close()
+        ctx.clear()
+        steps = greedy(ctx, ids[:short])
+        step = next(steps)
+        t0 = time.perf_counter()
+        for _ in range(n_gen):
+            step = next(steps)
+        tg_short = n_gen / (time.perf_counter() - t0)
+    return Side(len(ids) / t_pp, n_gen / t_tg if n_gen else 0.0, peak_rss_mb(), load, out, tg_short)
 
 
-def run_llama_cpp(path, ids: list[int], n_gen: int, threads: int) -> Side:
+def run_llama_cpp(path, ids: list[int], n_gen: int, threads: int, short: int = 0) -> Side:
     """The same run in llama.cpp, set up as llama-cpp-python's ``Llama(n_ctx=len(ids) + n_gen + 1,
     n_batch=512, n_threads=threads)``, in a llama.cpp worker of its own (its peak memory is llama.cpp's)."""
     from .llamacpp.worker import isolated_once
-    return Side(**isolated_once(_llama_cpp_side, str(path), [int(i) for i in ids], int(n_gen), int(threads)))
+    return Side(**isolated_once(_llama_cpp_side, str(path), [int(i) for i in ids], int(n_gen), int(threads),
+                                int(short)))
 
 
-def _llama_cpp_side(path: str, ids: list[int], n_gen: int, threads: int) -> dict:
+def _llama_cpp_side(path: str, ids: list[int], n_gen: int, threads: int, short: int = 0) -> dict:
     """:func:`run_llama_cpp`, in the worker."""
     from .llamacpp.session import Session
     n_ctx = len(ids) + n_gen + 1
@@ -152,8 +170,16 @@ def _llama_cpp_side(path: str, ids: list[int], n_gen: int, threads: int) -> dict
             out.append(tok)
             decode([tok], len(ids) + i)
         t_tg = time.perf_counter() - t0
+        tg_short = None
+        if short and n_gen:
+            s.seq_rm(-1, -1, -1)
+            decode(ids[:short], 0)
+            t0 = time.perf_counter()
+            for i in range(n_gen):
+                decode([int(np.argmax(s.logits([-1])[0]))], short + i)
+            tg_short = n_gen / (time.perf_counter() - t0)
     return {"prefill_tokens_per_s": len(ids) / t_pp, "decode_tokens_per_s": n_gen / t_tg if n_gen else 0.0,
-            "peak_rss_mb": peak_rss_mb(), "load_s": load, "ids": out}
+            "peak_rss_mb": peak_rss_mb(), "load_s": load, "ids": out, "decode_short_tokens_per_s": tg_short}
 
 
 def plot_speeds(sides: dict, title: str = "", ax=None):
@@ -249,6 +275,8 @@ class BenchResult:
     prefill_ratio: float | None = None
     rss_ratio: float | None = None
     same_tokens: int | None = None
+    decode_short_tokens_per_s: float | None = None      # from a SHORT_PROMPT-token prompt (llama-bench's tg)
+    decode_short_ratio: float | None = None
     threading: str = ""         # numba's threading layer the fast kernels ran on ("" before any parallel kernel ran)
 
     def to_json(self) -> dict:

@@ -47,7 +47,28 @@ def test_bench_json_with_load(smollm2_path):
     assert r.returncode == 0, r.stderr
     res = json.loads(r.stdout)
     assert res["load"] == 1 and res["cpu_model"] and res["decode_tokens_per_s"] > 0
+    assert res["decode_short_tokens_per_s"] > 0         # both contexts: after the prompt and from 10 tokens
     assert res["threading"] in ("tbb", "omp", "workqueue")
     bad = subprocess.run([sys.executable, "-m", "llmlab", "bench", "--load", "1000"], capture_output=True, text=True,
                          timeout=300, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert bad.returncode == 2 and bad.stderr.startswith("error: ") and len(bad.stderr.splitlines()) == 1
+
+
+def test_bench_table_has_the_short_context_column():
+    """The table names both contexts: decoding after the prompt and from a 10-token prompt (llama-bench's tg)."""
+    import io
+
+    from llmlab.bench import BenchResult
+    from llmlab.cli.bench import _print
+    r = BenchResult(model="smollm2", threads=2, cpu="avx2", kernels="fast", cpu_model="x", load=0, prompt_tokens=256,
+                    gen_tokens=8, prefill_tokens_per_s=100.0, decode_tokens_per_s=50.0, decode_gb_per_s=1.0,
+                    weight_mb=80.0, peak_rss_mb=300.0, decode_short_tokens_per_s=60.0,
+                    llama_cpp={"prefill_tokens_per_s": 200.0, "decode_tokens_per_s": 40.0, "decode_gb_per_s": 0.8,
+                               "peak_rss_mb": 250.0, "load_s": 0.1, "decode_short_tokens_per_s": 80.0},
+                    decode_ratio=1.25, prefill_ratio=0.5, rss_ratio=1.2, same_tokens=8, decode_short_ratio=0.75)
+    out = io.StringIO()
+    _print(r, out)
+    lines = out.getvalue().splitlines()
+    assert "tg@pp10" in lines[1] and "from a 10-token prompt" in lines[0]
+    assert lines[2].split()[:4] == ["llmlab", "100.0", "50.00", "60.00"]
+    assert lines[-1].split()[:4] == ["ratio", "0.50", "1.25", "0.75"]

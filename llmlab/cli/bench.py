@@ -45,26 +45,34 @@ def run(args) -> int:
     ids = bench.prompt_tokens(Tokenizer.from_model(path), args.prompt_tokens)
     prof = resolve_cpu(args)
     cpu = prof.name
+    short = bench.SHORT_PROMPT if args.prompt_tokens > bench.SHORT_PROMPT else 0     # both contexts, one run
     with bench.busy(args.load):
-        me = bench.run_llmlab(path, ids, args.gen_tokens, threads, cpu=prof, kernels=args.kernels)
+        me = bench.run_llmlab(path, ids, args.gen_tokens, threads, cpu=prof, kernels=args.kernels, short=short)
+    if not short and args.gen_tokens:           # the prompt is the short one already
+        me.decode_short_tokens_per_s = me.decode_tokens_per_s
     wb = bench.weight_bytes(model)
     res = bench.BenchResult(
         model=args.model, threads=threads, cpu=cpu, kernels=args.kernels, cpu_model=bench.cpu_model(), load=args.load,
         prompt_tokens=len(ids),
         gen_tokens=args.gen_tokens, prefill_tokens_per_s=me.prefill_tokens_per_s,
         decode_tokens_per_s=me.decode_tokens_per_s, decode_gb_per_s=wb * me.decode_tokens_per_s / 1e9,
-        weight_mb=wb / 2**20, peak_rss_mb=me.peak_rss_mb, threading=bench.threading_layer())
+        weight_mb=wb / 2**20, peak_rss_mb=me.peak_rss_mb, decode_short_tokens_per_s=me.decode_short_tokens_per_s,
+        threading=bench.threading_layer())
     if args.first_token:
         res.first_token_s = bench.first_token_s(args.model, threads)
         res.first_token_cold_s = bench.first_token_s(args.model, threads, cold=True)
     if args.vs_llama_cpp:
         with bench.busy(args.load):
-            ll = bench.run_llama_cpp(path, ids, args.gen_tokens, threads)
+            ll = bench.run_llama_cpp(path, ids, args.gen_tokens, threads, short=short)
+        if not short and args.gen_tokens:
+            ll.decode_short_tokens_per_s = ll.decode_tokens_per_s
         res.llama_cpp = {"prefill_tokens_per_s": ll.prefill_tokens_per_s, "decode_tokens_per_s": ll.decode_tokens_per_s,
                          "decode_gb_per_s": wb * ll.decode_tokens_per_s / 1e9, "peak_rss_mb": ll.peak_rss_mb,
-                         "load_s": ll.load_s}
+                         "load_s": ll.load_s, "decode_short_tokens_per_s": ll.decode_short_tokens_per_s}
         res.decode_ratio = me.decode_tokens_per_s / ll.decode_tokens_per_s if ll.decode_tokens_per_s else None
         res.prefill_ratio = me.prefill_tokens_per_s / ll.prefill_tokens_per_s
+        if me.decode_short_tokens_per_s and ll.decode_short_tokens_per_s:
+            res.decode_short_ratio = me.decode_short_tokens_per_s / ll.decode_short_tokens_per_s
         res.rss_ratio = me.peak_rss_mb / ll.peak_rss_mb
         res.same_tokens = next((i for i, (a, b) in enumerate(zip(me.ids, ll.ids)) if a != b), min(len(me.ids), len(ll.ids)))
     if args.json:
@@ -75,27 +83,30 @@ def run(args) -> int:
 
 
 def _ratio(v) -> str:
-    """A ratio in its column; ``-`` where there is none (``--gen-tokens 0``: nothing decoded to compare)."""
+    """A number in its column; ``-`` where there is none (``--gen-tokens 0``: nothing decoded to compare)."""
     return f"{'-':>10}" if v is None else f"{v:10.2f}"
 
 
 def _print(r, out) -> None:
-    rows = [("llmlab", r.prefill_tokens_per_s, r.decode_tokens_per_s, r.decode_tokens_per_s * r.weight_mb * 2**20 / 1e9,
-             r.peak_rss_mb)]
+    from ..bench import SHORT_PROMPT
+    rows = [("llmlab", r.prefill_tokens_per_s, r.decode_tokens_per_s, r.decode_short_tokens_per_s,
+             r.decode_tokens_per_s * r.weight_mb * 2**20 / 1e9, r.peak_rss_mb)]
     if r.llama_cpp:
         ll = r.llama_cpp
-        rows.append(("llama.cpp", ll["prefill_tokens_per_s"], ll["decode_tokens_per_s"], ll["decode_gb_per_s"],
-                     ll["peak_rss_mb"]))
+        rows.append(("llama.cpp", ll["prefill_tokens_per_s"], ll["decode_tokens_per_s"],
+                     ll.get("decode_short_tokens_per_s"), ll["decode_gb_per_s"], ll["peak_rss_mb"]))
     layer = f" on numba's {r.threading} layer" if r.threading else ""
     print(f"model {r.model}, {r.threads} threads, cpu {r.cpu} ({r.cpu_model}), kernels {r.kernels}{layer}; "
-          f"pp{r.prompt_tokens} then tg{r.gen_tokens}; {r.weight_mb:.1f} MiB of weights per token"
+          f"pp{r.prompt_tokens} then tg{r.gen_tokens}, and tg{r.gen_tokens} from a {SHORT_PROMPT}-token prompt "
+          f"(tg@pp{SHORT_PROMPT}); {r.weight_mb:.1f} MiB of weights per token"
           + (f"; beside {r.load} busy process{'es' if r.load > 1 else ''}" if r.load else "; no added load"), file=out)
-    print(f"{'engine':<10} {'pp tok/s':>10} {'tg tok/s':>10} {'tg GB/s':>8} {'peak RSS MB':>12}", file=out)
-    for name, pp, tg, gbs, rss in rows:
-        print(f"{name:<10} {pp:10.1f} {tg:10.2f} {gbs:8.2f} {rss:12.0f}", file=out)
+    print(f"{'engine':<10} {'pp tok/s':>10} {'tg tok/s':>10} {'tg@pp' + str(SHORT_PROMPT):>10} {'tg GB/s':>8} "
+          f"{'peak RSS MB':>12}", file=out)
+    for name, pp, tg, tgs, gbs, rss in rows:
+        print(f"{name:<10} {pp:10.1f} {tg:10.2f} {_ratio(tgs or None)} {gbs:8.2f} {rss:12.0f}", file=out)
     if r.llama_cpp:
-        print(f"ratio      {_ratio(r.prefill_ratio)} {_ratio(r.decode_ratio)} {'':>8} {r.rss_ratio:12.2f}"
-              f"   (greedy tokens equal for {r.same_tokens}/{r.gen_tokens})", file=out)
+        print(f"ratio      {_ratio(r.prefill_ratio)} {_ratio(r.decode_ratio)} {_ratio(r.decode_short_ratio)} {'':>8} "
+              f"{r.rss_ratio:12.2f}   (greedy tokens equal for {r.same_tokens}/{r.gen_tokens})", file=out)
     if r.first_token_s is not None:
         print(f"first token from process start: {r.first_token_s:.2f} s warm, {r.first_token_cold_s:.2f} s cold cache",
               file=out)

@@ -3,8 +3,8 @@
 Each check runs what a learner runs, mostly the command line in a child process (``python -m llmlab ...``, its
 output read through a pipe, as a Windows console user's would be), and prints one line: ``ok NAME (seconds)``
 or ``FAIL NAME: why``; the exit status is the number of failures (0: all passed). ``--quick`` runs the subset
-CI can afford: version, doctor, gguf-dump, fetch and its lock, a hostile chat template, the sandbox (no kernel
-compiling, no decode, fewer interpreters started: each costs seconds under Wine).
+CI can afford: version, doctor, gguf-dump, models and plug --list, fetch and its lock, a hostile chat template,
+the sandbox (no kernel compiling, no decode, fewer interpreters started: each costs seconds under Wine).
 
 Usage (Windows): python checks.py --model C:\\...\\SmolLM2-135M-Instruct.Q4_1.gguf --profile avx2 [--quick]
 """
@@ -91,6 +91,35 @@ def main() -> int:
     def _():
         p = llmlab("gguf-dump", model)
         expect(p.returncode == 0 and "general.architecture" in p.stdout and "llama" in p.stdout, "gguf-dump", p)
+
+    @check("models and plug --list (the registries)")
+    def _():
+        p = llmlab("models", "--json")
+        expect(p.returncode == 0 and any(m["name"] == "smollm2" and m["cached"] for m in json.loads(p.stdout)),
+               "models --json", p)
+        p = llmlab("plug", "--list", "--json")
+        expect(p.returncode == 0 and "rms_norm" in {s["name"] for s in json.loads(p.stdout)["slots"]}, "plug --list", p)
+
+    @check("diff-llama-cpp without llama.cpp: one error line, exit 2", full_only=a.quick)
+    def _():
+        p = llmlab("diff-llama-cpp", "-m", model, "-p", "hi")
+        lines = p.stderr.strip().splitlines()
+        expect(p.returncode == 2 and len(lines) == 1 and lines[0].startswith("error:") and "llama" in lines[0],
+               "diff-llama-cpp", p)
+
+    @check("quantize a tiny model to q8_0", full_only=a.quick)
+    def _():
+        from llmlab import models
+        from llmlab.ggml.gguf import GGUFFile
+        from llmlab.llama.tiny import write_tiny
+        tiny = write_tiny(work / "tiny-f32.gguf", n_layer=1, seed=5, vocab_from=Path(models.resolve(model)))
+        out = work / "tiny q8_0 Zoë.gguf"
+        p = llmlab("quantize", tiny, out, "q8_0", "--quiet")
+        expect(p.returncode == 0 and out.is_file(), "quantize", p)
+        f = GGUFFile(out)
+        types = {t.type.name.lower() for t in f.tensors}
+        f.close()
+        expect("q8_0" in types, f"quantized tensor types {sorted(types)}")
 
     @check("tokenize and detokenize, non-ASCII text", full_only=a.quick)
     def _():
@@ -201,6 +230,25 @@ def main() -> int:
             expect(out["prompt_ids"] == ref["p1_ids"].tolist(), "prompt ids differ")
             expect(out["ids"] == ref["p1_greedy"].tolist() and out["cpu"] == a.profile,
                    f"ids {out['ids']} vs the reference {ref['p1_greedy'].tolist()}")
+
+        @check("warm, then logits: the top token is the reference's first greedy token")
+        def _():
+            p = llmlab("warm", "-m", model)
+            expect(p.returncode == 0 and "kernels:" in (p.stdout + p.stderr), "warm", p)
+            meta, ref = data.ref_logits("smollm2", a.profile)
+            p = llmlab("logits", "-m", model, "-p", meta["prompts"][0]["prompt"], "--top", "5", "--json")
+            expect(p.returncode == 0, "logits", p)
+            top = json.loads(p.stdout)["top_ids"][-1]          # the prompt's last position predicts the next token
+            expect(top[0] == int(ref["p0_greedy"][0]), f"top ids {top} vs the reference {int(ref['p0_greedy'][0])}")
+
+        @check("plug: a learner's endless loop is stopped at the time limit (no SIGALRM here)")
+        def _():
+            loop = work / "my rms_norm Zoë.py"
+            loop.write_text("def rms_norm(x, eps):\n    while True:\n        pass\n", encoding="utf-8")
+            p = llmlab("plug", "-m", model, "-p", "hi", "-n", "1", "--slot", f"rms_norm={loop}", "--json")
+            out = json.loads(p.stdout)
+            slot = out["slots"][0]
+            expect(slot["status"] == "error" and "time limit" in slot["error"], f"plug verdict {slot}", p)
 
         @check(f"generate, reference kernels, equals the stored {a.profile} references")
         def _():
