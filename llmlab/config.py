@@ -13,8 +13,9 @@ LLMLAB_HOME                the cache folder for models (``~`` expanded)         
                                                                                         else ~/.cache/llmlab
 LLMLAB_CPU                 the CPU profile to reproduce: ``auto``, ``avx2``, ``avx512``  auto (detected)
 LLMLAB_THREADS             threads of the fast kernels (a positive integer)             :func:`default_threads`
-LLMLAB_PARALLEL_MIN_WORK   multiply-adds of a quantized product from which it runs       262144
-                           threaded (read when a plan binds its kernels)
+LLMLAB_PARALLEL_MIN_WORK   multiply-adds of a quantized product from which it runs       from the threading
+                           threaded (read when a plan binds its kernels)                layer's wake cost,
+                                                                                        >= 262144
 LLMLAB_DOT4                dot4's byte-dot kernels: unset (the best the host runs),     unset
                            ``0`` (off: the generic kernels), ``vnni`` or ``avx2``
 LLMLAB_KERNEL_TARGET       the machine code numba compiles the fast kernels for:        auto
