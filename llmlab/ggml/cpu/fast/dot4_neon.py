@@ -4,7 +4,8 @@ lanes of a block for 16 rows come from ``dot4_ir.dot4`` (exact, as in ``dot4_leg
 are their pairs (lane j + lane j+4: values 4j..4j+3 of every 16), and the float steps are ``neon``'s,
 written again here over 16-row groups, in vector registers where a block's step is one (vec_dot, REPACK
 q8_0, q4_1's min terms). Layout: ``quants.pack_legacy``'s ``quads``. Also ARM's REPACK q4_K (8x4, 8x8):
-``dot4_kquants``' sub-block dots with ``neon``'s float steps (layout ``dot4_pack.pack_q4_k``)."""
+``dot4_kquants``' sub-block dots with ``neon``'s float steps (layout ``dot4_pack.pack_q4_k``), and q6_K's
+(8x4, 8x8; layout ``dot4_pack.pack_q6_k``)."""
 from __future__ import annotations
 
 import numpy as np
@@ -12,10 +13,10 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
-from ._common import NOPYTHON, as_f32, fma, limit_threads, restore_threads
+from ._common import NOPYTHON, _get_num_threads, as_f32, fma, limit_threads, restore_threads
 from .dot4_ir import I16, I32, I32x16, F32x16, block_codes, block_words, data, dot4, f16x16, intrinsic_fn, splat, vload, vstore
 from .dot4_legacy import OFFSET, expand_q5_0
-from .dot4_kquants import q4_k_dots_avx2, q4_k_dots_vnni
+from .dot4_kquants import q4_k_dots_avx2, q4_k_dots_vnni, q6_k_subs_avx2, q6_k_subs_vnni
 from .neon import MMLA, REPACK_4X4, REPACK_4X8, VEC_DOT, _mmla_span, _steps_8x4, _steps_8x8, finish
 from .quantize import quantize_q8_k_neon, quantize_quads
 
@@ -288,6 +289,73 @@ def _q4_k_entry(isa: str, layout: str):
 
 for _isa in KERNELS:
     KERNELS[_isa].update({f"q4_k_{lay}": _q4_k_entry(_isa, lay) for lay in ("8x4", "8x8")})
+
+
+# ---- q6_K in ARM's REPACK buffer (8x4 dotprod, 8x8 i8mm) on the byte-dot layout of dot4_pack.pack_q6_k ----
+
+@njit(inline="always", **NOPYTHON)
+def _mul_mat_q6_k(qs, sc, d, x, out, subs, fused_gemv):
+    """neon.q6_k_8x4 / q6_k_8x8: a super-block's integer dot (the 16 sub-block dots of dot4_kquants'
+    ``subs`` minus 32 x the block sums, times the scales) in one int32 per row, exact in any order, then
+    one float step, acc + (float) isum * (d_w d_x): fused in the 8x4 gemv rows (``fused_gemv``: the
+    activation rows past the last group of 4), unfused elsewhere; NEON's q8_K activations. One task per
+    thread over contiguous row groups, its scratch allocated once, blocks addressed by index."""
+    ng, nb = qs.shape[0], qs.shape[1]
+    nr = d.shape[2]
+    R = out.shape[1]
+    aq, ad, bsums = quantize_q8_k_neon(x)
+    aq4 = aq.view(np.int32)
+    T = aq.shape[0]
+    n_unfused = T - T % 4 if fused_gemv else T
+    nch = min(ng, _get_num_threads())
+    for ch in prange(nch):
+        Q = np.empty((16, nr), np.int32)
+        S = np.empty(nr, np.int32)
+        acc = np.empty((T, nr), np.float32)
+        for g in range(ch * ng // nch, (ch + 1) * ng // nch):
+            for t in range(T):
+                for r in range(nr):
+                    acc[t, r] = 0
+            for b in range(nb):
+                for t in range(T):
+                    subs(qs, g, b, aq4, t, 64 * b, Q)
+                    for r in range(nr):
+                        S[r] = 0
+                    for sb in range(16):
+                        bs = np.int32(32 * np.int32(bsums[t, 16 * b + sb]))
+                        for r in range(nr):
+                            S[r] = np.int32(S[r] + np.int32(np.int32(sc[g, b, sb, r]) * np.int32(Q[sb, r] - bs)))
+                    ya = ad[t, b]
+                    if t < n_unfused:
+                        for r in range(nr):
+                            acc[t, r] = acc[t, r] + np.float32(S[r]) * (as_f32(d[g, b, r]) * ya)
+                    else:
+                        for r in range(nr):
+                            acc[t, r] = fma(S[r], as_f32(d[g, b, r]) * ya, acc[t, r])
+            n = min(nr, R - g * nr)
+            for t in range(T):
+                for r in range(n):
+                    out[t, g * nr + r] = acc[t, r]
+
+
+def _q6_k_entry(isa: str, layout: str):
+    """(qs, sc, d, x, out, n_threads) of one REPACK layout ("8x4", "8x8") on one instruction set (plain
+    values in the closure, as _entry's)."""
+    vnni, fused = isa == "vnni", layout == "8x4"
+
+    def entry(qs, sc, d, x, out, n_threads):
+        prev = limit_threads(n_threads)
+        if vnni:
+            _mul_mat_q6_k(qs, sc, d, x, out, q6_k_subs_vnni, fused)
+        else:
+            _mul_mat_q6_k(qs, sc, d, x, out, q6_k_subs_avx2, fused)
+        restore_threads(prev)
+    entry.__name__ = entry.__qualname__ = f"q6_k_{layout}_{isa}"
+    return njit(parallel=True, **NOPYTHON)(entry)
+
+
+for _isa in KERNELS:
+    KERNELS[_isa].update({f"q6_k_{lay}": _q6_k_entry(_isa, lay) for lay in ("8x4", "8x8")})
 
 # each entry point also a module attribute under its name (vec_dot_avx2, q4_k_8x4_vnni, ...): llmlab.warm's
 # census of the kernels (compiled or loaded) reads modules' attributes
