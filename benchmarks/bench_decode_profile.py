@@ -7,7 +7,7 @@ plan step between two ``perf_counter`` calls. Timing each step adds about a micr
 the per-op sum is a little above the plan's own time; the machine is shared, so compare medians of
 several runs (and read the load average printed first).
 
-    python benchmarks/bench_decode_profile.py [-m smollm2] [--prompt 256] [--gen 64] [--no-steps]
+    python benchmarks/bench_decode_profile.py [-m smollm2] [--prompt 256] [--gen 64] [--cpu PROFILE] [--no-steps]
 """
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=256)
     ap.add_argument("--gen", type=int, default=64)
     ap.add_argument("-t", "--threads", type=int, default=None)
+    ap.add_argument("--cpu", default=None, help="CPU profile (as bench --cpu: arm_dotprod_fp16, arm_i8mm, ...)")
     ap.add_argument("--no-steps", action="store_true", help="time whole tokens only (no per-step timing)")
     ap.add_argument("--top", type=int, default=20, help="node names listed")
     args = ap.parse_args()
@@ -37,9 +38,9 @@ def main() -> None:
         print("load average %.2f %.2f %.2f" % os.getloadavg())
     set_threads(args.threads)
     path = models.resolve(args.model)
-    model = Model(path)
+    model = Model(path, cpu=args.cpu)
     ids = bench.prompt_tokens(Tokenizer.from_model(path), args.prompt)
-    ctx = Context(model, n_ctx=len(ids) + args.gen + 1, n_batch=len(ids), n_ubatch=512, kernels="fast")
+    ctx = Context(model, n_ctx=len(ids) + args.gen + 1, n_batch=len(ids), n_ubatch=512, kernels="fast", cpu=args.cpu)
     ctx.decode(Batch.from_tokens(ids, logits="last"))                 # warm-up, as bench does
     ctx.decode(Batch.from_tokens(ids[:1], pos0=len(ids), logits="last"))
     ctx.clear()

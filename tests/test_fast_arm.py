@@ -155,6 +155,64 @@ def test_half_accumulators(cpu, Hk, H, R, T, K, threads):
             assert same_bits(out, ref), (cpu, Hk, H, R, T, K, n, f16h.__name__)
 
 
+@pytest.mark.parametrize("cpu", list(ARM.values()))
+@pytest.mark.parametrize("Hk,H,KV,T,D", [(3, 9, 256, 1, 64), (1, 4, 70, 1, 256), (2, 4, 45, 2, 40),
+                                         (1, 3, 33, 1, 100), (2, 2, 130, 1, 128)])
+def test_half_accumulators_cache_rows(cpu, Hk, H, KV, T, D, threads):
+    """A decode step's kq (``mul_mat_f16h_rows``) and fused kqv (``mul_mat_f16h_vt``) on the cache rows
+    in place, skipping the products that are exact no-ops: unused cells (rows of +0 and of -0), zero
+    probabilities; and not skipping them where an inf or a NaN makes them count (in a cache row, in the
+    activations). The rows' classes are kept between calls and redone where ``written`` says a row
+    changed. Bits of the reference, at 1 and 2 threads."""
+    c = profiles.get(cpu)
+    rng = np.random.default_rng(Hk + KV + T + D)
+    live = KV * 2 // 3
+    Kc = np.zeros((KV, Hk, D), np.float16)
+    Vc = np.zeros((KV, Hk, D), np.float16)
+    Kc[:live] = rng.standard_normal((live, Hk, D)) * 3
+    Vc[:live] = rng.standard_normal((live, Hk, D))
+    Kc[live - 1] = -0.0                                    # a row of -0: skipped like +0
+    Vc[live - 2] = 0.0
+    Kc[1, 0, 3] = np.inf                                   # specials in the rows: never skipped
+    Vc[2, 0, 1], Vc[live + 1, Hk - 1, 0] = np.nan, np.inf  # (the inf in an unused cell, probability 0)
+    q = (rng.standard_normal((H, T, D)) * 4).astype(np.float32)
+    p = rng.random((H, T, KV)).astype(np.float32)
+    p[:, :, live:] = 0
+    p[0, 0, 3] = 0
+    p[H - 1, 0, 5] = 1e-9                                  # rounds to 0 in f16
+    if H > 2:
+        q[2, 0, 7] = 1e6                                   # inf once rounded: zero rows count (NaN)
+
+    def refs():
+        with np.errstate(over="ignore", invalid="ignore"):
+            kq = np.stack([mul_mat_f16_op(Kc[:, h // (H // Hk)], q[h].astype(np.float16), c) for h in range(H)])
+            kqv = np.stack([mul_mat_f16_op(np.ascontiguousarray(Vc[:, h // (H // Hk)].T), p[h].astype(np.float16), c)
+                            for h in range(H)])
+        return kq, kqv
+
+    for n in (1, 2):
+        threads(n)
+        wk, wv = np.ones(KV, np.uint8), np.ones(KV, np.uint8)
+        ck = np.zeros((KV, Hk, 1), np.int32)
+        cv = np.zeros((KV, Hk, D // vec_f16.vt_chunk(D)), np.int32)
+        for step in range(3):
+            if step == 1:                                  # a writer changes rows and flags them
+                Kc[live + 2] = 1.5
+                Vc[live + 2] = -2.0
+                p[:, :, live + 2] = 0.25
+                wk[live + 2] = wv[live + 2] = 1
+            kq_ref, kqv_ref = refs()
+            for always in (False, True):
+                kq = np.empty((H, T, KV), np.float32)
+                kqv = np.empty((H, T, D), np.float32)
+                with np.errstate(over="ignore", invalid="ignore"):
+                    vec_f16.mul_mat_f16h_rows(Kc.view(np.uint16), q, kq, *vec_f16.half_order(c, KV, T, D), wk, ck, always, 0)
+                    vec_f16.mul_mat_f16h_vt(Vc.view(np.uint16), p, kqv, *vec_f16.half_order(c, D, T, KV), wv, cv, always, 0)
+                assert same_bits(kq, kq_ref), (cpu, Hk, H, KV, T, D, n, step, always)
+                assert same_bits(kqv, kqv_ref), (cpu, Hk, H, KV, T, D, n, step, always)
+            assert not wk.any() and not wv.any()
+
+
 def test_half_order_is_for_half_accumulators_only():
     for name in ("avx2", "avx512"):
         assert vec_f16.half_order(profiles.get(name), 64, 1, 64) is None

@@ -336,7 +336,11 @@ def _mul_mat(node, cpu):
         T, R, K = b.ne[1], a.ne[1], a.ne[0]
         half = fvec16.half_order(cpu, R, T, K)              # FP16_VA: half-precision accumulators
         if half is not None:
-            f16h, n = fvec16.kernel(R), _attention_limit(Y.size * K)
+            n = _attention_limit(Y.size * K)
+            rows = A.transpose(1, 0, 2)                     # (R, Hk, K): the cache rows, when contiguous
+            if T == 1 and rows.flags.c_contiguous:          # a decode step's kq: the rows read in place
+                return _f16h_step(fvec16.mul_mat_f16h_rows, rows, X, Y, half, (R, A.shape[0], 1), n)
+            f16h = fvec16.kernel(R)
             return lambda: f16h(A, X, Y, *half, n)
         order = _f16_order(cpu, R, T, K)
         if order is None:
@@ -403,11 +407,23 @@ def _f16_order(cpu, R: int, T: int, K: int) -> tuple:
     return v.arr, v.lanes, v.vec_prog
 
 
+def _f16h_step(kernel, rows: np.ndarray, X: np.ndarray, Y: np.ndarray, half: tuple, cls_shape: tuple, n: int):
+    """A step of one of ``vec_f16``'s cache-row kernels (kq, the fused kqv of a decode step): the rows'
+    classes kept between steps and redone where the journal says a writer changed them (every step
+    where the rows are not the cache's own)."""
+    flags = reader(rows)
+    cls = np.zeros(cls_shape, np.int32)
+    always = flags is None
+    written = np.ones(rows.shape[0], np.uint8) if always else flags
+    return lambda: kernel(rows, X, Y, *half, written, cls, always, n)
+
+
 @FUSIONS.append
 def _fuse_v_transpose(node, cpu, readers):
     """kqv = MUL_MAT(CONT(V^T), probabilities) for one token: the CONT only transposes the cache's V rows
     so that each output is a contiguous dot product; the fused step reads the rows in place
-    (``mul_mat_f16_vt``, same arithmetic) and the copy is skipped."""
+    (``mul_mat_f16_vt``; with half-precision accumulators ``vec_f16.mul_mat_f16h_vt``; same arithmetic)
+    and the copy is skipped."""
     if node.op != "MUL_MAT" or node.type is not F32:
         return None
     c, b = node.src
@@ -420,6 +436,11 @@ def _fuse_v_transpose(node, cpu, readers):
     if not Vt.flags.c_contiguous:
         return None
     V, X, Y = Vt.view(np.uint16), b.array()[0], node.array()[0]
+    half = fvec16.half_order(cpu, c.ne[1], 1, c.ne[0])      # FP16_VA: half-precision accumulators
+    if half is not None:
+        KV, Hk, D = V.shape
+        n = _attention_limit(Y.size * KV)
+        return _f16h_step(fvec16.mul_mat_f16h_vt, V, X, Y, half, (KV, Hk, D // fvec16.vt_chunk(D)), n), [c]
     order = _f16_order(cpu, c.ne[1], 1, c.ne[0])
     if order is None:
         return None

@@ -110,7 +110,7 @@ NEON: dict[tuple[str, str], Twin] = {
     ("q4_k", "repack"): _neon_repack("q4_K_8x4", "ggml_gemv/gemm_q4_K_8x4_q8_K", neon.q4_k_8x4, quants.pack_q4_k,
                                      quantize_q8_k_neon, _neon_byte_dot("q4_k_8x4", dot4.pack_q4_k)),
     ("q6_k", "repack"): _neon_repack("q6_K_8x4", "ggml_gemv/gemm_q6_K_8x4_q8_K", neon.q6_k_8x4, quants.pack_q6_k,
-                                     quantize_q8_k_neon),
+                                     quantize_q8_k_neon, _neon_byte_dot("q6_k_8x4", dot4.pack_q6_k)),
 }
 
 NEON_I8MM: dict[tuple[str, str], Twin] = {
@@ -120,7 +120,7 @@ NEON_I8MM: dict[tuple[str, str], Twin] = {
     ("q4_k", "repack"): _neon_repack("q4_K_8x8_i8mm", "ggml_gemv/gemm_q4_K_8x8_q8_K (MATMUL_INT8)", neon.q4_k_8x8,
                                      quants.pack_q4_k, quantize_q8_k_neon, _neon_byte_dot("q4_k_8x8", dot4.pack_q4_k)),
     ("q6_k", "repack"): _neon_repack("q6_K_8x8_i8mm", "ggml_gemv/gemm_q6_K_8x8_q8_K (MATMUL_INT8)", neon.q6_k_8x8,
-                                     quants.pack_q6_k, quantize_q8_k_neon),
+                                     quants.pack_q6_k, quantize_q8_k_neon, _neon_byte_dot("q6_k_8x8", dot4.pack_q6_k)),
 }
 
 # the kernel families (a profile's ``quant_kernels``) and their tables
