@@ -343,6 +343,9 @@ def _mul_mat(node, cpu):
             A4 = A.reshape(A.shape[0], R, K // w, w)      # a long dot per row (V^T . probabilities):
             return lambda: fvec.mul_mat_f16_long(A4, X, Y, lanes, prog)   # along K, the rows read in place
         flags = reader(A.transpose(1, 0, 2)) if T == 1 else None
+        if flags is not None and flags.shape[0] >= R and fvec.tiles_fit(n_reg, lanes, prog, K):
+            AT = np.zeros((A.shape[0], -(-R // fvec.TW), K, fvec.TW), np.uint16)   # 16-row tiles, kept
+            return lambda: fvec.mul_mat_f16_tiles(A, X, Y, n_reg, lanes, prog, flags, AT)
         if flags is not None and flags.shape[0] >= R:       # a decode step: keep the cache rows transposed,
             AT = np.zeros((A.shape[0], K, -(-R // fvec.RB), fvec.RB), np.uint16)   # redo those written since
             return lambda: fvec.mul_mat_f16_cached(A, X, Y, n_reg, lanes, prog, flags, AT)
@@ -419,6 +422,11 @@ def _fuse_v_transpose(node, cpu, readers):
     if order is None:
         return None
     n_reg, lanes, prog = order
+    KV, Hk, D = V.shape
+    flags = reader(V)
+    if flags is not None and flags.shape[0] >= KV and D % fvec.TW == 0 and fvec.tiles_fit(n_reg, lanes, prog, KV):
+        VT = np.zeros((Hk, D // fvec.TW, KV, fvec.TW), np.uint16)       # the cells' columns in 16-wide tiles,
+        return (lambda: fvec.mul_mat_f16_vt_tiles(V, X, Y, n_reg, lanes, prog, flags, VT)), [c]   # kept
     return (lambda: fvec.mul_mat_f16_vt(V, X, Y, n_reg, lanes, prog)), [c]
 
 
