@@ -661,6 +661,24 @@ def geglu(g, u, out, table):
 
 
 @njit(inline="always")
+def _gt(v, m):
+    """(v > m) ? v : m: the running max of ggml_vec_max_f32 (MAX), which skips NaN (MAXPS's select)."""
+    return v if v > m else m
+
+
+@njit(inline="always")
+def _max8(w):
+    """The max of w (length a multiple of 8) as ggml_vec_max_f32 finds it: the NaN-skipping running max
+    in 8 independent strands (a max of non-NaN values is the same in any order; only the sign of a zero
+    max could differ, and exp(w - max) is the same for either), so that it runs in one vector register."""
+    m0 = m1 = m2 = m3 = m4 = m5 = m6 = m7 = np.float32(-np.inf)
+    for k in range(0, w.shape[0], 8):
+        m0, m1, m2, m3 = _gt(w[k], m0), _gt(w[k + 1], m1), _gt(w[k + 2], m2), _gt(w[k + 3], m3)
+        m4, m5, m6, m7 = _gt(w[k + 4], m4), _gt(w[k + 5], m5), _gt(w[k + 6], m6), _gt(w[k + 7], m7)
+    return _gt(_gt(_gt(m0, m1), _gt(m2, m3)), _gt(_gt(m4, m5), _gt(m6, m7)))
+
+
+@njit(inline="always")
 def _soft_max_rows(x, mask, scale, out, lanes, prog, variant, j0, j1):
     n_head, n_q, n = x.shape
     nb = n // lanes
@@ -668,14 +686,15 @@ def _soft_max_rows(x, mask, scale, out, lanes, prog, variant, j0, j1):
     blk = np.empty((lanes + prog.shape[0], nb), np.float32)     # lane l of every block in row l
     for hq in range(j0, j1):
         h, q = hq // n_q, hq % n_q
-        mx = np.float32(-np.inf)
-        for i in range(n):
-            v = x[h, q, i] * scale
-            if mask.shape[0]:
-                v = v + mask[q, i]
-            w[i] = v
-            if v > mx:
-                mx = v
+        xr = x[h, q]
+        if mask.shape[0]:
+            mr = mask[q]
+            for i in range(n):
+                w[i] = xr[i] * scale + mr[i]
+        else:
+            for i in range(n):
+                w[i] = xr[i] * scale
+        mx = _max8(w)
         for i in range(n):                                       # exp(w - max), vectorized
             w[i] = v_expf(np.float32(w[i] - mx), variant)
         for l in range(lanes):
