@@ -214,6 +214,9 @@ def _set_rows(node, cpu):
     return step
 
 
+FAST_GET_ROWS = {"q8_0": fops.get_rows_q8_0}      # quantized rows with a dequantizing twin (the embeddings)
+
+
 @binder("GET_ROWS")
 def _get_rows(node, cpu):
     """Rows of one matrix (the token embeddings, the last layer's output rows): the views taken once,
@@ -224,6 +227,13 @@ def _get_rows(node, cpu):
         return None
     A, I, O = a.array()[0, 0], ids.array().reshape(-1), node.array()[0, 0]
     n, t = A.shape[0], a.type
+    rows = FAST_GET_ROWS.get(t.name)
+    if rows is not None and A.ndim == 2 and A.dtype == np.uint8 and O.flags.c_contiguous:
+
+        def fast_step():
+            if not rows(A, I, O):
+                raise IndexError(f"get_rows: row id out of range 0..{n - 1} in {ids.name}")
+        return fast_step
 
     def step():
         if I.size and (I.min() < 0 or I.max() >= n):
