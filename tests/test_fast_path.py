@@ -149,6 +149,44 @@ def test_attention_kqv_fused_with_the_transposed_v_copy(n_kv, cpu):
     assert same_bits(got[out.name] if out.name in got else out.numpy(), ref)
 
 
+@pytest.mark.parametrize("K", [64, 72, 256])
+@pytest.mark.parametrize("R", [256, 260])
+def test_f16_register_tiles_equal_vec_dot_f16(K, R, cpu):
+    """A decode step's KQ and KQV in 16-row register tiles (the cache rows kept in tiles between steps)
+    give ggml_vec_dot_f16's bits: grouped heads, a K that ends in leftovers (added in double), rows that
+    end in a partial tile, and only the rows flagged as written re-tiled (a stale tile would show)."""
+    from llmlab.ggml.cpu.fast import vec as fvec
+    from llmlab.ggml.cpu import profiles
+    from llmlab.ggml.cpu.vec import vec_dot_f16
+    v = fvec.params(profiles.resolve(cpu))
+    if not fvec.tiles_fit(v.arr, v.lanes, v.vec_prog, min(K, R)):
+        pytest.skip("K shorter than one step of this profile's registers")
+    Hk, H = 3, 9
+    cache = rng.standard_normal((R, Hk, K)).astype(np.float16) * 4
+    A = cache.view(np.uint16).transpose(1, 0, 2)                # KQ: (Hk, R, K), the cache rows' view
+    X = rng.standard_normal((H, 1, K)).astype(np.float32)
+    flags = np.ones(R, np.uint8)
+    AT = np.zeros((Hk, -(-R // fvec.TW), K, fvec.TW), np.uint16)
+    V = cache.view(np.uint16).reshape(R, Hk, K)                 # KQV: V^T's rows are the cells' columns
+    P = rng.random((H, 1, R)).astype(np.float32)
+    vflags = np.ones(R, np.uint8)
+    VT = np.zeros((Hk, K // fvec.TW, R, fvec.TW), np.uint16)
+    for _ in range(2):
+        want_kq = vec_dot_f16(X.astype(np.float16)[:, :, None, :], cache.transpose(1, 0, 2)[np.arange(H) // 3][:, None],
+                              cpu)
+        Y = np.empty((H, 1, R), np.float32)
+        fvec.mul_mat_f16_tiles(A, X, Y, v.arr, v.lanes, v.vec_prog, flags, AT, 0)
+        assert same_bits(Y, want_kq)
+        if K % fvec.TW == 0:
+            vt = cache.transpose(1, 2, 0)[np.arange(H) // 3]    # (H, K, R)
+            want_kqv = vec_dot_f16(P.astype(np.float16)[:, :, None, :], vt[:, None], cpu)
+            O = np.empty((H, 1, K), np.float32)
+            fvec.mul_mat_f16_vt_tiles(V, P, O, v.arr, v.lanes, v.vec_prog, vflags, VT, 0)
+            assert same_bits(O, want_kqv)
+        cache[5] = -cache[5]                                    # a written row, flagged as the journal would
+        flags[5] = vflags[5] = 1
+
+
 def test_row_journal_marks_exactly_the_written_rows():
     from llmlab.ggml.cpu.journal import reader, rows_written, writer
     cache = np.zeros((16, 8), np.float16)

@@ -218,6 +218,9 @@ def _set_rows(node, cpu):
     return step
 
 
+FAST_GET_ROWS = {"q8_0": fops.get_rows_q8_0}      # quantized rows with a dequantizing twin (the embeddings)
+
+
 @binder("GET_ROWS")
 def _get_rows(node, cpu):
     """Rows of one matrix (the token embeddings, the last layer's output rows): the views taken once,
@@ -228,6 +231,13 @@ def _get_rows(node, cpu):
         return None
     A, I, O = a.array()[0, 0], ids.array().reshape(-1), node.array()[0, 0]
     n, t = A.shape[0], a.type
+    rows = FAST_GET_ROWS.get(t.name)
+    if rows is not None and A.ndim == 2 and A.dtype == np.uint8 and O.flags.c_contiguous:
+
+        def fast_step():
+            if not rows(A, I, O):
+                raise IndexError(f"get_rows: row id out of range 0..{n - 1} in {ids.name}")
+        return fast_step
 
     def step():
         if I.size and (I.min() < 0 or I.max() >= n):
@@ -351,6 +361,10 @@ def _mul_mat(node, cpu):
             A4 = A.reshape(A.shape[0], R, K // w, w)      # a long dot per row (V^T . probabilities):
             return lambda: fvec.mul_mat_f16_long(A4, X, Y, lanes, prog)   # along K, the rows read in place
         flags = reader(A.transpose(1, 0, 2)) if T == 1 else None
+        if flags is not None and flags.shape[0] >= R and fvec.tiles_fit(n_reg, lanes, prog, K):
+            AT = np.zeros((A.shape[0], -(-R // fvec.TW), K, fvec.TW), np.uint16)   # 16-row tiles, kept
+            n = _attention_limit(Y.size * K)
+            return lambda: fvec.mul_mat_f16_tiles(A, X, Y, n_reg, lanes, prog, flags, AT, n)
         if flags is not None and flags.shape[0] >= R:       # a decode step: keep the cache rows transposed,
             AT = np.zeros((A.shape[0], K, -(-R // fvec.RB), fvec.RB), np.uint16)   # redo those written since
             n = _attention_limit(Y.size * K)
@@ -445,7 +459,12 @@ def _fuse_v_transpose(node, cpu, readers):
     if order is None:
         return None
     n_reg, lanes, prog = order
-    n = _attention_limit(Y.size * V.shape[0])
+    KV, Hk, D = V.shape
+    n = _attention_limit(Y.size * KV)
+    flags = reader(V)
+    if flags is not None and flags.shape[0] >= KV and D % fvec.TW == 0 and fvec.tiles_fit(n_reg, lanes, prog, KV):
+        VT = np.zeros((Hk, D // fvec.TW, KV, fvec.TW), np.uint16)       # the cells' columns in 16-wide tiles,
+        return (lambda: fvec.mul_mat_f16_vt_tiles(V, X, Y, n_reg, lanes, prog, flags, VT, n)), [c]   # kept
     return (lambda: fvec.mul_mat_f16_vt(V, X, Y, n_reg, lanes, prog, n)), [c]
 
 

@@ -40,13 +40,23 @@ def reader(a: np.ndarray) -> np.ndarray | None:
     return flags
 
 
+FEW_ROWS = 16      # up to this many row indices are set one by one: numpy's fancy-index assignment costs
+                   # several microseconds per call, paid per reader by every SET_ROWS of a decode step
+
+
 def _mark(refs: list, n: int, rows) -> None:
     """Set the flags of ``rows`` (all of them when None) in every live reader of an n-row owner."""
+    few = None
+    if isinstance(rows, np.ndarray) and rows.ndim == 1 and rows.dtype.kind in "iu" and rows.shape[0] <= FEW_ROWS:
+        few = rows.tolist()                             # an index out of range raises IndexError as numpy's does
     for ref in refs:
         flags = ref()
         if flags is not None and flags.shape[0] == n:
             if rows is None:
                 flags[:] = 1
+            elif few is not None:
+                for r in few:
+                    flags[r] = 1
             else:
                 flags[rows] = 1
 

@@ -11,7 +11,7 @@ from numba import njit, types
 from numba.extending import intrinsic, overload
 
 from ..libm import libm
-from ._common import f32_to_f16_bits, fma
+from ._common import f16_bits_to_f32, f32_to_f16_bits, fma
 
 
 @intrinsic
@@ -123,4 +123,23 @@ def set_rows(D, V, I):
         row, src = D[I[i]], V[i]
         for c in range(src.shape[0]):
             row[c] = _cell(src[c], row[0])
+    return True
+
+
+@njit(cache=True)
+def get_rows_q8_0(A, I, O):
+    """O[i] = dequantize_row_q8_0(A[I[i]]) for q8_0 rows as bytes (A: (rows, blocks * 34) uint8): each
+    value float(q) * float(d), d the block's f16 scale. False, writing nothing, when an index is out of
+    range. (A decode step's token embedding: the NumPy reference took 25-45 us for one row.)"""
+    n = A.shape[0]
+    for i in range(I.shape[0]):
+        if I[i] < 0 or I[i] >= n:
+            return False
+    nb = A.shape[1] // 34
+    for i in range(I.shape[0]):
+        row, o = A[I[i]], O[i]
+        for b in range(nb):
+            d = f16_bits_to_f32(np.uint16(row[34 * b]) | (np.uint16(row[34 * b + 1]) << np.uint16(8)))
+            for j in range(32):
+                o[32 * b + j] = np.float32(np.int8(row[34 * b + 2 + j])) * d
     return True

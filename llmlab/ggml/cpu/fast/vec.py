@@ -219,6 +219,17 @@ def mul_mat_f16_vt(V, X, out, n_reg, lanes, prog, n_threads):
     KV, Hk, D = V.shape
     H, T = out.shape[0], out.shape[1]
     g = H // Hk
+    if _vdot_tiles_ok(n_reg, lanes, prog, KV) and D % TW == 0 and V.flags.c_contiguous:
+        for h in prange(H):                             # 16 rows of V^T (columns d of the cache rows) per tile
+            b = np.empty((1, KV), np.float32)
+            res = np.empty(TW, np.float32)
+            for t in range(T):
+                _round_f16(X[h, t], b[0])
+                for s in range(D // TW):
+                    _vdot_rows16(V, (h // g) * D + s * TW, Hk * D, b, 0, KV, n_reg, lanes, prog, res, out, h, t,
+                                 s * TW, TW)
+        restore_threads(prev)                           # the limit ends with the kernel, on either path
+        return
     for h in prange(H):
         acc = np.empty((n_reg * lanes, D), np.float32)
         scratch = np.empty((lanes + prog.shape[0], D), np.float32)
@@ -281,6 +292,109 @@ def _lane_tile(lanes: int):
 
 _lane_tile_16 = _lane_tile(16)       # tinyBLAS on AVX-512 (KN = 16)
 _lane_tile_8 = _lane_tile(8)         # on AVX2 (KN = 8)
+
+
+_I16x16 = ir.VectorType(ir.IntType(16), 16)
+_H16 = ir.VectorType(ir.HalfType(), 16)
+TW = 16                  # rows per register tile of _vdot_tile (one <16 x float> across rows)
+
+
+def _vdot_tile(n_reg: int, lanes: int):
+    """ggml_vec_dot_f16 (``n_reg`` registers of ``lanes`` floats, K in whole steps) for 16 rows at once,
+    the accumulators in registers across the rows: A f16 bits (C-contiguous), row w's element k at
+    ``base + k * rstride + w``; b float32 (C-contiguous), element k at ``boff + k``; ``nsteps`` =
+    K / (n_reg * lanes) >= 1 (indices, not views: a view per tile costs atomic reference counts). For each lane:
+    register j's first step a*b (fma onto zero), fma for the later steps, then the registers folded (the
+    upper half onto the lower, GGML_F32_VEC_REDUCE); the lanes then added by the tree ``prog`` (lanes - 1
+    rows (i, j): value lanes + k = value i + value j); the last value stored into res (16,) float32."""
+    step = n_reg * lanes
+
+    def typer(typingctx, A, base, rstride, b, boff, nsteps, prog, res):
+        def codegen(context, builder, signature, args):
+            t = signature.args
+            i64 = ir.IntType(64)
+            f32p = ir.FloatType().as_pointer()
+            ap = builder.bitcast(context.make_array(t[0])(context, builder, args[0]).data, ir.IntType(16).as_pointer())
+            base_, rs = context.cast(builder, args[1], t[1], types.int64), context.cast(builder, args[2], t[2], types.int64)
+            bp = builder.bitcast(context.make_array(t[3])(context, builder, args[3]).data, f32p)
+            bp = builder.gep(bp, [context.cast(builder, args[4], t[4], types.int64)])
+            ns = context.cast(builder, args[5], t[5], types.int64)
+            pr = context.make_array(t[6])(context, builder, args[6])
+            n_prog = cgutils.unpack_tuple(builder, pr.shape, 2)[0]
+            pp = builder.bitcast(pr.data, i64.as_pointer())
+            rp = builder.bitcast(context.make_array(t[7])(context, builder, args[7]).data, _F32x16.as_pointer())
+            fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_F32x16, [_F32x16] * 3), "llvm.fma.v16f32")
+            splat = ir.Constant(ir.VectorType(ir.IntType(32), 16), [0] * 16)
+
+            def load(k):                                  # (rows' element k as floats, b[k] splat)
+                pa = builder.gep(ap, [builder.add(base_, builder.mul(k, rs))])
+                a = builder.load(builder.bitcast(pa, _I16x16.as_pointer()), align=2)
+                a = builder.fpext(builder.bitcast(a, _H16), _F32x16)
+                bv = builder.insert_element(ir.Constant(_F32x16, None), builder.load(builder.gep(bp, [k])),
+                                            ir.Constant(ir.IntType(32), 0))
+                return a, builder.shuffle_vector(bv, ir.Constant(_F32x16, None), splat)
+
+            vals = cgutils.alloca_once(builder, _F32x16, size=ir.Constant(i64, 2 * lanes))
+            accs = [cgutils.alloca_once(builder, _F32x16) for _ in range(n_reg)]
+            for lane in range(lanes):
+                for j in range(n_reg):
+                    a, bv = load(ir.Constant(i64, j * lanes + lane))
+                    builder.store(builder.fmul(a, bv), accs[j])
+                with cgutils.for_range(builder, builder.sub(ns, ir.Constant(i64, 1))) as loop:
+                    k0 = builder.mul(builder.add(loop.index, ir.Constant(i64, 1)), ir.Constant(i64, step))
+                    for j in range(n_reg):
+                        a, bv = load(builder.add(k0, ir.Constant(i64, j * lanes + lane)))
+                        builder.store(builder.call(fma, [a, bv, builder.load(accs[j])]), accs[j])
+                h = n_reg
+                while h > 1:
+                    h //= 2
+                    for j in range(h):
+                        builder.store(builder.fadd(builder.load(accs[j]), builder.load(accs[j + h])), accs[j])
+                builder.store(builder.load(accs[0]), builder.gep(vals, [ir.Constant(i64, lane)]))
+            with cgutils.for_range(builder, n_prog) as loop:
+                i2 = builder.mul(loop.index, ir.Constant(i64, 2))
+                x = builder.load(builder.gep(vals, [builder.load(builder.gep(pp, [i2]))]))
+                y = builder.load(builder.gep(vals, [builder.load(builder.gep(pp, [builder.add(i2, ir.Constant(i64, 1))]))]))
+                builder.store(builder.fadd(x, y), builder.gep(vals, [builder.add(loop.index, ir.Constant(i64, lanes))]))
+            last = builder.add(n_prog, ir.Constant(i64, lanes - 1))
+            builder.store(builder.load(builder.gep(vals, [last])), rp, align=4)
+            return context.get_dummy_value()
+        return types.none(A, base, rstride, b, boff, nsteps, prog, res), codegen
+    typer.__name__ = f"_vdot_tile_{n_reg}x{lanes}"
+    return intrinsic(typer)
+
+
+_vdot_tile_4x8 = _vdot_tile(4, 8)        # ggml_vec_dot_f16 on AVX2 (GGML_F32_ARR 4, EPR 8)
+_vdot_tile_4x16 = _vdot_tile(4, 16)      # on AVX-512 (ARR 4, EPR 16)
+
+
+@njit(inline="always")
+def _vdot_tiles_ok(n_reg, lanes, prog, K):
+    """Whether _vdot_tile has this register layout (a tree of lanes - 1 additions) and K whole steps."""
+    return (n_reg == 4 and (lanes == 8 or lanes == 16) and prog.shape[0] == lanes - 1
+            and K >= n_reg * lanes)
+
+
+@njit(inline="always")
+def _vdot_rows16(A, base, rstride, b, j, K, n_reg, lanes, prog, res, out, h, t, r0, n):
+    """out[h, t, r0 + w] (w < n <= 16) = vec_dot_f16 of the tile's rows with b[j]: the whole steps by
+    _vdot_tile, the leftover elements (K % step) one by one in double, as vec_dot_f16 adds them."""
+    step = n_reg * lanes
+    ns = K // step
+    if lanes == 8:
+        _vdot_tile_4x8(A, base, rstride, b, j * b.shape[1], ns, prog, res)
+    else:
+        _vdot_tile_4x16(A, base, rstride, b, j * b.shape[1], ns, prog, res)
+    if ns * step == K:
+        for w in range(n):
+            out[h, t, r0 + w] = res[w]
+        return
+    Af = A.reshape(-1)
+    for w in range(n):
+        total = np.float64(res[w])
+        for k in range(ns * step, K):
+            total += np.float64(f16_bits_to_f32(Af[base + k * rstride + w]) * b[j, k])
+        out[h, t, r0 + w] = np.float32(total)
 
 
 @njit(inline="always")
@@ -377,6 +491,77 @@ def mul_mat_f16_cached(A, X, out, n_reg, lanes, prog, written, AT, n_threads):
             _round_f16(X[h, t], b)
             _dot_rows(AT[h // g], blk, blk + 1, b, out[h, t][blk * RB:], n_reg, lanes, prog, acc, scratch)
     restore_threads(prev)
+
+
+@njit(cache=True, parallel=True)
+def mul_mat_f16_tiles(A, X, out, n_reg, lanes, prog, written, AT, n_threads):
+    """:func:`mul_mat_f16_cached` in 16-row register tiles (``_vdot_tiles_ok``): ``AT`` (Hk, R/16, K, 16)
+    keeps each tile's rows contiguous (f16 bits, zero-padded; a tile's pass reads one block, with no
+    cache-set conflicts), redone only for the rows ``written`` flags. The grouped heads of a kv head
+    pass over each tile while it is in L1. On at most ``n_threads`` threads (1: the calling thread, 0:
+    the step's count)."""
+    prev = limit_threads(n_threads)
+    Hk, R, K = A.shape
+    H, T = out.shape[0], out.shape[1]
+    g = H // Hk
+    NT = AT.shape[1]
+    for r in range(R):
+        if written[r]:
+            written[r] = 0
+            for hk in range(Hk):
+                for k in range(K):
+                    AT[hk, r // TW, k, r % TW] = A[hk, r, k]
+    NB = -(-NT // 8)                                    # work items: (kv head, 8 tiles)
+    for w in prange(Hk * NB):
+        hk, blk = w // NB, w % NB
+        b = np.empty((g, K), np.float32)
+        res = np.empty(TW, np.float32)
+        for t in range(T):
+            for j in range(g):
+                _round_f16(X[hk * g + j, t], b[j])
+            for s in range(blk * 8, min(NT, blk * 8 + 8)):
+                r0 = s * TW
+                for j in range(g):
+                    _vdot_rows16(AT, (hk * NT + s) * K * TW, TW, b, j, K, n_reg, lanes, prog, res,
+                                 out, hk * g + j, t, r0, min(TW, R - r0))
+    restore_threads(prev)
+
+
+@njit(cache=True, parallel=True)
+def mul_mat_f16_vt_tiles(V, X, out, n_reg, lanes, prog, written, VT, n_threads):
+    """:func:`mul_mat_f16_vt` in 16-row register tiles (``_vdot_tiles_ok``, D a multiple of 16): ``VT``
+    (Hk, D/16, KV, 16) keeps each tile's 16 columns of the cache rows contiguous (a pass along the cells
+    reads one block instead of 32 bytes per cache row, rows 384-512 bytes apart: cache-set conflicts),
+    redone only for the cells ``written`` flags; the grouped heads pass over each tile while it is in L1.
+    On at most ``n_threads`` threads (1: the calling thread, 0: the step's count)."""
+    prev = limit_threads(n_threads)
+    KV, Hk, D = V.shape
+    H, T = out.shape[0], out.shape[1]
+    g = H // Hk
+    NT = D // TW
+    for c in range(KV):
+        if written[c]:
+            written[c] = 0
+            for hk in range(Hk):
+                for d in range(D):
+                    VT[hk, d // TW, c, d % TW] = V[c, hk, d]
+    for w in prange(Hk * NT):                           # work items: (kv head, tile)
+        hk, s = w // NT, w % NT
+        b = np.empty((g, KV), np.float32)
+        res = np.empty(TW, np.float32)
+        for t in range(T):
+            for j in range(g):
+                _round_f16(X[hk * g + j, t], b[j])
+            for j in range(g):
+                _vdot_rows16(VT, (hk * NT + s) * KV * TW, TW, b, j, KV, n_reg, lanes, prog, res,
+                             out, hk * g + j, t, s * TW, TW)
+    restore_threads(prev)
+
+
+def tiles_fit(n_reg: int, lanes: int, prog: np.ndarray, K: int) -> bool:
+    """Whether the 16-row tile kernels (``mul_mat_f16_tiles``, ``mul_mat_f16_vt_tiles``) compute this
+    register layout for dot products of length K."""
+    return n_reg == 4 and lanes in (8, 16) and prog.shape[0] == lanes - 1 and K >= n_reg * lanes
 
 
 @njit(cache=True, parallel=True)
@@ -489,6 +674,24 @@ def geglu(g, u, out, table):
 
 
 @njit(inline="always")
+def _gt(v, m):
+    """(v > m) ? v : m: the running max of ggml_vec_max_f32 (MAX), which skips NaN (MAXPS's select)."""
+    return v if v > m else m
+
+
+@njit(inline="always")
+def _max8(w):
+    """The max of w (length a multiple of 8) as ggml_vec_max_f32 finds it: the NaN-skipping running max
+    in 8 independent strands (a max of non-NaN values is the same in any order; only the sign of a zero
+    max could differ, and exp(w - max) is the same for either), so that it runs in one vector register."""
+    m0 = m1 = m2 = m3 = m4 = m5 = m6 = m7 = np.float32(-np.inf)
+    for k in range(0, w.shape[0], 8):
+        m0, m1, m2, m3 = _gt(w[k], m0), _gt(w[k + 1], m1), _gt(w[k + 2], m2), _gt(w[k + 3], m3)
+        m4, m5, m6, m7 = _gt(w[k + 4], m4), _gt(w[k + 5], m5), _gt(w[k + 6], m6), _gt(w[k + 7], m7)
+    return _gt(_gt(_gt(m0, m1), _gt(m2, m3)), _gt(_gt(m4, m5), _gt(m6, m7)))
+
+
+@njit(inline="always")
 def _soft_max_rows(x, mask, scale, out, lanes, prog, variant, j0, j1):
     n_head, n_q, n = x.shape
     nb = n // lanes
@@ -496,14 +699,15 @@ def _soft_max_rows(x, mask, scale, out, lanes, prog, variant, j0, j1):
     blk = np.empty((lanes + prog.shape[0], nb), np.float32)     # lane l of every block in row l
     for hq in range(j0, j1):
         h, q = hq // n_q, hq % n_q
-        mx = np.float32(-np.inf)
-        for i in range(n):
-            v = x[h, q, i] * scale
-            if mask.shape[0]:
-                v = v + mask[q, i]
-            w[i] = v
-            if v > mx:
-                mx = v
+        xr = x[h, q]
+        if mask.shape[0]:
+            mr = mask[q]
+            for i in range(n):
+                w[i] = xr[i] * scale + mr[i]
+        else:
+            for i in range(n):
+                w[i] = xr[i] * scale
+        mx = _max8(w)
         for i in range(n):                                       # exp(w - max), vectorized
             w[i] = v_expf(np.float32(w[i] - mx), variant)
         for l in range(lanes):
