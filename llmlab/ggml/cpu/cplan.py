@@ -361,13 +361,12 @@ def _mul_mat(node, cpu):
             A4 = A.reshape(A.shape[0], R, K // w, w)      # a long dot per row (V^T . probabilities):
             return lambda: fvec.mul_mat_f16_long(A4, X, Y, lanes, prog)   # along K, the rows read in place
         flags = reader(A.transpose(1, 0, 2)) if T == 1 else None
-        if flags is not None and flags.shape[0] >= R and fvec.tiles_fit(n_reg, lanes, prog, K):
-            AT = np.zeros((A.shape[0], -(-R // fvec.TW), K, fvec.TW), np.uint16)   # 16-row tiles, kept
-            n = _attention_limit(Y.size * K)
-            return lambda: fvec.mul_mat_f16_tiles(A, X, Y, n_reg, lanes, prog, flags, AT, n)
-        if flags is not None and flags.shape[0] >= R:       # a decode step: keep the cache rows transposed,
-            AT = np.zeros((A.shape[0], K, -(-R // fvec.RB), fvec.RB), np.uint16)   # redo those written since
-            n = _attention_limit(Y.size * K)
+        if flags is not None and flags.shape[0] >= R:       # a decode step: keep the cache rows copied,
+            n = _attention_limit(Y.size * K)                # redo those written since
+            if fvec.tiles_fit(n_reg, lanes, prog, K):
+                AT = np.zeros((A.shape[0], -(-R // fvec.TW), K, fvec.TW), np.uint16)   # 16-row tiles
+                return lambda: fvec.mul_mat_f16_tiles(A, X, Y, n_reg, lanes, prog, flags, AT, n)
+            AT = np.zeros((A.shape[0], K, -(-R // fvec.RB), fvec.RB), np.uint16)       # transposed
             return lambda: fvec.mul_mat_f16_cached(A, X, Y, n_reg, lanes, prog, flags, AT, n)
         if Y.size * K >= F16_PARALLEL_FACTOR * parallel_min_work() and _threads() > 1:
             n = _threads()
@@ -450,17 +449,15 @@ def _fuse_v_transpose(node, cpu, readers):
     if not Vt.flags.c_contiguous:
         return None
     V, X, Y = Vt.view(np.uint16), b.array()[0], node.array()[0]
+    KV, Hk, D = V.shape
+    n = _attention_limit(Y.size * KV)
     half = fvec16.half_order(cpu, c.ne[1], 1, c.ne[0])      # FP16_VA: half-precision accumulators
     if half is not None:
-        KV, Hk, D = V.shape
-        n = _attention_limit(Y.size * KV)
         return _f16h_step(fvec16.mul_mat_f16h_vt, V, X, Y, half, (KV, Hk, D // fvec16.vt_chunk(D)), n), [c]
     order = _f16_order(cpu, c.ne[1], 1, c.ne[0])
     if order is None:
         return None
     n_reg, lanes, prog = order
-    KV, Hk, D = V.shape
-    n = _attention_limit(Y.size * KV)
     flags = reader(V)
     if flags is not None and flags.shape[0] >= KV and D % fvec.TW == 0 and fvec.tiles_fit(n_reg, lanes, prog, KV):
         VT = np.zeros((Hk, D // fvec.TW, KV, fvec.TW), np.uint16)       # the cells' columns in 16-wide tiles,
