@@ -229,40 +229,185 @@ def forget() -> None:
     _SHARED.clear()
 
 
-# ---- one-thread regions on the calling thread ------------------------------------------------------
+# ---- one-thread regions on the calling thread, and a spinning pool under workqueue ------------------
 # numba's parallel code calls its layer through one symbol, ``numba_parallel_for(fn, args, dims, steps,
 # data, inner_ndim, array_count, num_threads)`` (numba.np.ufunc.parallel.build_gufunc_kernel), bound
 # when a kernel's machine code is linked (compiled or loaded from the cache). Once numba has launched its
 # layer, llmlab binds that symbol to a small entry of its own: a region of one thread calls ``fn`` on the
 # whole schedule directly, what every layer computes for one thread (same chunk, same order, the same
 # bits); a larger one goes on to the layer. It also counts both kinds (``region_counts``).
+#
+# Under workqueue the entry serves larger regions itself, as ggml's threadpool does: persistent workers
+# (NUMBA_NUM_THREADS - 1 of them) spin on their own generation counter with the CPU's pause hint, run their
+# chunk when it moves, and after SPIN rounds sleep on a condition variable, which the caller signals only
+# when a worker said it sleeps. The caller runs chunk 0 and spins until the workers' chunks are done: a
+# region costs a few microseconds where workqueue's two condition-variable rounds cost 60-150. The chunks
+# are workqueue's (``total // n`` schedule entries each, the last one the rest), chunk i on the thread that
+# numba's ``get_thread_id`` calls i (reductions keep their slots), so the bits are workqueue's. A region
+# the pool cannot take (one already running: a nested region or a second Python thread) goes to workqueue.
 
-_INLINE: dict = {}                 # the entry's library (kept alive), addresses and counters, once built
+SPIN = 1 << 14          # pause rounds (tens of ns each) a worker spins before it sleeps, the caller before it yields
+_INLINE: dict = {}      # the entry's library (kept alive), addresses and counters, once built
+_POOL: dict = {}        # the pool's control block, OS calls and threads, under workqueue only
+# the control block: int64 words, each thread's on its own 64-byte line
+READY, BUSY, STOP, TASK, LINE = 0, 8, 16, 24, 8     # TASK: fn, steps, data, num_threads; worker k's line at
+GEN, DONE, SLEEPS, ARGS, DIMS = 0, 1, 2, 3, 4       # 32 + 8k: generation, done, sleeps, its args and dims
 
 
-def _build_inline_entry(layer_entry: int) -> dict:
-    """Compile (LLVM IR, numba's JIT) the entry that forwards to ``layer_entry`` (the layer's parallel_for)
-    and a no-op task for :func:`wake_cost_us`."""
+def _os_calls() -> dict:
+    """The OS's lock, condition variable, yield and thread-local calls the pool's machine code calls by
+    address: POSIX threads (Linux, macOS), or Windows' SRW locks, condition variables and TLS."""
+    import ctypes
+    import sys
+    sync = (ctypes.c_int64 * 32)(), (ctypes.c_int64 * 32)()           # mutex, condition (zero: Windows' init)
+    if sys.platform == "win32":
+        k = ctypes.WinDLL("kernel32")
+        fns = [k.AcquireSRWLockExclusive, k.ReleaseSRWLockExclusive, k.SleepConditionVariableSRW,
+               k.WakeAllConditionVariable, k.SwitchToThread, k.TlsGetValue, k.TlsSetValue]
+        key = k.TlsAlloc()
+        key_bits, set_tls = 32, lambda v: k.TlsSetValue(ctypes.c_uint32(key), ctypes.c_void_p(v))
+        init = lambda: None                                             # noqa: E731
+    else:
+        c = ctypes.CDLL(None)
+        fns = [c.pthread_mutex_lock, c.pthread_mutex_unlock, c.pthread_cond_wait, c.pthread_cond_broadcast,
+               c.sched_yield, c.pthread_getspecific, c.pthread_setspecific]
+        ktype = ctypes.c_ulong if sys.platform == "darwin" else ctypes.c_uint
+        kbox = ktype()
+        if c.pthread_key_create(ctypes.byref(kbox), None):
+            raise OSError("pthread_key_create failed")
+        key, key_bits = kbox.value, 8 * ctypes.sizeof(ktype)
+        set_tls = lambda v: c.pthread_setspecific(ktype(key), ctypes.c_void_p(v))   # noqa: E731
+
+        def init():
+            c.pthread_mutex_init(sync[0], None)
+            c.pthread_cond_init(sync[1], None)
+    init()
+    addr = [ctypes.cast(f, ctypes.c_void_p).value for f in fns]
+    names = ("lock", "unlock", "wait", "wake", "yield", "tls_get", "tls_set")
+    return {**dict(zip(names, addr)), "sync": sync, "init": init, "key": key, "key_bits": key_bits,
+            "set_tls": set_tls, "windows": sys.platform == "win32"}
+
+
+def _pause_intrinsic() -> tuple[str, list[int]]:
+    """The spin-wait hint of this CPU as an LLVM intrinsic (no assembler needed): x86's pause, aarch64's
+    isb sy (a longer wait than yield, as Rust's spin_loop); none elsewhere."""
+    import platform
+    m = platform.machine().lower()
+    if m in ("x86_64", "amd64", "i686", "i386", "x86"):
+        return "llvm.x86.sse2.pause", []
+    if m in ("arm64", "aarch64"):
+        return "llvm.aarch64.isb", [15]
+    return "", []
+
+
+def _build_inline_entry(layer_entry: int, pool: dict | None = None) -> dict:
+    """Compile (LLVM IR, numba's JIT) the entry that forwards to ``layer_entry`` (the layer's parallel_for),
+    a no-op task for :func:`wake_cost_us` and, with ``pool`` (its control block and OS calls), the pool's
+    worker loop and a ``get_thread_id`` that names the pool's threads by their chunk."""
     import ctypes
     from llvmlite import ir
+    from numba.core import cgutils
     from numba.core.compiler_lock import global_compiler_lock
     from numba.core.registry import cpu_target
 
-    i8p, i64 = ir.IntType(8).as_pointer(), ir.IntType(64)
+    i8p, i32, i64 = ir.IntType(8).as_pointer(), ir.IntType(32), ir.IntType(64)
+    void = ir.VoidType()
     mod = ir.Module("llmlab_regions")
-    counts = (ctypes.c_int64 * 2)()                  # (inline, handed to the layer), read by region_counts
-    fnty = ir.FunctionType(ir.VoidType(), [i8p] * 5 + [i64] * 3)       # as numba declares numba_parallel_for
-    task = ir.FunctionType(ir.VoidType(), [i8p.as_pointer(), i64.as_pointer(), i64.as_pointer(), i8p])
+    counts = (ctypes.c_int64 * 3)()                  # (inline, handed to the layer, served by the pool)
+    fnty = ir.FunctionType(void, [i8p] * 5 + [i64] * 3)                  # as numba declares numba_parallel_for
+    task = ir.FunctionType(void, [i8p.as_pointer(), i64.as_pointer(), i64.as_pointer(), i8p])
+
+    def word(b, base, k):                            # an int64 word of a ctypes block, as a pointer
+        return b.inttoptr(i64(ctypes.addressof(base) + 8 * k), i64.as_pointer())
+
+    def count(b, k):
+        b.atomic_rmw("add", word(b, counts, k), i64(1), "monotonic")
+
+    def call(b, address, ret, args):                 # a C function by address
+        fty = ir.FunctionType(ret, [a.type for a in args])
+        return b.call(b.inttoptr(i64(address), fty.as_pointer()), args)
+
+    def pause(b):
+        if hint:
+            fty = ir.FunctionType(void, [i32] * len(hint_args))
+            b.call(mod.globals.get(hint) or ir.Function(mod, fty, hint), [i32(v) for v in hint_args])
+
+    hint, hint_args = _pause_intrinsic()
     f = ir.Function(mod, fnty, "llmlab_parallel_for")
-    fn, args, dims, steps, data, _, _, nth = f.args
+    fn, args, dims, steps, data, inner_ndim, array_count, nth = f.args
     b = ir.IRBuilder(f.append_basic_block())
     inline, layer = f.append_basic_block("inline"), f.append_basic_block("layer")
-    n32 = b.trunc(nth, ir.IntType(32))               # the C entries take an int
-    b.cbranch(b.icmp_signed("<=", n32, ir.IntType(32)(1)), inline, layer)
+    n32 = b.trunc(nth, i32)                          # the C entries take an int
+    if pool is None:
+        b.cbranch(b.icmp_signed("<=", n32, i32(1)), inline, layer)
+    else:
+        ctrl, osc = pool["ctrl"], pool["os"]
+        mutex, cond = (ctypes.addressof(x) for x in osc["sync"])
+        served = f.append_basic_block("pool")
+        b.cbranch(b.icmp_signed("<=", n32, i32(1)), inline, f.append_basic_block("many"))
+        b = ir.IRBuilder(f.blocks[-1])
+        n = b.sext(n32, i64)
+        fits = b.and_(b.icmp_signed("<=", n, i64(pool["workers"] + 1)), b.icmp_signed("!=", b.load_atomic(
+            word(b, ctrl, READY), "acquire", 8), i64(0)))
+        take = f.append_basic_block("take")
+        b.cbranch(fits, take, layer)
+        b = ir.IRBuilder(take)
+        got = b.extract_value(b.cmpxchg(word(b, ctrl, BUSY), i64(0), i64(1), "acquire", "monotonic"), 1)
+        b.cbranch(got, served, layer)
+
+        b = ir.IRBuilder(served)                     # workqueue's chunks, then chunk k to worker k, 0 here
+        count(b, 2)
+        dims64, steps64 = b.bitcast(dims, i64.as_pointer()), b.bitcast(steps, i64.as_pointer())
+        total = b.load(dims64)
+        each = b.udiv(total, n)
+        arg_len = b.add(inner_ndim, i64(1))
+        all_dims = b.alloca(i64, b.mul(n, arg_len))
+        all_args = b.alloca(i8p, b.mul(n, array_count))
+        with cgutils.for_range(b, n) as i:
+            d = b.gep(all_dims, [b.mul(i.index, arg_len)])
+            with cgutils.for_range(b, arg_len) as j:
+                b.store(b.load(b.gep(dims64, [j.index])), b.gep(d, [j.index]))
+            last = b.icmp_signed("==", i.index, b.sub(n, i64(1)))
+            b.store(b.select(last, b.sub(total, b.mul(each, i.index)), each), d)
+            a = b.gep(all_args, [b.mul(i.index, array_count)])
+            with cgutils.for_range(b, array_count) as j:
+                off = b.mul(b.mul(b.load(b.gep(steps64, [j.index])), each), i.index)
+                b.store(b.gep(b.load(b.gep(b.bitcast(args, i8p.as_pointer()), [j.index])), [off]), b.gep(a, [j.index]))
+        for k, v in enumerate((fn, steps, data)):
+            b.store(b.ptrtoint(v, i64), word(b, ctrl, TASK + k))
+        b.store(nth, word(b, ctrl, TASK + 3))
+        line = lambda b, k, slot: b.inttoptr(b.add(i64(ctypes.addressof(ctrl) + 8 * (32 + slot)),  # noqa: E731
+                                                     b.mul(k, i64(8 * LINE))), i64.as_pointer())
+        with cgutils.for_range(b, n, start=i64(1)) as k:
+            b.store(b.ptrtoint(b.gep(all_args, [b.mul(k.index, array_count)]), i64), line(b, k.index, ARGS))
+            b.store(b.ptrtoint(b.gep(all_dims, [b.mul(k.index, arg_len)]), i64), line(b, k.index, DIMS))
+            gen = line(b, k.index, GEN)
+            b.store_atomic(b.add(b.load(gen), i64(1)), gen, "seq_cst", 8)
+            with b.if_then(b.icmp_signed("!=", b.load_atomic(line(b, k.index, SLEEPS), "seq_cst", 8), i64(0))):
+                call(b, osc["lock"], void, [b.inttoptr(i64(mutex), i8p)])
+                call(b, osc["wake"], void, [b.inttoptr(i64(cond), i8p)])
+                call(b, osc["unlock"], void, [b.inttoptr(i64(mutex), i8p)])
+        b.call(b.bitcast(fn, task.as_pointer()), [all_args, all_dims, steps64, data])
+        with cgutils.for_range(b, n, start=i64(1)) as k:       # wait for the workers: spin, then yield
+            spin = cgutils.alloca_once_value(b, i64(0))
+            check, wait, over = (f.append_basic_block(x) for x in ("check", "wait", "over"))
+            b.branch(check)
+            b.position_at_end(check)
+            done = b.icmp_signed("==", b.load_atomic(line(b, k.index, DONE), "acquire", 8), b.load(line(b, k.index, GEN)))
+            b.cbranch(done, over, wait)
+            b.position_at_end(wait)
+            pause(b)
+            s = b.add(b.load(spin), i64(1))
+            b.store(s, spin)
+            with b.if_then(b.icmp_signed(">", s, i64(SPIN))):
+                call(b, osc["yield"], void, [])
+            b.branch(check)
+            b.position_at_end(over)
+        b.store_atomic(i64(0), word(b, ctrl, BUSY), "release", 8)
+        b.ret_void()
     for block, k in ((inline, 0), (layer, 1)):
         b = ir.IRBuilder(block)
-        at = b.inttoptr(i64(ctypes.addressof(counts) + 8 * k), i64.as_pointer())
-        b.atomic_rmw("add", at, i64(1), "monotonic")
+        count(b, k)
         if k == 0:
             b.call(b.bitcast(fn, task.as_pointer()), [b.bitcast(args, i8p.as_pointer()), b.bitcast(dims, i64.as_pointer()),
                                                         b.bitcast(steps, i64.as_pointer()), data])
@@ -271,24 +416,181 @@ def _build_inline_entry(layer_entry: int) -> dict:
         b.ret_void()
     noop = ir.Function(mod, task, "llmlab_noop_task")
     ir.IRBuilder(noop.append_basic_block()).ret_void()
+    names = ["llmlab_parallel_for", "llmlab_noop_task"]
+    if pool is not None:
+        _build_worker(mod, pool, word, call, pause, line)
+        names += ["llmlab_pool_worker", "llmlab_get_thread_id"]
     with global_compiler_lock:
         lib = cpu_target.target_context.codegen().create_library("llmlab_regions")
         lib.add_ir_module(mod)
         lib.finalize()
-        addr = {name: lib.get_pointer_to_function(name) for name in ("llmlab_parallel_for", "llmlab_noop_task")}
+        addr = {name: lib.get_pointer_to_function(name) for name in names}
     return {"lib": lib, "entry": addr["llmlab_parallel_for"], "noop": addr["llmlab_noop_task"],
+            "worker": addr.get("llmlab_pool_worker"), "get_thread_id": addr.get("llmlab_get_thread_id"),
             "layer_entry": layer_entry, "counts": counts}
 
 
+def _build_worker(mod, pool: dict, word, call, pause, line) -> None:
+    """The worker loop ``llmlab_pool_worker(k)`` (returns when STOP is set) and ``llmlab_get_thread_id``: a
+    pool thread's chunk number (its thread-local slot holds k + 1), else the layer's own answer."""
+    import ctypes
+    from llvmlite import ir
+    from numba.core import cgutils
+    i8p, i32, i64, void = ir.IntType(8).as_pointer(), ir.IntType(32), ir.IntType(64), ir.VoidType()
+    ctrl, osc = pool["ctrl"], pool["os"]
+    mutex, cond = (ctypes.addressof(x) for x in osc["sync"])
+    task = ir.FunctionType(void, [i8p.as_pointer(), i64.as_pointer(), i64.as_pointer(), i8p])
+    key = ir.IntType(osc["key_bits"])(osc["key"])
+
+    f = ir.Function(mod, ir.FunctionType(void, [i64]), "llmlab_pool_worker")
+    k = f.args[0]
+    b = ir.IRBuilder(f.append_basic_block())
+    seen, spin = cgutils.alloca_once_value(b, b.load_atomic(line(b, k, GEN), "acquire", 8)), cgutils.alloca_once(b, i64)
+    head, wait, nap, sleep, woke, run, stop = (f.append_basic_block(x) for x in
+                                               ("head", "wait", "nap", "sleep", "woke", "run", "stop"))
+    b.store(i64(0), spin)
+    b.branch(head)
+    b = ir.IRBuilder(head)                           # a new generation? stop? else pause, and sleep after SPIN
+    moved = b.icmp_signed("!=", b.load_atomic(line(b, k, GEN), "acquire", 8), b.load(seen))
+    stopped = b.icmp_signed("!=", b.load_atomic(word(b, ctrl, STOP), "monotonic", 8), i64(0))
+    b.cbranch(stopped, stop, wait)
+    b = ir.IRBuilder(wait)
+    spinning = f.append_basic_block("spinning")
+    b.cbranch(moved, run, spinning)
+    b = ir.IRBuilder(spinning)
+    pause(b)
+    s = b.add(b.load(spin), i64(1))
+    b.store(s, spin)
+    b.cbranch(b.icmp_signed(">", s, i64(SPIN)), nap, head)
+    b = ir.IRBuilder(nap)                            # say it sleeps, then check again under the lock
+    m, c = b.inttoptr(i64(mutex), i8p), b.inttoptr(i64(cond), i8p)
+    call(b, osc["lock"], void, [m])
+    b.store_atomic(i64(1), line(b, k, SLEEPS), "seq_cst", 8)
+    b.branch(sleep)
+    b = ir.IRBuilder(sleep)
+    idle = b.and_(b.icmp_signed("==", b.load_atomic(line(b, k, GEN), "seq_cst", 8), b.load(seen)),
+                  b.icmp_signed("==", b.load_atomic(word(b, ctrl, STOP), "seq_cst", 8), i64(0)))
+    with b.if_then(idle):
+        call(b, osc["wait"], void, [c, m] + ([i32(-1), i32(0)] if osc["windows"] else []))
+        b.branch(sleep)
+    b.branch(woke)
+    b = ir.IRBuilder(woke)
+    b.store_atomic(i64(0), line(b, k, SLEEPS), "seq_cst", 8)
+    call(b, osc["unlock"], void, [m])
+    b.store(i64(0), spin)
+    b.branch(head)
+    b = ir.IRBuilder(run)                            # chunk k of the region the caller published
+    gen = b.load(line(b, k, GEN))
+    b.store(gen, seen)
+    call(b, pool["set_num_threads"], void, [b.trunc(b.load(word(b, ctrl, TASK + 3)), i32)])   # as workqueue's sync_tls
+    fn = b.inttoptr(b.load(word(b, ctrl, TASK)), task.as_pointer())
+    b.call(fn, [b.inttoptr(b.load(line(b, k, ARGS)), i8p.as_pointer()), b.inttoptr(b.load(line(b, k, DIMS)), i64.as_pointer()),
+                b.inttoptr(b.load(word(b, ctrl, TASK + 1)), i64.as_pointer()), b.inttoptr(b.load(word(b, ctrl, TASK + 2)), i8p)])
+    b.store_atomic(gen, line(b, k, DONE), "release", 8)
+    b.store(i64(0), spin)
+    b.branch(head)
+    ir.IRBuilder(stop).ret_void()
+
+    g = ir.Function(mod, ir.FunctionType(i32, []), "llmlab_get_thread_id")
+    b = ir.IRBuilder(g.append_basic_block())
+    v = b.ptrtoint(call(b, osc["tls_get"], i8p, [key]), i64)
+    mine = b.icmp_signed("!=", v, i64(0))
+    with b.if_else(mine) as (then, other):
+        with then:
+            b.ret(b.trunc(b.sub(v, i64(1)), i32))
+        with other:
+            b.ret(call(b, pool["layer_thread_id"], i32, []))
+    b.unreachable()
 def _bind_inline_entry() -> None:
     import llvmlite.binding as ll
+    import numba
     if _INLINE:
         return
     layer_entry = ll.address_of_symbol("numba_parallel_for")
     if not layer_entry:
         return
-    _INLINE.update(_build_inline_entry(layer_entry))
+    pool = None
+    if numba.threading_layer() == "workqueue" and numba.config.NUMBA_NUM_THREADS > 1:
+        try:
+            pool = _new_pool(numba.config.NUMBA_NUM_THREADS - 1)
+            _INLINE.update(_build_inline_entry(layer_entry, pool))
+        except Exception:       # noqa: BLE001 - an OS call missing: workqueue serves the regions, as before
+            pool = None
+    if not _INLINE:
+        _INLINE.update(_build_inline_entry(layer_entry))
     ll.add_symbol("numba_parallel_for", _INLINE["entry"])
+    if pool is not None:
+        ll.add_symbol("get_thread_id", _INLINE["get_thread_id"])
+        _POOL.update(pool)
+        _start_pool()
+
+
+def _new_pool(workers: int) -> dict:
+    import ctypes
+    import llvmlite.binding as ll
+    return {"workers": workers, "ctrl": (ctypes.c_int64 * (32 + LINE * (workers + 1)))(), "os": _os_calls(),
+            "set_num_threads": ll.address_of_symbol("set_num_threads"),
+            "layer_thread_id": ll.address_of_symbol("get_thread_id"), "threads": []}
+
+
+def _start_pool() -> None:
+    """Start the workers (daemon threads whose loop runs without the GIL), then open the pool; stop them at
+    exit, and start fresh ones in a forked child (the parent's threads do not exist there)."""
+    import atexit
+    import ctypes
+    import threading
+    loop = ctypes.CFUNCTYPE(None, ctypes.c_int64)(_INLINE["worker"])     # ctypes drops the GIL for the call
+
+    def work(k: int) -> None:
+        _POOL["os"]["set_tls"](k + 1)                # get_thread_id: this thread runs chunk k
+        loop(k)
+    _POOL["threads"] = [threading.Thread(target=work, args=(k,), name=f"llmlab-pool-{k}", daemon=True)
+                        for k in range(1, _POOL["workers"] + 1)]
+    for t in _POOL["threads"]:
+        t.start()
+    _POOL["ctrl"][READY] = 1
+    if not _POOL.get("hooked"):
+        _POOL["hooked"] = True
+        atexit.register(stop_pool)
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=_restart_in_child)
+
+
+def stop_pool(timeout: float = 1.0) -> bool:
+    """Close the pool (regions go to workqueue from now on), wake and end its workers; True when all ended."""
+    import ctypes
+    if not _POOL:
+        return True
+    ctrl, osc = _POOL["ctrl"], _POOL["os"]
+    ctrl[READY] = 0
+    while ctrl[BUSY]:                                # a region in flight on another thread finishes first
+        time.sleep(1e-4)
+    ctrl[STOP] = 1
+    m, c = (ctypes.addressof(x) for x in osc["sync"])
+    ctypes.CFUNCTYPE(None, ctypes.c_void_p)(osc["lock"])(m)
+    ctypes.CFUNCTYPE(None, ctypes.c_void_p)(osc["wake"])(c)
+    ctypes.CFUNCTYPE(None, ctypes.c_void_p)(osc["unlock"])(m)
+    for t in _POOL["threads"]:
+        t.join(timeout)
+    return not any(t.is_alive() for t in _POOL["threads"])
+
+
+def _restart_in_child() -> None:
+    """After fork: the control block and the lock are copies of the parent's at an arbitrary moment, its
+    threads are gone: clear, re-initialise, start new workers."""
+    if not _POOL:
+        return
+    import ctypes
+    ctypes.memset(_POOL["ctrl"], 0, ctypes.sizeof(_POOL["ctrl"]))
+    for x in _POOL["os"]["sync"]:
+        ctypes.memset(x, 0, ctypes.sizeof(x))
+    _POOL["os"]["init"]()
+    _start_pool()
+
+
+def pool_threads() -> list:
+    """The pool's running worker threads (Python's Thread objects); empty where no pool serves the layer."""
+    return [t for t in _POOL.get("threads", []) if t.is_alive()] if _POOL.get("ctrl") and _POOL["ctrl"][READY] else []
 
 
 def install_inline_regions() -> None:
@@ -313,9 +615,15 @@ def install_inline_regions() -> None:
 
 def region_counts() -> tuple[int, int]:
     """Parallel regions entered so far in this process through llmlab's entry: (run inline on one thread,
-    handed to the layer's threads). (0, 0) before numba launched its layer."""
+    run on more: by the layer's threads or the pool's). (0, 0) before numba launched its layer."""
     c = _INLINE.get("counts")
-    return (int(c[0]), int(c[1])) if c is not None else (0, 0)
+    return (int(c[0]), int(c[1]) + int(c[2])) if c is not None else (0, 0)
+
+
+def pooled_regions() -> int:
+    """How many of the threaded regions the pool served (0 where no pool serves the layer)."""
+    c = _INLINE.get("counts")
+    return int(c[2]) if c is not None else 0
 
 
 _WAKE: dict[int, float] = {}
@@ -345,14 +653,14 @@ def wake_cost_us(n: int) -> float:
     parallel._launch_threads()
     if not _INLINE:
         _bind_inline_entry()
-    ceiling = QUIET_WAKE_US.get(numba.threading_layer(), float("inf"))
+    ceiling = QUIET_WAKE_US.get("pool" if _POOL else numba.threading_layer(), float("inf"))
     if ceiling < MEASURE_FROM_US:
         _WAKE[n] = ceiling
         return ceiling
     c = ctypes
     proto = c.CFUNCTYPE(None, c.c_void_p, c.c_void_p, c.c_void_p, c.c_void_p, c.c_void_p, c.c_ssize_t, c.c_ssize_t,
                         c.c_ssize_t)
-    layer, inline = proto(_INLINE["layer_entry"]), proto(_INLINE["entry"])
+    inline = proto(_INLINE["entry"])                 # n threads: the layer's (or the pool's), 1: inline
     args, dims, steps = (c.c_void_p * 1)(), (c.c_ssize_t * 2)(n, 1), (c.c_ssize_t * 1)(0)
     noop = _INLINE["noop"]
 
@@ -367,7 +675,7 @@ def wake_cost_us(n: int) -> float:
                 break
         return best
 
-    fastest(layer, n)                                # the workers woken and their code paged in first
-    pooled, alone = fastest(layer, n), fastest(inline, 1)
+    fastest(inline, n)                               # the workers woken and their code paged in first
+    pooled, alone = fastest(inline, n), fastest(inline, 1)
     _WAKE[n] = min(ceiling, max(0.0, pooled - alone) * 1e6)
     return _WAKE[n]
