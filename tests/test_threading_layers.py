@@ -1,7 +1,8 @@
 """numba's threading layers under llmlab: a one-thread parallel region runs on the calling thread on every
-layer (workqueue would hand it to a worker and wake it), the thread limit and the governor's count reach
-the layer, and the work from which a product is threaded comes from the layer's measured wake-up cost.
-Checked by which thread ran each task and by the region counts, never by timing."""
+layer (workqueue would hand it to a worker and wake it), under workqueue llmlab's spinning pool serves the
+larger ones (chunk 0 on the caller, the rest on the pool's workers, workqueue's bits), the thread limit and
+the governor's count reach the layer, and the work from which a product is threaded comes from the layer's
+measured wake-up cost. Checked by which thread ran each task and by the region counts, never by timing."""
 from __future__ import annotations
 
 import json
@@ -47,6 +48,14 @@ def caller():
 
 
 @njit(parallel=True)
+def total(a):
+    s = 0.0
+    for i in prange(a.size):
+        s += a[i] * 1.0000001
+    return s
+
+
+@njit(parallel=True)
 def tasks(out, n_threads):
     prev = _common.limit_threads(n_threads)
     for i in prange(out.size):
@@ -67,12 +76,59 @@ def run(step_count, limit):
             "inline": c1[0] - c0[0], "layer": c1[1] - c0[1]}
 
 
+def pooled():
+    """A two-thread region: which threads ran its tasks, and whether the pool served it."""
+    _common.use_threads(2)
+    out = np.zeros(8, np.int64)
+    p0 = threadpool.pooled_regions()
+    tasks(out, 0)
+    workers = [t.ident for t in threadpool.pool_threads()]
+    return {"caller": int((out == caller()).sum()), "workers": int(np.isin(out, workers).sum()) if workers else 0,
+            "pooled": threadpool.pooled_regions() - p0}
+
+
+def sums():
+    """A product (row sums, one thread each) and a prange reduction (a partial sum per thread, combined in
+    thread order) on one thread, then two."""
+    a = np.random.default_rng(0).standard_normal(100_003)
+    w = np.random.default_rng(1).standard_normal((301, 77)).astype(np.float32)
+    r = {}
+    for n in (1, 2):
+        _common.use_threads(n)
+        r[n] = (float(total(a)), row_sums(w).tobytes().hex())
+    return {"total_1": r[1][0], "total_2": r[2][0], "rows_equal": r[1][1] == r[2][1], "exact": float(a.sum() * 1.0000001)}
+
+
+@njit(parallel=True)
+def row_sums(w):
+    out = np.zeros(w.shape[0], np.float32)
+    for i in prange(w.shape[0]):
+        s = np.float32(0)
+        for k in range(w.shape[1]):
+            s += w[i, k] * np.float32(1.5)
+        out[i] = s
+    return out
+
+
 _common.set_threads(2)
 res = {"limit_1": run(2, 1), "step_1": run(1, 0), "step_2": run(2, 0)}
 import numba
 res["layer"] = numba.threading_layer()
 res["min_work"] = _common.parallel_min_work()
 res["derived"] = _common.min_work_for(threadpool.wake_cost_us(2), 2)
+res["pool"] = pooled()
+res["sums"] = sums()
+if "fork" in sys.argv and hasattr(os, "fork"):
+    pid = os.fork()
+    if pid == 0:                                      # the child: its own pool serves, with the same bits
+        import signal
+        signal.alarm(60)                              # a pool waiting for the parent's workers would hang
+        ok = pooled()["pooled"] == 1 and pooled()["workers"] > 0 and sums() == res["sums"]
+        os._exit(0 if ok else 3)
+    res["child_status"] = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+res["stopped"] = threadpool.stop_pool()
+res["after_stop"] = pooled()
+res["after_stop"]["tasks"] = run(2, 0)
 print(json.dumps(res))
 '''
 
@@ -80,7 +136,7 @@ two_threads = pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="num
 posix = pytest.mark.skipif(sys.platform == "win32", reason="the probe reads pthread_self")
 
 
-def probe(layer: str | None) -> dict:
+def probe(layer: str | None, *args: str) -> dict:
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
            "NUMBA_NUM_THREADS": "2"}
     env.pop("LLMLAB_PARALLEL_MIN_WORK", None)
@@ -89,23 +145,55 @@ def probe(layer: str | None) -> dict:
         env["NUMBA_THREADING_LAYER"] = layer
     else:
         env.pop("NUMBA_THREADING_LAYER", None)
-    p = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=300)
+    p = subprocess.run([sys.executable, "-c", PROBE, *args], env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
 @two_threads
 @posix
-def test_workqueue_one_thread_regions_stay_on_the_calling_thread():
-    """workqueue hands every region to its workers, a one-thread one too, and the caller never runs a task
-    (the two-thread case shows it: no task on the caller). llmlab's entry runs the limit's one-thread
-    regions and the governor's one-thread steps on the caller, without the layer."""
-    r = probe("workqueue")
+def test_workqueue_regions_run_inline_or_on_the_pool():
+    """workqueue hands every region to its workers, a one-thread one too, and the caller never runs a task.
+    llmlab's entry runs the limit's one-thread regions and the governor's one-thread steps on the caller;
+    a two-thread region's chunk 0 on the caller and chunk 1 on the pool's worker, never on workqueue's:
+    each product row and each reduction's partial sum as workqueue computes them (a reduction's slot is its
+    chunk's number: both halves counted, in the order omp's threads give, checked below). A forked child
+    starts its own pool; once stopped, workqueue serves the regions again (the caller runs no task)."""
+    r = probe("workqueue", "fork")
     assert r["layer"] == "workqueue"
     assert r["limit_1"] == {"on_caller": True, "none_on_caller": False, "inline": 1, "layer": 0}
     assert r["step_1"] == {"on_caller": True, "none_on_caller": False, "inline": 1, "layer": 0}
-    assert r["step_2"]["none_on_caller"] and (r["step_2"]["inline"], r["step_2"]["layer"]) == (0, 1)
-    assert r["min_work"] == r["derived"] >= _common.MIN_WORK      # from the layer's measured wake-up cost
+    assert (r["step_2"]["inline"], r["step_2"]["layer"]) == (0, 1)
+    assert r["pool"] == {"caller": 4, "workers": 4, "pooled": 1}
+    assert r["min_work"] == r["derived"] == _common.MIN_WORK      # the pool's wake costs as omp's
+    assert r["sums"]["rows_equal"] and abs(r["sums"]["total_2"] - r["sums"]["exact"]) < 1e-6 * 100_003
+    assert r["child_status"] == 0
+    assert r["stopped"] and r["after_stop"]["pooled"] == 0 and r["after_stop"]["tasks"]["none_on_caller"]
+
+
+@two_threads
+@posix
+def test_the_pool_reduces_as_omp_does():
+    """A prange reduction on two threads gives omp's bits under the pool: the same two chunks, each partial
+    sum in its thread's slot, combined in the same order."""
+    if "omp" not in threadpool.threading_layers()["available"]:
+        pytest.skip("numba's omp layer does not load here")
+    assert probe("workqueue")["sums"] == probe("omp")["sums"]
+
+
+@two_threads
+def test_the_pool_stops_at_exit():
+    """A process whose pool workers spin (a region just ran) exits at once, cleanly: atexit stops them."""
+    code = ("import atexit\nfrom llmlab.ggml.cpu import threadpool\nfrom llmlab.ggml.cpu.fast import _common\n"
+            "atexit.register(lambda: print('stopped', threadpool.pool_threads() == []))\n"   # runs after the pool's
+            "import numpy as np\nfrom numba import njit, prange\n"
+            "@njit(parallel=True)\ndef f(a):\n    for i in prange(a.size):\n        a[i] += 1\n"
+            "_common.set_threads(2); f(np.zeros(64)); assert threadpool.pooled_regions() == 1\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+           "NUMBA_NUM_THREADS": "2", "NUMBA_THREADING_LAYER": "workqueue"}
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.strip() == "stopped True"
 
 
 @two_threads

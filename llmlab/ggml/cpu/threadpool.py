@@ -628,11 +628,11 @@ def pooled_regions() -> int:
 
 _WAKE: dict[int, float] = {}
 # What a region of 2 threads cost the caller on the Zen 3 (2 cores, KVM), the fastest of back-to-back
-# empty regions: omp 1.5 us, tbb 2.9 (their workers spin between regions), workqueue 60-150 (condition
-# variables). A measurement only adds what a loaded machine adds, so it is never taken above these; and
-# on the spinning layers it would only see the load (beside 4 busy threads on 2 cores, omp's fastest
-# region took 4-8 ms): there the table's value is the answer.
-QUIET_WAKE_US = {"omp": 3.0, "tbb": 3.0, "workqueue": 150.0}
+# empty regions: omp 1.5 us, tbb 2.9, llmlab's pool under workqueue 0.7-1.5 (their workers spin between
+# regions), workqueue alone 60-150 (condition variables). A measurement only adds what a loaded machine
+# adds, so it is never taken above these; and on the spinning layers it would only see the load (beside 4
+# busy threads on 2 cores, omp's fastest region took 4-8 ms): there the table's value is the answer.
+QUIET_WAKE_US = {"omp": 3.0, "tbb": 3.0, "pool": 3.0, "workqueue": 150.0}
 MEASURE_FROM_US = 10.0
 
 
@@ -641,8 +641,8 @@ def wake_cost_us(n: int) -> float:
     microseconds, on the layer numba launched: the fastest of some empty regions through the layer minus
     the fastest through the inline entry (the fastest, because that is the layer's own cost, where a
     loaded machine adds its waits to the others: the governor answers those), at most QUIET_WAKE_US;
-    the table's value for a layer whose workers spin (omp, tbb). Measured once per process and count, 8
-    to 32 regions (about 10 ms at most); 0.0 for one thread."""
+    the table's value for a layer whose workers spin (omp, tbb, the pool). Measured once per process and
+    count, 8 to 32 regions (about 10 ms at most); 0.0 for one thread."""
     if n <= 1:
         return 0.0
     if n in _WAKE:
