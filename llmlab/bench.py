@@ -214,6 +214,12 @@ def threading_layer() -> str:
         return ""
 
 
+def threading_pool() -> bool:
+    """Whether llmlab's spinning pool served threaded regions in this process (workqueue's, see threadpool)."""
+    from .ggml.cpu import threadpool
+    return threadpool.pooled_regions() > 0
+
+
 def cpu_model() -> str:
     """The CPU's name as the OS gives it (speed ratios differ by vendor: say which CPU a figure comes from)."""
     import platform
@@ -278,6 +284,7 @@ class BenchResult:
     decode_short_tokens_per_s: float | None = None      # from a SHORT_PROMPT-token prompt (llama-bench's tg)
     decode_short_ratio: float | None = None
     threading: str = ""         # numba's threading layer the fast kernels ran on ("" before any parallel kernel ran)
+    threading_pool: bool = False    # llmlab's spinning pool served the layer's threaded regions (under workqueue)
 
     def to_json(self) -> dict:
         return asdict(self)

@@ -219,17 +219,18 @@ def check_numba() -> list[Check]:
 def check_threading_layer() -> Check:
     """numba's threading layer: omp or tbb run a decode step's few hundred parallel regions cheaply;
     workqueue (the only one a pip-only macOS has) wakes its threads through condition variables, tens to
-    hundreds of microseconds a region, so llmlab runs a decode step's small products on the calling thread
-    there (``threadpool.install_inline_regions``) and threads only the large ones."""
+    hundreds of microseconds a region, so llmlab runs one-thread regions on the calling thread and serves
+    the others from its own spinning pool there (``threadpool.install_inline_regions``)."""
     from .ggml.cpu.threadpool import threading_layers
     t = threading_layers()
     good = t["layer"] in ("omp", "tbb")
     better = [n for n in ("omp", "tbb") if n in t["available"]]
     fix = (f"unset NUMBA_THREADING_LAYER ({t['configured']}): {better[0]} loads here" if better
            else hint("threading_layer"))
+    why = ("" if good else "; llmlab's spinning pool serves its parallel regions (its own threads are slow to "
+                            "wake)" if t["pool"] else "; its threads are slow to wake: decoding runs mostly on one thread")
     return Check("threading", "ok" if good else "warn", False,
-                 f"numba's {t['layer']} layer (loads here: {', '.join(t['available']) or 'none'})" + (
-                     "" if good else "; its threads are slow to wake: decoding runs mostly on one thread"),
+                 f"numba's {t['layer']} layer (loads here: {', '.join(t['available']) or 'none'})" + why,
                  None if good else fix, t)
 
 

@@ -57,7 +57,7 @@ def run(args) -> int:
         gen_tokens=args.gen_tokens, prefill_tokens_per_s=me.prefill_tokens_per_s,
         decode_tokens_per_s=me.decode_tokens_per_s, decode_gb_per_s=wb * me.decode_tokens_per_s / 1e9,
         weight_mb=wb / 2**20, peak_rss_mb=me.peak_rss_mb, decode_short_tokens_per_s=me.decode_short_tokens_per_s,
-        threading=bench.threading_layer())
+        threading=bench.threading_layer(), threading_pool=bench.threading_pool())
     if args.first_token:
         res.first_token_s = bench.first_token_s(args.model, threads)
         res.first_token_cold_s = bench.first_token_s(args.model, threads, cold=True)
@@ -96,6 +96,7 @@ def _print(r, out) -> None:
         rows.append(("llama.cpp", ll["prefill_tokens_per_s"], ll["decode_tokens_per_s"],
                      ll.get("decode_short_tokens_per_s"), ll["decode_gb_per_s"], ll["peak_rss_mb"]))
     layer = f" on numba's {r.threading} layer" if r.threading else ""
+    layer += " (its regions served by llmlab's spinning pool)" if r.threading_pool else ""
     print(f"model {r.model}, {r.threads} threads, cpu {r.cpu} ({r.cpu_model}), kernels {r.kernels}{layer}; "
           f"pp{r.prompt_tokens} then tg{r.gen_tokens}, and tg{r.gen_tokens} from a {SHORT_PROMPT}-token prompt "
           f"(tg@pp{SHORT_PROMPT}); {r.weight_mb:.1f} MiB of weights per token"

@@ -192,7 +192,8 @@ _MODULES = {"tbb": "tbbpool", "omp": "omppool", "workqueue": "workqueue"}
 def threading_layers() -> dict:
     """Which of numba's threading layers load on this machine, and which one numba runs (``layer``: the
     one it launched, else the one it will take: the configured one, or the first of its priority that
-    loads). Loads the layers' libraries, starts no thread."""
+    loads), and whether llmlab's spinning pool serves its regions (``pool``: under workqueue, with more
+    than one thread). Loads the layers' libraries, starts no thread."""
     import importlib
     import numba
     available = []
@@ -209,8 +210,9 @@ def threading_layers() -> dict:
         order = {"default": list(numba.config.THREADING_LAYER_PRIORITY), "safe": ["tbb"],
                  "threadsafe": ["tbb", "omp"], "forksafe": ["tbb", "omp", "workqueue"]}.get(want, [want])
         layer, launched = next((n for n in order if n in available), None), False
+    pool = bool(pool_threads()) if launched else layer == "workqueue" and numba.config.NUMBA_NUM_THREADS > 1
     return {"layer": layer, "launched": launched, "available": available,
-            "configured": numba.config.THREADING_LAYER}
+            "configured": numba.config.THREADING_LAYER, "pool": pool}
 
 
 _SHARED: list[Governor] = []
