@@ -123,7 +123,10 @@ if "fork" in sys.argv and hasattr(os, "fork"):
     if pid == 0:                                      # the child: its own pool serves, with the same bits
         import signal
         signal.alarm(60)                              # a pool waiting for the parent's workers would hang
-        ok = pooled()["pooled"] == 1 and pooled()["workers"] > 0 and sums() == res["sums"]
+        got = {"pool": pooled(), "sums": sums()}
+        ok = got["pool"]["pooled"] == 1 and got["pool"]["workers"] > 0 and got["sums"] == res["sums"]
+        if not ok:
+            print("child:", json.dumps(got), file=sys.stderr)
         os._exit(0 if ok else 3)
     res["child_status"] = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
 res["stopped"] = threadpool.stop_pool()
@@ -167,7 +170,7 @@ def test_workqueue_regions_run_inline_or_on_the_pool():
     assert r["pool"] == {"caller": 4, "workers": 4, "pooled": 1}
     assert r["min_work"] == r["derived"] == _common.MIN_WORK      # the pool's wake costs as omp's
     assert r["sums"]["rows_equal"] and abs(r["sums"]["total_2"] - r["sums"]["exact"]) < 1e-6 * 100_003
-    assert r["child_status"] == 0
+    assert r["child_status"] == 0, r
     assert r["stopped"] and r["after_stop"]["pooled"] == 0 and r["after_stop"]["tasks"]["none_on_caller"]
 
 

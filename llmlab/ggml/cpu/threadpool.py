@@ -447,7 +447,8 @@ def _build_worker(mod, pool: dict, word, call, pause, line) -> None:
     f = ir.Function(mod, ir.FunctionType(void, [i64]), "llmlab_pool_worker")
     k = f.args[0]
     b = ir.IRBuilder(f.append_basic_block())
-    seen, spin = cgutils.alloca_once_value(b, b.load_atomic(line(b, k, GEN), "acquire", 8)), cgutils.alloca_once(b, i64)
+    seen, spin = cgutils.alloca_once_value(b, i64(0)), cgutils.alloca_once(b, i64)    # 0: the pool's start (a
+    # region published before this thread got here is not missed)
     head, wait, nap, sleep, woke, run, stop = (f.append_basic_block(x) for x in
                                                ("head", "wait", "nap", "sleep", "woke", "run", "stop"))
     b.store(i64(0), spin)
