@@ -181,9 +181,8 @@ class Governor:
 # rounds through each worker's condition variable: the thread counts synced, then the work): tens to
 # hundreds of microseconds a region, where omp and tbb run a one-thread region inline in 1-3. So llmlab
 # runs every one-thread region itself on the calling thread, on every layer (:func:`install_inline_regions`),
-# and sizes the work from which a product is threaded by what waking the layer's threads costs here
-# (:func:`wake_cost_us`): under workqueue a decode step's small products run on the calling thread and
-# only large ones (prefill, the output head) wake the workers.
+# serves workqueue's larger regions from its own spinning pool (a few microseconds a region, as omp), and
+# sizes the work from which a product is threaded by what waking the threads costs here (:func:`wake_cost_us`).
 
 LAYERS = ("tbb", "omp", "workqueue")             # numba's own order for its "default"
 _MODULES = {"tbb": "tbbpool", "omp": "omppool", "workqueue": "workqueue"}
@@ -494,15 +493,15 @@ def _build_worker(mod, pool: dict, word, call, pause, line) -> None:
     b.branch(head)
     ir.IRBuilder(stop).ret_void()
 
-    g = ir.Function(mod, ir.FunctionType(i32, []), "llmlab_get_thread_id")
+    g = ir.Function(mod, ir.FunctionType(i64, []), "llmlab_get_thread_id")   # as numba declares it (intp)
     b = ir.IRBuilder(g.append_basic_block())
     v = b.ptrtoint(call(b, osc["tls_get"], i8p, [key]), i64)
     mine = b.icmp_signed("!=", v, i64(0))
     with b.if_else(mine) as (then, other):
         with then:
-            b.ret(b.trunc(b.sub(v, i64(1)), i32))
+            b.ret(b.sub(v, i64(1)))
         with other:
-            b.ret(call(b, pool["layer_thread_id"], i32, []))
+            b.ret(b.sext(call(b, pool["layer_thread_id"], i32, []), i64))     # the layer's C int
     b.unreachable()
 def _bind_inline_entry() -> None:
     import llvmlite.binding as ll
