@@ -202,7 +202,13 @@ def _cont(node, cpu):
         return None
     S = src.array()
     O = node.array().reshape(S.shape)      # the destination is contiguous: element order is ggml's
-    return lambda: np.copyto(O, S)
+    flat = S.view()
+    try:
+        flat.shape = (-1,)                 # the source's elements lie in their order already (one token's
+    except AttributeError:                 # attention heads, kqv permuted): one flat copy, not numpy's
+        return lambda: np.copyto(O, S)     # strided one
+    O = O.reshape(-1)
+    return lambda: np.copyto(O, flat)
 
 
 @binder("SET_ROWS")

@@ -693,31 +693,36 @@ def _max8(w):
 
 @njit(inline="always")
 def _soft_max_rows(x, mask, scale, out, lanes, prog, variant, j0, j1):
+    """Rows j0..j1 of the softmax. Arrays are indexed, never sliced: a view per row (and per tree step)
+    costs numba two atomic reference-count updates, which made a decode step's softmax (9 rows of 256)
+    several times slower than its arithmetic."""
     n_head, n_q, n = x.shape
     nb = n // lanes
     w = np.empty(n, np.float32)
     blk = np.empty((lanes + prog.shape[0], nb), np.float32)     # lane l of every block in row l
+    last = lanes + prog.shape[0] - 1
+    has_mask = mask.shape[0] != 0
     for hq in range(j0, j1):
         h, q = hq // n_q, hq % n_q
-        xr = x[h, q]
-        if mask.shape[0]:
-            mr = mask[q]
+        if has_mask:
             for i in range(n):
-                w[i] = xr[i] * scale + mr[i]
+                w[i] = x[h, q, i] * scale + mask[q, i]
         else:
             for i in range(n):
-                w[i] = xr[i] * scale
+                w[i] = x[h, q, i] * scale
         mx = _max8(w)
         for i in range(n):                                       # exp(w - max), vectorized
             w[i] = v_expf(np.float32(w[i] - mx), variant)
         for l in range(lanes):
-            row = blk[l]
             for k in range(nb):
-                row[k] = w[k * lanes + l]
-        sums = _tree(blk, lanes, prog)                           # each block's horizontal sum
+                blk[l, k] = w[k * lanes + l]
+        for k in range(prog.shape[0]):                           # each block's horizontal sum (_tree's order)
+            a, b, c = prog[k, 0], prog[k, 1], lanes + k
+            for i in range(nb):
+                blk[c, i] = blk[a, i] + blk[b, i]
         s = np.float64(0.0)
         for k in range(nb):                                      # added in double, block by block
-            s += np.float64(sums[k])
+            s += np.float64(blk[last, k])
         inv = np.float32(1.0 / s)
         for i in range(n):
             out[h, q, i] = w[i] * inv
