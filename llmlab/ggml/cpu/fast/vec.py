@@ -615,6 +615,21 @@ def pow2(n):
     return _bits_f64(np.int64(n + 1023) << np.int64(52))
 
 
+@intrinsic
+def _bits_f32(typingctx, u):
+    """The float32 whose bits are the int32 ``u`` (a bitcast)."""
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.FloatType())
+    return types.float32(types.int32), codegen
+
+
+@njit(inline="always")
+def pow2_f32(n):
+    """2^n as a float32, exactly, for -126 <= n <= 127 (int32 arithmetic only: AVX2 has no vector
+    float -> int64 conversion, and an int64 exponent kept the expf loops scalar)."""
+    return _bits_f32(np.int32((n + np.int32(127)) << np.int32(23)))
+
+
 @njit(inline="always")
 def v_expf(x, variant):
     """ggml_v_expf. variant 0 (AVX-512): j = 1 + poly(b), result j * 2^n (scalef). variant 1 (AVX2):
@@ -628,15 +643,15 @@ def v_expf(x, variant):
     p = fma(fma(C0, b, C1), u, fma(C2, b, C3))
     an = abs(n)
     ok = an <= 192                                           # false for NaN
-    ni = np.int64(n) if ok else np.int64(0)
+    ni = np.int32(n) if ok else np.int32(0)                  # int32: the loops vectorize on AVX2 (2.3x)
     if variant == 0:
         j = fma(p, u, fma(C4, b, ONE))
         r = np.float32(np.float64(j) * pow2(ni))             # scalef: j * 2^n, rounded once
     else:
         j = fma(p, u, C4 * b)
-        e1 = np.int64(0) if an <= 126 else (np.int64(127) if n > 0 else np.int64(-125))
-        s2 = np.float32(pow2(ni - e1))
-        r = fma(s2, j, s2) * np.float32(pow2(e1))
+        e1 = np.int32(0) if an <= 126 else (np.int32(127) if n > 0 else np.int32(-125))
+        s2 = pow2_f32(ni - e1)                               # both factors normal powers of two (exact)
+        r = fma(s2, j, s2) * pow2_f32(e1)
     r = r if ok else (np.float32(np.inf) if n > 0 else np.float32(0.0))
     return r if n == n else np.float32(np.nan)
 
