@@ -708,9 +708,9 @@ def _max8(w):
 
 @njit(inline="always")
 def _soft_max_rows(x, mask, scale, out, lanes, prog, variant, j0, j1):
-    """Rows j0..j1 of the softmax. Arrays are indexed, never sliced: a view per row (and per tree step)
-    costs numba two atomic reference-count updates, which made a decode step's softmax (9 rows of 256)
-    several times slower than its arithmetic."""
+    """Rows j0..j1 of the softmax. Arrays are indexed, not sliced (a view per row and per tree step costs
+    numba reference-count updates; measured, that was not where a decode step's softmax spent its time:
+    the exp loop was, see v_expf)."""
     n_head, n_q, n = x.shape
     nb = n // lanes
     w = np.empty(n, np.float32)
