@@ -48,6 +48,27 @@ def test_rms_norm_mul_add(cpu):
     assert same_bits(*both_ways(out, cpu))
 
 
+@pytest.mark.parametrize("rows", [1, 8])
+def test_residual_add_norm_and_scale_fused(rows, cpu):
+    """ADD -> RMS_NORM -> MUL by a weight row (a layer's residual and norm) runs as one step; the sum is
+    still stored (read later) and both outputs equal the reference, also when the allocator gives the
+    product the norm's bytes; with a capture hook every node runs on its own, with the same bits."""
+    ctx = GGMLContext()
+    a, b, w = leaf(ctx, "f32", 64, rows), leaf(ctx, "f32", 64, rows), leaf(ctx, "f32", 64)
+    s = ggml.add(ctx, a, b)
+    out = ggml.add(ctx, ggml.mul(ctx, ggml.rms_norm(ctx, s, 1e-6), w), s)     # s read twice, as a residual
+    g = build_forward(out)
+    graph_compute(g, cpu=cpu)
+    ref_s, ref = s.numpy(), out.numpy()
+    plan = graph_plan(g.nodes, cpu=cpu)
+    assert plan.n_fused == 2
+    s.array()[...], out.array()[...] = 0, 0
+    plan.compute()
+    assert same_bits(s.numpy(), ref_s) and same_bits(out.numpy(), ref)
+    got = plan.compute(capture=lambda n: True)
+    assert same_bits(got.get(out.name, out.numpy()), ref)
+
+
 @pytest.mark.parametrize("n_q", [1, 4])
 def test_soft_max_with_mask_and_scale(n_q, cpu):
     ctx = GGMLContext()
@@ -273,8 +294,10 @@ def test_fast_plan_binds_every_compute_node_of_a_real_decode_step(smollm2_path):
     assert plan.n_fast == len(plan._run) + plan.n_fused
     absorbed = sorted({plan.nodes[i].name.split("-")[0] for i in plan.absorbed})
     # every layer's CONT of V^T (read in place by kqv); V computed with K and up with gate, one region and
-    # one activation quantization each (Q not: K's output bytes are Q's, freed by Q's ROPE in between)
-    assert absorbed == ["Vcur", "ffn_up", "v_cont"] and plan.n_fused == 90
+    # one activation quantization each (Q not: K's output bytes are Q's, freed by Q's ROPE in between);
+    # every RMS_NORM with its MUL by the weight, and the residual ADD before it (60 of them: the first
+    # norm reads the embeddings)
+    assert absorbed == ["Vcur", "ffn_inp", "ffn_up", "l_out", "norm", "v_cont"] and plan.n_fused == 90 + 61 + 60
 
 
 def test_unknown_kernel_set_is_refused(tiny):
@@ -314,11 +337,14 @@ def test_expf_variants_equal_the_reference_everywhere(cpu):
     from llmlab.ggml.cpu.fast import vec as fvec
     prof = profiles.get(cpu)
     x = np.concatenate([np.linspace(-120, 100, 20001, dtype=np.float32), rng.standard_normal(5000).astype(np.float32) * 30,
-                        np.array([-np.inf, np.inf, 0.0, -0.0, -87.5, 88.7, -103.9, -150.0, 130.0, 200.0, -200.0],
-                                 np.float32)])
+                        np.array([-np.inf, np.inf, np.nan, 0.0, -0.0, -87.5, 88.7, -103.9, -150.0, 130.0, 200.0, -200.0],
+                                 np.float32),
+                        np.float32(np.log(2)) * np.arange(-194, 195, 0.5, dtype=np.float32),   # each 2^n case's edges
+                        np.arange(0, 1 << 32, 65537, dtype=np.uint64).astype(np.uint32).view(np.float32)])  # all exponents
     out = np.empty_like(x)
     fvec.expf(x, out, fvec.params(prof).expf)
-    assert same_bits(out, vec.v_expf(x, prof))
+    nan = np.isnan(x)                       # a NaN in gives a NaN out (its payload is not ggml's concern)
+    assert same_bits(out[~nan], vec.v_expf(x[~nan], prof)) and np.isnan(out[nan]).all() and nan.sum() > 100
 
 
 def test_decode_after_cache_edits_equals_reference(tiny):

@@ -114,13 +114,20 @@ def graph_plan(nodes: list[Tensor], cpu=None, fast: bool = True) -> CPlan:
     if fast:
         index = {id(n): i for i, n in enumerate(nodes)}
         readers: dict[int, int] = {}
+        prev: dict[int, Tensor] = {}            # each computed node's computed predecessor (views skipped)
+        last = None
         for n in nodes:
             for src in n.src:
                 readers[id(src)] = readers.get(id(src), 0) + 1
+            if n.op not in VIEW_OPS:
+                if last is not None:
+                    prev[id(n)] = last
+                last = n
         for i, node in enumerate(nodes):
             for fuse in FUSIONS:
-                got = fuse(node, cpu, readers)
-                if got is not None and all(id(n) in index for n in got[1]):
+                got = None if i in absorbed else fuse(node, cpu, readers, prev)
+                if (got is not None and all(id(n) in index for n in got[1])
+                        and not any(index[id(n)] in absorbed or index[id(n)] in fused for n in got[1])):
                     fused[i] = got[0]
                     absorbed.update(index[id(n)] for n in got[1])
                     break
@@ -195,7 +202,13 @@ def _cont(node, cpu):
         return None
     S = src.array()
     O = node.array().reshape(S.shape)      # the destination is contiguous: element order is ggml's
-    return lambda: np.copyto(O, S)
+    flat = S.view()
+    try:
+        flat.shape = (-1,)                 # the source's elements lie in their order already (one token's
+    except AttributeError:                 # attention heads, kqv permuted): one flat copy, not numpy's
+        return lambda: np.copyto(O, S)     # strided one
+    O = O.reshape(-1)
+    return lambda: np.copyto(O, flat)
 
 
 @binder("SET_ROWS")
@@ -405,7 +418,7 @@ def _mul_mat_id(node, cpu):
 
 # ---- fusions: one step for several nodes, when nobody watches the nodes in between -----------------
 
-FUSIONS: list[Callable] = []     # fn(node, cpu, readers) -> (step, [nodes it absorbs]) or None
+FUSIONS: list[Callable] = []     # fn(node, cpu, readers, prev) -> (step, [nodes it absorbs]) or None
 
 
 def _f16_order(cpu, R: int, T: int, K: int) -> tuple:
@@ -432,7 +445,7 @@ def _f16h_step(kernel, rows: np.ndarray, X: np.ndarray, Y: np.ndarray, half: tup
 
 
 @FUSIONS.append
-def _fuse_v_transpose(node, cpu, readers):
+def _fuse_v_transpose(node, cpu, readers, prev):
     """kqv = MUL_MAT(CONT(V^T), probabilities) for one token: the CONT only transposes the cache's V rows
     so that each output is a contiguous dot product; the fused step reads the rows in place
     (``mul_mat_f16_vt``; with half-precision accumulators ``vec_f16.mul_mat_f16h_vt``; same arithmetic)
@@ -463,6 +476,40 @@ def _fuse_v_transpose(node, cpu, readers):
         VT = np.zeros((Hk, D // fvec.TW, KV, fvec.TW), np.uint16)       # the cells' columns in 16-wide tiles,
         return (lambda: fvec.mul_mat_f16_vt_tiles(V, X, Y, n_reg, lanes, prog, flags, VT, n)), [c]   # kept
     return (lambda: fvec.mul_mat_f16_vt(V, X, Y, n_reg, lanes, prog, n)), [c]
+
+
+@FUSIONS.append
+def _fuse_norm_scale(node, cpu, readers, prev):
+    """MUL(RMS_NORM(x), weight row): every norm of a llama layer and its scale, one step
+    (``fast.ops.rms_norm_mul``); the residual ADD computing x just before joins it when it is a plain
+    same-shape add (its sum is still stored: later layers read it). The nodes must follow one another
+    (no computed node in between, so no buffer the allocator recycled between them is touched early),
+    the norm's only reader is the MUL, and the buffers either coincide (the allocator's in-place reuse,
+    element by element safe) or do not overlap. A decode step of SmolLM2 runs 121 fewer steps."""
+    if node.op != "MUL" or node.type is not F32 or len(node.src) != 2:
+        return None
+    norm, w = node.src
+    if norm.op != "RMS_NORM":
+        norm, w = w, norm
+    if (norm.op != "RMS_NORM" or prev.get(id(node)) is not norm or readers.get(id(norm), 0) != 1
+            or norm.type is not F32 or w.type is not F32 or w.ne[0] != norm.ne[0] or w.nelements() != w.ne[0]
+            or not w.is_contiguous() or tuple(node.ne) != tuple(norm.ne)):
+        return None
+    src = norm.src[0]
+    x, out = _rows(src), _rows(node)
+    if x is None or out is None:
+        return None
+    eps, W = np.float32(norm.op_params["eps"]), _resident(w.array()).reshape(-1)
+    absorbed, a, b = [norm], x[:0], x[:0]
+    if (src.op == "ADD" and prev.get(id(norm)) is src and len(src.src) == 2
+            and all(t.type is F32 and tuple(t.ne) == tuple(src.ne) for t in src.src)):
+        A, B = _rows(src.src[0]), _rows(src.src[1])
+        if A is not None and B is not None:
+            absorbed, a, b = [src, norm], A, B
+    spans = [_span(m) for m in (x, a, b, out) if m.size]
+    if any(_overlap(p, q) and p != q for k, p in enumerate(spans) for q in spans[k + 1:]) or _overlap(_span(W), _span(out)):
+        return None
+    return (lambda: fops.rms_norm_mul(x, eps, W, out, a, b)), absorbed
 
 
 def _quantized_matvec(node: Tensor, cpu: CPUProfile):

@@ -2,6 +2,8 @@
 multiply-add as the NumPy references emulate it, the 8-lane horizontal sum, and the thread count."""
 from __future__ import annotations
 
+import threading
+
 import numba
 import numpy as np
 from llvmlite import ir
@@ -158,6 +160,7 @@ def parallel_min_work() -> int:
 
 
 _THREADS = [0]          # 0: not set yet (threads() sets it from config on first use)
+_IN_USE: dict[int, int] = {}     # per Python thread (numba's count is per thread): the count last set here
 
 
 def set_threads(n: int | None = None) -> int:
@@ -165,14 +168,21 @@ def set_threads(n: int | None = None) -> int:
     n = min(config.threads(n)[0], numba.config.NUMBA_NUM_THREADS)
     numba.set_num_threads(n)
     _THREADS[0] = n
+    _IN_USE[threading.get_ident()] = n
     return n
 
 
 def use_threads(n: int) -> None:
     """Run the next kernels on ``n`` threads (at most the count set_threads set), leaving the kernels' choice
     of a threaded or serial twin as it is: a step's count, as ggml_backend_cpu_set_n_threads sets it per
-    graph (llmlab.ggml.cpu.threadpool chooses it)."""
-    numba.set_num_threads(max(1, min(int(n), threads())))
+    graph (llmlab.ggml.cpu.threadpool chooses it). numba is called only when the count changes: a decode
+    step sets it twice (the governor's count, then all threads back), and numba.set_num_threads, cheap
+    alone, cost 50-60 us a call between two steps' weight streams (its code and data out of the caches)."""
+    n = max(1, min(int(n), threads()))
+    me = threading.get_ident()
+    if _IN_USE.get(me) != n:
+        numba.set_num_threads(n)
+        _IN_USE[me] = n
 
 
 def threads() -> int:

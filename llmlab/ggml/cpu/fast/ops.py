@@ -78,6 +78,28 @@ def rms_norm(x, eps, out):
 
 
 @njit(cache=True)
+def rms_norm_mul(x, eps, w, out, a, b):
+    """RMS_NORM then MUL by a weight row (a norm and its scale, as every llama layer has them) in one
+    call: out[r] = (x[r] * scale_r) * w, each product rounded to float32 as the two ops round it, the
+    norm's own output never stored (its only reader is the MUL). With ``a`` non-empty the residual ADD
+    before it too: x = a + b, stored (later layers read it). w broadcasts over the rows."""
+    rows, n = x.shape
+    add = a.shape[0] > 0
+    for r in range(rows):
+        if add:
+            for i in range(n):
+                x[r, i] = a[r, i] + b[r, i]
+        s = np.float64(0.0)
+        for i in range(n):
+            v = x[r, i]
+            s += np.float64(v * v)
+        mean = np.float32(s / n)
+        scale = np.float32(1.0) / np.sqrt(mean + eps)
+        for i in range(n):
+            out[r, i] = (x[r, i] * scale) * w[i]
+
+
+@njit(cache=True)
 def rope(x, cos, sin, n_dims, neox, out, vec_pairs=0):
     """rotate_pairs with the cos/sin cache: x (tokens, heads, head_dim), cos/sin (tokens, n_dims/2).
     NORM pairs (2i, 2i+1), NEOX pairs (i, i + n_dims/2); the first product of each line is fused, except

@@ -615,6 +615,21 @@ def pow2(n):
     return _bits_f64(np.int64(n + 1023) << np.int64(52))
 
 
+@intrinsic
+def _bits_f32(typingctx, u):
+    """The float32 whose bits are the int32 ``u`` (a bitcast)."""
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.FloatType())
+    return types.float32(types.int32), codegen
+
+
+@njit(inline="always")
+def pow2_f32(n):
+    """2^n as a float32, exactly, for -126 <= n <= 127 (int32 arithmetic only: AVX2 has no vector
+    float -> int64 conversion, and an int64 exponent kept the expf loops scalar)."""
+    return _bits_f32(np.int32((n + np.int32(127)) << np.int32(23)))
+
+
 @njit(inline="always")
 def v_expf(x, variant):
     """ggml_v_expf. variant 0 (AVX-512): j = 1 + poly(b), result j * 2^n (scalef). variant 1 (AVX2):
@@ -628,15 +643,15 @@ def v_expf(x, variant):
     p = fma(fma(C0, b, C1), u, fma(C2, b, C3))
     an = abs(n)
     ok = an <= 192                                           # false for NaN
-    ni = np.int64(n) if ok else np.int64(0)
+    ni = np.int32(n) if ok else np.int32(0)                  # int32: the loops vectorize on AVX2 (2.3x)
     if variant == 0:
         j = fma(p, u, fma(C4, b, ONE))
         r = np.float32(np.float64(j) * pow2(ni))             # scalef: j * 2^n, rounded once
     else:
         j = fma(p, u, C4 * b)
-        e1 = np.int64(0) if an <= 126 else (np.int64(127) if n > 0 else np.int64(-125))
-        s2 = np.float32(pow2(ni - e1))
-        r = fma(s2, j, s2) * np.float32(pow2(e1))
+        e1 = np.int32(0) if an <= 126 else (np.int32(127) if n > 0 else np.int32(-125))
+        s2 = pow2_f32(ni - e1)                               # both factors normal powers of two (exact)
+        r = fma(s2, j, s2) * pow2_f32(e1)
     r = r if ok else (np.float32(np.inf) if n > 0 else np.float32(0.0))
     return r if n == n else np.float32(np.nan)
 
@@ -693,31 +708,36 @@ def _max8(w):
 
 @njit(inline="always")
 def _soft_max_rows(x, mask, scale, out, lanes, prog, variant, j0, j1):
+    """Rows j0..j1 of the softmax. Arrays are indexed, not sliced (a view per row and per tree step costs
+    numba reference-count updates; measured, that was not where a decode step's softmax spent its time:
+    the exp loop was, see v_expf)."""
     n_head, n_q, n = x.shape
     nb = n // lanes
     w = np.empty(n, np.float32)
     blk = np.empty((lanes + prog.shape[0], nb), np.float32)     # lane l of every block in row l
+    last = lanes + prog.shape[0] - 1
+    has_mask = mask.shape[0] != 0
     for hq in range(j0, j1):
         h, q = hq // n_q, hq % n_q
-        xr = x[h, q]
-        if mask.shape[0]:
-            mr = mask[q]
+        if has_mask:
             for i in range(n):
-                w[i] = xr[i] * scale + mr[i]
+                w[i] = x[h, q, i] * scale + mask[q, i]
         else:
             for i in range(n):
-                w[i] = xr[i] * scale
+                w[i] = x[h, q, i] * scale
         mx = _max8(w)
         for i in range(n):                                       # exp(w - max), vectorized
             w[i] = v_expf(np.float32(w[i] - mx), variant)
         for l in range(lanes):
-            row = blk[l]
             for k in range(nb):
-                row[k] = w[k * lanes + l]
-        sums = _tree(blk, lanes, prog)                           # each block's horizontal sum
+                blk[l, k] = w[k * lanes + l]
+        for k in range(prog.shape[0]):                           # each block's horizontal sum (_tree's order)
+            a, b, c = prog[k, 0], prog[k, 1], lanes + k
+            for i in range(nb):
+                blk[c, i] = blk[a, i] + blk[b, i]
         s = np.float64(0.0)
         for k in range(nb):                                      # added in double, block by block
-            s += np.float64(sums[k])
+            s += np.float64(blk[last, k])
         inv = np.float32(1.0 / s)
         for i in range(n):
             out[h, q, i] = w[i] * inv
