@@ -301,3 +301,19 @@ def test_the_oracle_build_turns_amx_off_only_where_the_cpu_has_it():
         assert flag in r.stdout
     other = subprocess.run([*tool, spr.replace("avx512_bf16", "")], capture_output=True, text=True, timeout=60)
     assert other.stdout.split("kept in ")[1] != r.stdout.split("kept in ")[1]      # a wheel folder per set of flags
+
+
+def test_system_info_is_read_from_the_library_without_importing_llama_cpp(tmp_path):
+    """The build's flags come from its library through ctypes (the package's import pulls in jinja2,
+    diskcache, sqlite3: megabytes of a process that only wants the flags), the same string the package
+    gives; a package folder without a loadable library gives None there, and the package is asked."""
+    pytest.importorskip("llama_cpp")      # found only, not imported here
+    code = ("import sys; from llmlab.ggml.cpu import profiles as p; a = p.llama_cpp_system_info()\n"
+            "print('llama_cpp' in sys.modules)\n"
+            "import llama_cpp; print(a == llama_cpp.llama_print_system_info().decode('utf-8', 'replace'))\n")
+    out = _run(code)
+    assert out.returncode == 0 and out.stdout.split() == ["False", "True"], out.stderr[-500:]
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "libllama.so").write_bytes(b"not a library")
+    assert profiles._library_system_info((str(tmp_path),)) is None
+    assert profiles._library_system_info((str(tmp_path / "absent"),)) is None

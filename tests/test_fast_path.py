@@ -376,3 +376,39 @@ def test_small_read_only_operands_are_read_from_a_private_copy():
     big = np.zeros(SMALL_WEIGHT // 4 + 1, np.float32)
     big.flags.writeable = False
     assert _resident(big) is big
+
+
+def _file_rss_kib(path) -> int | None:
+    """Resident KiB of this process's mappings of ``path`` (Linux's smaps; None elsewhere)."""
+    import os
+    import re
+    try:
+        lines = open("/proc/self/smaps", encoding="utf-8", errors="replace").read().splitlines()
+    except OSError:
+        return None
+    total, on, want = 0, False, os.path.realpath(path)
+    for line in lines:
+        if re.match(r"^[0-9a-f]+-[0-9a-f]+ ", line):
+            on = line.rstrip().endswith(want)
+        elif on and line.startswith("Rss:"):
+            total += int(line.split()[1])
+    return total
+
+
+def test_embedding_rows_do_not_keep_the_files_pages(tmp_path):
+    """GET_ROWS reads the q8_0 embeddings from the file's mmap; each row read maps up to 64 KiB of file
+    pages around it. The plan drops them every DROP_ROWS rows (the table is also the packed LM head's
+    source, whose pages the packing dropped), so a prompt of spread-out tokens leaves the file's pages
+    unmapped, and the logits are the reference's."""
+    from llmlab.ggml.cpu.cplan import DROP_ROWS
+    path = write_tiny(tmp_path / "emb.gguf", "llama", n_layer=1, n_embd=256, n_vocab=4096, seed=9, wtype="q8_0")
+    toks = [int(t) for t in np.linspace(0, 4095, DROP_ROWS + 8).astype(int)]     # rows 32 KiB apart
+    outs = {}
+    for kernels in ("fast", "reference"):
+        ctx = Context(Model(path), n_ctx=64, kernels=kernels, cpu="avx2")
+        outs[kernels] = ctx.decode(Batch.from_tokens(toks, logits="all"))
+        if kernels == "fast":
+            kib = _file_rss_kib(path)
+            if kib is not None:         # the table is 1.1 MB: read in place and kept, most of it stays mapped
+                assert kib < 256, kib
+    assert same_bits(outs["fast"], outs["reference"])

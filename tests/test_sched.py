@@ -206,3 +206,34 @@ def test_cpu_backend_runs_a_graph_on_its_kernel_set(kernels):
     assert np.array_equal(y.numpy(), ref) and plug.plugin_log == [(g.nodes[0].name, "REPACK")]
     with pytest.raises(ValueError, match="kernels"):
         CPUBackend(kernels="turbo")
+
+
+def test_cpu_backend_frees_the_plan_it_replaces_before_planning(monkeypatch):
+    """The CPU backend keeps two plans (a context's one-token graph and its batch graph). A third graph's
+    plan replaces the older one, which is gone before the new one is built: their arenas and cache
+    tiles are never held at once (peak memory). The kept plans are still found."""
+    import gc
+    import weakref
+    from llmlab.ggml.sched import backend as B
+
+    def graph(n):
+        ctx = GGMLContext(no_alloc=True)
+        x = ggml.new_tensor(ctx, "f32", 8, n, name="x")
+        x.set_data(np.ones((n, 8), np.float32))
+        return build_forward(ggml.rms_norm(ctx, x, 1e-5))
+
+    be = CPUBackend(kernels="reference")
+    g1, g2, g3 = graph(1), graph(2), graph(3)
+    p1 = weakref.ref(be.plan(g1))
+    p2 = be.plan(g2)
+    seen = []
+    real = B.graph_plan
+
+    def spy(nodes, **kw):
+        gc.collect()
+        seen.append(p1() is None)
+        return real(nodes, **kw)
+    monkeypatch.setattr(B, "graph_plan", spy)
+    p3 = be.plan(g3)
+    assert seen == [True]
+    assert be.plan(g2) is p2 and be.plan(g3) is p3

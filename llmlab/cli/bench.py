@@ -29,8 +29,6 @@ def register(sub) -> None:
 def run(args) -> int:
     from .. import bench
     from ..ggml.cpu.fast import set_threads
-    from ..llama import Model
-    from ..llama.vocab import Tokenizer
 
     if args.prompt_tokens < 10 or args.gen_tokens < 0:
         raise ValueError("--prompt-tokens must be at least 10 and --gen-tokens at least 0")
@@ -38,11 +36,7 @@ def run(args) -> int:
         raise ValueError("--load must be between 0 and 64 busy processes")
     threads = set_threads(args.threads)
     path = models.resolve(args.model)
-    model = Model(path)
-    if args.prompt_tokens + args.gen_tokens > model.hparams.n_ctx_train:     # before building the prompt
-        raise ValueError(f"{args.prompt_tokens} + {args.gen_tokens} tokens exceed the model's context "
-                         f"({model.hparams.n_ctx_train})")
-    ids = bench.prompt_tokens(Tokenizer.from_model(path), args.prompt_tokens)
+    ids, wb = _prompt(path, args.prompt_tokens, args.gen_tokens)
     prof = resolve_cpu(args)
     cpu = prof.name
     short = bench.SHORT_PROMPT if args.prompt_tokens > bench.SHORT_PROMPT else 0     # both contexts, one run
@@ -50,7 +44,6 @@ def run(args) -> int:
         me = bench.run_llmlab(path, ids, args.gen_tokens, threads, cpu=prof, kernels=args.kernels, short=short)
     if not short and args.gen_tokens:           # the prompt is the short one already
         me.decode_short_tokens_per_s = me.decode_tokens_per_s
-    wb = bench.weight_bytes(model)
     res = bench.BenchResult(
         model=args.model, threads=threads, cpu=cpu, kernels=args.kernels, cpu_model=bench.cpu_model(), load=args.load,
         prompt_tokens=len(ids),
@@ -80,6 +73,20 @@ def run(args) -> int:
         return 0
     _print(res, sys.stdout)
     return 0
+
+
+def _prompt(path, n_prompt: int, n_gen: int) -> tuple[list[int], int]:
+    """The prompt's token ids and the weight bytes a decode step reads. The model and tokenizer used here are
+    gone when it returns: llmlab's peak memory is measured in this process, and llama.cpp's worker gets
+    only the ids, so neither side holds a second model or a tokenizer while it runs."""
+    from .. import bench
+    from ..llama import Model
+    from ..llama.vocab import Tokenizer
+    model = Model(path)
+    if n_prompt + n_gen > model.hparams.n_ctx_train:     # before building the prompt
+        raise ValueError(f"{n_prompt} + {n_gen} tokens exceed the model's context ({model.hparams.n_ctx_train})")
+    wb = bench.weight_bytes(model)
+    return bench.prompt_tokens(Tokenizer.from_model(path), n_prompt), wb
 
 
 def _ratio(v) -> str:

@@ -231,6 +231,7 @@ def _set_rows(node, cpu):
     return step
 
 
+DROP_ROWS = 32      # embedding rows read between drops of their file pages (at most 2 MiB of them resident)
 FAST_GET_ROWS = {"q8_0": fops.get_rows_q8_0}      # quantized rows with a dequantizing twin (the embeddings)
 
 
@@ -246,10 +247,16 @@ def _get_rows(node, cpu):
     n, t = A.shape[0], a.type
     rows = FAST_GET_ROWS.get(t.name)
     if rows is not None and A.ndim == 2 and A.dtype == np.uint8 and O.flags.c_contiguous:
+        in_file = [0] if fq.drop_file_pages(A) else None     # rows read from the file's mmap (embeddings)
 
         def fast_step():
             if not rows(A, I, O):
                 raise IndexError(f"get_rows: row id out of range 0..{n - 1} in {ids.name}")
+            if in_file is not None:     # each row read maps up to 64 KiB of file pages around it (fault-
+                in_file[0] += I.size    # around), kept until dropped: a prompt's rows, or a long generation's,
+                if in_file[0] >= DROP_ROWS:      # added megabytes. Dropped every DROP_ROWS rows (25 us a drop)
+                    in_file[0] = 0
+                    fq.drop_file_pages(A)
         return fast_step
 
     def step():

@@ -105,8 +105,9 @@ class CPUBackend(Backend):
         for g, p in self._plans:
             if g is graph:
                 return p
-        p = graph_plan(graph.nodes, cpu=self.cpu, fast=self.kernels == "fast")
-        self._plans = [*self._plans[-1:], (graph, p)]
+        self._plans = self._plans[-1:]      # the plan this one replaces goes first: its arena and cache
+        p = graph_plan(graph.nodes, cpu=self.cpu, fast=self.kernels == "fast")   # tiles are not held beside
+        self._plans.append((graph, p))                                           # the new ones (peak memory)
         return p
 
     def graph_compute(self, graph: CGraph, capture=None, replace=None, callback=None, dispatch=None) -> dict:

@@ -22,6 +22,7 @@ its own architecture runs and llmlab says so once.
 from __future__ import annotations
 
 import importlib
+import os
 import pkgutil
 import re
 import sys
@@ -145,16 +146,51 @@ class Detection:
 
 
 def llama_cpp_system_info() -> str | None:
-    """The local llama.cpp build's system info ("AVX = 1 | AVX2 = 1 | ... | AVX512 = 0 | ..."), or None."""
+    """The local llama.cpp build's system info ("AVX = 1 | AVX2 = 1 | ... | AVX512 = 0 | ..."), or None.
+    Read from its library alone where it loads (``_library_system_info``), else through the package."""
     import importlib.util
-    if importlib.util.find_spec("llama_cpp") is None:
+    spec = importlib.util.find_spec("llama_cpp")
+    if spec is None:
         return None
-    try:
-        import llama_cpp
-        info = llama_cpp.llama_print_system_info()
-    except Exception:      # a broken install: fall back to the CPU flags
-        return None
+    info = _library_system_info(tuple(spec.submodule_search_locations or ()))
+    if info is None:
+        try:
+            import llama_cpp
+            info = llama_cpp.llama_print_system_info()
+        except Exception:      # a broken install: fall back to the CPU flags
+            return None
     return info.decode("utf-8", "replace") if isinstance(info, bytes) else str(info)
+
+
+_LIB_NAMES = {"linux": ("libllama.so",), "darwin": ("libllama.so", "libllama.dylib"),
+              "win32": ("llama.dll", "libllama.dll")}      # as llama_cpp's load_shared_library names them
+
+
+@lru_cache(maxsize=4)
+def _library_system_info(package_dirs: tuple[str, ...]) -> bytes | None:
+    """``llama_print_system_info()`` from the package's ``lib/`` folder through ctypes, without importing
+    ``llama_cpp`` (its chat formats pull in jinja2, diskcache and sqlite3: 6 MB of this process's memory and
+    0.13 s, in a process that only wants these flags). None where the library is not found or not loaded."""
+    import ctypes
+    names = _LIB_NAMES.get("linux" if sys.platform.startswith(("linux", "freebsd")) else sys.platform, ())
+    for folder in package_dirs:
+        lib_dir = os.path.join(folder, "lib")
+        for name in names:
+            path = os.path.join(lib_dir, name)
+            if not os.path.isfile(path):
+                continue
+            try:
+                if sys.platform == "win32":      # its ggml DLLs sit beside it
+                    with os.add_dll_directory(lib_dir):
+                        lib = ctypes.CDLL(path)
+                else:
+                    lib = ctypes.CDLL(path)
+                fn = lib.llama_print_system_info
+                fn.restype, fn.argtypes = ctypes.c_char_p, []
+                return fn()
+            except (OSError, AttributeError):
+                return None
+    return None
 
 
 def parse_system_info(info: str) -> dict[str, str]:
