@@ -61,18 +61,25 @@ def rope_cache(pos, n_dims: int, freq_base: float, freq_scale: float = 1.0, attn
     return cos, sin
 
 
+@njit(inline="always")
+def _rms_scale(x, r, n, eps):
+    """Row r's 1/sqrt(mean(x^2) + eps) as ggml computes it: float squares added in double, one
+    after another; the mean rounded to float before the square root."""
+    s = np.float64(0.0)
+    for i in range(n):
+        v = x[r, i]
+        s += np.float64(v * v)
+    mean = np.float32(s / n)
+    return np.float32(1.0) / np.sqrt(mean + eps)
+
+
 @njit(cache=True)
 def rms_norm(x, eps, out):
     """ggml_compute_forward_rms_norm_f32: float squares added in double, one after another;
     scale = 1/sqrt(mean + eps) in float. x and out: (rows, n)."""
     rows, n = x.shape
     for r in range(rows):
-        s = np.float64(0.0)
-        for i in range(n):
-            v = x[r, i]
-            s += np.float64(v * v)
-        mean = np.float32(s / n)
-        scale = np.float32(1.0) / np.sqrt(mean + eps)
+        scale = _rms_scale(x, r, n, eps)
         for i in range(n):
             out[r, i] = x[r, i] * scale
 
@@ -89,12 +96,7 @@ def rms_norm_mul(x, eps, w, out, a, b):
         if add:
             for i in range(n):
                 x[r, i] = a[r, i] + b[r, i]
-        s = np.float64(0.0)
-        for i in range(n):
-            v = x[r, i]
-            s += np.float64(v * v)
-        mean = np.float32(s / n)
-        scale = np.float32(1.0) / np.sqrt(mean + eps)
+        scale = _rms_scale(x, r, n, eps)
         for i in range(n):
             out[r, i] = (x[r, i] * scale) * w[i]
 
