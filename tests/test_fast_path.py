@@ -136,14 +136,16 @@ def test_get_rows(type_, cpu):
 
 @pytest.mark.parametrize("n_kv", [256, 260])
 @pytest.mark.parametrize("n_q", [1, 2, 9])
-def test_f16_mul_mat_vec_dot_and_tinyblas(n_q, n_kv, cpu):
+@pytest.mark.parametrize("heads", [(3, 9), (1, 4)])
+def test_f16_mul_mat_vec_dot_and_tinyblas(n_q, n_kv, heads, cpu):
     """One activation row takes ggml_vec_dot_f16, two or more llamafile's tinyBLAS (16-row register
     tiles; 260 rows end in a partial one); K over a permuted cache view as attention reads it, with
-    grouped heads (GQA)."""
+    grouped heads (GQA; one kv head: the cache rows are contiguous, as Gemma 3's are)."""
+    hk, h = heads
     ctx = GGMLContext()
-    k = leaf(ctx, "f16", 64, 3, n_kv, values=rng.standard_normal(64 * 3 * n_kv).astype(np.float16))
-    kp = ggml.permute(ctx, k, 0, 2, 1, 3)                       # (64, n_kv, 3): the cache as attention sees it
-    q = ggml.permute(ctx, leaf(ctx, "f32", 64, 9, n_q), 0, 2, 1, 3)
+    k = leaf(ctx, "f16", 64, hk, n_kv, values=rng.standard_normal(64 * hk * n_kv).astype(np.float16))
+    kp = ggml.permute(ctx, k, 0, 2, 1, 3)                       # (64, n_kv, hk): the cache as attention sees it
+    q = ggml.permute(ctx, leaf(ctx, "f32", 64, h, n_q), 0, 2, 1, 3)
     assert same_bits(*both_ways(ggml.mul_mat(ctx, kp, q), cpu))
 
 
@@ -172,18 +174,21 @@ def test_attention_kqv_fused_with_the_transposed_v_copy(n_kv, cpu):
 
 @pytest.mark.parametrize("K", [64, 72, 256])
 @pytest.mark.parametrize("R", [256, 260])
-def test_f16_register_tiles_equal_vec_dot_f16(K, R, cpu):
+@pytest.mark.parametrize("heads", [(3, 9), (1, 4), (2, 10)])
+def test_f16_register_tiles_equal_vec_dot_f16(K, R, heads, cpu):
     """A decode step's KQ and KQV in 16-row register tiles (the cache rows kept in tiles between steps)
-    give ggml_vec_dot_f16's bits: grouped heads, a K that ends in leftovers (added in double), rows that
-    end in a partial tile, and only the rows flagged as written re-tiled (a stale tile would show)."""
+    give ggml_vec_dot_f16's bits: grouped heads (one by one, in fours sharing a tile's widening, and
+    both), a K that ends in leftovers (added in double), rows that end in a partial tile, and only the
+    rows flagged as written re-tiled (a stale tile would show)."""
     from llmlab.ggml.cpu.fast import vec as fvec
     from llmlab.ggml.cpu import profiles
     from llmlab.ggml.cpu.vec import vec_dot_f16
     v = fvec.params(profiles.resolve(cpu))
     if not fvec.tiles_fit(v.arr, v.lanes, v.vec_prog, min(K, R)):
         pytest.skip("K shorter than one step of this profile's registers")
-    Hk, H = 3, 9
+    Hk, H = heads
     cache = rng.standard_normal((R, Hk, K)).astype(np.float16) * 4
+    cache[-20:] = 0                                             # unused cells: all products +-0, the sum +0
     A = cache.view(np.uint16).transpose(1, 0, 2)                # KQ: (Hk, R, K), the cache rows' view
     X = rng.standard_normal((H, 1, K)).astype(np.float32)
     flags = np.ones(R, np.uint8)
@@ -193,13 +198,13 @@ def test_f16_register_tiles_equal_vec_dot_f16(K, R, cpu):
     vflags = np.ones(R, np.uint8)
     VT = np.zeros((Hk, K // fvec.TW, R, fvec.TW), np.uint16)
     for _ in range(2):
-        want_kq = vec_dot_f16(X.astype(np.float16)[:, :, None, :], cache.transpose(1, 0, 2)[np.arange(H) // 3][:, None],
+        want_kq = vec_dot_f16(X.astype(np.float16)[:, :, None, :], cache.transpose(1, 0, 2)[np.arange(H) // (H // Hk)][:, None],
                               cpu)
         Y = np.empty((H, 1, R), np.float32)
         fvec.mul_mat_f16_tiles(A, X, Y, v.arr, v.lanes, v.vec_prog, flags, AT, 0)
         assert same_bits(Y, want_kq)
         if K % fvec.TW == 0:
-            vt = cache.transpose(1, 2, 0)[np.arange(H) // 3]    # (H, K, R)
+            vt = cache.transpose(1, 2, 0)[np.arange(H) // (H // Hk)]    # (H, K, R)
             want_kqv = vec_dot_f16(P.astype(np.float16)[:, :, None, :], vt[:, None], cpu)
             O = np.empty((H, 1, K), np.float32)
             fvec.mul_mat_f16_vt_tiles(V, P, O, v.arr, v.lanes, v.vec_prog, vflags, VT, 0)

@@ -377,9 +377,6 @@ def _mul_mat(node, cpu):
             return None
         n_reg, lanes, prog = order
         w = n_reg * lanes                                   # elements per step of the registers
-        if T == 1 and K >= 4 * w and K % w == 0 and A.strides[2] == 2 and A.strides[1] == 2 * K:
-            A4 = A.reshape(A.shape[0], R, K // w, w)      # a long dot per row (V^T . probabilities):
-            return lambda: fvec.mul_mat_f16_long(A4, X, Y, lanes, prog)   # along K, the rows read in place
         flags = reader(A.transpose(1, 0, 2)) if T == 1 else None
         if flags is not None and flags.shape[0] >= R:       # a decode step: keep the cache rows copied,
             n = _attention_limit(Y.size * K)                # redo those written since
@@ -388,6 +385,9 @@ def _mul_mat(node, cpu):
                 return lambda: fvec.mul_mat_f16_tiles(A, X, Y, n_reg, lanes, prog, flags, AT, n)
             AT = np.zeros((A.shape[0], K, -(-R // fvec.RB), fvec.RB), np.uint16)       # transposed
             return lambda: fvec.mul_mat_f16_cached(A, X, Y, n_reg, lanes, prog, flags, AT, n)
+        if T == 1 and K >= 4 * w and K % w == 0 and A.strides[2] == 2 and A.strides[1] == 2 * K:
+            A4 = A.reshape(A.shape[0], R, K // w, w)      # a long dot per row (V^T . probabilities, not
+            return lambda: fvec.mul_mat_f16_long(A4, X, Y, lanes, prog)   # fused): along K, rows in place
         if Y.size * K >= F16_PARALLEL_FACTOR * parallel_min_work() and _threads() > 1:
             n = _threads()
             return lambda: fvec.mul_mat_f16_mt(A, X, Y, n_reg, lanes, prog, n)
