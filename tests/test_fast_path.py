@@ -149,7 +149,7 @@ def test_f16_mul_mat_vec_dot_and_tinyblas(n_q, n_kv, heads, cpu):
     assert same_bits(*both_ways(ggml.mul_mat(ctx, kp, q), cpu))
 
 
-@pytest.mark.parametrize("n_kv", [256, 320])
+@pytest.mark.parametrize("n_kv", [256, 260, 320])
 def test_attention_kqv_fused_with_the_transposed_v_copy(n_kv, cpu):
     """kqv = MUL_MAT(CONT(V^T), probabilities) for one token: without hooks the fast plan reads V's rows
     in place (the CONT absorbed); with a capture hook every node runs, kqv along K. Both equal the
@@ -208,6 +208,9 @@ def test_f16_register_tiles_equal_vec_dot_f16(K, R, heads, cpu):
             want_kqv = vec_dot_f16(P.astype(np.float16)[:, :, None, :], vt[:, None], cpu)
             O = np.empty((H, 1, K), np.float32)
             fvec.mul_mat_f16_vt_tiles(V, P, O, v.arr, v.lanes, v.vec_prog, vflags, VT, 0)
+            assert same_bits(O, want_kqv)
+            O = np.empty((H, 1, K), np.float32)                 # read in place (three heads: two tiles a pass)
+            fvec.mul_mat_f16_vt(V, P, O, v.arr, v.lanes, v.vec_prog, 0)
             assert same_bits(O, want_kqv)
         cache[5] = -cache[5]                                    # a written row, flagged as the journal would
         flags[5] = vflags[5] = 1
