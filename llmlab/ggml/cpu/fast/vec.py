@@ -211,44 +211,34 @@ def _round_f16(x, out):
 
 @njit(inline="always")
 def _vt_in_place_ok(n_reg, lanes, prog, KV, g, D):
-    """Whether kqv reads V's cache rows in place, the grouped heads sharing each element's widening
-    (_vdot_vt_heads): the tiles' register layout, heads in threes (two 16-dim tiles a pass, D in whole
-    pairs) or in fours (one tile a pass)."""
-    return _vdot_tiles_ok(n_reg, lanes, prog, KV) and ((g % 3 == 0 and D % (2 * TW) == 0)
-                                                       or (g % GH == 0 and D % TW == 0))
+    """Whether kqv reads V's cache rows in place three heads and two 16-dim tiles at a time
+    (_vdot_vt3x2): the tiles' register layout, grouped heads in threes, D in whole tile pairs."""
+    return _vdot_tiles_ok(n_reg, lanes, prog, KV) and g % 3 == 0 and D % (2 * TW) == 0
 
 
 def vt_in_place(n_reg: int, lanes: int, prog: np.ndarray, KV: int, g: int, D: int) -> bool:
-    """:func:`mul_mat_f16_vt` reads the cache rows in place about as fast as kept tiles are read
-    (measured: SmolLM2's three heads a kv head faster, Gemma 3's four within 5%); then a decode step
-    keeps no tiled copy of V (5.9 MB on SmolLM2, 4.7 MB on Gemma 3 at 512 cells)."""
-    return tiles_fit(n_reg, lanes, prog, KV) and ((g % 3 == 0 and D % (2 * TW) == 0) or (g % GH == 0 and D % TW == 0))
+    """:func:`mul_mat_f16_vt` reads the cache rows in place as fast as the kept tiles are read (measured:
+    SmolLM2's three heads a kv head); then a decode step keeps no tiled copy of V."""
+    return tiles_fit(n_reg, lanes, prog, KV) and g % 3 == 0 and D % (2 * TW) == 0
 
 
 @njit(inline="always")
-def _vdot_vt_heads(V, hk, s, b, j0, G, C, n_reg, lanes, prog, res, out, h0, t):
-    """out[h0 + j, t, (s + c) * 16 + w] (j < G, c < C, w < 16) = vec_dot_f16 of V^T's rows (the head dims
+def _vdot_vt3x2(V, hk, s, b, j0, n_reg, lanes, prog, res, out, h0, t):
+    """out[h0 + j, t, (s + c) * 16 + w] (j < 3, c < 2, w < 16) = vec_dot_f16 of V^T's rows (the head dims
     of kv head hk, columns of the cache rows V (KV, Hk, D), read in place) with b[j0 + j]: one pass of
-    _vdot_tile_heads (G heads x C tiles: 3 x 2 or 4 x 1) over the cells' whole steps, the leftover
-    cells in double."""
+    _vdot_tile_heads (3 heads x 2 tiles) over the cells' whole steps, the leftover cells in double."""
     KV, Hk, D = V.shape
     step = n_reg * lanes
     ns = KV // step
     base = hk * D + s * TW
-    if G == 3:
-        if lanes == 8:
-            _heads3x2_8(V, base, Hk * D, TW, b, j0 * KV, KV, ns, prog, res)
-        else:
-            _heads3x2_16(V, base, Hk * D, TW, b, j0 * KV, KV, ns, prog, res)
+    if lanes == 8:
+        _heads3x2_8(V, base, Hk * D, TW, b, j0 * KV, KV, ns, prog, res)
     else:
-        if lanes == 8:
-            _heads4_8(V, base, Hk * D, 0, b, j0 * KV, KV, ns, prog, res)
-        else:
-            _heads4_16(V, base, Hk * D, 0, b, j0 * KV, KV, ns, prog, res)
-    for c in range(C):
-        for j in range(G):
+        _heads3x2_16(V, base, Hk * D, TW, b, j0 * KV, KV, ns, prog, res)
+    for c in range(2):
+        for j in range(3):
             o = out[h0 + j, t]
-            rj = res[c * G + j]
+            rj = res[c * 3 + j]
             d0 = (s + c) * TW
             if ns * step == KV:
                 for w in range(TW):
@@ -272,22 +262,16 @@ def mul_mat_f16_vt(V, X, out, n_reg, lanes, prog, n_threads):
     H, T = out.shape[0], out.shape[1]
     g = H // Hk
     if _vt_in_place_ok(n_reg, lanes, prog, KV, g, D) and V.flags.c_contiguous:
-        three = g % 3 == 0
-        C = 2 if three else 1                           # three heads: two tiles of 16 head dims a pass;
-        NP = D // (C * TW)                              # four: one tile (the accumulators of 8 chains)
-        for w in prange(Hk * NP):                       # (kv head, tiles): the heads share each element's
-            hk, s = w // NP, (w % NP) * C               # widening and splat
+        NP = D // (2 * TW)
+        for w in prange(Hk * NP):                       # (kv head, two tiles of 16 head dims): three heads
+            hk, s = w // NP, (w % NP) * 2               # and two tiles share each element's widening and splat
             b = np.empty((g, KV), np.float32)
-            res = np.empty((GH * 2, TW), np.float32)
+            res = np.empty((6, TW), np.float32)
             for t in range(T):
                 for j in range(g):
                     _round_f16(X[hk * g + j, t], b[j])
-                if three:
-                    for j0 in range(0, g, 3):
-                        _vdot_vt_heads(V, hk, s, b, j0, 3, 2, n_reg, lanes, prog, res, out, hk * g + j0, t)
-                else:
-                    for j0 in range(0, g, GH):
-                        _vdot_vt_heads(V, hk, s, b, j0, GH, 1, n_reg, lanes, prog, res, out, hk * g + j0, t)
+                for j0 in range(0, g, 3):
+                    _vdot_vt3x2(V, hk, s, b, j0, n_reg, lanes, prog, res, out, hk * g + j0, t)
         restore_threads(prev)
         return
     if _vdot_tiles_ok(n_reg, lanes, prog, KV) and D % TW == 0 and V.flags.c_contiguous:
