@@ -177,9 +177,9 @@ def test_attention_kqv_fused_with_the_transposed_v_copy(n_kv, cpu):
 @pytest.mark.parametrize("heads", [(3, 9), (1, 4), (2, 10)])
 def test_f16_register_tiles_equal_vec_dot_f16(K, R, heads, cpu):
     """A decode step's KQ and KQV in 16-row register tiles (the cache rows kept in tiles between steps)
-    give ggml_vec_dot_f16's bits: grouped heads (one by one, in fours sharing a tile's widening, and
-    both), a K that ends in leftovers (added in double), rows that end in a partial tile, and only the
-    rows flagged as written re-tiled (a stale tile would show)."""
+    give ggml_vec_dot_f16's bits: grouped heads (three, four and five a kv head), a K that ends in
+    leftovers (added in double), rows that end in a partial tile, zero cells, and only the rows flagged
+    as written re-tiled (a stale tile would show); kqv read in place gives the same."""
     from llmlab.ggml.cpu.fast import vec as fvec
     from llmlab.ggml.cpu import profiles
     from llmlab.ggml.cpu.vec import vec_dot_f16
@@ -209,7 +209,7 @@ def test_f16_register_tiles_equal_vec_dot_f16(K, R, heads, cpu):
             O = np.empty((H, 1, K), np.float32)
             fvec.mul_mat_f16_vt_tiles(V, P, O, v.arr, v.lanes, v.vec_prog, vflags, VT, 0)
             assert same_bits(O, want_kqv)
-            O = np.empty((H, 1, K), np.float32)                 # read in place (three heads: two tiles a pass)
+            O = np.empty((H, 1, K), np.float32)                 # the cache rows read in place
             fvec.mul_mat_f16_vt(V, P, O, v.arr, v.lanes, v.vec_prog, 0)
             assert same_bits(O, want_kqv)
         cache[5] = -cache[5]                                    # a written row, flagged as the journal would

@@ -478,8 +478,6 @@ def _fuse_v_transpose(node, cpu, readers, prev):
     if order is None:
         return None
     n_reg, lanes, prog = order
-    if fvec.vt_in_place(n_reg, lanes, prog, KV, Y.shape[0] // Hk, D):   # no tiled copy of V kept
-        return (lambda: fvec.mul_mat_f16_vt(V, X, Y, n_reg, lanes, prog, n)), [c]
     flags = reader(V)
     if flags is not None and flags.shape[0] >= KV and D % fvec.TW == 0 and fvec.tiles_fit(n_reg, lanes, prog, KV):
         VT = np.zeros((Hk, D // fvec.TW, KV, fvec.TW), np.uint16)       # the cells' columns in 16-wide tiles,

@@ -209,48 +209,6 @@ def _round_f16(x, out):
         out[k] = f16_round(x[k])
 
 
-@njit(inline="always")
-def _vt_in_place_ok(n_reg, lanes, prog, KV, g, D):
-    """Whether kqv reads V's cache rows in place three heads and two 16-dim tiles at a time
-    (_vdot_vt3x2): the tiles' register layout, grouped heads in threes, D in whole tile pairs."""
-    return _vdot_tiles_ok(n_reg, lanes, prog, KV) and g % 3 == 0 and D % (2 * TW) == 0
-
-
-def vt_in_place(n_reg: int, lanes: int, prog: np.ndarray, KV: int, g: int, D: int) -> bool:
-    """:func:`mul_mat_f16_vt` reads the cache rows in place as fast as the kept tiles are read (measured:
-    SmolLM2's three heads a kv head); then a decode step keeps no tiled copy of V."""
-    return tiles_fit(n_reg, lanes, prog, KV) and g % 3 == 0 and D % (2 * TW) == 0
-
-
-@njit(inline="always")
-def _vdot_vt3x2(V, hk, s, b, j0, n_reg, lanes, prog, res, out, h0, t):
-    """out[h0 + j, t, (s + c) * 16 + w] (j < 3, c < 2, w < 16) = vec_dot_f16 of V^T's rows (the head dims
-    of kv head hk, columns of the cache rows V (KV, Hk, D), read in place) with b[j0 + j]: one pass of
-    _vdot_tile_heads (3 heads x 2 tiles) over the cells' whole steps, the leftover cells in double."""
-    KV, Hk, D = V.shape
-    step = n_reg * lanes
-    ns = KV // step
-    base = hk * D + s * TW
-    if lanes == 8:
-        _heads3x2_8(V, base, Hk * D, TW, b, j0 * KV, KV, ns, prog, res)
-    else:
-        _heads3x2_16(V, base, Hk * D, TW, b, j0 * KV, KV, ns, prog, res)
-    for c in range(2):
-        for j in range(3):
-            o = out[h0 + j, t]
-            rj = res[c * 3 + j]
-            d0 = (s + c) * TW
-            if ns * step == KV:
-                for w in range(TW):
-                    o[d0 + w] = rj[w]
-            else:
-                for w in range(TW):
-                    total = np.float64(rj[w])
-                    for k in range(ns * step, KV):         # vec_dot_f16's leftovers, one by one in double
-                        total += np.float64(f16_bits_to_f32(V[k, hk, d0 + w]) * b[j0 + j, k])
-                    o[d0 + w] = np.float32(total)
-
-
 @njit(cache=True, parallel=True)
 def mul_mat_f16_vt(V, X, out, n_reg, lanes, prog, n_threads):
     """Attention's kqv for one token fused with the CONT of V^T before it: out[h, t, d] = V[:, h // g, d]
@@ -261,19 +219,6 @@ def mul_mat_f16_vt(V, X, out, n_reg, lanes, prog, n_threads):
     KV, Hk, D = V.shape
     H, T = out.shape[0], out.shape[1]
     g = H // Hk
-    if _vt_in_place_ok(n_reg, lanes, prog, KV, g, D) and V.flags.c_contiguous:
-        NP = D // (2 * TW)
-        for w in prange(Hk * NP):                       # (kv head, two tiles of 16 head dims): three heads
-            hk, s = w // NP, (w % NP) * 2               # and two tiles share each element's widening and splat
-            b = np.empty((g, KV), np.float32)
-            res = np.empty((6, TW), np.float32)
-            for t in range(T):
-                for j in range(g):
-                    _round_f16(X[hk * g + j, t], b[j])
-                for j0 in range(0, g, 3):
-                    _vdot_vt3x2(V, hk, s, b, j0, n_reg, lanes, prog, res, out, hk * g + j0, t)
-        restore_threads(prev)
-        return
     if _vdot_tiles_ok(n_reg, lanes, prog, KV) and D % TW == 0 and V.flags.c_contiguous:
         for h in prange(H):                             # 16 rows of V^T (columns d of the cache rows) per tile
             b = np.empty((1, KV), np.float32)
@@ -423,129 +368,6 @@ _vdot_tile_4x8 = _vdot_tile(4, 8)        # ggml_vec_dot_f16 on AVX2 (GGML_F32_AR
 _vdot_tile_4x16 = _vdot_tile(4, 16)      # on AVX-512 (ARR 4, EPR 16)
 
 
-GH = 4                   # grouped heads per pass of _vdot_tile_heads (their accumulators: 2 G ymm registers)
-
-
-def _vdot_tile_heads(n_reg: int, lanes: int, G: int, C: int = 1):
-    """_vdot_tile for G activation rows (the grouped heads of one kv head) at once: each element of the
-    16 rows is loaded and widened once and fma'd into the G heads' accumulators (the widening, two
-    vcvtph2ps a step, costs as much as the fmas of one head). Register j's lane ``lane`` is one
-    independent chain (elements k = s * n_reg * lanes + j * lanes + lane, fma onto zero as ggml starts
-    its registers), run chain after chain, so only G accumulators are live; the same products and sums
-    as _vdot_tile, in the same order. b's row h at ``boff + h * bstride``; res (>= G, 16) float32 gets
-    head h's 16 outputs in row h. With C > 1, C tiles (the c-th at ``base + c * cstride``) pass at once,
-    each b element splat once for them: res row c * G + h."""
-    step = n_reg * lanes
-
-    def typer(typingctx, A, base, rstride, cstride, b, boff, bstride, nsteps, prog, res):
-        def codegen(context, builder, signature, args):
-            t = signature.args
-            i64 = ir.IntType(64)
-            f32p = ir.FloatType().as_pointer()
-            ap = builder.bitcast(context.make_array(t[0])(context, builder, args[0]).data, ir.IntType(16).as_pointer())
-            base_, rs = context.cast(builder, args[1], t[1], types.int64), context.cast(builder, args[2], t[2], types.int64)
-            cs = context.cast(builder, args[3], t[3], types.int64)
-            aps = [builder.gep(ap, [builder.add(base_, builder.mul(cs, ir.Constant(i64, c)))]) for c in range(C)]
-            bp = builder.bitcast(context.make_array(t[4])(context, builder, args[4]).data, f32p)
-            bp = builder.gep(bp, [context.cast(builder, args[5], t[5], types.int64)])
-            bs = context.cast(builder, args[6], t[6], types.int64)
-            bps = [builder.gep(bp, [builder.mul(bs, ir.Constant(i64, h))]) for h in range(G)]
-            ns = context.cast(builder, args[7], t[7], types.int64)
-            pr = context.make_array(t[8])(context, builder, args[8])
-            n_prog = cgutils.unpack_tuple(builder, pr.shape, 2)[0]
-            pp = builder.bitcast(pr.data, i64.as_pointer())
-            rp = builder.bitcast(context.make_array(t[9])(context, builder, args[9]).data, _F32x16.as_pointer())
-            fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_F32x16, [_F32x16] * 3), "llvm.fma.v16f32")
-            splat = ir.Constant(ir.VectorType(ir.IntType(32), 16), [0] * 16)
-            zero = ir.Constant(_F32x16, [0.0] * 16)
-            GC = G * C
-            chains = cgutils.alloca_once(builder, _F32x16, size=ir.Constant(i64, GC * step))
-            accs = [cgutils.alloca_once(builder, _F32x16) for _ in range(GC)]
-            for lane in range(lanes):
-                for j in range(n_reg):
-                    for h in range(GC):
-                        builder.store(zero, accs[h])
-                    with cgutils.for_range(builder, ns) as loop:
-                        k = builder.add(builder.mul(loop.index, ir.Constant(i64, step)), ir.Constant(i64, j * lanes + lane))
-                        av = []
-                        for c in range(C):
-                            pa = builder.gep(aps[c], [builder.mul(k, rs)])
-                            a = builder.load(builder.bitcast(pa, _I16x16.as_pointer()), align=2)
-                            av.append(builder.fpext(builder.bitcast(a, _H16), _F32x16))
-                        for h in range(G):
-                            bv = builder.insert_element(ir.Constant(_F32x16, None), builder.load(builder.gep(bps[h], [k])),
-                                                        ir.Constant(ir.IntType(32), 0))
-                            bv = builder.shuffle_vector(bv, ir.Constant(_F32x16, None), splat)
-                            for c in range(C):
-                                acc = accs[c * G + h]
-                                builder.store(builder.call(fma, [av[c], bv, builder.load(acc)]), acc)
-                    for h in range(GC):
-                        builder.store(builder.load(accs[h]), builder.gep(chains, [ir.Constant(i64, h * step + j * lanes + lane)]))
-            vals = cgutils.alloca_once(builder, _F32x16, size=ir.Constant(i64, 2 * lanes))
-            for h in range(GC):
-                def slot(j, lane):
-                    return builder.gep(chains, [ir.Constant(i64, h * step + j * lanes + lane)])
-                hh = n_reg
-                while hh > 1:                             # GGML_F32_VEC_REDUCE: upper registers onto lower
-                    hh //= 2
-                    for j in range(hh):
-                        for lane in range(lanes):
-                            builder.store(builder.fadd(builder.load(slot(j, lane)), builder.load(slot(j + hh, lane))),
-                                          slot(j, lane))
-                for lane in range(lanes):
-                    builder.store(builder.load(slot(0, lane)), builder.gep(vals, [ir.Constant(i64, lane)]))
-                with cgutils.for_range(builder, n_prog) as loop:
-                    i2 = builder.mul(loop.index, ir.Constant(i64, 2))
-                    x = builder.load(builder.gep(vals, [builder.load(builder.gep(pp, [i2]))]))
-                    y = builder.load(builder.gep(vals, [builder.load(builder.gep(pp, [builder.add(i2, ir.Constant(i64, 1))]))]))
-                    builder.store(builder.fadd(x, y), builder.gep(vals, [builder.add(loop.index, ir.Constant(i64, lanes))]))
-                last = builder.add(n_prog, ir.Constant(i64, lanes - 1))
-                builder.store(builder.load(builder.gep(vals, [last])), builder.gep(rp, [ir.Constant(i64, h)]), align=4)
-            return context.get_dummy_value()
-        return types.none(A, base, rstride, cstride, b, boff, bstride, nsteps, prog, res), codegen
-    typer.__name__ = f"_vdot_tile_heads_{n_reg}x{lanes}_{G}x{C}"
-    return intrinsic(typer)
-
-
-_heads4_8 = _vdot_tile_heads(4, 8, GH)         # AVX2
-_heads4_16 = _vdot_tile_heads(4, 16, GH)       # AVX-512
-_heads3x2_8 = _vdot_tile_heads(4, 8, 3, 2)     # three heads (SmolLM2's groups), two tiles a pass
-_heads3x2_16 = _vdot_tile_heads(4, 16, 3, 2)
-
-
-@njit(inline="always")
-def _vdot_heads16(A, base, rstride, b, K, n_reg, lanes, prog, res, out, h0, t, r0, n):
-    """out[h0 + j, t, r0 + w] (j < b.shape[0], w < n <= 16) = vec_dot_f16 of the tile's rows with b[j]
-    (:func:`_vdot_rows16` for every grouped head): the heads in fours share one widening of the tile
-    (_vdot_tile_heads; with fewer, 2 G accumulator chains do not cover the fma latency and measured
-    slower), the rest one by one. res (GH, 16) float32."""
-    step = n_reg * lanes
-    ns = K // step
-    g, Kb = b.shape
-    g4 = g - g % GH
-    for j0 in range(0, g4, GH):
-        if lanes == 8:
-            _heads4_8(A, base, rstride, 0, b, j0 * Kb, Kb, ns, prog, res)
-        else:
-            _heads4_16(A, base, rstride, 0, b, j0 * Kb, Kb, ns, prog, res)
-        if ns * step == K:
-            for j in range(GH):
-                o = out[h0 + j0 + j, t]
-                rj = res[j]
-                for w in range(n):
-                    o[r0 + w] = rj[w]
-            continue
-        Af = A.reshape(-1)
-        for j in range(GH):
-            for w in range(n):
-                total = np.float64(res[j, w])
-                for k in range(ns * step, K):         # vec_dot_f16's leftovers, one by one in double
-                    total += np.float64(f16_bits_to_f32(Af[base + k * rstride + w]) * b[j0 + j, k])
-                out[h0 + j0 + j, t, r0 + w] = np.float32(total)
-    for j in range(g4, g):
-        _vdot_rows16(A, base, rstride, b, j, K, n_reg, lanes, prog, res[0], out, h0 + j, t, r0, n)
-
-
 @njit(inline="always")
 def _vdot_tiles_ok(n_reg, lanes, prog, K):
     """Whether _vdot_tile has this register layout (a tree of lanes - 1 additions) and K whole steps."""
@@ -693,14 +515,15 @@ def mul_mat_f16_tiles(A, X, out, n_reg, lanes, prog, written, AT, n_threads):
     for w in prange(Hk * NB):
         hk, blk = w // NB, w % NB
         b = np.empty((g, K), np.float32)
-        res = np.empty((GH, TW), np.float32)
+        res = np.empty(TW, np.float32)
         for t in range(T):
             for j in range(g):
                 _round_f16(X[hk * g + j, t], b[j])
             for s in range(blk * 8, min(NT, blk * 8 + 8)):
                 r0 = s * TW
-                _vdot_heads16(AT, (hk * NT + s) * K * TW, TW, b, K, n_reg, lanes, prog, res,
-                              out, hk * g, t, r0, min(TW, R - r0))
+                for j in range(g):
+                    _vdot_rows16(AT, (hk * NT + s) * K * TW, TW, b, j, K, n_reg, lanes, prog, res,
+                                 out, hk * g + j, t, r0, min(TW, R - r0))
     restore_threads(prev)
 
 
@@ -725,12 +548,13 @@ def mul_mat_f16_vt_tiles(V, X, out, n_reg, lanes, prog, written, VT, n_threads):
     for w in prange(Hk * NT):                           # work items: (kv head, tile)
         hk, s = w // NT, w % NT
         b = np.empty((g, KV), np.float32)
-        res = np.empty((GH, TW), np.float32)
+        res = np.empty(TW, np.float32)
         for t in range(T):
             for j in range(g):
                 _round_f16(X[hk * g + j, t], b[j])
-            _vdot_heads16(VT, (hk * NT + s) * KV * TW, TW, b, KV, n_reg, lanes, prog, res,
-                          out, hk * g, t, s * TW, TW)
+            for j in range(g):
+                _vdot_rows16(VT, (hk * NT + s) * KV * TW, TW, b, j, KV, n_reg, lanes, prog, res,
+                             out, hk * g + j, t, s * TW, TW)
     restore_threads(prev)
 
 
