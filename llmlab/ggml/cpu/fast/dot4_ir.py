@@ -92,6 +92,31 @@ def dot4(builder, isa: str, acc, u8, word, signed: bool = False):
     return builder.add(acc, both)
 
 
+def dot4_scaled(builder, isa: str, acc, u8, word, scale):
+    """acc + per row (lane) ``scale`` x the lane's 4-product sum of :func:`dot4` (unsigned codes up to 63),
+    ``scale`` <16 x i16> (one value per row, |scale| < 128). AVX2: pmaddubsw (pairs, int16) then
+    pmaddwd by the scale, twice per row (ggml's q6_K step, ``_mm256_madd_epi16(scale, p16)``): the
+    scaled sum costs what the plain one does. VNNI: vpdpbusd, then times the scale widened to int32.
+    Exact in int32 (|sum| <= 4 * 63 * 128 * 127)."""
+    if isa == "vnni":
+        return builder.add(acc, builder.mul(dot4(builder, isa, ir.Constant(I32x16, [0] * 16), u8, word),
+                                            builder.sext(scale, I32x16)))
+    sb = builder.bitcast(splat(builder, word, I32x16), I8x64)
+    I8x32, I16x16, I32x8 = ir.VectorType(I8, 32), ir.VectorType(I16, 16), ir.VectorType(I32, 8)
+    maddubs = intrinsic_fn(builder, "llvm.x86.avx2.pmadd.ub.sw", I16x16, [I8x32, I8x32])
+    maddwd = intrinsic_fn(builder, "llvm.x86.avx2.pmadd.wd", I32x8, [I16x16, I16x16])
+    halves = []
+    for h in range(2):
+        idx = ir.Constant(ir.VectorType(I32, 32), list(range(32 * h, 32 * h + 32)))
+        uh = builder.shuffle_vector(u8, ir.Constant(I8x64, None), idx)
+        sh = builder.shuffle_vector(sb, ir.Constant(I8x64, None), idx)
+        pair = ir.Constant(ir.VectorType(I32, 16), [8 * h + i // 2 for i in range(16)])   # row r's scale, twice
+        sc = builder.shuffle_vector(scale, ir.Constant(scale.type, None), pair)
+        halves.append(builder.call(maddwd, [builder.call(maddubs, [uh, sh]), sc]))
+    both = builder.shuffle_vector(halves[0], halves[1], ir.Constant(I32x16, list(range(16))))
+    return builder.add(acc, both)
+
+
 def c32(v: int):
     return ir.Constant(I32x16, [v] * 16)
 

@@ -10,7 +10,8 @@ from numba import njit, prange, types
 from numba.extending import intrinsic
 
 from ._common import NOPYTHON, _get_num_threads, as_f32, fma, hsum8, limit_threads, restore_threads
-from .dot4_ir import I32, I8x64, I32x16, block_words_at, data, dot4, vload, vstore
+from .dot4_ir import (I8, I16, I32, I8x64, I32x16, F32x16, at, block_words_at, data, dot4, dot4_scaled, f16x16,
+                      intrinsic_fn, splat, vload, vstore)
 from .quants import pair_sums
 from .quantize import quantize_q8_k as _q8_k
 from .repack import repack_step
@@ -114,8 +115,7 @@ def mul_mat_q4_k_avx2(qs, sc, mn, d, dmin, x, out, n_threads):
 
 def _q6_k_dots(isa: str, per: int):
     """The 16 rows' dots of a q6_K super-block with the activations, ``per`` quads added into each
-    output: per = 1 gives Q[8c + u], quad u (values 32c+4u .. 32c+4u+3) of chunk c (vec_dot's lanes);
-    per = 4 gives D[s], the 16-value sub-block s (the tiled kernel's). blk (4096 bytes, chunk 8c + u: the
+    output: per = 4 gives D[s], the 16-value sub-block s (the tiled kernel's). blk (4096 bytes, chunk 8c + u: the
     unsigned 6-bit codes, 4 per row); a[w0:w0+64] the 256 int8 activations as words; out (64 / per, 16)
     int32. Called as (qs, g, b, aq4, t, w0, out): blk = qs[g, b], a = aq4[t], addressed here."""
     def typer(typingctx, qs, g, b, aq4, t, w0, out):
@@ -134,16 +134,65 @@ def _q6_k_dots(isa: str, per: int):
     return intrinsic(typer)
 
 
-q6_k_quads_vnni, q6_k_subs_vnni = _q6_k_dots("vnni", 1), _q6_k_dots("vnni", 4)
-q6_k_quads_avx2, q6_k_subs_avx2 = _q6_k_dots("avx2", 1), _q6_k_dots("avx2", 4)
+q6_k_subs_vnni, q6_k_subs_avx2 = _q6_k_dots("vnni", 4), _q6_k_dots("avx2", 4)
+
+
+def _q6_k_step(isa: str):
+    """One q6_K super-block of 16 rows against activation row t, vec_dot's whole step in registers:
+    the 8 int32 lanes with the scales applied in the byte dots (``dot4_ir.dot4_scaled``: lane u = the
+    sum over the 32-value chunks c of sc[2c + u // 4] x quad u of chunk c, integers, exact in any order),
+    minus 32 (sc[2u] bsum[2u] + sc[2u+1] bsum[2u+1]), then acc[t, u] = fma(d_x d_w, lane u, acc[t, u])
+    across the rows. blk as ``_q6_k_dots``; sc[g, b]: (16, 16) int8 scales (sub-block, row); d[g, b]:
+    the rows' f16 scales; bsums[t, 16b:16b+16] the q8_K block sums; acc (T, 8, 16) float32.
+    Called as (qs, sc, d, g, b, aq4, bsums, t, ya, acc)."""
+    def typer(typingctx, qs, sc, d, g, b, aq4, bsums, t, ya, acc):
+        def codegen(context, builder, signature, args):
+            ty = signature.args
+            qs_, sc_, d_, g_, b_, aq4_, bs_, t_, ya_, acc_ = args
+            gi, bi, ti = (g_, ty[3]), (b_, ty[4]), (t_, ty[7])
+            bp = at(context, builder, ty[0], qs_, [gi, bi], I8)
+            sp = at(context, builder, ty[1], sc_, [gi, bi], I8)
+            ap = at(context, builder, ty[5], aq4_, [ti], I32)
+            bsp = at(context, builder, ty[6], bs_, [ti], I16)
+            intp = context.get_value_type(types.intp)
+            bidx = context.cast(builder, b_, ty[4], types.intp)
+            w0 = builder.mul(bidx, ir.Constant(intp, 64))
+            k0 = builder.mul(bidx, ir.Constant(intp, 16))
+            word = lambda j: builder.load(builder.gep(ap, [builder.add(w0, ir.Constant(intp, j))]))
+            bsum = lambda j: builder.sext(builder.load(builder.gep(bsp, [builder.add(k0, ir.Constant(intp, j))])), I32)
+            I8x16 = ir.VectorType(I8, 16)
+            raw = [vload(builder, sp, ir.Constant(I32, 16 * s), I8x16) for s in range(16)]
+            s16 = [builder.sext(v, ir.VectorType(I16, 16)) for v in raw]
+            s32 = [builder.sext(v, I32x16) for v in raw]
+            fma = intrinsic_fn(builder, "llvm.fma.v16f32", F32x16, [F32x16] * 3)
+            dd = builder.fmul(splat(builder, context.cast(builder, ya_, ty[8], types.float32), F32x16),
+                              f16x16(builder, at(context, builder, ty[2], d_, [gi, bi], I16)))
+            accp = at(context, builder, ty[9], acc_, [ti], ir.FloatType())
+            for u in range(8):
+                lane = ir.Constant(I32x16, [0] * 16)
+                for c in range(8):
+                    v = vload(builder, bp, ir.Constant(I32, 64 * (8 * c + u)), I8x64)
+                    lane = dot4_scaled(builder, isa, lane, v, word(8 * c + u), s16[2 * c + (u >> 2)])
+                corr = builder.add(builder.mul(s32[2 * u], splat(builder, bsum(2 * u), I32x16)),
+                                   builder.mul(s32[2 * u + 1], splat(builder, bsum(2 * u + 1), I32x16)))
+                lane = builder.sub(lane, builder.shl(corr, ir.Constant(I32x16, [5] * 16)))
+                idx = ir.Constant(I32, 16 * u)
+                vstore(builder, accp, idx, builder.call(fma, [dd, builder.sitofp(lane, F32x16), vload(builder, accp, idx, F32x16)]))
+            return context.get_dummy_value()
+        return types.none(qs, sc, d, g, b, aq4, bsums, t, ya, acc), codegen
+    typer.__name__ = f"q6_k_step_{isa}"
+    return intrinsic(typer)
+
+
+q6_k_step_vnni, q6_k_step_avx2 = _q6_k_step("vnni"), _q6_k_step("avx2")
 
 
 @njit(inline="always", **NOPYTHON)
-def _mul_mat_q6_k(qs, sc, d, x, out, quads, subs, tiled):
+def _mul_mat_q6_k(qs, sc, d, x, out, step, subs, tiled):
     """ggml's q6_K products as ``quants.vec_dot_q6_k`` (vec_dot: 8 int32 lanes, lane u the scaled quads
     u of every 32-value chunk minus 32 x scales . block sums, acc_u = fma(d_x d_w, lane, acc_u), hsum)
-    and ``tiled.mul_mat_q6_k_tiled`` (one float step per super-block) compute them, the quads by
-    ``quads`` (or, tiled, the sub-block dots by ``subs``). qs (ng, nb, 4096) uint8; sc (ng, nb, 16, 16) int8;
+    and ``tiled.mul_mat_q6_k_tiled`` (one float step per super-block) compute them: a super-block by
+    ``step`` (or, tiled, the sub-block dots by ``subs``). qs (ng, nb, 4096) uint8; sc (ng, nb, 16, 16) int8;
     d (ng, nb, 16) f16 bits."""
     ng, nb = qs.shape[0], qs.shape[1]
     nr = d.shape[2]
@@ -152,7 +201,7 @@ def _mul_mat_q6_k(qs, sc, d, x, out, quads, subs, tiled):
     T = aq4.shape[0]
     nch = min(ng, _get_num_threads())            # one task per thread, contiguous groups (as dot4_legacy);
     for ch in prange(nch):                       # scalars indexed in place: no views per block
-        Q = np.empty((64, nr), np.int32)
+        Q = np.empty((16, nr), np.int32)
         L = np.empty((8, nr), np.int32)
         acc = np.empty((T, 8, nr), np.float32)
         for g in range(ch * ng // nch, (ch + 1) * ng // nch):
@@ -175,21 +224,7 @@ def _mul_mat_q6_k(qs, sc, d, x, out, quads, subs, tiled):
                         for r in range(nr):
                             acc[t, 0, r] = fma(as_f32(d[g, b, r]) * np.float32(L[0, r]), ya, acc[t, 0, r])
                     else:
-                        quads(qs, g, b, aq4, t, 64 * b, Q)
-                        for u in range(8):                 # chunk c: lanes 0-3 take scale 2c, lanes 4-7 scale 2c+1
-                            h = u >> 2
-                            for r in range(nr):
-                                L[u, r] = np.int32(np.int32(sc[g, b, h, r]) * Q[u, r])
-                            for c in range(1, 8):
-                                for r in range(nr):
-                                    L[u, r] = np.int32(L[u, r] + np.int32(np.int32(sc[g, b, 2 * c + h, r]) * Q[8 * c + u, r]))
-                            b0, b1 = np.int32(bsums[t, k + 2 * u]), np.int32(bsums[t, k + 2 * u + 1])
-                            for r in range(nr):
-                                L[u, r] = np.int32(L[u, r] - np.int32(32 * np.int32(np.int32(np.int32(sc[g, b, 2 * u, r]) * b0)
-                                                                                   + np.int32(np.int32(sc[g, b, 2 * u + 1, r]) * b1))))
-                        for u in range(8):
-                            for r in range(nr):
-                                acc[t, u, r] = fma(ya * as_f32(d[g, b, r]), L[u, r], acc[t, u, r])
+                        step(qs, sc, d, g, b, aq4, bsums, t, ya, acc)
             n = min(nr, R - g * nr)
             for t in range(T):
                 for r in range(n):
@@ -200,12 +235,12 @@ def _mul_mat_q6_k(qs, sc, d, x, out, quads, subs, tiled):
 @njit(parallel=True, **NOPYTHON)
 def mul_mat_q6_k_vnni(qs, sc, d, x, out, tiled, n_threads):
     prev = limit_threads(n_threads)
-    _mul_mat_q6_k(qs, sc, d, x, out, q6_k_quads_vnni, q6_k_subs_vnni, tiled)
+    _mul_mat_q6_k(qs, sc, d, x, out, q6_k_step_vnni, q6_k_subs_vnni, tiled)
     restore_threads(prev)
 
 
 @njit(parallel=True, **NOPYTHON)
 def mul_mat_q6_k_avx2(qs, sc, d, x, out, tiled, n_threads):
     prev = limit_threads(n_threads)
-    _mul_mat_q6_k(qs, sc, d, x, out, q6_k_quads_avx2, q6_k_subs_avx2, tiled)
+    _mul_mat_q6_k(qs, sc, d, x, out, q6_k_step_avx2, q6_k_subs_avx2, tiled)
     restore_threads(prev)
