@@ -72,12 +72,6 @@ def dot4(builder, isa: str, acc, u8, word, signed: bool = False):
         fn = intrinsic_fn(builder, "llvm.x86.avx512.vpdpbusd.512", I32x16, [I32x16] * 3)
         return builder.call(fn, [acc, builder.bitcast(u8, I32x16), w])
     sb = builder.bitcast(w, I8x64)
-    if signed:
-        zero = ir.Constant(I8x64, [0] * 64)
-        neg = builder.icmp_signed("<", u8, zero)
-        ax = builder.select(neg, builder.sub(zero, u8), u8)                     # |w| (-128 -> 128 unsigned)
-        sb = builder.select(neg, builder.sub(zero, sb), builder.select(builder.icmp_signed("==", u8, zero), zero, sb))
-        u8 = ax
     I8x32, I16x16, I32x8 = ir.VectorType(I8, 32), ir.VectorType(I16, 16), ir.VectorType(I32, 8)
     maddubs = intrinsic_fn(builder, "llvm.x86.avx2.pmadd.ub.sw", I16x16, [I8x32, I8x32])
     maddwd = intrinsic_fn(builder, "llvm.x86.avx2.pmadd.wd", I32x8, [I16x16, I16x16])
@@ -87,6 +81,10 @@ def dot4(builder, isa: str, acc, u8, word, signed: bool = False):
         idx = ir.Constant(ir.VectorType(I32, 32), list(range(32 * h, 32 * h + 32)))
         uh = builder.shuffle_vector(u8, ir.Constant(I8x64, None), idx)
         sh = builder.shuffle_vector(sb, ir.Constant(I8x64, None), idx)
+        if signed:                  # ggml's _mm256_sign_epi8(a, w) and |w| (vpsignb, vpabsb; -128 -> 128 unsigned)
+            sh = builder.call(intrinsic_fn(builder, "llvm.x86.avx2.psign.b", I8x32, [I8x32, I8x32]), [sh, uh])
+            uh = builder.call(intrinsic_fn(builder, "llvm.abs.v32i8", I8x32, [I8x32, ir.IntType(1)]),
+                              [uh, ir.Constant(ir.IntType(1), 0)])
         halves.append(builder.call(maddwd, [builder.call(maddubs, [uh, sh]), ones]))
     both = builder.shuffle_vector(halves[0], halves[1], ir.Constant(I32x16, list(range(16))))
     return builder.add(acc, both)
