@@ -115,17 +115,18 @@ def mul_mat_q4_k_avx2(qs, sc, mn, d, dmin, x, out, n_threads):
 
 def _q6_k_dots(isa: str, per: int):
     """The 16 rows' dots of a q6_K super-block with the activations, ``per`` quads added into each
-    output: per = 4 gives D[s], the 16-value sub-block s (the tiled kernel's). blk (4096 bytes, chunk 8c + u: the
-    unsigned 6-bit codes, 4 per row); a[w0:w0+64] the 256 int8 activations as words; out (64 / per, 16)
-    int32. Called as (qs, g, b, aq4, t, w0, out): blk = qs[g, b], a = aq4[t], addressed here."""
+    output: per = 4 gives D[s], the 16-value sub-block s (the tiled kernel's). blk (4096 bytes, chunk
+    8u + c: quad u of 32-value chunk c, the unsigned 6-bit codes, 4 per row); a[w0:w0+64] the 256 int8
+    activations as words; out (64 / per, 16) int32. Called as (qs, g, b, aq4, t, w0, out): blk = qs[g, b],
+    a = aq4[t], addressed here."""
     def typer(typingctx, qs, g, b, aq4, t, w0, out):
         def codegen(context, builder, signature, args):
             bp, ap, word = block_words_at(context, builder, signature, args)
             op = data(context, builder, signature.args[6], args[6], I32)
             for o in range(64 // per):
                 acc = ir.Constant(I32x16, [0] * 16)
-                for j in range(per * o, per * o + per):
-                    v = vload(builder, bp, ir.Constant(I32, 64 * j), I8x64)
+                for j in range(per * o, per * o + per):         # quad j % 8 of chunk j // 8
+                    v = vload(builder, bp, ir.Constant(I32, 64 * (8 * (j % 8) + j // 8)), I8x64)
                     acc = dot4(builder, isa, acc, v, word(ap, j))
                 vstore(builder, op, ir.Constant(I32, 16 * o), acc)
             return context.get_dummy_value()
@@ -171,7 +172,7 @@ def _q6_k_step(isa: str):
             for u in range(8):
                 lane = ir.Constant(I32x16, [0] * 16)
                 for c in range(8):
-                    v = vload(builder, bp, ir.Constant(I32, 64 * (8 * c + u)), I8x64)
+                    v = vload(builder, bp, ir.Constant(I32, 64 * (8 * u + c)), I8x64)
                     lane = dot4_scaled(builder, isa, lane, v, word(8 * c + u), s16[2 * c + (u >> 2)])
                 corr = builder.add(builder.mul(s32[2 * u], splat(builder, bsum(2 * u), I32x16)),
                                    builder.mul(s32[2 * u + 1], splat(builder, bsum(2 * u + 1), I32x16)))
