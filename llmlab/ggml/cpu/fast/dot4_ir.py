@@ -8,6 +8,7 @@ from __future__ import annotations
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
+from numba.extending import intrinsic
 
 I8, I16, I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
 I8x64 = ir.VectorType(I8, 64)
@@ -158,3 +159,15 @@ def block_codes(builder, bp, nibbles: bool, signed: bool = False) -> list:
                 + [builder.lshr(v, ir.Constant(I8x64, [4] * 64)) for v in raw])
     codes = [vload(builder, bp, ir.Constant(I32, 64 * j), I8x64) for j in range(8)]
     return [builder.xor(c, ir.Constant(I8x64, [0x80] * 64)) for c in codes] if signed else codes
+
+
+@intrinsic
+def fetch_add(typingctx, counter, v):
+    """counter[0] += v as one atomic instruction (``lock xadd``), returning the value before: the tasks of
+    a parallel region take their next chunk of rows from a shared counter, as ggml's threads do
+    (``ggml_threadpool_chunk_add``)."""
+    def codegen(context, builder, signature, args):
+        p = data(context, builder, signature.args[0], args[0], ir.IntType(64))
+        val = context.cast(builder, args[1], signature.args[1], types.int64)
+        return builder.atomic_rmw("add", p, val, "monotonic")
+    return types.int64(counter, v), codegen

@@ -12,6 +12,8 @@ from numba.extending import intrinsic
 from ._common import NOPYTHON, _get_num_threads, as_f32, fma, hsum8, limit_threads, restore_threads
 from .dot4_ir import (I8, I16, I32, I8x64, I32x16, F32x16, at, block_words_at, data, dot4, dot4_scaled, f16x16,
                       intrinsic_fn, splat, vload, vstore)
+from .dot4_ir import fetch_add
+from .dot4_legacy import chunking
 from .quants import pair_sums
 from .quantize import quantize_q8_k as _q8_k
 from .repack import repack_step
@@ -69,30 +71,35 @@ def _mul_mat_q4_k(qs, sc, mn, d, dmin, x, out, dots):
     aq4, ad, bsums = _q8_k_words(x)
     T = aq4.shape[0]
     n_gemm = T - T % 4
-    nch = min(ng, _get_num_threads())            # one task per thread, contiguous groups (as dot4_legacy)
-    for c in prange(nch):
+    nch = min(ng, _get_num_threads())            # one task per thread, chunks of groups taken in turn
+    size, n_chunks = chunking(ng, nch)           # (as dot4_legacy)
+    turn = np.zeros(1, np.int64)
+    for _c in prange(nch):
         D = np.empty((8, nr), np.int32)
         acc = np.empty((T, nr), np.float32)
         accm = np.empty((T, nr), np.float32)
-        for g in range(c * ng // nch, (c + 1) * ng // nch):
-            for t in range(T):
-                for r in range(nr):
-                    acc[t, r] = 0
-                    accm[t, r] = 0
-            for b in range(nb):
-                s_, m_ = sc[g, b], mn[g, b]
+        kc = fetch_add(turn, 1)
+        while kc < n_chunks:
+            for g in range(kc * size, min(ng, (kc + 1) * size)):
                 for t in range(T):
-                    dots(qs, g, b, aq4, t, 64 * b, D)
-                    ya = ad[t, b]
-                    p = pair_sums(bsums, t, 16 * b)
-                    gemm = t < n_gemm
                     for r in range(nr):
-                        acc[t, r], accm[t, r] = repack_step(acc[t, r], accm[t, r], s_, m_, D, p, r,
-                                                            as_f32(d[g, b, r]) * ya, as_f32(dmin[g, b, r]) * ya, gemm)
-            n = min(nr, R - g * nr)
-            for t in range(T):
-                for r in range(n):
-                    out[t, g * nr + r] = acc[t, r] - accm[t, r]
+                        acc[t, r] = 0
+                        accm[t, r] = 0
+                for b in range(nb):
+                    s_, m_ = sc[g, b], mn[g, b]
+                    for t in range(T):
+                        dots(qs, g, b, aq4, t, 64 * b, D)
+                        ya = ad[t, b]
+                        p = pair_sums(bsums, t, 16 * b)
+                        gemm = t < n_gemm
+                        for r in range(nr):
+                            acc[t, r], accm[t, r] = repack_step(acc[t, r], accm[t, r], s_, m_, D, p, r,
+                                                                as_f32(d[g, b, r]) * ya, as_f32(dmin[g, b, r]) * ya, gemm)
+                n = min(nr, R - g * nr)
+                for t in range(T):
+                    for r in range(n):
+                        out[t, g * nr + r] = acc[t, r] - accm[t, r]
+            kc = fetch_add(turn, 1)
 
 
 # out (T, R) = x (T, K) times a packed q4_K weight in the REPACK buffer; row groups on at most n_threads.
@@ -200,37 +207,42 @@ def _mul_mat_q6_k(qs, sc, d, x, out, step, subs, tiled):
     R = out.shape[1]
     aq4, ad, bsums = _q8_k_words(x)
     T = aq4.shape[0]
-    nch = min(ng, _get_num_threads())            # one task per thread, contiguous groups (as dot4_legacy);
-    for ch in prange(nch):                       # scalars indexed in place: no views per block
+    nch = min(ng, _get_num_threads())            # one task per thread, chunks of groups taken in turn
+    size, n_chunks = chunking(ng, nch)           # (as dot4_legacy); scalars indexed in place: no views
+    turn = np.zeros(1, np.int64)
+    for _c in prange(nch):
         Q = np.empty((16, nr), np.int32)
         L = np.empty((8, nr), np.int32)
         acc = np.empty((T, 8, nr), np.float32)
-        for g in range(ch * ng // nch, (ch + 1) * ng // nch):
-            for t in range(T):
-                for u in range(8):
-                    for r in range(nr):
-                        acc[t, u, r] = 0
-            for b in range(nb):
+        kc = fetch_add(turn, 1)
+        while kc < n_chunks:
+            for g in range(kc * size, min(ng, (kc + 1) * size)):
                 for t in range(T):
-                    ya = ad[t, b]
-                    k = 16 * b
-                    if tiled:
-                        subs(qs, g, b, aq4, t, 64 * b, Q)  # Q[:16]: the 16 sub-block dots
-                        for r in range(nr):                # per row: sum over the 16 sub-blocks of
-                            L[0, r] = 0                    # scale x (dot - 32 x block sum), in int32
-                        for sb in range(16):
-                            bs = np.int32(32 * np.int32(bsums[t, k + sb]))
-                            for r in range(nr):
-                                L[0, r] = np.int32(L[0, r] + np.int32(np.int32(sc[g, b, sb, r]) * np.int32(Q[sb, r] - bs)))
+                    for u in range(8):
                         for r in range(nr):
-                            acc[t, 0, r] = fma(as_f32(d[g, b, r]) * np.float32(L[0, r]), ya, acc[t, 0, r])
-                    else:
-                        step(qs, sc, d, g, b, aq4, bsums, t, ya, acc)
-            n = min(nr, R - g * nr)
-            for t in range(T):
-                for r in range(n):
-                    out[t, g * nr + r] = acc[t, 0, r] if tiled else hsum8(
-                        acc[t, 0, r], acc[t, 1, r], acc[t, 2, r], acc[t, 3, r], acc[t, 4, r], acc[t, 5, r], acc[t, 6, r], acc[t, 7, r])
+                            acc[t, u, r] = 0
+                for b in range(nb):
+                    for t in range(T):
+                        ya = ad[t, b]
+                        k = 16 * b
+                        if tiled:
+                            subs(qs, g, b, aq4, t, 64 * b, Q)  # Q[:16]: the 16 sub-block dots
+                            for r in range(nr):                # per row: sum over the 16 sub-blocks of
+                                L[0, r] = 0                    # scale x (dot - 32 x block sum), in int32
+                            for sb in range(16):
+                                bs = np.int32(32 * np.int32(bsums[t, k + sb]))
+                                for r in range(nr):
+                                    L[0, r] = np.int32(L[0, r] + np.int32(np.int32(sc[g, b, sb, r]) * np.int32(Q[sb, r] - bs)))
+                            for r in range(nr):
+                                acc[t, 0, r] = fma(as_f32(d[g, b, r]) * np.float32(L[0, r]), ya, acc[t, 0, r])
+                        else:
+                            step(qs, sc, d, g, b, aq4, bsums, t, ya, acc)
+                n = min(nr, R - g * nr)
+                for t in range(T):
+                    for r in range(n):
+                        out[t, g * nr + r] = acc[t, 0, r] if tiled else hsum8(
+                            acc[t, 0, r], acc[t, 1, r], acc[t, 2, r], acc[t, 3, r], acc[t, 4, r], acc[t, 5, r], acc[t, 6, r], acc[t, 7, r])
+            kc = fetch_add(turn, 1)
 
 
 @njit(parallel=True, **NOPYTHON)

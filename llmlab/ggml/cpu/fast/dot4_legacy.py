@@ -11,7 +11,8 @@ from numba import njit, prange, types
 from numba.extending import intrinsic
 
 from ._common import NOPYTHON, _get_num_threads, hsum8, limit_threads, restore_threads
-from .dot4_ir import I8, I16, I32, I8x64, I32x16, F32x16, at, block_codes, data, dot4, f16x16, high_bits, intrinsic_fn, splat, vload, vstore
+from .dot4_ir import (I8, I16, I32, I8x64, I32x16, F32x16, at, block_codes, data, dot4, f16x16, fetch_add, high_bits,
+                      intrinsic_fn, splat, vload, vstore)
 from .quantize import quantize_quads
 
 R16 = 16                      # rows per group: one 512-bit register of int32 lanes
@@ -123,6 +124,22 @@ def _quantize(x, q41):
     return quantize_quads(x, q41, False)
 
 
+CHUNKS_PER_THREAD = 8          # a product's row groups in this many chunks per thread, taken in turn
+
+
+@njit(inline="always", **NOPYTHON)
+def chunking(ng, nch):
+    """(groups per chunk, chunks) for ng row groups on nch tasks: one chunk for one task, else about
+    CHUNKS_PER_THREAD per task. Each task takes the next chunk from a shared counter (``fetch_add``), as
+    ggml's threads do, so a thread the OS runs late (a busy machine) leaves its rows to the others
+    instead of every region waiting for its fixed share; which task sums a row never changes its bits."""
+    if nch <= 1:
+        return ng, 1
+    n = min(ng, CHUNKS_PER_THREAD * nch)
+    size = -(-ng // n)
+    return size, -(-ng // size)
+
+
 @njit(inline="always", **NOPYTHON)
 def _groups(qs, qh, d, m, out, g0, g1, aq4, qsum, ad, as_, acc, summ, codes, step):
     """Row groups g0 .. g1-1 of one packed weight against the quantized activations (acc, summ, codes:
@@ -162,12 +179,17 @@ def _mul_mat(qs, qh, d, m, x, out, step):
     ng = qs.shape[0]
     aq4, qsum, ad, as_ = _quantize(x, m.shape[0] != 0)
     T = aq4.shape[0]
-    nch = min(ng, _get_num_threads())            # one task per thread, contiguous groups (numba's own
-    for c in prange(nch):                        # static split): its scratch allocated once, not per group
+    nch = min(ng, _get_num_threads())            # one task per thread, its scratch allocated once; the
+    size, n_chunks = chunking(ng, nch)           # row groups in chunks the tasks take in turn
+    turn = np.zeros(1, np.int64)
+    for _c in prange(nch):
         acc = np.empty((T, 8, R16), np.float32)
         summ = np.empty((T, R16), np.float32)
         codes = np.empty(512, np.uint8)
-        _groups(qs, qh, d, m, out, c * ng // nch, (c + 1) * ng // nch, aq4, qsum, ad, as_, acc, summ, codes, step)
+        k = fetch_add(turn, 1)
+        while k < n_chunks:
+            _groups(qs, qh, d, m, out, k * size, min(ng, (k + 1) * size), aq4, qsum, ad, as_, acc, summ, codes, step)
+            k = fetch_add(turn, 1)
 
 
 @njit(inline="always", **NOPYTHON)
@@ -182,18 +204,23 @@ def _mul_mat_multi(qs_t, qh_t, d_t, m_t, x, out_t, step):
     aq4, qsum, ad, as_ = _quantize(x, m_t[0].shape[0] != 0)
     T = aq4.shape[0]
     nch = min(total, _get_num_threads())
-    for c in prange(nch):
+    size, n_chunks = chunking(total, nch)        # chunks of the weights' groups one after another
+    turn = np.zeros(1, np.int64)
+    for _c in prange(nch):
         acc = np.empty((T, 8, R16), np.float32)
         summ = np.empty((T, R16), np.float32)
         codes = np.empty(512, np.uint8)
-        lo, hi = c * total // nch, (c + 1) * total // nch
-        base = 0
-        for i in range(n):
-            ng = qs_t[i].shape[0]
-            g0, g1 = max(lo - base, 0), min(hi - base, ng)
-            if g0 < g1:
-                _groups(qs_t[i], qh_t[i], d_t[i], m_t[i], out_t[i], g0, g1, aq4, qsum, ad, as_, acc, summ, codes, step)
-            base += ng
+        k = fetch_add(turn, 1)
+        while k < n_chunks:
+            lo, hi = k * size, min(total, (k + 1) * size)
+            base = 0
+            for i in range(n):
+                ng = qs_t[i].shape[0]
+                g0, g1 = max(lo - base, 0), min(hi - base, ng)
+                if g0 < g1:
+                    _groups(qs_t[i], qh_t[i], d_t[i], m_t[i], out_t[i], g0, g1, aq4, qsum, ad, as_, acc, summ, codes, step)
+                base += ng
+            k = fetch_add(turn, 1)
 
 
 # out (T, R) = x (T, K) float32 times the packed weight: activations quantized to the weight's partner
