@@ -19,7 +19,7 @@ R16 = 16                      # rows per group: one 512-bit register of int32 la
 OFFSET = {"q4_0": 8, "q4_1": 0, "q5_0": 16, "q8_0": 128}   # the codes are used as c + OFFSET (unsigned)
 
 
-def _step_codegen(nibbles: bool, offset: int, with_m: bool, isa: str, indexed: bool):
+def _step_codegen(nibbles: bool, offset: int, with_m: bool, isa: str, indexed: bool, fifth: bool = False):
     signed = isa == "avx2" and offset == 128           # q8_0 on AVX2: the signed codes, no offset
     if signed:
         offset = 0
@@ -36,6 +36,10 @@ def _step_codegen(nibbles: bool, offset: int, with_m: bool, isa: str, indexed: b
         zero = ir.Constant(I32x16, [0] * 16)
         word = lambda p, j: builder.load(builder.gep(p, [builder.add(w0, ir.Constant(w0.type, j))]))
         codes = block_codes(builder, bp, nibbles, signed)
+        if fifth:                                   # q5_0: the fifth bits qh[g, b] merged in registers
+            qh = args[9]
+            h = vload(builder, at(context, builder, ty[9], qh, [gi, bi], I32), ir.Constant(I32, 0), I32x16)
+            codes = [builder.or_(c, high_bits(builder, h, 4 * j if j < 4 else 16 + 4 * (j - 4))) for j, c in enumerate(codes)]
         dd = builder.fmul(splat(builder, context.cast(builder, dab, ty[8], types.float32), F32x16),
                           f16x16(builder, at(context, builder, ty[3], d, [gi, bi], I16)))
         accp = at(context, builder, ty[4], acc, [ti], ir.FloatType())
@@ -56,8 +60,12 @@ def _step_codegen(nibbles: bool, offset: int, with_m: bool, isa: str, indexed: b
     return codegen
 
 
-def _step(name: str, nibbles: bool, offset: int, with_m: bool, isa: str, indexed: bool = True):
-    if with_m:
+def _step(name: str, nibbles: bool, offset: int, with_m: bool, isa: str, indexed: bool = True, fifth: bool = False):
+    if fifth:
+        def typer(typingctx, qs, aq4, qsum, d, acc, g, b, t, dab, qh):
+            return (types.none(qs, aq4, qsum, d, acc, g, b, t, dab, qh),
+                    _step_codegen(nibbles, offset, with_m, isa, indexed, True))
+    elif with_m:
         def typer(typingctx, qs, aq4, qsum, d, acc, g, b, t, dab, m, s, summ):
             return (types.none(qs, aq4, qsum, d, acc, g, b, t, dab, m, s, summ),
                     _step_codegen(nibbles, offset, with_m, isa, indexed))
@@ -80,11 +88,14 @@ def _block_step(isa: str):
     q41 = _step("step_q4_1", True, OFFSET["q4_1"], True, isa)
     q50 = _step("step_q5_0", False, OFFSET["q5_0"], False, isa, indexed=False)   # qs: the block's codes
     q80 = _step("step_q8_0", False, OFFSET["q8_0"], False, isa)
+    q5f = _step("step_q5_0_fused", True, OFFSET["q5_0"], False, isa, fifth=True)   # one activation row
 
     @njit(inline="always", **NOPYTHON)
-    def step(kind, qs, codes, aq4, qsum, d, acc, g, b, t, dab, m, s, summ):
+    def step(kind, qs, qh, codes, aq4, qsum, d, acc, g, b, t, dab, m, s, summ):
         if kind == 1:
             q41(qs, aq4, qsum, d, acc, g, b, t, dab, m, s, summ)
+        elif kind == 4:
+            q5f(qs, aq4, qsum, d, acc, g, b, t, dab, qh)
         elif kind == 2:
             q50(codes, aq4, qsum, d, acc, g, b, t, dab)
         elif kind == 0:
@@ -149,6 +160,8 @@ def _groups(qs, qh, d, m, out, g0, g1, aq4, qsum, ad, as_, acc, summ, codes, ste
     T = aq4.shape[0]
     q41, q50 = m.shape[0] != 0, qh.shape[0] != 0
     kind = 1 if q41 else (2 if q50 else (0 if nbytes == 256 else 3))
+    if q50 and T == 1:              # one row (decode): the codes made in registers, not through scratch
+        kind = 4
     for g in range(g0, g1):
         for t in range(T):
             for j in range(8):
@@ -157,11 +170,11 @@ def _groups(qs, qh, d, m, out, g0, g1, aq4, qsum, ad, as_, acc, summ, codes, ste
             for r in range(R16):
                 summ[t, r] = 0
         for b in range(nb):
-            if q50:
+            if kind == 2:
                 expand_q5_0(qs[g, b], qh[g, b], codes)
             for t in range(T):
                 s = as_[t, b] if q41 else np.float32(0)
-                step(kind, qs, codes, aq4, qsum, d, acc, g, b, t, ad[t, b], m, s, summ)
+                step(kind, qs, qh, codes, aq4, qsum, d, acc, g, b, t, ad[t, b], m, s, summ)
         n = min(R16, R - g * R16)
         for t in range(T):
             for r in range(n):
