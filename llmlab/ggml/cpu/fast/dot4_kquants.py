@@ -58,11 +58,68 @@ q4_k_dots_vnni = _q4_k_dots("vnni")
 q4_k_dots_avx2 = _q4_k_dots("avx2")
 
 
+def _q4_k_gemv(isa: str):
+    """One q4_K super-block of 16 rows against activation row t as ggml's gemv kernel adds it, in
+    registers: isum = the sum over the 8 sub-blocks of scale x dot (the scales applied in the byte dots,
+    ``dot4_ir.dot4_scaled``; integers, exact in any order), imins = the mins . the pair sums of the q8_K
+    block sums, then acc[t] = fma(isum, d_w d_x, acc[t]) and acc_m[t] = fma(imins, dmin_w d_x, acc_m[t])
+    (``repack.repack_step`` with gemm False). blk as ``_q4_k_dots``; sc, mn: (8, 16) uint8 per block;
+    d, dmin: f16 bits; acc, acc_m (T, 16) float32. Called as (qs, sc, mn, d, dmin, g, b, aq4, bsums, t,
+    ya, acc, accm)."""
+    def typer(typingctx, qs, sc, mn, d, dmin, g, b, aq4, bsums, t, ya, acc, accm):
+        def codegen(context, builder, signature, args):
+            ty = signature.args
+            qs_, sc_, mn_, d_, dmin_, g_, b_, aq4_, bs_, t_, ya_, acc_, accm_ = args
+            gi, bi, ti = (g_, ty[5]), (b_, ty[6]), (t_, ty[9])
+            bp = at(context, builder, ty[0], qs_, [gi, bi], I8)
+            sp = at(context, builder, ty[1], sc_, [gi, bi], I8)
+            mp = at(context, builder, ty[2], mn_, [gi, bi], I8)
+            ap = at(context, builder, ty[7], aq4_, [ti], I32)
+            bsp = at(context, builder, ty[8], bs_, [ti], I16)
+            intp = context.get_value_type(types.intp)
+            bidx = context.cast(builder, b_, ty[6], types.intp)
+            w0 = builder.mul(bidx, ir.Constant(intp, 64))
+            k0 = builder.mul(bidx, ir.Constant(intp, 16))
+            word = lambda j: builder.load(builder.gep(ap, [builder.add(w0, ir.Constant(intp, j))]))
+            bsum = lambda j: builder.sext(builder.load(builder.gep(bsp, [builder.add(k0, ir.Constant(intp, j))])), I32)
+            I8x16 = ir.VectorType(I8, 16)
+            s16 = [builder.zext(vload(builder, sp, ir.Constant(I32, 16 * c), I8x16), ir.VectorType(I16, 16)) for c in range(8)]
+            isum = ir.Constant(I32x16, [0] * 16)
+            for j in range(4):
+                for q in range(8):
+                    v = vload(builder, bp, ir.Constant(I32, 64 * (8 * j + q)), I8x64)
+                    lo = builder.and_(v, ir.Constant(I8x64, [15] * 64))
+                    hi = builder.lshr(v, ir.Constant(I8x64, [4] * 64))
+                    isum = dot4_scaled(builder, isa, isum, lo, word(16 * j + q), s16[2 * j])
+                    isum = dot4_scaled(builder, isa, isum, hi, word(16 * j + 8 + q), s16[2 * j + 1])
+            imin = ir.Constant(I32x16, [0] * 16)
+            for c in range(8):
+                m = builder.zext(vload(builder, mp, ir.Constant(I32, 16 * c), I8x16), I32x16)
+                p = builder.add(bsum(2 * c), bsum(2 * c + 1))
+                imin = builder.add(imin, builder.mul(m, splat(builder, p, I32x16)))
+            fma = intrinsic_fn(builder, "llvm.fma.v16f32", F32x16, [F32x16] * 3)
+            y = splat(builder, context.cast(builder, ya_, ty[10], types.float32), F32x16)
+            dd = builder.fmul(f16x16(builder, at(context, builder, ty[3], d_, [gi, bi], I16)), y)
+            dm = builder.fmul(f16x16(builder, at(context, builder, ty[4], dmin_, [gi, bi], I16)), y)
+            for arr, tyi, val, scale in ((acc_, ty[11], isum, dd), (accm_, ty[12], imin, dm)):
+                p = at(context, builder, tyi, arr, [ti], ir.FloatType())
+                z = ir.Constant(I32, 0)
+                vstore(builder, p, z, builder.call(fma, [builder.sitofp(val, F32x16), scale, vload(builder, p, z, F32x16)]))
+            return context.get_dummy_value()
+        return types.none(qs, sc, mn, d, dmin, g, b, aq4, bsums, t, ya, acc, accm), codegen
+    typer.__name__ = f"q4_k_gemv_{isa}"
+    return intrinsic(typer)
+
+
+q4_k_gemv_vnni, q4_k_gemv_avx2 = _q4_k_gemv("vnni"), _q4_k_gemv("avx2")
+
+
 @njit(inline="always", **NOPYTHON)
-def _mul_mat_q4_k(qs, sc, mn, d, dmin, x, out, dots):
+def _mul_mat_q4_k(qs, sc, mn, d, dmin, x, out, dots, gemv):
     """ggml's REPACK q4_K kernels as ``repack.mul_mat_q4_k_repacked`` computes them (rows in groups of
     4: gemm, one fma per 64 values; the rest: gemv, one per super-block; result acc - acc_m), the
-    sub-block dots by ``dots`` (q4_k_dots_vnni or _avx2, fixed per entry point).
+    sub-block dots by ``dots`` (q4_k_dots_vnni or _avx2, fixed per entry point), a gemv row's whole
+    super-block by ``gemv`` (q4_k_gemv_*).
     qs (ng, nb, 2048) uint8; sc, mn (ng, nb, 8, 16) uint8; d, dmin
     (ng, nb, 16) f16 bits; x (T, K) float32, quantized here to q8_K; out (T, R) float32."""
     ng, nb = qs.shape[0], qs.shape[1]
@@ -86,15 +143,17 @@ def _mul_mat_q4_k(qs, sc, mn, d, dmin, x, out, dots):
                         acc[t, r] = 0
                         accm[t, r] = 0
                 for b in range(nb):
-                    s_, m_ = sc[g, b], mn[g, b]
-                    for t in range(T):
-                        dots(qs, g, b, aq4, t, 64 * b, D)
-                        ya = ad[t, b]
-                        p = pair_sums(bsums, t, 16 * b)
-                        gemm = t < n_gemm
-                        for r in range(nr):
-                            acc[t, r], accm[t, r] = repack_step(acc[t, r], accm[t, r], s_, m_, D, p, r,
-                                                                as_f32(d[g, b, r]) * ya, as_f32(dmin[g, b, r]) * ya, gemm)
+                    for t in range(n_gemm, T):                  # the gemv rows: in registers
+                        gemv(qs, sc, mn, d, dmin, g, b, aq4, bsums, t, ad[t, b], acc, accm)
+                    if n_gemm > 0:                              # the gemm rows (groups of 4)
+                        s_, m_ = sc[g, b], mn[g, b]
+                        for t in range(n_gemm):
+                            dots(qs, g, b, aq4, t, 64 * b, D)
+                            ya = ad[t, b]
+                            p = pair_sums(bsums, t, 16 * b)
+                            for r in range(nr):
+                                acc[t, r], accm[t, r] = repack_step(acc[t, r], accm[t, r], s_, m_, D, p, r,
+                                                                    as_f32(d[g, b, r]) * ya, as_f32(dmin[g, b, r]) * ya, True)
                 n = min(nr, R - g * nr)
                 for t in range(T):
                     for r in range(n):
@@ -107,14 +166,14 @@ def _mul_mat_q4_k(qs, sc, mn, d, dmin, x, out, dots):
 @njit(parallel=True, **NOPYTHON)
 def mul_mat_q4_k_vnni(qs, sc, mn, d, dmin, x, out, n_threads):
     prev = limit_threads(n_threads)
-    _mul_mat_q4_k(qs, sc, mn, d, dmin, x, out, q4_k_dots_vnni)
+    _mul_mat_q4_k(qs, sc, mn, d, dmin, x, out, q4_k_dots_vnni, q4_k_gemv_vnni)
     restore_threads(prev)
 
 
 @njit(parallel=True, **NOPYTHON)
 def mul_mat_q4_k_avx2(qs, sc, mn, d, dmin, x, out, n_threads):
     prev = limit_threads(n_threads)
-    _mul_mat_q4_k(qs, sc, mn, d, dmin, x, out, q4_k_dots_avx2)
+    _mul_mat_q4_k(qs, sc, mn, d, dmin, x, out, q4_k_dots_avx2, q4_k_gemv_avx2)
     restore_threads(prev)
 
 
