@@ -130,7 +130,8 @@ def _mul_mat_q4_k(qs, sc, mn, d, dmin, x, out, dots, gemv):
     n_gemm = T - T % 4
     nch = min(ng, _get_num_threads())            # one task per thread, chunks of groups taken in turn
     size, n_chunks = chunking(ng, nch)           # (as dot4_legacy)
-    turn = np.zeros(1, np.int64)
+    turn = np.empty(1, np.int64)          # (np.zeros would be a parallel region of its own)
+    turn[0] = 0
     for _c in prange(nch):
         D = np.empty((8, nr), np.int32)
         acc = np.empty((T, nr), np.float32)
@@ -268,7 +269,8 @@ def _mul_mat_q6_k(qs, sc, d, x, out, step, subs, tiled):
     T = aq4.shape[0]
     nch = min(ng, _get_num_threads())            # one task per thread, chunks of groups taken in turn
     size, n_chunks = chunking(ng, nch)           # (as dot4_legacy); scalars indexed in place: no views
-    turn = np.zeros(1, np.int64)
+    turn = np.empty(1, np.int64)          # (np.zeros would be a parallel region of its own)
+    turn[0] = 0
     for _c in prange(nch):
         Q = np.empty((16, nr), np.int32)
         L = np.empty((8, nr), np.int32)

@@ -194,7 +194,8 @@ def _mul_mat(qs, qh, d, m, x, out, step):
     T = aq4.shape[0]
     nch = min(ng, _get_num_threads())            # one task per thread, its scratch allocated once; the
     size, n_chunks = chunking(ng, nch)           # row groups in chunks the tasks take in turn
-    turn = np.zeros(1, np.int64)
+    turn = np.empty(1, np.int64)          # (np.zeros would be a parallel region of its own)
+    turn[0] = 0
     for _c in prange(nch):
         acc = np.empty((T, 8, R16), np.float32)
         summ = np.empty((T, R16), np.float32)
@@ -218,7 +219,8 @@ def _mul_mat_multi(qs_t, qh_t, d_t, m_t, x, out_t, step):
     T = aq4.shape[0]
     nch = min(total, _get_num_threads())
     size, n_chunks = chunking(total, nch)        # chunks of the weights' groups one after another
-    turn = np.zeros(1, np.int64)
+    turn = np.empty(1, np.int64)          # (np.zeros would be a parallel region of its own)
+    turn[0] = 0
     for _c in prange(nch):
         acc = np.empty((T, 8, R16), np.float32)
         summ = np.empty((T, R16), np.float32)
