@@ -8,6 +8,7 @@ from __future__ import annotations
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
+from numba.extending import intrinsic
 
 I8, I16, I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
 I8x64 = ir.VectorType(I8, 64)
@@ -72,12 +73,6 @@ def dot4(builder, isa: str, acc, u8, word, signed: bool = False):
         fn = intrinsic_fn(builder, "llvm.x86.avx512.vpdpbusd.512", I32x16, [I32x16] * 3)
         return builder.call(fn, [acc, builder.bitcast(u8, I32x16), w])
     sb = builder.bitcast(w, I8x64)
-    if signed:
-        zero = ir.Constant(I8x64, [0] * 64)
-        neg = builder.icmp_signed("<", u8, zero)
-        ax = builder.select(neg, builder.sub(zero, u8), u8)                     # |w| (-128 -> 128 unsigned)
-        sb = builder.select(neg, builder.sub(zero, sb), builder.select(builder.icmp_signed("==", u8, zero), zero, sb))
-        u8 = ax
     I8x32, I16x16, I32x8 = ir.VectorType(I8, 32), ir.VectorType(I16, 16), ir.VectorType(I32, 8)
     maddubs = intrinsic_fn(builder, "llvm.x86.avx2.pmadd.ub.sw", I16x16, [I8x32, I8x32])
     maddwd = intrinsic_fn(builder, "llvm.x86.avx2.pmadd.wd", I32x8, [I16x16, I16x16])
@@ -87,7 +82,36 @@ def dot4(builder, isa: str, acc, u8, word, signed: bool = False):
         idx = ir.Constant(ir.VectorType(I32, 32), list(range(32 * h, 32 * h + 32)))
         uh = builder.shuffle_vector(u8, ir.Constant(I8x64, None), idx)
         sh = builder.shuffle_vector(sb, ir.Constant(I8x64, None), idx)
+        if signed:                  # ggml's _mm256_sign_epi8(a, w) and |w| (vpsignb, vpabsb; -128 -> 128 unsigned)
+            sh = builder.call(intrinsic_fn(builder, "llvm.x86.avx2.psign.b", I8x32, [I8x32, I8x32]), [sh, uh])
+            uh = builder.call(intrinsic_fn(builder, "llvm.abs.v32i8", I8x32, [I8x32, ir.IntType(1)]),
+                              [uh, ir.Constant(ir.IntType(1), 0)])
         halves.append(builder.call(maddwd, [builder.call(maddubs, [uh, sh]), ones]))
+    both = builder.shuffle_vector(halves[0], halves[1], ir.Constant(I32x16, list(range(16))))
+    return builder.add(acc, both)
+
+
+def dot4_scaled(builder, isa: str, acc, u8, word, scale):
+    """acc + per row (lane) ``scale`` x the lane's 4-product sum of :func:`dot4` (unsigned codes up to 63),
+    ``scale`` <16 x i16> (one value per row, |scale| < 128). AVX2: pmaddubsw (pairs, int16) then
+    pmaddwd by the scale, twice per row (ggml's q6_K step, ``_mm256_madd_epi16(scale, p16)``): the
+    scaled sum costs what the plain one does. VNNI: vpdpbusd, then times the scale widened to int32.
+    Exact in int32 (|sum| <= 4 * 63 * 128 * 127)."""
+    if isa == "vnni":
+        return builder.add(acc, builder.mul(dot4(builder, isa, ir.Constant(I32x16, [0] * 16), u8, word),
+                                            builder.sext(scale, I32x16)))
+    sb = builder.bitcast(splat(builder, word, I32x16), I8x64)
+    I8x32, I16x16, I32x8 = ir.VectorType(I8, 32), ir.VectorType(I16, 16), ir.VectorType(I32, 8)
+    maddubs = intrinsic_fn(builder, "llvm.x86.avx2.pmadd.ub.sw", I16x16, [I8x32, I8x32])
+    maddwd = intrinsic_fn(builder, "llvm.x86.avx2.pmadd.wd", I32x8, [I16x16, I16x16])
+    halves = []
+    for h in range(2):
+        idx = ir.Constant(ir.VectorType(I32, 32), list(range(32 * h, 32 * h + 32)))
+        uh = builder.shuffle_vector(u8, ir.Constant(I8x64, None), idx)
+        sh = builder.shuffle_vector(sb, ir.Constant(I8x64, None), idx)
+        pair = ir.Constant(ir.VectorType(I32, 16), [8 * h + i // 2 for i in range(16)])   # row r's scale, twice
+        sc = builder.shuffle_vector(scale, ir.Constant(scale.type, None), pair)
+        halves.append(builder.call(maddwd, [builder.call(maddubs, [uh, sh]), sc]))
     both = builder.shuffle_vector(halves[0], halves[1], ir.Constant(I32x16, list(range(16))))
     return builder.add(acc, both)
 
@@ -135,3 +159,15 @@ def block_codes(builder, bp, nibbles: bool, signed: bool = False) -> list:
                 + [builder.lshr(v, ir.Constant(I8x64, [4] * 64)) for v in raw])
     codes = [vload(builder, bp, ir.Constant(I32, 64 * j), I8x64) for j in range(8)]
     return [builder.xor(c, ir.Constant(I8x64, [0x80] * 64)) for c in codes] if signed else codes
+
+
+@intrinsic
+def fetch_add(typingctx, counter, v):
+    """counter[0] += v as one atomic instruction (``lock xadd``), returning the value before: the tasks of
+    a parallel region take their next chunk of rows from a shared counter, as ggml's threads do
+    (``ggml_threadpool_chunk_add``)."""
+    def codegen(context, builder, signature, args):
+        p = data(context, builder, signature.args[0], args[0], ir.IntType(64))
+        val = context.cast(builder, args[1], signature.args[1], types.int64)
+        return builder.atomic_rmw("add", p, val, "monotonic")
+    return types.int64(counter, v), codegen

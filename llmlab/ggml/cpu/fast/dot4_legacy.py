@@ -11,14 +11,15 @@ from numba import njit, prange, types
 from numba.extending import intrinsic
 
 from ._common import NOPYTHON, _get_num_threads, hsum8, limit_threads, restore_threads
-from .dot4_ir import I8, I16, I32, I8x64, I32x16, F32x16, at, block_codes, data, dot4, f16x16, high_bits, intrinsic_fn, splat, vload, vstore
+from .dot4_ir import (I8, I16, I32, I8x64, I32x16, F32x16, at, block_codes, data, dot4, f16x16, fetch_add, high_bits,
+                      intrinsic_fn, splat, vload, vstore)
 from .quantize import quantize_quads
 
 R16 = 16                      # rows per group: one 512-bit register of int32 lanes
 OFFSET = {"q4_0": 8, "q4_1": 0, "q5_0": 16, "q8_0": 128}   # the codes are used as c + OFFSET (unsigned)
 
 
-def _step_codegen(nibbles: bool, offset: int, with_m: bool, isa: str, indexed: bool):
+def _step_codegen(nibbles: bool, offset: int, with_m: bool, isa: str, indexed: bool, fifth: bool = False):
     signed = isa == "avx2" and offset == 128           # q8_0 on AVX2: the signed codes, no offset
     if signed:
         offset = 0
@@ -35,6 +36,10 @@ def _step_codegen(nibbles: bool, offset: int, with_m: bool, isa: str, indexed: b
         zero = ir.Constant(I32x16, [0] * 16)
         word = lambda p, j: builder.load(builder.gep(p, [builder.add(w0, ir.Constant(w0.type, j))]))
         codes = block_codes(builder, bp, nibbles, signed)
+        if fifth:                                   # q5_0: the fifth bits qh[g, b] merged in registers
+            qh = args[9]
+            h = vload(builder, at(context, builder, ty[9], qh, [gi, bi], I32), ir.Constant(I32, 0), I32x16)
+            codes = [builder.or_(c, high_bits(builder, h, 4 * j if j < 4 else 16 + 4 * (j - 4))) for j, c in enumerate(codes)]
         dd = builder.fmul(splat(builder, context.cast(builder, dab, ty[8], types.float32), F32x16),
                           f16x16(builder, at(context, builder, ty[3], d, [gi, bi], I16)))
         accp = at(context, builder, ty[4], acc, [ti], ir.FloatType())
@@ -55,8 +60,12 @@ def _step_codegen(nibbles: bool, offset: int, with_m: bool, isa: str, indexed: b
     return codegen
 
 
-def _step(name: str, nibbles: bool, offset: int, with_m: bool, isa: str, indexed: bool = True):
-    if with_m:
+def _step(name: str, nibbles: bool, offset: int, with_m: bool, isa: str, indexed: bool = True, fifth: bool = False):
+    if fifth:
+        def typer(typingctx, qs, aq4, qsum, d, acc, g, b, t, dab, qh):
+            return (types.none(qs, aq4, qsum, d, acc, g, b, t, dab, qh),
+                    _step_codegen(nibbles, offset, with_m, isa, indexed, True))
+    elif with_m:
         def typer(typingctx, qs, aq4, qsum, d, acc, g, b, t, dab, m, s, summ):
             return (types.none(qs, aq4, qsum, d, acc, g, b, t, dab, m, s, summ),
                     _step_codegen(nibbles, offset, with_m, isa, indexed))
@@ -79,11 +88,14 @@ def _block_step(isa: str):
     q41 = _step("step_q4_1", True, OFFSET["q4_1"], True, isa)
     q50 = _step("step_q5_0", False, OFFSET["q5_0"], False, isa, indexed=False)   # qs: the block's codes
     q80 = _step("step_q8_0", False, OFFSET["q8_0"], False, isa)
+    q5f = _step("step_q5_0_fused", True, OFFSET["q5_0"], False, isa, fifth=True)   # one activation row
 
     @njit(inline="always", **NOPYTHON)
-    def step(kind, qs, codes, aq4, qsum, d, acc, g, b, t, dab, m, s, summ):
+    def step(kind, qs, qh, codes, aq4, qsum, d, acc, g, b, t, dab, m, s, summ):
         if kind == 1:
             q41(qs, aq4, qsum, d, acc, g, b, t, dab, m, s, summ)
+        elif kind == 4:
+            q5f(qs, aq4, qsum, d, acc, g, b, t, dab, qh)
         elif kind == 2:
             q50(codes, aq4, qsum, d, acc, g, b, t, dab)
         elif kind == 0:
@@ -123,6 +135,22 @@ def _quantize(x, q41):
     return quantize_quads(x, q41, False)
 
 
+CHUNKS_PER_THREAD = 8          # a product's row groups in this many chunks per thread, taken in turn
+
+
+@njit(inline="always", **NOPYTHON)
+def chunking(ng, nch):
+    """(groups per chunk, chunks) for ng row groups on nch tasks: one chunk for one task, else about
+    CHUNKS_PER_THREAD per task. Each task takes the next chunk from a shared counter (``fetch_add``), as
+    ggml's threads do, so a thread the OS runs late (a busy machine) leaves its rows to the others
+    instead of every region waiting for its fixed share; which task sums a row never changes its bits."""
+    if nch <= 1:
+        return ng, 1
+    n = min(ng, CHUNKS_PER_THREAD * nch)
+    size = -(-ng // n)
+    return size, -(-ng // size)
+
+
 @njit(inline="always", **NOPYTHON)
 def _groups(qs, qh, d, m, out, g0, g1, aq4, qsum, ad, as_, acc, summ, codes, step):
     """Row groups g0 .. g1-1 of one packed weight against the quantized activations (acc, summ, codes:
@@ -132,6 +160,8 @@ def _groups(qs, qh, d, m, out, g0, g1, aq4, qsum, ad, as_, acc, summ, codes, ste
     T = aq4.shape[0]
     q41, q50 = m.shape[0] != 0, qh.shape[0] != 0
     kind = 1 if q41 else (2 if q50 else (0 if nbytes == 256 else 3))
+    if q50 and T == 1:              # one row (decode): the codes made in registers, not through scratch
+        kind = 4
     for g in range(g0, g1):
         for t in range(T):
             for j in range(8):
@@ -140,11 +170,11 @@ def _groups(qs, qh, d, m, out, g0, g1, aq4, qsum, ad, as_, acc, summ, codes, ste
             for r in range(R16):
                 summ[t, r] = 0
         for b in range(nb):
-            if q50:
+            if kind == 2:
                 expand_q5_0(qs[g, b], qh[g, b], codes)
             for t in range(T):
                 s = as_[t, b] if q41 else np.float32(0)
-                step(kind, qs, codes, aq4, qsum, d, acc, g, b, t, ad[t, b], m, s, summ)
+                step(kind, qs, qh, codes, aq4, qsum, d, acc, g, b, t, ad[t, b], m, s, summ)
         n = min(R16, R - g * R16)
         for t in range(T):
             for r in range(n):
@@ -162,12 +192,18 @@ def _mul_mat(qs, qh, d, m, x, out, step):
     ng = qs.shape[0]
     aq4, qsum, ad, as_ = _quantize(x, m.shape[0] != 0)
     T = aq4.shape[0]
-    nch = min(ng, _get_num_threads())            # one task per thread, contiguous groups (numba's own
-    for c in prange(nch):                        # static split): its scratch allocated once, not per group
+    nch = min(ng, _get_num_threads())            # one task per thread, its scratch allocated once; the
+    size, n_chunks = chunking(ng, nch)           # row groups in chunks the tasks take in turn
+    turn = np.empty(1, np.int64)          # (np.zeros would be a parallel region of its own)
+    turn[0] = 0
+    for _c in prange(nch):
         acc = np.empty((T, 8, R16), np.float32)
         summ = np.empty((T, R16), np.float32)
         codes = np.empty(512, np.uint8)
-        _groups(qs, qh, d, m, out, c * ng // nch, (c + 1) * ng // nch, aq4, qsum, ad, as_, acc, summ, codes, step)
+        k = fetch_add(turn, 1)
+        while k < n_chunks:
+            _groups(qs, qh, d, m, out, k * size, min(ng, (k + 1) * size), aq4, qsum, ad, as_, acc, summ, codes, step)
+            k = fetch_add(turn, 1)
 
 
 @njit(inline="always", **NOPYTHON)
@@ -182,18 +218,24 @@ def _mul_mat_multi(qs_t, qh_t, d_t, m_t, x, out_t, step):
     aq4, qsum, ad, as_ = _quantize(x, m_t[0].shape[0] != 0)
     T = aq4.shape[0]
     nch = min(total, _get_num_threads())
-    for c in prange(nch):
+    size, n_chunks = chunking(total, nch)        # chunks of the weights' groups one after another
+    turn = np.empty(1, np.int64)          # (np.zeros would be a parallel region of its own)
+    turn[0] = 0
+    for _c in prange(nch):
         acc = np.empty((T, 8, R16), np.float32)
         summ = np.empty((T, R16), np.float32)
         codes = np.empty(512, np.uint8)
-        lo, hi = c * total // nch, (c + 1) * total // nch
-        base = 0
-        for i in range(n):
-            ng = qs_t[i].shape[0]
-            g0, g1 = max(lo - base, 0), min(hi - base, ng)
-            if g0 < g1:
-                _groups(qs_t[i], qh_t[i], d_t[i], m_t[i], out_t[i], g0, g1, aq4, qsum, ad, as_, acc, summ, codes, step)
-            base += ng
+        k = fetch_add(turn, 1)
+        while k < n_chunks:
+            lo, hi = k * size, min(total, (k + 1) * size)
+            base = 0
+            for i in range(n):
+                ng = qs_t[i].shape[0]
+                g0, g1 = max(lo - base, 0), min(hi - base, ng)
+                if g0 < g1:
+                    _groups(qs_t[i], qh_t[i], d_t[i], m_t[i], out_t[i], g0, g1, aq4, qsum, ad, as_, acc, summ, codes, step)
+                base += ng
+            k = fetch_add(turn, 1)
 
 
 # out (T, R) = x (T, K) float32 times the packed weight: activations quantized to the weight's partner

@@ -172,7 +172,7 @@ def _mul_mat(qs, qh, d, m, x, out, lanes, fstep, fused, unfused, mode):
     n_gemm = T - T % 4 if mode == REPACK_4X4 else 0
     d0, d1 = _mmla_span(R, T) if mode == MMLA else (0, 0)
     plain = mode == VEC_DOT or (mode == MMLA and d0 == 0)     # NEON's steps only (no 2x2 output)
-    nch = min(ng, _get_num_threads())            # one task per thread, contiguous groups (as dot4_legacy):
+    nch = min(ng, _get_num_threads())            # one task per thread, contiguous groups (the x86 kernels take chunks in turn):
     for c in prange(nch):                        # its scratch allocated once; blocks addressed by index
         L = np.empty((8, R16), np.int32)
         codes3 = np.empty((1, 1, 512), np.uint8)

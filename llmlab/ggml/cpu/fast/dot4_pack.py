@@ -46,12 +46,13 @@ def pack_q4_k(raw: np.ndarray, tname: str, K: int) -> tuple:
 
 def pack_q6_k(raw: np.ndarray, tname: str, K: int) -> tuple:
     """Raw rows (R, row_bytes) of q6_K -> (qs, sc, d) in the layout of _mul_mat_q6_k: the unsigned 6-bit
-    codes as bytes, chunk 8c + u holding quad u of 32-value chunk c for 16 rows; scales int8; d f16 bits."""
+    codes as bytes, chunk 8u + c holding quad u of 32-value chunk c for 16 rows (the order the vec_dot
+    step reads them: one lane's 8 chunks in a row, the block's 4 KiB read straight through); scales int8; d f16 bits."""
     from ...quant import k_quants as KQ
     nb = K // 256
     w = np.ascontiguousarray(raw).reshape(-1).view(KQ.BLOCK_Q6_K).reshape(-1, nb)
     R = w.shape[0]
     codes = (KQ.q6k_codes(w.reshape(-1)).astype(np.int16) + 32).astype(np.uint8)
-    qs = _chunks(codes.reshape(R, nb, 8, 8, 4), R)                          # (row, block, c, u, k)
+    qs = _chunks(codes.reshape(R, nb, 8, 8, 4).swapaxes(2, 3), R)           # (row, block, u, c, k)
     return (qs, _groups16(np.ascontiguousarray(w["scales"]).view(np.int8).reshape(R, nb, 16), R),
             _groups16(np.ascontiguousarray(w["d"]).view(np.uint16), R))

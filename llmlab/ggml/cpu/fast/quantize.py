@@ -161,7 +161,7 @@ def quantize_quads(x, q41, neon):
             aq, ad = quantize_q8_0_neon(x)
         else:
             aq, ad = quantize_q8_0(x)
-        as_ = np.zeros((0, 0), np.float32)
+        as_ = np.empty((0, 0), np.float32)        # (empty: np.zeros is a parallel region in a parallel kernel)
     T, K = aq.shape
     qsum = np.empty((T, K // 4), np.int32)
     for t in range(T):
