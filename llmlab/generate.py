@@ -99,7 +99,9 @@ def _decode(ctx, tokens: list[int], pos0: int, checked: bool = False) -> np.ndar
     try:
         if gguf is not None and not checked:    # the model file cut short or rewritten under the mapping:
             gguf.check_unchanged()              # an error, not SIGBUS
-        logits = ctx.decode(Batch.from_tokens(tokens, pos0=pos0, logits="last"))[-1]
+        batch = (Batch([int(tokens[0])], [int(pos0)], [(0,)], [True]) if len(tokens) == 1   # a step: as from_tokens
+                 else Batch.from_tokens(tokens, pos0=pos0, logits="last"))  # makes it, without its checks
+        logits = ctx.decode(batch)[-1]
         if gguf is not None:
             gguf.check_unchanged()
         if not _finite(logits):

@@ -176,6 +176,12 @@ def test_get_rows(type_, cpu):
     ids.set_data(np.array([1, 10, 2], np.int32))
     with pytest.raises(IndexError, match="out of range"):
         graph_plan(build_forward(ggml.get_rows(ctx, a, ids)).nodes, cpu=cpu).compute()
+    one = leaf(ctx, "i32", 1, values=np.array([7], np.int32))          # one row (a decode step's output row)
+    assert same_bits(*both_ways(ggml.get_rows(ctx, a, one), cpu))
+    for bad in (10, -1):
+        one.set_data(np.array([bad], np.int32))
+        with pytest.raises(IndexError, match="out of range"):
+            graph_plan(build_forward(ggml.get_rows(ctx, a, one)).nodes, cpu=cpu).compute()
 
 
 @pytest.mark.parametrize("n_kv", [256, 260])
