@@ -219,7 +219,7 @@ class Context:
         self.captured = {}
         rows, order = [], []
         for ub, slot in zip(ubs, slots):
-            wanted = ub.output.any()
+            wanted = bool(ub.output[0]) if ub.n_tokens == 1 else ub.output.any()
             if not wanted:      # a micro-batch without outputs: its last row is computed and dropped (the K/V
                 ub.output = np.zeros_like(ub.output)   # of every row are the same bits whichever rows are output)
                 ub.output[-1] = True
@@ -233,7 +233,7 @@ class Context:
             self.captured.update(got)
             if not wanted:
                 continue
-            out_ids = np.flatnonzero(ub.output)
+            out_ids = np.flatnonzero(ub.output) if ub.n_tokens > 1 else _OUT0
             if self.sched is not None:     # from the backend that computed them (another machine, for RPC)
                 logits = np.array(self.sched.get_tensor(g.t_logits).view(np.float32))   # a copy: its buffer is reused
             else:
