@@ -87,21 +87,35 @@ def _servers(ctx) -> list[str]:
     return sorted({b.endpoint for b in getattr(sched, "backends", ()) if hasattr(b, "endpoint")})
 
 
-def _decode(ctx, tokens: list[int], pos0: int) -> np.ndarray:
+RECHECK_S = 1e-3     # a caller that took longer than this over a token: the model file is checked again first
+
+
+def _decode(ctx, tokens: list[int], pos0: int, checked: bool = False) -> np.ndarray:
     """One batch at ``pos0``; if it is interrupted, the cache forgets the batch's positions.
-    Non-finite logits are an error (a file whose weights lie), never a token."""
+    Non-finite logits are an error (a file whose weights lie), never a token. The model file is checked
+    after the decode, and before it unless ``checked`` (the loop's previous decode checked it after itself
+    less than ``RECHECK_S`` ago: only the sampling of one token lay between)."""
     gguf = getattr(getattr(ctx, "model", None), "gguf", None)
     try:
-        if gguf is not None:      # the model file cut short or rewritten under the mapping: an error, not SIGBUS
-            gguf.check_unchanged()
-        logits = ctx.decode(Batch.from_tokens(tokens, pos0=pos0, logits="last"))[-1]
+        if gguf is not None and not checked:    # the model file cut short or rewritten under the mapping:
+            gguf.check_unchanged()              # an error, not SIGBUS
+        batch = (Batch([int(tokens[0])], [int(pos0)], [(0,)], [True]) if len(tokens) == 1   # a step: as from_tokens
+                 else Batch.from_tokens(tokens, pos0=pos0, logits="last"))  # makes it, without its checks
+        logits = ctx.decode(batch)[-1]
         if gguf is not None:
             gguf.check_unchanged()
-        check_finite(logits, servers=_servers(ctx))
+        if not _finite(logits):
+            check_finite(logits, servers=_servers(ctx))     # it says where and why
         return logits
     except BaseException:
         ctx.kv.seq_rm(-1, pos0, None)
         raise
+
+
+def _finite(x: np.ndarray) -> bool:
+    """All finite: the largest and the smallest are (both propagate a NaN), in two passes over the row
+    and no temporary (``np.isfinite(x).all()`` makes a bool per logit, a megabyte for Gemma 3's 262144)."""
+    return bool(np.isfinite(x.max()) and np.isfinite(x.min())) if x.size else True
 
 
 @dataclass
@@ -121,11 +135,12 @@ def decode_loop(ctx, prompt: Sequence[int], n_past: int = 0) -> Generator[Step, 
     :class:`Step`; ``send`` it the next token, which is decoded as the next one-token batch, at the next
     position, and so on. The caller samples, and stops when it wants (``generate``: at an end-of-generation
     token, the budget, a stop string). Every decode checks its model file and its logits (``_decode``)."""
-    batch, pos = [int(t) for t in prompt], n_past
+    batch, pos, t_end = [int(t) for t in prompt], n_past, None
     while True:
         t0 = time.perf_counter()
-        logits = _decode(ctx, batch, pos)
-        token = yield Step(batch, pos, logits, time.perf_counter() - t0)
+        logits = _decode(ctx, batch, pos, checked=t_end is not None and t0 - t_end < RECHECK_S)
+        t_end = time.perf_counter()
+        token = yield Step(batch, pos, logits, t_end - t0)
         pos += len(batch)
         batch = [int(token)]
 

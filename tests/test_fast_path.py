@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from llmlab.ggml import GGMLContext, build_forward, graph_compute, ops as ggml
+from llmlab.ggml.cgraph import build_forward_expand
 from llmlab.ggml.cpu.cplan import graph_plan
 from llmlab.llama import Batch, Context, Model
 from llmlab.llama.tiny import write_tiny
@@ -103,6 +104,49 @@ def test_rope_norm_and_neox(mode, cpu):
     assert same_bits(*both_ways(out, cpu))
 
 
+@pytest.mark.parametrize("mode,n_dims", [(0, 64), (2, 64), (2, 32)])
+def test_rope_then_scale_fused(mode, n_dims, cpu):
+    """SCALE(ROPE(q)) (Gemma's query) is one step with the two ops' bits; a hook sees both nodes."""
+    ctx = GGMLContext()
+    x = leaf(ctx, "f32", 64, 3, 2)
+    pos = leaf(ctx, "i32", 2, values=np.array([7, 4000], np.int32))
+    out = ggml.scale(ctx, ggml.rope_ext(ctx, x, pos, None, n_dims, mode, 8192, 1e6, 1.0), 0.0625 * 1.1)
+    g = build_forward(out)
+    graph_compute(g, cpu=cpu)
+    ref = out.numpy()
+    plan = graph_plan(g.nodes, cpu=cpu)
+    assert plan.n_fused == 1 and len(plan._run) == 1
+    out.array()[...] = 0
+    plan.compute()
+    assert same_bits(out.numpy(), ref)
+    got = plan.compute(capture=lambda n: True)
+    assert same_bits(got.get(out.name, out.numpy()), ref)
+
+
+def test_k_and_v_set_rows_fused(cpu):
+    """A layer's SET_ROWS of K and of V at the same cells: one step, the bytes of two; an index out of
+    range writes neither and raises as SET_ROWS does."""
+    ctx = GGMLContext()
+    ck, cv = (leaf(ctx, "f16", 32, 9, values=np.zeros(32 * 9, np.float32)) for _ in range(2))
+    k, v = leaf(ctx, "f32", 32, 2), leaf(ctx, "f32", 32, 2)
+    idx = leaf(ctx, "i32", 2, values=np.array([3, 8], np.int32))
+    sk, sv = ggml.set_rows(ctx, ck, k, idx), ggml.set_rows(ctx, cv, v, idx)
+    g = build_forward(sk)
+    build_forward_expand(g, sv)
+    graph_compute(g, cpu=cpu)
+    ref = ck.array().copy(), cv.array().copy()
+    ck.array()[...], cv.array()[...] = 0, 0
+    plan = graph_plan(g.nodes, cpu=cpu)
+    assert plan.n_fused == 1 and len(plan._run) == 1
+    plan.compute()
+    assert np.array_equal(ck.array(), ref[0]) and np.array_equal(cv.array(), ref[1])
+    idx.set_data(np.array([3, 9], np.int32))
+    ck.array()[...] = 0
+    with pytest.raises(IndexError):
+        plan.compute()
+    assert not ck.array().any()
+
+
 @pytest.mark.parametrize("n_dims,base,scale,attn", [(64, 10000.0, 1.0, 1.0), (256, 1e6, 0.125, 1.0),
                                                      (128, 500000.0, 1.0, 0.75), (2, 10000.0, 1.0, 1.0)])
 def test_rope_cache_twin_calls_the_same_cosf(n_dims, base, scale, attn):
@@ -132,6 +176,12 @@ def test_get_rows(type_, cpu):
     ids.set_data(np.array([1, 10, 2], np.int32))
     with pytest.raises(IndexError, match="out of range"):
         graph_plan(build_forward(ggml.get_rows(ctx, a, ids)).nodes, cpu=cpu).compute()
+    one = leaf(ctx, "i32", 1, values=np.array([7], np.int32))          # one row (a decode step's output row)
+    assert same_bits(*both_ways(ggml.get_rows(ctx, a, one), cpu))
+    for bad in (10, -1):
+        one.set_data(np.array([bad], np.int32))
+        with pytest.raises(IndexError, match="out of range"):
+            graph_plan(build_forward(ggml.get_rows(ctx, a, one)).nodes, cpu=cpu).compute()
 
 
 @pytest.mark.parametrize("n_kv", [256, 260])
@@ -300,12 +350,14 @@ def test_fast_plan_binds_every_compute_node_of_a_real_decode_step(smollm2_path):
                                              "CONT", "SOFT_MAX", "SWIGLU", "GET_ROWS")}
     assert slow == set()
     assert plan.n_fast == len(plan._run) + plan.n_fused
-    absorbed = sorted({plan.nodes[i].name.split("-")[0] for i in plan.absorbed})
+    absorbed = sorted({plan.nodes[i].name.split("-")[0] for i in plan.absorbed if plan.nodes[i].op != "SET_ROWS"})
     # every layer's CONT of V^T (read in place by kqv); V computed with K and up with gate, one region and
     # one activation quantization each (Q not: K's output bytes are Q's, freed by Q's ROPE in between);
     # every RMS_NORM with its MUL by the weight, and the residual ADD before it (60 of them: the first
-    # norm reads the embeddings)
-    assert absorbed == ["Vcur", "ffn_inp", "ffn_up", "l_out", "norm", "v_cont"] and plan.n_fused == 90 + 61 + 60
+    # norm reads the embeddings); every layer's SET_ROWS of K with its SET_ROWS of V (30)
+    assert absorbed == ["Vcur", "ffn_inp", "ffn_up", "l_out", "norm", "v_cont"]
+    assert sum(plan.nodes[i].op == "SET_ROWS" for i in plan.absorbed) == 30
+    assert plan.n_fused == 90 + 61 + 60 + 30
 
 
 def test_unknown_kernel_set_is_refused(tiny):

@@ -33,6 +33,9 @@ from numba.extending import intrinsic
 from llmlab.ggml.cpu import threadpool
 from llmlab.ggml.cpu.fast import _common
 
+if "nospin" in sys.argv:      # every wait sleeps on its condition variable at once (a busy machine's path)
+    threadpool.SPIN = 0
+
 
 @intrinsic
 def _pthread_self(typingctx):
@@ -172,6 +175,17 @@ def test_workqueue_regions_run_inline_or_on_the_pool():
     assert r["sums"]["rows_equal"] and abs(r["sums"]["total_2"] - r["sums"]["exact"]) < 1e-6 * 100_003
     assert r["child_status"] == 0, r
     assert r["stopped"] and r["after_stop"]["pooled"] == 0 and r["after_stop"]["tasks"]["none_on_caller"]
+
+
+@two_threads
+@posix
+def test_the_pool_that_never_spins_sleeps_and_wakes_with_the_same_bits():
+    """With no spinning, every worker sleeps between regions and the caller sleeps until each worker's
+    chunk is done (the condition variables a machine busier than its threads goes through): the regions
+    are served, with the spinning pool's bits, and the pool stops."""
+    r, spun = probe("workqueue", "nospin"), probe("workqueue")
+    assert r["pool"] == {"caller": 4, "workers": 4, "pooled": 1}
+    assert r["sums"] == spun["sums"] and r["stopped"]
 
 
 @two_threads

@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 
-from .batch import Batch, BatchAllocator, UBatch
+from .batch import Batch, BatchAllocator, UBatch, split_one
 from .arch import get_builder
 from ..ggml.cpu import profiles
 from ..ggml.cpu.fast import threads as fast_threads
@@ -38,6 +38,26 @@ def _as_tensor(arr: np.ndarray, type_, n_embd: int, name: str) -> Tensor:
     t = Tensor(type_, (n_embd, arr.shape[0]), name=name, data=arr.reshape(-1).view(np.uint8))
     t.backend = "CPU"
     return t
+
+
+_OUT0 = np.zeros(1, np.int32)        # the output row of a one-token micro-batch that wants its logits
+
+
+def _input_arrays(g) -> dict[str, np.ndarray]:
+    """The graph's inputs as flat arrays over their bytes (a KQ mask: 2-D, ``(n_tokens, n_kv)``), made
+    once per graph (its inputs' bytes allocated then) and made again if a tensor's bytes were replaced."""
+    kept = getattr(g, "_input_arrays", None)
+    if kept is not None and all(t.root().data is d for t, d in kept[1]):
+        return kept[0]
+    arrays, roots = {}, []
+    for name, t in g.inputs.items():
+        if t.view_src is None and t.data is None:
+            t.data = np.zeros(t.nbytes(), np.uint8)
+        a = t.array()
+        arrays[name] = a.reshape(-1, a.shape[-1]) if name.startswith("kq_mask") else a.reshape(-1)
+        roots.append((t, t.root().data))
+    g._input_arrays = (arrays, roots)
+    return arrays
 
 
 def device_scheduler(devices, n_layer: int, n_gpu_layers: int | None, tensor_split, cpu, kernels: str):
@@ -91,6 +111,10 @@ class Context:
             self.k_l.append(_as_tensor(c.k(il, c.size), c.type_k, hp.n_embd_k_gqa, f"cache_k_l{il}"))
             self.v_l.append(_as_tensor(c.v(il, c.size), c.type_v, hp.n_embd_v_gqa, f"cache_v_l{il}")
                             if getattr(c, "has_v", True) else None)     # an MLA cache has no V tensor
+        self._swa = [hp.is_swa(il) for il in range(hp.n_layer)]      # which layers slide a window
+        self._first = {w: self._swa.index(w) for w in set(self._swa)}  # the first layer of each kind
+        # the layer whose cache gives the cells to write and the KQ mask: global layers, then the window's
+        self._mask_layers = (("", self._first.get(False, 0)), ("_swa", self._first.get(True)))
         self.builder = get_builder(model.arch)
         self.sched = sched
         self.last_graph = None            # the LLMGraph of the last micro-batch (for inspection)
@@ -124,18 +148,18 @@ class Context:
 
     def _n_kv(self) -> tuple[list[int], list[bool]]:
         """The cells each layer's attention looks at now, and which layers slide a window."""
-        hp, kv = self.model.hparams, self.kv
-        swa = [hp.is_swa(il) for il in range(hp.n_layer)]
-        first = {s: swa.index(s) for s in set(swa)}                # one cache per kind of layer (global, SWA):
-        n_kv = [kv.n_kv(first[s]) for s in swa] if len(first) > 1 else [kv.n_kv(0)] * hp.n_layer   # asked once
-        return n_kv, swa
+        kv, swa = self.kv, self._swa
+        if len(self._first) > 1:                                   # one cache per kind of layer (global, SWA):
+            per = {w: kv.n_kv(il) for w, il in self._first.items()}    # asked once each
+            return [per[w] for w in swa], list(swa)
+        return [kv.n_kv(0)] * len(swa), list(swa)
 
     # ---- one micro-batch: place it, build its graph, fill the inputs
     def _graph(self, ub: UBatch, placement):
-        hp, kv = self.model.hparams, self.kv
+        kv = self.kv
         kv.apply_ubatch(placement, ub)
         n_kv, swa = self._n_kv()
-        out_ids = np.flatnonzero(ub.output).astype(np.int32)
+        out_ids = np.flatnonzero(ub.output).astype(np.int32) if ub.n_tokens > 1 else _OUT0[:int(ub.output[0])]
         key = (ub.n_tokens, len(out_ids), tuple(n_kv))
         kind = "token" if ub.n_tokens == 1 else "batch"
         kept = self._reuse.get(kind)
@@ -148,16 +172,15 @@ class Context:
             if self.graph_reuse:
                 self._reuse[kind] = (key, g)
             self.n_built += 1
-        inp = g.inputs
-        inp["inp_tokens"].set_data(ub.tokens)
-        inp["inp_pos"].set_data(ub.pos)
-        inp["inp_out_ids"].set_data(out_ids)
+        inp = _input_arrays(g)          # the inputs' bytes as arrays, written in place (no set_data per step)
+        inp["inp_tokens"][:] = ub.tokens
+        inp["inp_pos"][:] = ub.pos
+        inp["inp_out_ids"][:] = out_ids
         # one k_idxs and one KQ mask for the global layers, another pair for the sliding-window ones
-        for sfx, il in (("", next((il for il in range(hp.n_layer) if not swa[il]), 0)),
-                        ("_swa", next((il for il in range(hp.n_layer) if swa[il]), None))):
+        for sfx, il in self._mask_layers:
             if "kq_mask" + sfx in inp:
-                inp["k_idxs" + sfx].set_data(kv.k_idxs(placement, il))
-                inp["kq_mask" + sfx].set_data(kv.kq_mask(ub, n_kv[il], il=il))
+                inp["k_idxs" + sfx][:] = kv.k_idxs(placement, il)
+                kv.kq_mask(ub, n_kv[il], il=il, out=inp["kq_mask" + sfx])
         return g
 
     def _ubatches(self, batch: Batch) -> list[UBatch]:
@@ -180,7 +203,9 @@ class Context:
         (``llmlab.ggml.cpu.executor``); ``dispatch`` needs the CPU backend (no scheduler)."""
         if dispatch is not None and self.sched is not None:
             raise ValueError("decode: dispatch replaces kernels on the plain path; this context runs a scheduler")
-        ubs = self._ubatches(batch)
+        one = split_one(batch, n_vocab=self.model.hparams.n_vocab, n_seq_max=self.n_seq_max,
+                        memory=self.kv) if len(batch) == 1 else None     # a decode step: checked on scalars
+        ubs = [one] if one is not None else self._ubatches(batch)
         slots = self.kv.prepare(ubs)                # raises ContextFullError and leaves the cache as it was
         state = self.kv.state()
         try:
@@ -194,7 +219,7 @@ class Context:
         self.captured = {}
         rows, order = [], []
         for ub, slot in zip(ubs, slots):
-            wanted = ub.output.any()
+            wanted = bool(ub.output[0]) if ub.n_tokens == 1 else ub.output.any()
             if not wanted:      # a micro-batch without outputs: its last row is computed and dropped (the K/V
                 ub.output = np.zeros_like(ub.output)   # of every row are the same bits whichever rows are output)
                 ub.output[-1] = True
@@ -208,16 +233,16 @@ class Context:
             self.captured.update(got)
             if not wanted:
                 continue
-            out_ids = np.flatnonzero(ub.output)
+            out_ids = np.flatnonzero(ub.output) if ub.n_tokens > 1 else _OUT0
             if self.sched is not None:     # from the backend that computed them (another machine, for RPC)
                 logits = np.array(self.sched.get_tensor(g.t_logits).view(np.float32))   # a copy: its buffer is reused
             else:
-                logits = g.t_logits.numpy()
+                logits = g.t_logits.array().copy()       # a copy: the plan writes the next step's there
             rows.append(logits.reshape(len(out_ids), -1))
             order.append(ub.batch_idxs[out_ids])
         if not rows:
             return np.zeros((0, self.model.hparams.n_vocab), np.float32)
-        if len(rows) == 1 and np.all(order[0][1:] > order[0][:-1]):
+        if len(rows) == 1 and (len(order[0]) == 1 or np.all(order[0][1:] > order[0][:-1])):
             return rows[0]                  # one micro-batch in batch order (a decode step): copied once
         logits = np.concatenate(rows, 0)
         return logits[np.argsort(np.concatenate(order), kind="stable")]

@@ -314,33 +314,50 @@ class KVCache(KVCells):
         :class:`ContextFullError` if any does not fit; the cache is then
         unchanged. Apply the returned slots in order with :meth:`apply_ubatch`.
         """
+        if len(ubatches) == 1:          # a decode step: nothing placed before it to roll back
+            return [self._find_or_raise(ubatches[0])]
         saved = self.state()
         slots = []
         try:
             for ub in ubatches:
-                slot = self.find_slot(ub)
-                if slot is None:
-                    raise ContextFullError(
-                        f"the KV cache is full: no room for a micro-batch of {ub.n_tokens} tokens "
-                        f"(cache size {self.size} cells, {self.used} used"
-                        f"{f', window {self.n_swa}' if self.swa_type != 'none' else ''}); "
-                        "remove sequences (seq_rm), use a larger n_ctx, or ask for a context shift")
+                slot = self._find_or_raise(ub)
                 slots.append(slot)
                 self.apply_ubatch(slot, ub)
         finally:
             self.restore(saved)
         return slots
 
+    def _find_or_raise(self, ub: UBatch) -> Slot:
+        slot = self.find_slot(ub)
+        if slot is None:
+            raise ContextFullError(
+                f"the KV cache is full: no room for a micro-batch of {ub.n_tokens} tokens "
+                f"(cache size {self.size} cells, {self.used} used"
+                f"{f', window {self.n_swa}' if self.swa_type != 'none' else ''}); "
+                "remove sequences (seq_rm), use a larger n_ctx, or ask for a context shift")
+        return slot
+
     # -- attention mask -----------------------------------------------------------------------------------------
-    def kq_mask(self, ubatch: UBatch, n_kv: int | None = None, causal: bool = True, il: int | None = None) -> np.ndarray:
+    def kq_mask(self, ubatch: UBatch, n_kv: int | None = None, causal: bool = True, il: int | None = None,
+                out: np.ndarray | None = None) -> np.ndarray:
         """The additive KQ mask ``(n_tokens, n_kv)`` float32: 0 where token i may see cell j, -inf elsewhere.
 
         Visible: the cell is non-empty, belongs to the token's (first) sequence,
         is not in its future (causal), and, for a sliding-window cache, is
         inside the window. Built as ``set_input_kq_mask`` does; llama.cpp stores
-        it as ggml ne ``[n_kv, n_tokens]`` (f16 with flash attention).
+        it as ggml ne ``[n_kv, n_tokens]`` (f16 with flash attention). ``out``: a float32
+        ``(n_tokens, n_kv)`` array (a graph's input) written in place and returned.
         """
         n_kv = self.n_kv() if n_kv is None else n_kv
+        if out is not None and ubatch.n_tokens == 1:     # a decode step: one row, no temporaries of floats
+            p = int(ubatch.pos[0])
+            pos = self.pos[:n_kv]
+            visible = self.seq[:n_kv, ubatch.seq_ids[0][0]] & (pos <= p if causal else True)
+            if self.swa_type != "none":
+                visible &= ~HParams.is_masked_swa(self.n_swa, self.swa_type, pos, p)
+            out.fill(-np.inf)
+            np.copyto(out[0], np.float32(0), where=visible)
+            return out
         p0 = self.pos[:n_kv][None, :]
         p1 = ubatch.pos[:, None]
         visible = self.seq[:n_kv, ubatch.seq_id0].T.copy()
@@ -348,7 +365,11 @@ class KVCache(KVCells):
             visible &= p0 <= p1
         if self.swa_type != "none":
             visible &= ~HParams.is_masked_swa(self.n_swa, self.swa_type, p0, p1)
-        return np.where(visible, np.float32(0), np.float32(-np.inf))
+        mask = np.where(visible, np.float32(0), np.float32(-np.inf))
+        if out is not None:
+            out[...] = mask
+            return out
+        return mask
 
     def layer_cache(self, il: int) -> "KVCache":
         """The cache holding layer ``il`` (this one; :class:`KVCacheISWA` picks one of its two)."""

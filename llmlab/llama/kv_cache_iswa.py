@@ -149,9 +149,10 @@ class KVCacheISWA:
     def n_kv(self, il: int | None = None) -> int:
         return (self.base if il is None else self.layer_cache(il)).n_kv()
 
-    def kq_mask(self, ubatch: UBatch, n_kv: int | None = None, causal: bool = True, il: int | None = None) -> np.ndarray:
+    def kq_mask(self, ubatch: UBatch, n_kv: int | None = None, causal: bool = True, il: int | None = None,
+                out: np.ndarray | None = None) -> np.ndarray:
         """The mask of layer ``il``'s cache (``il=None``: the base cache's)."""
-        return (self.base if il is None else self.layer_cache(il)).kq_mask(ubatch, n_kv, causal)
+        return (self.base if il is None else self.layer_cache(il)).kq_mask(ubatch, n_kv, causal, out=out)
 
     def total_bytes(self) -> int:
         return self.base.total_bytes() + self.swa.total_bytes()

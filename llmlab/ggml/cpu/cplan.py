@@ -211,8 +211,9 @@ def _cont(node, cpu):
     return lambda: np.copyto(O, flat)
 
 
-@binder("SET_ROWS")
-def _set_rows(node, cpu):
+def _set_rows_args(node):
+    """(cells, rows, indices, note) of a SET_ROWS the fast kernel takes (f32 rows into f16 or f32 cells),
+    or None; ``note(I)`` tells the journal which rows changed."""
     src, idx = node.src
     if src.type is not F32 or node.type not in (F16, F32) or not src.is_contiguous():
         return None
@@ -221,8 +222,16 @@ def _set_rows(node, cpu):
     D = node.array()[0, 0]
     if D.ndim != 2 or D.shape[1] != V.shape[1]:
         return None
-    cells = D.view(np.uint16) if node.type is F16 else D
-    note = writer(D)
+    return (D.view(np.uint16) if node.type is F16 else D), V, I, writer(D)
+
+
+@binder("SET_ROWS")
+def _set_rows(node, cpu):
+    got = _set_rows_args(node)
+    if got is None:
+        return None
+    cells, V, I, note = got
+    D = cells
 
     def step():
         if not fops.set_rows(cells, V, I):
@@ -259,6 +268,16 @@ def _get_rows(node, cpu):
                     fq.drop_file_pages(A)
         return fast_step
 
+    if t is F32 and I.size == 1 and O.shape[0] == 1:       # one row (a decode step's output row): no
+        O0 = O[0]                                           # reductions to check one index
+
+        def one_row():
+            i = int(I[0])
+            if not 0 <= i < n:
+                raise IndexError(f"get_rows: row id out of range 0..{n - 1} in {ids.name}")
+            np.copyto(O0, A[i])
+        return one_row
+
     def step():
         if I.size and (I.min() < 0 or I.max() >= n):
             raise IndexError(f"get_rows: row id out of range 0..{n - 1} in {ids.name}")
@@ -269,26 +288,38 @@ def _get_rows(node, cpu):
     return step
 
 
-@binder("ROPE")
-def _rope(node, cpu):
+def _rope_args(node, cpu):
+    """(X, positions, n_dims, neox, vec_pairs, cos_sin) of a ROPE the fast kernel takes, or None;
+    ``cos_sin()`` is the cos/sin cache of the current positions."""
     a, pos = node.src[0], node.src[1]
     p = node.op_params
     if len(node.src) > 2 or p["ext_factor"] != 0.0 or a.type is not F32 or a.ne[3] != 1:
         return None
     X = a.array()[0]                       # (tokens, heads, head_dim), any strides
-    O = node.array()[0]
     P = pos.array().reshape(-1)
     n_dims, neox = p["n_dims"], bool(p["mode"] & 2)
     args = (p["freq_base"], p["freq_scale"], p["attn_factor"])
-    vec_pairs = rope_vec_pairs(cpu, n_dims, neox)
-
     key = (n_dims, *args)
 
-    def step():
+    def cos_sin():
         pb = P.tobytes()
         hit = _ROPE_LAST.get(key)
         if hit is None or hit[0] != pb:      # the first ROPE of a step; the other 2 n_layer - 1 reuse it
             hit = _ROPE_LAST[key] = (pb, *(fops.rope_cache(P, n_dims, *args) or rope_cache(P, n_dims, *args)))
+        return hit
+    return X, n_dims, neox, rope_vec_pairs(cpu, n_dims, neox), cos_sin
+
+
+@binder("ROPE")
+def _rope(node, cpu):
+    got = _rope_args(node, cpu)
+    if got is None:
+        return None
+    X, n_dims, neox, vec_pairs, cos_sin = got
+    O = node.array()[0]
+
+    def step():
+        hit = cos_sin()
         fops.rope(X, hit[1], hit[2], n_dims, neox, O, vec_pairs)
     return step
 
@@ -517,6 +548,58 @@ def _fuse_norm_scale(node, cpu, readers, prev):
     if any(_overlap(p, q) and p != q for k, p in enumerate(spans) for q in spans[k + 1:]) or _overlap(_span(W), _span(out)):
         return None
     return (lambda: fops.rms_norm_mul(x, eps, W, out, a, b)), absorbed
+
+
+@FUSIONS.append
+def _fuse_rope_scale(node, cpu, readers, prev):
+    """SCALE(ROPE(q)): Gemma's query rotated, then times 1/sqrt(head size), in one call
+    (``fast.ops.rope_scale``, each value rounded as the two ops round it). The ROPE must come just before
+    (no computed node between), have the SCALE as its only reader, and the SCALE's output either be the
+    ROPE's input, element for element, or not overlap it."""
+    if node.op != "SCALE" or node.type is not F32 or len(node.src) != 1:
+        return None
+    rope = node.src[0]
+    if (rope.op != "ROPE" or prev.get(id(node)) is not rope or readers.get(id(rope), 0) != 1
+            or rope.type is not F32 or tuple(rope.ne) != tuple(node.ne) or not node.is_contiguous()):
+        return None
+    got = _rope_args(rope, cpu)
+    if got is None:
+        return None
+    X, n_dims, neox, vec_pairs, cos_sin = got
+    O = node.array()[0].reshape(X.shape)
+    same = _span(O) == _span(X) and O.strides == X.strides
+    if not same and _overlap(_span(O), _span(X)):
+        return None
+    scale = np.float32(node.op_params["scale"])
+
+    def step():
+        hit = cos_sin()
+        fops.rope_scale(X, hit[1], hit[2], n_dims, neox, scale, O, vec_pairs)
+    return step, [rope]
+
+
+@FUSIONS.append
+def _fuse_set_rows_pair(node, cpu, readers, prev):
+    """A layer's SET_ROWS of V right after its SET_ROWS of K, at the same cells (the same k_idxs): one
+    call (``fast.ops.set_rows_pair``) and one step fewer a layer."""
+    if node.op != "SET_ROWS":
+        return None
+    k = prev.get(id(node))
+    if k is None or k.op != "SET_ROWS" or k.src[1] is not node.src[1]:
+        return None
+    got = [_set_rows_args(n) for n in (k, node)]
+    if got[0] is None or got[1] is None:
+        return None
+    (Dk, K, I, note_k), (Dv, V, _, note_v) = got
+    if _overlap(_span(Dk), _span(Dv)) or any(_overlap(_span(D), _span(X)) for D in (Dk, Dv) for X in (K, V)):
+        return None
+
+    def step():
+        if not fops.set_rows_pair(Dk, K, Dv, V, I):
+            raise IndexError(f"set_rows: row index out of range 0..{min(Dk.shape[0], Dv.shape[0]) - 1}")
+        note_k(I)
+        note_v(I)
+    return step, [k]
 
 
 def _quantized_matvec(node: Tensor, cpu: CPUProfile):

@@ -241,17 +241,21 @@ def forget() -> None:
 # Under workqueue the entry serves larger regions itself, as ggml's threadpool does: persistent workers
 # (NUMBA_NUM_THREADS - 1 of them) spin on their own generation counter with the CPU's pause hint, run their
 # chunk when it moves, and after SPIN rounds sleep on a condition variable, which the caller signals only
-# when a worker said it sleeps. The caller runs chunk 0 and spins until the workers' chunks are done: a
-# region costs a few microseconds where workqueue's two condition-variable rounds cost 60-150. The chunks
+# when a worker said it sleeps. The caller runs chunk 0 and spins until the workers' chunks are done, and
+# after SPIN rounds sleeps on a second condition variable, which a worker signals when it finishes a chunk
+# and the caller said it sleeps (ggml's threadpool: a bounded spin, then the OS). On a machine busier than
+# its threads, a waiting caller that only spun and yielded kept its core from the worker it waited for.
+# A region costs a few microseconds where workqueue's two condition-variable rounds cost 60-150. The chunks
 # are workqueue's (``total // n`` schedule entries each, the last one the rest), chunk i on the thread that
 # numba's ``get_thread_id`` calls i (reductions keep their slots), so the bits are workqueue's. A region
 # the pool cannot take (one already running: a nested region or a second Python thread) goes to workqueue.
 
-SPIN = 1 << 14          # pause rounds (tens of ns each) a worker spins before it sleeps, the caller before it yields
+SPIN = 1 << 14          # pause rounds (tens of ns each) a worker spins before it sleeps, the caller too
 _INLINE: dict = {}      # the entry's library (kept alive), addresses and counters, once built
 _POOL: dict = {}        # the pool's control block, OS calls and threads, under workqueue only
 # the control block: int64 words, each thread's on its own 64-byte line
 READY, BUSY, STOP, TASK, LINE = 0, 8, 16, 24, 8     # TASK: fn, steps, data, num_threads; worker k's line at
+WAITS = 28                                          # the caller sleeps until the workers' chunks are done
 GEN, DONE, SLEEPS, ARGS, DIMS = 0, 1, 2, 3, 4       # 32 + 8k: generation, done, sleeps, its args and dims
 
 
@@ -260,7 +264,8 @@ def _os_calls() -> dict:
     address: POSIX threads (Linux, macOS), or Windows' SRW locks, condition variables and TLS."""
     import ctypes
     import sys
-    sync = (ctypes.c_int64 * 32)(), (ctypes.c_int64 * 32)()           # mutex, condition (zero: Windows' init)
+    sync = tuple((ctypes.c_int64 * 32)() for _ in range(3))        # mutex, the workers' condition, the
+    #                                                                   caller's (zeroed: Windows' init)
     if sys.platform == "win32":
         k = ctypes.WinDLL("kernel32")
         fns = [k.AcquireSRWLockExclusive, k.ReleaseSRWLockExclusive, k.SleepConditionVariableSRW,
@@ -282,6 +287,7 @@ def _os_calls() -> dict:
         def init():
             c.pthread_mutex_init(sync[0], None)
             c.pthread_cond_init(sync[1], None)
+            c.pthread_cond_init(sync[2], None)
     init()
     addr = [ctypes.cast(f, ctypes.c_void_p).value for f in fns]
     names = ("lock", "unlock", "wait", "wake", "yield", "tls_get", "tls_set")
@@ -343,7 +349,7 @@ def _build_inline_entry(layer_entry: int, pool: dict | None = None) -> dict:
         b.cbranch(b.icmp_signed("<=", n32, i32(1)), inline, layer)
     else:
         ctrl, osc = pool["ctrl"], pool["os"]
-        mutex, cond = (ctypes.addressof(x) for x in osc["sync"])
+        mutex, cond, done_cond = (ctypes.addressof(x) for x in osc["sync"])
         served = f.append_basic_block("pool")
         b.cbranch(b.icmp_signed("<=", n32, i32(1)), inline, f.append_basic_block("many"))
         b = ir.IRBuilder(f.blocks[-1])
@@ -389,9 +395,10 @@ def _build_inline_entry(layer_entry: int, pool: dict | None = None) -> dict:
                 call(b, osc["wake"], void, [b.inttoptr(i64(cond), i8p)])
                 call(b, osc["unlock"], void, [b.inttoptr(i64(mutex), i8p)])
         b.call(b.bitcast(fn, task.as_pointer()), [all_args, all_dims, steps64, data])
-        with cgutils.for_range(b, n, start=i64(1)) as k:       # wait for the workers: spin, then yield
+        with cgutils.for_range(b, n, start=i64(1)) as k:       # wait for the workers: spin, then sleep
             spin = cgutils.alloca_once_value(b, i64(0))
-            check, wait, over = (f.append_basic_block(x) for x in ("check", "wait", "over"))
+            check, wait, nap, doze, up, over = (f.append_basic_block(x) for x in
+                                                ("check", "wait", "nap", "doze", "up", "over"))
             b.branch(check)
             b.position_at_end(check)
             done = b.icmp_signed("==", b.load_atomic(line(b, k.index, DONE), "acquire", 8), b.load(line(b, k.index, GEN)))
@@ -400,9 +407,22 @@ def _build_inline_entry(layer_entry: int, pool: dict | None = None) -> dict:
             pause(b)
             s = b.add(b.load(spin), i64(1))
             b.store(s, spin)
-            with b.if_then(b.icmp_signed(">", s, i64(SPIN))):
-                call(b, osc["yield"], void, [])
-            b.branch(check)
+            b.cbranch(b.icmp_signed(">", s, i64(SPIN)), nap, check)
+            b.position_at_end(nap)                   # say it sleeps, then check again under the lock (the
+            m, c = b.inttoptr(i64(mutex), i8p), b.inttoptr(i64(done_cond), i8p)    # worker stores DONE,
+            call(b, osc["lock"], void, [m])          # then reads WAITS: one of the two sees the other)
+            b.store_atomic(i64(1), word(b, ctrl, WAITS), "seq_cst", 8)
+            b.branch(doze)
+            b.position_at_end(doze)
+            gen = b.load(line(b, k.index, GEN))
+            with b.if_then(b.icmp_signed("!=", b.load_atomic(line(b, k.index, DONE), "seq_cst", 8), gen)):
+                call(b, osc["wait"], void, [c, m] + ([i32(-1), i32(0)] if osc["windows"] else []))
+                b.branch(doze)
+            b.branch(up)
+            b.position_at_end(up)
+            b.store_atomic(i64(0), word(b, ctrl, WAITS), "seq_cst", 8)
+            call(b, osc["unlock"], void, [m])
+            b.branch(over)
             b.position_at_end(over)
         b.store_atomic(i64(0), word(b, ctrl, BUSY), "release", 8)
         b.ret_void()
@@ -439,7 +459,7 @@ def _build_worker(mod, pool: dict, word, call, pause, line) -> None:
     from numba.core import cgutils
     i8p, i32, i64, void = ir.IntType(8).as_pointer(), ir.IntType(32), ir.IntType(64), ir.VoidType()
     ctrl, osc = pool["ctrl"], pool["os"]
-    mutex, cond = (ctypes.addressof(x) for x in osc["sync"])
+    mutex, cond, done_cond = (ctypes.addressof(x) for x in osc["sync"])
     task = ir.FunctionType(void, [i8p.as_pointer(), i64.as_pointer(), i64.as_pointer(), i8p])
     key = ir.IntType(osc["key_bits"])(osc["key"])
 
@@ -488,7 +508,12 @@ def _build_worker(mod, pool: dict, word, call, pause, line) -> None:
     fn = b.inttoptr(b.load(word(b, ctrl, TASK)), task.as_pointer())
     b.call(fn, [b.inttoptr(b.load(line(b, k, ARGS)), i8p.as_pointer()), b.inttoptr(b.load(line(b, k, DIMS)), i64.as_pointer()),
                 b.inttoptr(b.load(word(b, ctrl, TASK + 1)), i64.as_pointer()), b.inttoptr(b.load(word(b, ctrl, TASK + 2)), i8p)])
-    b.store_atomic(gen, line(b, k, DONE), "release", 8)
+    b.store_atomic(gen, line(b, k, DONE), "seq_cst", 8)
+    with b.if_then(b.icmp_signed("!=", b.load_atomic(word(b, ctrl, WAITS), "seq_cst", 8), i64(0))):
+        m = b.inttoptr(i64(mutex), i8p)              # the caller sleeps (or is about to): wake it
+        call(b, osc["lock"], void, [m])
+        call(b, osc["wake"], void, [b.inttoptr(i64(done_cond), i8p)])
+        call(b, osc["unlock"], void, [m])
     b.store(i64(0), spin)
     b.branch(head)
     ir.IRBuilder(stop).ret_void()
@@ -568,7 +593,7 @@ def stop_pool(timeout: float = 1.0) -> bool:
     while ctrl[BUSY]:                                # a region in flight on another thread finishes first
         time.sleep(1e-4)
     ctrl[STOP] = 1
-    m, c = (ctypes.addressof(x) for x in osc["sync"])
+    m, c, _ = (ctypes.addressof(x) for x in osc["sync"])
     ctypes.CFUNCTYPE(None, ctypes.c_void_p)(osc["lock"])(m)
     ctypes.CFUNCTYPE(None, ctypes.c_void_p)(osc["wake"])(c)
     ctypes.CFUNCTYPE(None, ctypes.c_void_p)(osc["unlock"])(m)

@@ -123,6 +123,29 @@ def rope(x, cos, sin, n_dims, neox, out, vec_pairs=0):
             out[t, h, i] = x[t, h, i]
 
 
+@njit(cache=True)
+def rope_scale(x, cos, sin, n_dims, neox, scale, out, vec_pairs=0):
+    """``rope`` then SCALE (Gemma's query times 1/sqrt(head size)) in one call: each rotated value
+    rounded to float32 as ROPE stores it, then multiplied by ``scale`` as SCALE does; the ROPE's own
+    output is not stored (its only reader is the SCALE). ``out`` may be ``x`` itself."""
+    T, H, D = x.shape
+    half = n_dims // 2
+    for th in range(T * H):
+        t, h = th // H, th % H
+        for i in range(half):
+            i0, i1 = (i, i + half) if neox else (2 * i, 2 * i + 1)
+            x0, x1 = x[t, h, i0], x[t, h, i1]
+            c, s = cos[t, i], sin[t, i]
+            if i < vec_pairs:
+                r0 = fma(-x1, s, x0 * c)
+            else:
+                r0 = fma(x0, c, -(x1 * s))
+            r1 = fma(x0, s, x1 * c)
+            out[t, h, i0] = r0 * scale
+            out[t, h, i1] = r1 * scale
+        for i in range(n_dims, D):
+            out[t, h, i] = x[t, h, i] * scale
+
 
 def _cell(x, like):
     """x as a cell of ``like``'s array: float16 bits for a uint16 (f16) array, else as is."""
@@ -145,6 +168,23 @@ def set_rows(D, V, I):
             return False
     for i in range(I.shape[0]):
         row, src = D[I[i]], V[i]
+        for c in range(src.shape[0]):
+            row[c] = _cell(src[c], row[0])
+    return True
+
+
+@njit(cache=True)
+def set_rows_pair(Dk, K, Dv, V, I):
+    """A layer's two SET_ROWS into its K and V caches at the same cells (``set_rows`` twice, one call).
+    False, writing nothing, when an index is out of range of either."""
+    for i in range(I.shape[0]):
+        if I[i] < 0 or I[i] >= Dk.shape[0] or I[i] >= Dv.shape[0]:
+            return False
+    for i in range(I.shape[0]):
+        row, src = Dk[I[i]], K[i]
+        for c in range(src.shape[0]):
+            row[c] = _cell(src[c], row[0])
+        row, src = Dv[I[i]], V[i]
         for c in range(src.shape[0]):
             row[c] = _cell(src[c], row[0])
     return True
