@@ -28,6 +28,21 @@ def _q8_k_words(x):
 
 # ---- q4_K in the REPACK buffer: ggml_gemv / ggml_gemm_q4_K_8x8_q8_K --------------------------------
 
+def _q8_k_block(context, builder, aq4, bsums, ti, b):
+    """In a super-block step's codegen: ``word(j)``, int32 word j of activation row t's q8_K codes of
+    block b (64 words a block), and ``bsum(j)``, that block's j-th sum of 16 codes as int32. aq4, bsums,
+    ti, b: (value, numba type) pairs."""
+    ap = at(context, builder, aq4[1], aq4[0], [ti], I32)
+    bsp = at(context, builder, bsums[1], bsums[0], [ti], I16)
+    intp = context.get_value_type(types.intp)
+    bidx = context.cast(builder, b[0], b[1], types.intp)
+    w0 = builder.mul(bidx, ir.Constant(intp, 64))
+    k0 = builder.mul(bidx, ir.Constant(intp, 16))
+    word = lambda j: builder.load(builder.gep(ap, [builder.add(w0, ir.Constant(intp, j))]))
+    bsum = lambda j: builder.sext(builder.load(builder.gep(bsp, [builder.add(k0, ir.Constant(intp, j))])), I32)
+    return word, bsum
+
+
 def _q4_k_dots(isa: str):
     """D[c] = the 16 rows' integer dots of sub-block c (32 values) of one q4_K super-block with the
     activations: blk (2048 bytes: chunk 8j + q holds, per row, the 4 bytes 32j+4q .. 32j+4q+3, whose
@@ -74,14 +89,7 @@ def _q4_k_gemv(isa: str):
             bp = at(context, builder, ty[0], qs_, [gi, bi], I8)
             sp = at(context, builder, ty[1], sc_, [gi, bi], I8)
             mp = at(context, builder, ty[2], mn_, [gi, bi], I8)
-            ap = at(context, builder, ty[7], aq4_, [ti], I32)
-            bsp = at(context, builder, ty[8], bs_, [ti], I16)
-            intp = context.get_value_type(types.intp)
-            bidx = context.cast(builder, b_, ty[6], types.intp)
-            w0 = builder.mul(bidx, ir.Constant(intp, 64))
-            k0 = builder.mul(bidx, ir.Constant(intp, 16))
-            word = lambda j: builder.load(builder.gep(ap, [builder.add(w0, ir.Constant(intp, j))]))
-            bsum = lambda j: builder.sext(builder.load(builder.gep(bsp, [builder.add(k0, ir.Constant(intp, j))])), I32)
+            word, bsum = _q8_k_block(context, builder, (aq4_, ty[7]), (bs_, ty[8]), ti, (b_, ty[6]))
             I8x16 = ir.VectorType(I8, 16)
             s16 = [builder.zext(vload(builder, sp, ir.Constant(I32, 16 * c), I8x16), ir.VectorType(I16, 16)) for c in range(8)]
             isum = ir.Constant(I32x16, [0] * 16)
@@ -220,14 +228,7 @@ def _q6_k_step(isa: str):
             gi, bi, ti = (g_, ty[3]), (b_, ty[4]), (t_, ty[7])
             bp = at(context, builder, ty[0], qs_, [gi, bi], I8)
             sp = at(context, builder, ty[1], sc_, [gi, bi], I8)
-            ap = at(context, builder, ty[5], aq4_, [ti], I32)
-            bsp = at(context, builder, ty[6], bs_, [ti], I16)
-            intp = context.get_value_type(types.intp)
-            bidx = context.cast(builder, b_, ty[4], types.intp)
-            w0 = builder.mul(bidx, ir.Constant(intp, 64))
-            k0 = builder.mul(bidx, ir.Constant(intp, 16))
-            word = lambda j: builder.load(builder.gep(ap, [builder.add(w0, ir.Constant(intp, j))]))
-            bsum = lambda j: builder.sext(builder.load(builder.gep(bsp, [builder.add(k0, ir.Constant(intp, j))])), I32)
+            word, bsum = _q8_k_block(context, builder, (aq4_, ty[5]), (bs_, ty[6]), ti, (b_, ty[4]))
             I8x16 = ir.VectorType(I8, 16)
             raw = [vload(builder, sp, ir.Constant(I32, 16 * s), I8x16) for s in range(16)]
             s16 = [builder.sext(v, ir.VectorType(I16, 16)) for v in raw]

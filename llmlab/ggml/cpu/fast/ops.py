@@ -101,24 +101,26 @@ def rms_norm_mul(x, eps, w, out, a, b):
             out[r, i] = (x[r, i] * scale) * w[i]
 
 
+@njit(inline="always")
+def _rotate(x0, x1, c, s, fused_sin):
+    """One pair rotated as ggml's rotate_pairs rounds it: the first product of each line fused, except
+    where the profile's auto-vectorized loop fuses x1*sin instead (``fused_sin``)."""
+    r0 = fma(-x1, s, x0 * c) if fused_sin else fma(x0, c, -(x1 * s))
+    return r0, fma(x0, s, x1 * c)
+
+
 @njit(cache=True)
 def rope(x, cos, sin, n_dims, neox, out, vec_pairs=0):
     """rotate_pairs with the cos/sin cache: x (tokens, heads, head_dim), cos/sin (tokens, n_dims/2).
-    NORM pairs (2i, 2i+1), NEOX pairs (i, i + n_dims/2); the first product of each line is fused, except
-    in the first ``vec_pairs`` NORM pairs (the profile's auto-vectorized loop), where x1*sin is."""
+    NORM pairs (2i, 2i+1), NEOX pairs (i, i + n_dims/2); the first ``vec_pairs`` NORM pairs are the
+    profile's auto-vectorized loop (``_rotate``)."""
     T, H, D = x.shape
     half = n_dims // 2
     for th in range(T * H):
         t, h = th // H, th % H
         for i in range(half):
             i0, i1 = (i, i + half) if neox else (2 * i, 2 * i + 1)
-            x0, x1 = x[t, h, i0], x[t, h, i1]
-            c, s = cos[t, i], sin[t, i]
-            if i < vec_pairs:
-                out[t, h, i0] = fma(-x1, s, x0 * c)
-            else:
-                out[t, h, i0] = fma(x0, c, -(x1 * s))
-            out[t, h, i1] = fma(x0, s, x1 * c)
+            out[t, h, i0], out[t, h, i1] = _rotate(x[t, h, i0], x[t, h, i1], cos[t, i], sin[t, i], i < vec_pairs)
         for i in range(n_dims, D):
             out[t, h, i] = x[t, h, i]
 
@@ -134,13 +136,7 @@ def rope_scale(x, cos, sin, n_dims, neox, scale, out, vec_pairs=0):
         t, h = th // H, th % H
         for i in range(half):
             i0, i1 = (i, i + half) if neox else (2 * i, 2 * i + 1)
-            x0, x1 = x[t, h, i0], x[t, h, i1]
-            c, s = cos[t, i], sin[t, i]
-            if i < vec_pairs:
-                r0 = fma(-x1, s, x0 * c)
-            else:
-                r0 = fma(x0, c, -(x1 * s))
-            r1 = fma(x0, s, x1 * c)
+            r0, r1 = _rotate(x[t, h, i0], x[t, h, i1], cos[t, i], sin[t, i], i < vec_pairs)
             out[t, h, i0] = r0 * scale
             out[t, h, i1] = r1 * scale
         for i in range(n_dims, D):
@@ -158,18 +154,30 @@ def _cell_impl(x, like):
     return lambda x, like: x
 
 
-@njit(cache=True)
-def set_rows(D, V, I):
-    """D[I[i]] = V[i] (D: f16 bits or float32 rows; V float32). False, writing nothing, when an index
-    is out of range."""
-    n = D.shape[0]
+@njit(inline="always")
+def _rows_in(I, n):
+    """Every index of I in 0..n-1."""
     for i in range(I.shape[0]):
         if I[i] < 0 or I[i] >= n:
             return False
+    return True
+
+
+@njit(inline="always")
+def _write_rows(D, V, I):
     for i in range(I.shape[0]):
         row, src = D[I[i]], V[i]
         for c in range(src.shape[0]):
             row[c] = _cell(src[c], row[0])
+
+
+@njit(cache=True)
+def set_rows(D, V, I):
+    """D[I[i]] = V[i] (D: f16 bits or float32 rows; V float32). False, writing nothing, when an index
+    is out of range."""
+    if not _rows_in(I, D.shape[0]):
+        return False
+    _write_rows(D, V, I)
     return True
 
 
@@ -177,16 +185,10 @@ def set_rows(D, V, I):
 def set_rows_pair(Dk, K, Dv, V, I):
     """A layer's two SET_ROWS into its K and V caches at the same cells (``set_rows`` twice, one call).
     False, writing nothing, when an index is out of range of either."""
-    for i in range(I.shape[0]):
-        if I[i] < 0 or I[i] >= Dk.shape[0] or I[i] >= Dv.shape[0]:
-            return False
-    for i in range(I.shape[0]):
-        row, src = Dk[I[i]], K[i]
-        for c in range(src.shape[0]):
-            row[c] = _cell(src[c], row[0])
-        row, src = Dv[I[i]], V[i]
-        for c in range(src.shape[0]):
-            row[c] = _cell(src[c], row[0])
+    if not _rows_in(I, min(Dk.shape[0], Dv.shape[0])):
+        return False
+    _write_rows(Dk, K, I)
+    _write_rows(Dv, V, I)
     return True
 
 
