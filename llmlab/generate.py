@@ -99,23 +99,14 @@ def _decode(ctx, tokens: list[int], pos0: int, checked: bool = False) -> np.ndar
     try:
         if gguf is not None and not checked:    # the model file cut short or rewritten under the mapping:
             gguf.check_unchanged()              # an error, not SIGBUS
-        batch = (Batch([int(tokens[0])], [int(pos0)], [(0,)], [True]) if len(tokens) == 1   # a step: as from_tokens
-                 else Batch.from_tokens(tokens, pos0=pos0, logits="last"))  # makes it, without its checks
-        logits = ctx.decode(batch)[-1]
+        logits = ctx.decode(Batch.from_tokens(tokens, pos0=pos0, logits="last"))[-1]
         if gguf is not None:
             gguf.check_unchanged()
-        if not _finite(logits):
-            check_finite(logits, servers=_servers(ctx))     # it says where and why
+        check_finite(logits, servers=_servers(ctx))
         return logits
     except BaseException:
         ctx.kv.seq_rm(-1, pos0, None)
         raise
-
-
-def _finite(x: np.ndarray) -> bool:
-    """All finite: the largest and the smallest are (both propagate a NaN), in two passes over the row
-    and no temporary (``np.isfinite(x).all()`` makes a bool per logit, a megabyte for Gemma 3's 262144)."""
-    return bool(np.isfinite(x.max()) and np.isfinite(x.min())) if x.size else True
 
 
 @dataclass

@@ -349,15 +349,6 @@ class KVCache(KVCells):
         ``(n_tokens, n_kv)`` array (a graph's input) written in place and returned.
         """
         n_kv = self.n_kv() if n_kv is None else n_kv
-        if out is not None and ubatch.n_tokens == 1:     # a decode step: one row, no temporaries of floats
-            p = int(ubatch.pos[0])
-            pos = self.pos[:n_kv]
-            visible = self.seq[:n_kv, ubatch.seq_ids[0][0]] & (pos <= p if causal else True)
-            if self.swa_type != "none":
-                visible &= ~HParams.is_masked_swa(self.n_swa, self.swa_type, pos, p)
-            out.fill(-np.inf)
-            np.copyto(out[0], np.float32(0), where=visible)
-            return out
         p0 = self.pos[:n_kv][None, :]
         p1 = ubatch.pos[:, None]
         visible = self.seq[:n_kv, ubatch.seq_id0].T.copy()
@@ -365,11 +356,11 @@ class KVCache(KVCells):
             visible &= p0 <= p1
         if self.swa_type != "none":
             visible &= ~HParams.is_masked_swa(self.n_swa, self.swa_type, p0, p1)
-        mask = np.where(visible, np.float32(0), np.float32(-np.inf))
-        if out is not None:
-            out[...] = mask
-            return out
-        return mask
+        if out is None:
+            return np.where(visible, np.float32(0), np.float32(-np.inf))
+        out.fill(-np.inf)                                   # in place: no mask of floats made and copied
+        np.copyto(out, np.float32(0), where=visible)
+        return out
 
     def layer_cache(self, il: int) -> "KVCache":
         """The cache holding layer ``il`` (this one; :class:`KVCacheISWA` picks one of its two)."""

@@ -231,11 +231,10 @@ def _set_rows(node, cpu):
     if got is None:
         return None
     cells, V, I, note = got
-    D = cells
 
     def step():
         if not fops.set_rows(cells, V, I):
-            raise IndexError(f"set_rows: row index out of range 0..{D.shape[0] - 1}")
+            raise IndexError(f"set_rows: row index out of range 0..{cells.shape[0] - 1}")
         note(I)
     return step
 
