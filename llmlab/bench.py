@@ -96,6 +96,32 @@ class Side:
 SHORT_PROMPT = 10       # llama-bench's tg convention: decode speed with (almost) nothing in the KV cache
 
 
+def median_side(sides: list[Side]) -> Side:
+    """One engine's rounds as one: the median of each speed, the highest peak memory, the first round's
+    load time and tokens (every round decodes the same greedy tokens)."""
+    def med(key):
+        vals = [getattr(s, key) for s in sides]
+        return None if any(v is None for v in vals) else float(np.median(vals))
+    return Side(med("prefill_tokens_per_s"), med("decode_tokens_per_s"), max(s.peak_rss_mb for s in sides),
+                sides[0].load_s, sides[0].ids, med("decode_short_tokens_per_s"))
+
+
+def side_json(s: Side) -> dict:
+    """A round's figures for bench's JSON (the tokens left out: the top level compares them)."""
+    return {k: v for k, v in asdict(s).items() if k != "ids"}
+
+
+def round_ratios(rounds: list[dict]) -> dict:
+    """Per speed, the median over rounds of llmlab's figure over llama.cpp's in the same round (None where a
+    round has no figure): a ratio of two runs close in time drifts less than a ratio of two medians."""
+    out = {}
+    for key in ("prefill_tokens_per_s", "decode_tokens_per_s", "decode_short_tokens_per_s"):
+        vals = [getattr(g["llmlab"], key) / getattr(g["llama.cpp"], key) for g in rounds
+                if getattr(g["llmlab"], key) and getattr(g["llama.cpp"], key)]
+        out[key] = float(np.median(vals)) if vals and len(vals) == len(rounds) else None
+    return out
+
+
 def run_llmlab(path, ids: list[int], n_gen: int, threads: int, cpu=None, kernels: str = "fast",
                short: int = 0) -> Side:
     """Prefill ``ids``, then decode ``n_gen`` greedy tokens; with ``short``, decode ``n_gen`` tokens again
@@ -285,6 +311,8 @@ class BenchResult:
     decode_short_ratio: float | None = None
     threading: str = ""         # numba's threading layer the fast kernels ran on ("" before any parallel kernel ran)
     threading_pool: bool = False    # llmlab's spinning pool served the layer's threaded regions (under workqueue)
+    repeat: int = 1             # rounds measured (engines' order alternating); the figures above are medians
+    rounds: list = field(default_factory=list)      # each round's figures per engine
 
     def to_json(self) -> dict:
         return asdict(self)

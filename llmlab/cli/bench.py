@@ -1,6 +1,7 @@
 """``bench``: prompt and generation speed, optionally against llama.cpp in the same run (like llama-bench)."""
 from __future__ import annotations
 
+import gc
 import json
 import sys
 
@@ -21,6 +22,8 @@ def register(sub) -> None:
                    help="also time a whole `generate -n 1` process, warm and cold numba cache")
     p.add_argument("--load", type=parse_int, default=0, metavar="N",
                    help="keep N other processes busy (one core each) while both engines are measured (default 0)")
+    p.add_argument("--repeat", type=parse_int, default=1, metavar="N",
+                   help="measure N rounds, the engines' order alternating each round; report medians (default 1)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     add_cpu_argument(p)
     p.set_defaults(func=run)
@@ -34,40 +37,55 @@ def run(args) -> int:
         raise ValueError("--prompt-tokens must be at least 10 and --gen-tokens at least 0")
     if not 0 <= args.load <= 64:
         raise ValueError("--load must be between 0 and 64 busy processes")
+    if not 1 <= args.repeat <= 50:
+        raise ValueError("--repeat must be between 1 and 50 rounds")
     threads = set_threads(args.threads)
     path = models.resolve(args.model)
     ids, wb = _prompt(path, args.prompt_tokens, args.gen_tokens)
     prof = resolve_cpu(args)
     cpu = prof.name
     short = bench.SHORT_PROMPT if args.prompt_tokens > bench.SHORT_PROMPT else 0     # both contexts, one run
-    with bench.busy(args.load):
-        me = bench.run_llmlab(path, ids, args.gen_tokens, threads, cpu=prof, kernels=args.kernels, short=short)
-    if not short and args.gen_tokens:           # the prompt is the short one already
-        me.decode_short_tokens_per_s = me.decode_tokens_per_s
+    rounds = []
+    for r in range(args.repeat):          # a shared machine drifts: rounds alternate which engine goes first
+        order = ("llmlab", "llama.cpp") if r % 2 == 0 else ("llama.cpp", "llmlab")
+        got = {}
+        for engine in order:
+            if engine == "llama.cpp" and not args.vs_llama_cpp:
+                continue
+            with bench.busy(args.load):
+                if engine == "llmlab":
+                    side = bench.run_llmlab(path, ids, args.gen_tokens, threads, cpu=prof, kernels=args.kernels,
+                                            short=short)
+                else:
+                    side = bench.run_llama_cpp(path, ids, args.gen_tokens, threads, short=short)
+            if not short and args.gen_tokens:           # the prompt is the short one already
+                side.decode_short_tokens_per_s = side.decode_tokens_per_s
+            got[engine] = side
+            gc.collect()                        # the round's model and context (their packed weights) go
+        rounds.append(got)
+    me = bench.median_side([g["llmlab"] for g in rounds])
     res = bench.BenchResult(
         model=args.model, threads=threads, cpu=cpu, kernels=args.kernels, cpu_model=bench.cpu_model(), load=args.load,
         prompt_tokens=len(ids),
         gen_tokens=args.gen_tokens, prefill_tokens_per_s=me.prefill_tokens_per_s,
         decode_tokens_per_s=me.decode_tokens_per_s, decode_gb_per_s=wb * me.decode_tokens_per_s / 1e9,
         weight_mb=wb / 2**20, peak_rss_mb=me.peak_rss_mb, decode_short_tokens_per_s=me.decode_short_tokens_per_s,
-        threading=bench.threading_layer(), threading_pool=bench.threading_pool())
+        threading=bench.threading_layer(), threading_pool=bench.threading_pool(), repeat=args.repeat,
+        rounds=[{k: bench.side_json(v) for k, v in g.items()} for g in rounds])
     if args.first_token:
         res.first_token_s = bench.first_token_s(args.model, threads)
         res.first_token_cold_s = bench.first_token_s(args.model, threads, cold=True)
     if args.vs_llama_cpp:
-        with bench.busy(args.load):
-            ll = bench.run_llama_cpp(path, ids, args.gen_tokens, threads, short=short)
-        if not short and args.gen_tokens:
-            ll.decode_short_tokens_per_s = ll.decode_tokens_per_s
+        ll = bench.median_side([g["llama.cpp"] for g in rounds])
         res.llama_cpp = {"prefill_tokens_per_s": ll.prefill_tokens_per_s, "decode_tokens_per_s": ll.decode_tokens_per_s,
                          "decode_gb_per_s": wb * ll.decode_tokens_per_s / 1e9, "peak_rss_mb": ll.peak_rss_mb,
                          "load_s": ll.load_s, "decode_short_tokens_per_s": ll.decode_short_tokens_per_s}
-        res.decode_ratio = me.decode_tokens_per_s / ll.decode_tokens_per_s if ll.decode_tokens_per_s else None
-        res.prefill_ratio = me.prefill_tokens_per_s / ll.prefill_tokens_per_s
-        if me.decode_short_tokens_per_s and ll.decode_short_tokens_per_s:
-            res.decode_short_ratio = me.decode_short_tokens_per_s / ll.decode_short_tokens_per_s
+        ratios = bench.round_ratios(rounds)     # each round's ratio pairs runs close in time: their median
+        res.decode_ratio, res.prefill_ratio = ratios["decode_tokens_per_s"], ratios["prefill_tokens_per_s"]
+        res.decode_short_ratio = ratios["decode_short_tokens_per_s"]
         res.rss_ratio = me.peak_rss_mb / ll.peak_rss_mb
-        res.same_tokens = next((i for i, (a, b) in enumerate(zip(me.ids, ll.ids)) if a != b), min(len(me.ids), len(ll.ids)))
+        res.same_tokens = min(next((i for i, (a, b) in enumerate(zip(g["llmlab"].ids, g["llama.cpp"].ids)) if a != b),
+                                   min(len(g["llmlab"].ids), len(g["llama.cpp"].ids))) for g in rounds)
     if args.json:
         print(json.dumps(res.to_json()))
         return 0
@@ -94,6 +112,11 @@ def _ratio(v) -> str:
     return f"{'-':>10}" if v is None else f"{v:10.2f}"
 
 
+def _round_ratio(g: dict, key: str) -> str:
+    a, b = g["llmlab"].get(key), g["llama.cpp"].get(key)
+    return f"{a / b:.2f}" if a and b else "-"
+
+
 def _print(r, out) -> None:
     from ..bench import SHORT_PROMPT
     rows = [("llmlab", r.prefill_tokens_per_s, r.decode_tokens_per_s, r.decode_short_tokens_per_s,
@@ -115,6 +138,11 @@ def _print(r, out) -> None:
     if r.llama_cpp:
         print(f"ratio      {_ratio(r.prefill_ratio)} {_ratio(r.decode_ratio)} {_ratio(r.decode_short_ratio)} {'':>8} "
               f"{r.rss_ratio:12.2f}   (greedy tokens equal for {r.same_tokens}/{r.gen_tokens})", file=out)
+    if r.repeat > 1:
+        each = ", ".join(f"{_round_ratio(g, 'decode_tokens_per_s')}/{_round_ratio(g, 'decode_short_tokens_per_s')}"
+                         for g in r.rounds) if r.llama_cpp else ""
+        print(f"medians of {r.repeat} rounds, the engines' order alternating"
+              + (f"; per round decode ratio (after the prompt/from {SHORT_PROMPT}): {each}" if each else ""), file=out)
     if r.first_token_s is not None:
         print(f"first token from process start: {r.first_token_s:.2f} s warm, {r.first_token_cold_s:.2f} s cold cache",
               file=out)

@@ -8,7 +8,9 @@ one table ``twins.TWINS``: the byte-dot kernels (``dot4``) where the host has AV
 the twin has them, else the generic ones; a type without a twin runs the NumPy reference.
 
 Weights are repacked once (the packed arrays are cached, keyed by the weight buffer's address, shape
-and type; the cache keeps the weight array alive so that the address cannot be reused).
+and type). An entry lives as long as the array that owns the weight's bytes (a model's tensor data): it
+leaves the cache when that array is freed, before its address can be reused, so a notebook that loads
+a second model, or a bench that measures several rounds, does not keep the first one's packed copy.
 
 Memory: a packed weight replaces its file bytes. Packing runs in row chunks; after each chunk the file
 pages it read are dropped from this process (``madvise(MADV_DONTNEED)`` on the read-only mmap: the
@@ -28,6 +30,7 @@ outlined prange body on the calling thread, which LLVM compiles better than a pl
 from __future__ import annotations
 
 import mmap
+import weakref
 
 import numba
 import numpy as np
@@ -65,12 +68,52 @@ def packed(raw: np.ndarray, qtype, K: int, pack) -> tuple:
     arr = np.asarray(raw)
     key = (arr.__array_interface__["data"][0], arr.shape, arr.strides, arr.dtype.str, qtype.name, K, pack)
     hit = _PACKED.get(key)
+    if hit is not None and not hit[0]():
+        hit = None                          # its owner is gone or closed: the address may hold new bytes
     if hit is None:
         rows = np.ascontiguousarray(arr).view(np.uint8).reshape(-1, K // qtype.block_size * qtype.type_size)
         p = _pack_chunked(rows, qtype.name, K, pack)
-        hit = (arr, rows.shape[0], p)
+        hit = _lifetime(arr, key) + (rows.shape[0], p)
         _PACKED[key] = hit
-    return hit[1], hit[2]
+    return hit[2], hit[3]
+
+
+def _owner(a: np.ndarray):
+    """What holds ``a``'s bytes: the file's mmap (through numpy views and memoryviews), else the array
+    that owns them, else whatever exports them."""
+    while True:
+        b = a.base
+        if isinstance(b, memoryview):
+            b = b.obj
+        if not isinstance(b, np.ndarray):
+            return a if b is None else b
+        a = b
+
+
+def _lifetime(arr: np.ndarray, key: tuple) -> tuple:
+    """(alive, file_bytes) for a cache entry of ``arr``'s bytes, neither holding them. The entry leaves
+    the cache as their owner is freed (before the address can be reused); ``alive()`` is False once the
+    owner is gone or, an mmap, closed; ``file_bytes()`` is a fresh view of them in the file's mmap (for
+    ``settle_file_pages``), or None. An owner without weak references (``bytes``) is held instead."""
+    owner = _owner(arr)
+    try:
+        weakref.finalize(owner, _PACKED.pop, key, None)
+        ref = weakref.ref(owner)
+    except TypeError:
+        return (lambda: True), (lambda: None)
+    if not isinstance(owner, mmap.mmap):
+        return (lambda: ref() is not None), (lambda: None)
+    start = arr.__array_interface__["data"][0] - np.frombuffer(owner, np.uint8, count=1).__array_interface__["data"][0]
+    extent = sum((n - 1) * st for n, st in zip(arr.shape, arr.strides)) + arr.itemsize if arr.size else 0
+
+    def alive():
+        m = ref()
+        return m is not None and not m.closed
+
+    def file_bytes():
+        m = ref()
+        return None if m is None or m.closed else np.frombuffer(m, np.uint8, count=extent, offset=start)
+    return alive, file_bytes
 
 
 def _pack_chunked(rows: np.ndarray, name: str, K: int, pack) -> tuple:
@@ -134,13 +177,15 @@ def settle_file_pages() -> None:
     (the next weight's first bytes, a norm's weight read by a step being bound) maps back up to 64 KiB
     of cached file pages around it (the kernel's fault-around): about 15 MB of SmolLM2's file stayed
     resident that way."""
-    for arr, _, _ in _PACKED.values():
-        drop_file_pages(arr)
+    for _, file_bytes, _, _ in list(_PACKED.values()):
+        arr = file_bytes()
+        if arr is not None:
+            drop_file_pages(arr)
 
 
 def packed_nbytes() -> int:
     """Bytes held by the packed-weight cache (the extra memory of the fast path)."""
-    return sum(a.nbytes for _, _, p in _PACKED.values() for a in p)
+    return sum(a.nbytes for *_, p in _PACKED.values() for a in p)
 
 
 def clear_cache() -> None:
