@@ -97,12 +97,13 @@ SHORT_PROMPT = 10       # llama-bench's tg convention: decode speed with (almost
 
 
 def median_side(sides: list[Side]) -> Side:
-    """One engine's rounds as one: the median of each speed, the highest peak memory, the first round's
-    load time and tokens (every round decodes the same greedy tokens)."""
+    """One engine's rounds as one: the median of each speed; the first round's peak memory, load time and
+    tokens (every round decodes the same greedy tokens; llmlab's later rounds run in the process the first
+    one used, on its heap, so only the first round's peak is a fresh process's, as each llama.cpp round is)."""
     def med(key):
         vals = [getattr(s, key) for s in sides]
         return None if any(v is None for v in vals) else float(np.median(vals))
-    return Side(med("prefill_tokens_per_s"), med("decode_tokens_per_s"), max(s.peak_rss_mb for s in sides),
+    return Side(med("prefill_tokens_per_s"), med("decode_tokens_per_s"), sides[0].peak_rss_mb,
                 sides[0].load_s, sides[0].ids, med("decode_short_tokens_per_s"))
 
 
