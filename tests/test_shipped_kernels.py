@@ -174,3 +174,17 @@ def test_every_archive_loads_for_its_target_without_compiling(tmp_path, name):
     assert r.returncode == 0, r.stderr[-3000:]
     loaded, compiled = (int(x) for x in r.stdout.split()[1::2])
     assert loaded == shipped_kernels.read_manifest(t)["kernels"] and compiled == 0, r.stdout
+
+
+def test_the_builder_swaps_every_byte_dot_table_for_the_targets_own():
+    """tools/ship_kernels.py compiles a host's recorded signatures for every other target with each byte-dot
+    kernel swapped for the target's: every table (dot4's single and multi-weight entries, the ARM twins')
+    must be found, or an AVX-512 host hands LLVM a 512-bit vpdpbusd to lower for haswell (it aborts)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    import ship_kernels
+    from llmlab.ggml.cpu.fast import dot4, dot4_neon
+    found = ship_kernels._byte_dot_tables()
+    for table in (dot4.KERNELS, dot4.MULTI, dot4_neon.KERNELS):
+        for per_isa in table.values():
+            for family, k in per_isa.items():
+                assert found.get(id(k)) == (table, family)

@@ -50,18 +50,23 @@ def _dispatchers():
 
 
 def _byte_dot_tables():
-    """id(dispatcher) -> (table, family) over every ``KERNELS`` table (instruction set -> family -> kernel)."""
+    """id(dispatcher) -> (table, family) over every byte-dot table (a module's dict of instruction set ->
+    family -> kernel: ``dot4.KERNELS``, ``dot4.MULTI``, ``dot4_neon.KERNELS``, ...). A table left out here
+    would have a wider host's kernels compiled for a narrower target, which LLVM cannot lower."""
     from numba.core.dispatcher import Dispatcher
     from llmlab.ggml.cpu.fast import dot4
     isas = set(dot4.KERNELS)
     out = {}
     for name, mod in list(sys.modules.items()):
-        table = getattr(mod, "KERNELS", None) if name.startswith("llmlab.") and mod is not None else None
-        if isinstance(table, dict) and table and set(table) <= isas:
-            for per_isa in table.values():
-                for family, k in per_isa.items():
-                    if isinstance(k, Dispatcher):
-                        out[id(k)] = (table, family)
+        if not name.startswith("llmlab.") or mod is None:
+            continue
+        for table in vars(mod).values():
+            if (isinstance(table, dict) and table and set(table) <= isas
+                    and all(isinstance(v, dict) for v in table.values())):
+                for per_isa in table.values():
+                    for family, k in per_isa.items():
+                        if isinstance(k, Dispatcher):
+                            out[id(k)] = (table, family)
     return out
 
 
