@@ -214,3 +214,34 @@ def test_plan_fuses_the_attention_nodes(shape, cpu):
     both = ggml.add(ctx, ggml.sum_rows(ctx, p), ggml.sum_rows(ctx, out))     # the probabilities read twice
     plan2 = graph_plan(build_forward(both).nodes, cpu=cpu)
     assert not any(plan2.nodes[i] is kq for i in plan2.absorbed)
+
+
+@pytest.fixture(scope="module")
+def tiny64(tmp_path_factory):
+    """Tiny models whose heads are 64 wide (the fused kernel's tiles take them): SmolLM2's three query
+    heads a kv head, Gemma 3's one kv head and its sliding window."""
+    from llmlab.llama import Model
+    from llmlab.llama.tiny import write_tiny
+    d = tmp_path_factory.mktemp("tiny64")
+    return {"llama": Model(write_tiny(d / "llama.gguf", "llama", n_layer=2, n_embd=384, n_head=6, n_head_kv=2, seed=3)),
+            "gemma3": Model(write_tiny(d / "gemma3.gguf", "gemma3", n_layer=3, n_embd=256, n_head=4, n_head_kv=1, seed=4,
+                                       sliding_window=6))}
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_whole_model_decode_steps_with_the_fused_attention(tiny64, arch, cpu):
+    """Decode steps of whole (tiny) models on the fast plan, their attention fused, give the reference
+    kernels' logits bit for bit, step after step as the cache fills and the window slides."""
+    from llmlab.llama import Batch, Context
+    outs = {}
+    for kernels in ("fast", "reference"):
+        ctx = Context(tiny64[arch], n_ctx=64, kernels=kernels, cpu=cpu)
+        seq = [ctx.decode(Batch.from_tokens([3, 1, 4, 1, 5, 9, 2, 6, 5, 3], logits="last"))]
+        for i, t in enumerate([7, 11, 13, 17, 19, 23, 29]):
+            seq.append(ctx.decode(Batch.from_tokens([t], pos0=10 + i, logits="last")))
+        if kernels == "fast":
+            plan = ctx.backend.plan(ctx.last_graph.gf)
+            fused = sum(plan.nodes[i].op == "SOFT_MAX" for i in plan.absorbed)
+            assert fused == len(tiny64[arch].layers), fused
+        outs[kernels] = seq
+    assert all(same_bits(a, b) for a, b in zip(outs["fast"], outs["reference"]))
