@@ -64,6 +64,13 @@ def main(isas: list[str]) -> dict:
                                    v.lanes, v.hsum_prog, v.expf)
     g = np.ones((1, 64), np.float32)
     out["swiglu"] = instructions(fvec.swiglu, g, g, g.copy(), v.expf)
+    H, R, D = 2, 64, 32                         # a decode step's fused attention (one kv head)
+    K, V, TW = np.zeros((1, R, D), np.uint16), np.zeros((R, 1, D), np.uint16), fvec.TW
+    out["attention"] = instructions(
+        fvec.attention_f16_tiles, K, np.zeros((H, 1, D), np.float32), np.zeros((1, R), np.float32), np.float32(1), V,
+        np.zeros((H, 1, D), np.float32), v.arr, v.lanes, v.vec_prog, v.hsum_prog, v.expf, True, np.ones(R, np.uint8),
+        np.ones(R, np.uint8), np.zeros((1, R // TW, D, TW), np.uint16), np.zeros((1, D // TW, R, TW), np.uint16),
+        np.zeros((2, R), np.uint8), np.zeros((H, 1, R), np.float32), np.zeros((H, 1, R), np.float32), 1)
     for isa in isas:
         k = q41.byte_dot[isa]
         out[f"dot4_{isa}_q4_1"] = instructions(k.threaded, *k.pack(raw, "q4_1", 64), x, np.empty((1, 32), np.float32), 1)

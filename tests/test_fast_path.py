@@ -266,6 +266,52 @@ def test_f16_register_tiles_equal_vec_dot_f16(K, R, heads, cpu):
         flags[5] = vflags[5] = 1
 
 
+@pytest.mark.parametrize("K", [32, 128])
+def test_f16_kernels_start_their_registers_at_plus_zero(K, cpu):
+    """ggml_vec_dot_f16 starts from zeroed registers (GGML_F32_VEC_ZERO, then fma): zero cache rows against
+    an all-negative query sum to +0, not -0 (a register started at its first product would stay -0), and
+    so do V columns of -0 against the probabilities; every decode-step kernel gives the reference's +0."""
+    from llmlab.ggml.cpu import profiles
+    from llmlab.ggml.cpu.fast import vec as fvec
+    from llmlab.ggml.cpu.vec import vec_dot_f16
+    prof = profiles.resolve(cpu)
+    v = fvec.params(prof)
+    H, R = 2, 256
+    cache = rng.standard_normal((R, 1, K)).astype(np.float16)
+    cache[:20] = 0
+    A = cache.view(np.uint16).transpose(1, 0, 2)                # (1, R, K)
+    X = -np.abs(rng.standard_normal((H, 1, K))).astype(np.float32) - 0.5
+    want = vec_dot_f16(X.astype(np.float16)[:, :, None, :], cache.transpose(1, 0, 2)[np.zeros(H, int)][:, None], prof)
+    assert not want[..., :20].view(np.uint32).any()
+    w = v.arr * v.lanes
+    runs = {"mul_mat_f16": lambda Y: fvec.mul_mat_f16(A, X, Y, v.arr, v.lanes, v.vec_prog),
+            "cached": lambda Y: fvec.mul_mat_f16_cached(A, X, Y, v.arr, v.lanes, v.vec_prog, np.ones(R, np.uint8),
+                                                        np.zeros((1, K, -(-R // fvec.RB), fvec.RB), np.uint16), 0),
+            "long": lambda Y: fvec.mul_mat_f16_long(A.reshape(1, R, K // w, w), X, Y, v.lanes, v.vec_prog)}
+    if fvec.tiles_fit(v.arr, v.lanes, v.vec_prog, K):
+        runs["tiles"] = lambda Y: fvec.mul_mat_f16_tiles(A, X, Y, v.arr, v.lanes, v.vec_prog, np.ones(R, np.uint8),
+                                                         np.zeros((1, R // fvec.TW, K, fvec.TW), np.uint16), 0)
+    for name, run in runs.items():
+        if name == "long" and K % w:
+            continue
+        Y = np.empty((H, 1, R), np.float32)
+        run(Y)
+        assert same_bits(Y, want), name
+    V = cache.copy()                                            # kqv: V^T's row d is the cells' column d
+    V[:, :, 3] = -0.0
+    P = rng.random((H, 1, R)).astype(np.float32)
+    want = vec_dot_f16(P.astype(np.float16)[:, :, None, :], V.transpose(1, 2, 0)[np.zeros(H, int)][:, None], prof)
+    assert not want[..., 3].view(np.uint32).any()
+    for tiled in (False, True):
+        O = np.empty((H, 1, K), np.float32)
+        if tiled:
+            fvec.mul_mat_f16_vt_tiles(V.view(np.uint16), P, O, v.arr, v.lanes, v.vec_prog, np.ones(R, np.uint8),
+                                      np.zeros((1, K // fvec.TW, R, fvec.TW), np.uint16), 0)
+        else:
+            fvec.mul_mat_f16_vt(V.view(np.uint16), P, O, v.arr, v.lanes, v.vec_prog, 0)
+        assert same_bits(O, want), tiled
+
+
 def test_row_journal_marks_exactly_the_written_rows():
     from llmlab.ggml.cpu.journal import reader, rows_written, writer
     cache = np.zeros((16, 8), np.float16)
@@ -351,13 +397,14 @@ def test_fast_plan_binds_every_compute_node_of_a_real_decode_step(smollm2_path):
     assert slow == set()
     assert plan.n_fast == len(plan._run) + plan.n_fused
     absorbed = sorted({plan.nodes[i].name.split("-")[0] for i in plan.absorbed if plan.nodes[i].op != "SET_ROWS"})
-    # every layer's CONT of V^T (read in place by kqv); V computed with K and up with gate, one region and
-    # one activation quantization each (Q not: K's output bytes are Q's, freed by Q's ROPE in between);
-    # every RMS_NORM with its MUL by the weight, and the residual ADD before it (60 of them: the first
-    # norm reads the embeddings); every layer's SET_ROWS of K with its SET_ROWS of V (30)
-    assert absorbed == ["Vcur", "ffn_inp", "ffn_up", "l_out", "norm", "v_cont"]
+    # every layer's attention (kq, its SOFT_MAX and the CONT of V^T, one step with kqv: 90); V computed with
+    # K and up with gate, one region and one activation quantization each (Q not: K's output bytes are Q's,
+    # freed by Q's ROPE in between); every RMS_NORM with its MUL by the weight, and the residual ADD before
+    # it (60 of them: the first norm reads the embeddings); every layer's SET_ROWS of K with its SET_ROWS of V (30)
+    assert absorbed == ["Vcur", "ffn_inp", "ffn_up", "kq", "kq_soft_max", "l_out", "norm", "v_cont"]
     assert sum(plan.nodes[i].op == "SET_ROWS" for i in plan.absorbed) == 30
-    assert plan.n_fused == 90 + 61 + 60 + 30
+    assert sum(plan.nodes[i].op == "SOFT_MAX" for i in plan.absorbed) == 30
+    assert plan.n_fused == 90 + 61 + 60 + 30 + 60
 
 
 def test_unknown_kernel_set_is_refused(tiny):

@@ -73,6 +73,16 @@ def test_softmax_and_swiglu_vectorize_exp(probes, cpu):
     assert count(c, r"vdivps") >= 1
 
 
+@pytest.mark.parametrize("cpu", CPUS)
+def test_fused_attention_vectorizes_exp(probes, cpu):
+    """The fused decode attention (softmax between its two products) keeps the softmax's exp loop vector
+    code: ggml_v_expf's n = round(x / ln 2) converted to int32 lanes (packed, 256 or 512 bits), and the
+    products' packed fmas."""
+    c = probes[cpu]["attention"]
+    assert count(c, r"vcvttps2dq", ("ymm", "zmm")) >= 1, c
+    assert count(c, r"vfmadd\d+ps", ("ymm", "zmm")) >= 8, c
+
+
 @pytest.mark.parametrize("cpu,isa", [(c, i) for c, isas in CPUS.items() for i in isas])
 def test_dot4_kernels_use_byte_dot_products(probes, cpu, isa):
     c = probes[cpu][f"dot4_{isa}_q4_1"]

@@ -481,6 +481,74 @@ def _f16h_step(kernel, rows: np.ndarray, X: np.ndarray, Y: np.ndarray, half: tup
     return lambda: kernel(rows, X, Y, *half, written, cls, always, n)
 
 
+F16_MAX = 65504.0
+
+
+@FUSIONS.append
+def _fuse_attention(node, cpu, readers, prev):
+    """A decode step's attention, kq = MUL_MAT(K, q) -> SOFT_MAX(kq, mask, scale) -> kqv = MUL_MAT(CONT(V^T),
+    probabilities) for one token: one step and one parallel region a layer (``fast.vec.attention_f16_tiles``:
+    a head per work item) instead of three, with their bits (the same tiles, registers and softmax as
+    ``mul_mat_f16_tiles``, ``soft_max`` and ``mul_mat_f16_vt_tiles``). Only where the three follow one
+    another (no computed node in between), nobody else reads the scores, the probabilities or the CONT,
+    and all three would take those kernels (the journal's tiles, float32 registers, a row of whole
+    lanes); else ``_fuse_v_transpose`` and the nodes' own steps. Ahead of ``_fuse_v_transpose`` in FUSIONS."""
+    if node.op != "MUL_MAT" or node.type is not F32:
+        return None
+    c, sm = node.src
+    if sm.op != "SOFT_MAX" or prev.get(id(node)) is not sm or readers.get(id(sm), 0) != 1 or sm.type is not F32:
+        return None
+    kq = sm.src[0]
+    if (kq.op != "MUL_MAT" or prev.get(id(sm)) is not kq or readers.get(id(kq), 0) != 1 or kq.type is not F32
+            or c.op != "CONT" or readers.get(id(c), 0) != 1 or c.type is not F16):
+        return None
+    a, b, v = kq.src[0], kq.src[1], c.src[0]
+    if (a.type is not F16 or b.type is not F32 or v.type is not F16 or b.ne[1] != 1 or a.ne[3] != 1 or b.ne[3] != 1
+            or c.ne[3] != 1 or a.ne[2] != c.ne[2] or b.ne[2] % a.ne[2] or tuple(node.ne[:3]) != (c.ne[1], 1, b.ne[2])
+            or c.ne[0] != a.ne[1] or sm.op_params.get("max_bias", 0.0) != 0.0):
+        return None
+    H, Hk, R, Dk, Dv = b.ne[2], a.ne[2], a.ne[1], a.ne[0], c.ne[1]
+    M = np.zeros((0, R), np.float32)
+    if len(sm.src) > 1:
+        m = sm.src[1]
+        if m.type is not F32 or m.ne[2] != 1 or m.ne[3] != 1 or m.ne[0] != R:
+            return None
+        M = m.array()[0, 0][:1]
+    if fvec16.half_order(cpu, R, 1, Dk) is not None or fvec16.half_order(cpu, Dv, 1, R) is not None:
+        return None                 # half-precision accumulators (FP16_VA): the nodes' own vec_f16 steps
+    order, vorder = _f16_order(cpu, R, 1, Dk), _f16_order(cpu, Dv, 1, R)
+    if order is None or vorder is None or order[:2] != vorder[:2] or not np.array_equal(order[2], vorder[2]):
+        return None
+    n_reg, lanes, prog = order
+    sv = fvec.params(cpu)
+    if R % sv.lanes or Dv % fvec.TW or not (fvec.tiles_fit(n_reg, lanes, prog, Dk) and fvec.tiles_fit(n_reg, lanes, prog, R)):
+        return None
+    K = a.array()[0].view(np.uint16)                       # (Hk, R, Dk): the cache rows' view
+    Vt = v.array()[0].transpose(2, 0, 1)                   # (R, Hk, Dv): the cache rows
+    if not Vt.flags.c_contiguous:
+        return None
+    V = Vt.view(np.uint16)
+    kflags, vflags = reader(K.transpose(1, 0, 2)), reader(V)
+    if kflags is None or vflags is None or kflags.shape[0] < R or vflags.shape[0] < R:
+        return None
+    Q, Y = b.array()[0], node.array()[0]                   # (H, 1, Dk), (H, 1, Dv)
+    if M.size and _overlap(_span(M), _span(Y)):
+        return None
+    scale = np.float32(sm.op_params["scale"])
+    # a finite score (|kq| <= Dk * F16_MAX^2) times the scale must stay finite for masked cells to be skipped
+    skip = bool(np.isfinite(scale) and abs(float(scale)) * Dk * F16_MAX * F16_MAX * 2 < float(np.finfo(np.float32).max))
+    KT = np.zeros((Hk, -(-R // fvec.TW), Dk, fvec.TW), np.uint16)
+    VT = np.zeros((Hk, Dv // fvec.TW, R, fvec.TW), np.uint16)
+    bad = np.zeros((2, R), np.uint8)
+    S, P = np.empty((H, 1, R), np.float32), np.empty((H, 1, R), np.float32)
+    n = _attention_limit(H * R * (Dk + Dv))
+
+    def step():
+        fvec.attention_f16_tiles(K, Q, M, scale, V, Y, n_reg, lanes, prog, sv.hsum_prog, sv.expf, skip,
+                                 kflags, vflags, KT, VT, bad, S, P, n)
+    return step, [c, kq, sm]
+
+
 @FUSIONS.append
 def _fuse_v_transpose(node, cpu, readers, prev):
     """kqv = MUL_MAT(CONT(V^T), probabilities) for one token: the CONT only transposes the cache's V rows

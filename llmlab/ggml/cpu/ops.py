@@ -437,6 +437,27 @@ def flash_attn_ext(dst: Tensor, cpu=None) -> None:
     _out(dst)[0] = res.transpose(1, 0, 2)               # -> [Dv, n_head, n_q] in ggml order
 
 
+def attention_one_token(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None, scale: float,
+                        cpu=None) -> np.ndarray:
+    """A decode step's attention as this module runs its three nodes: kq = MUL_MAT(K, q) over the f16
+    cache rows, SOFT_MAX(kq * scale + mask), kqv = MUL_MAT(V^T, probabilities), each product's
+    activations rounded to f16 first. q (H, Dk) float32; k (Hk, R, Dk) and v (Hk, R, Dv) f16 values
+    (grouped heads: head h reads kv head h // (H / Hk)); mask (R,) float32 or None -> (H, Dv). The
+    twin of the fused kernel (``fast.vec.attention_f16_tiles``)."""
+    from .sgemm import mul_mat_f16_op
+    from .vec import soft_max_rows
+    cpu = profiles.resolve(cpu)
+    g = q.shape[0] // k.shape[0]
+    qh = np.asarray(q, float32).astype(np.float16)
+    kq = np.stack([mul_mat_f16_op(k[h // g], qh[h:h + 1], cpu)[0] for h in range(q.shape[0])])
+    w = kq * float32(scale)
+    if mask is not None:
+        w = w + np.asarray(mask, float32)[None, :]
+    ph = soft_max_rows(w.astype(float32), cpu).astype(np.float16)
+    return np.stack([mul_mat_f16_op(np.ascontiguousarray(v[h // g].T), ph[h:h + 1], cpu)[0]
+                     for h in range(q.shape[0])])
+
+
 # ---- mixture of experts: MUL_MAT_ID and the router's ops ----------------------------------------
 
 def expert_rows(ids: np.ndarray, n_as: int) -> list[list[tuple[int, int]]]:

@@ -17,8 +17,8 @@ from typing import Callable
 
 import numpy as np
 
-from .. import quants as ref_quants, repack_gemm as ref_repack, tiled as ref_tiled
-from . import dot4, dot4_neon, neon, quants, repack, tiled
+from .. import ops as ref_ops, quants as ref_quants, repack_gemm as ref_repack, tiled as ref_tiled
+from . import dot4, dot4_neon, neon, quants, repack, tiled, vec
 from .quantize import quantize_q8_0, quantize_q8_0_neon, quantize_q8_1, quantize_q8_1_neon, quantize_q8_k, quantize_q8_k_neon
 
 
@@ -127,6 +127,23 @@ NEON_I8MM: dict[tuple[str, str], Twin] = {
 FAMILIES: dict[str, dict[tuple[str, str], Twin]] = {"x86": TWINS, "neon": NEON, "neon_i8mm": NEON_I8MM}
 
 
+@dataclass(frozen=True)
+class FusedTwin:
+    """A fused step's numba kernel (several graph nodes in one call) and the NumPy reference of those nodes."""
+    reference: Callable
+    ggml: str                    # the ggml-cpu functions whose bits it gives, in order
+    kernel: Callable
+
+
+# fused steps (llmlab.ggml.cpu.cplan's FUSIONS) whose kernel computes more than one node's arithmetic
+FUSED: dict[str, FusedTwin] = {
+    "attention_one_token": FusedTwin(
+        ref_ops.attention_one_token,
+        "ggml_vec_dot_f16 (kq), ggml_compute_forward_soft_max_f32, ggml_vec_dot_f16 (kqv): one token's attention",
+        vec.attention_f16_tiles),
+}
+
+
 def twin(tname: str, path: str | None, family: str = "x86") -> Twin | None:
     return FAMILIES.get(family, {}).get((tname, path))
 
@@ -139,6 +156,8 @@ def _document() -> None:
             for fn in (k.threaded, k.serial):
                 if fn is not None:
                     seen.setdefault(id(fn), (fn, []))[1].append(f"{tw.ggml} ({path})")
+    for name, ft in FUSED.items():
+        seen.setdefault(id(ft.kernel), (ft.kernel, []))[1].append(f"{ft.ggml} ({name})")
     for fn, refs in seen.values():
         twin_of = "Twin of: " + ", ".join(dict.fromkeys(refs)) + "."
         fn.__doc__ = "\n\n".join(s for s in ((fn.__doc__ or "").rstrip(), twin_of) if s)

@@ -22,6 +22,7 @@ from numba.extending import intrinsic
 from ._common import as_f32, f16_bits_to_f32, f16_round, f32_to_f16_bits, fma, limit_threads, restore_threads
 
 EXPF_CODES = {"scalef": 0, "bits": 1}
+ZERO = np.float32(0.0)          # a register's start (GGML_F32_VEC_ZERO): fma onto it turns a -0 product into +0
 
 
 def tree_program(tree, n_lanes: int) -> np.ndarray:
@@ -134,17 +135,17 @@ def _dot_rows(AT, blk0, blk1, b, out_row, n_reg, lanes, prog, acc, scratch):
                 b0, b1, b2, b3 = b[l], b[lanes + l], b[2 * lanes + l], b[3 * lanes + l]
                 sl = scratch[l]
                 for r in range(W):
-                    sl[r] = ((as_f32(a0[r]) * b0 + as_f32(a2[r]) * b2)
-                             + (as_f32(a1[r]) * b1 + as_f32(a3[r]) * b3))
+                    sl[r] = ((fma(as_f32(a0[r]), b0, ZERO) + fma(as_f32(a2[r]), b2, ZERO))
+                             + (fma(as_f32(a1[r]), b1, ZERO) + fma(as_f32(a3[r]), b3, ZERO)))
         else:
             if np_ == 0:
                 acc[:, :] = 0
-            for j in range(min(step, np_)):                     # the first step: fma(a, b, 0) is a*b, rounded once
-                bj = b[j]
+            for j in range(min(step, np_)):                     # the first step: fma onto the zeroed register
+                bj = b[j]                                       # (a*b, but a -0 product gives +0, as ggml's)
                 a = AT[j, blk]
                 row = acc[j]
                 for r in range(W):
-                    row[r] = as_f32(a[r]) * bj
+                    row[r] = fma(as_f32(a[r]), bj, ZERO)
             for i in range(step, np_, step):
                 for j in range(step):                           # register j // lanes, lane j % lanes
                     bj = b[i + j]
@@ -172,7 +173,7 @@ def _row_lanes(a, b2, acc, regs):
     Indexed by plain range variables (an index like ``i + j`` made LLVM keep every lane scalar)."""
     S, step = a.shape
     for j in range(step):
-        acc[j] = f16_bits_to_f32(a[0, j]) * b2[0, j]
+        acc[j] = fma(f16_bits_to_f32(a[0, j]), b2[0, j], ZERO)     # onto the zeroed register (+0, never -0)
     for i in range(1, S):
         for j in range(step):
             acc[j] = fma(f16_bits_to_f32(a[i, j]), b2[i, j], acc[j])
@@ -304,7 +305,8 @@ def _vdot_tile(n_reg: int, lanes: int):
     the accumulators in registers across the rows: A f16 bits (C-contiguous), row w's element k at
     ``base + k * rstride + w``; b float32 (C-contiguous), element k at ``boff + k``; ``nsteps`` =
     K / (n_reg * lanes) >= 1 (indices, not views: a view per tile costs atomic reference counts). For each lane:
-    register j's first step a*b (fma onto zero), fma for the later steps, then the registers folded (the
+    register j's first step fma onto +0 (ggml's zeroed registers: a -0 product gives +0, so no register is ever
+    -0 and products of zero added later change nothing), fma for the later steps, then the registers folded (the
     upper half onto the lower, GGML_F32_VEC_REDUCE); the lanes then added by the tree ``prog`` (lanes - 1
     rows (i, j): value lanes + k = value i + value j); the last value stored into res (16,) float32."""
     step = n_reg * lanes
@@ -336,10 +338,11 @@ def _vdot_tile(n_reg: int, lanes: int):
 
             vals = cgutils.alloca_once(builder, _F32x16, size=ir.Constant(i64, 2 * lanes))
             accs = [cgutils.alloca_once(builder, _F32x16) for _ in range(n_reg)]
+            zero = ir.Constant(_F32x16, [0.0] * 16)
             for lane in range(lanes):
                 for j in range(n_reg):
                     a, bv = load(ir.Constant(i64, j * lanes + lane))
-                    builder.store(builder.fmul(a, bv), accs[j])
+                    builder.store(builder.call(fma, [a, bv, zero]), accs[j])
                 with cgutils.for_range(builder, builder.sub(ns, ir.Constant(i64, 1))) as loop:
                     k0 = builder.mul(builder.add(loop.index, ir.Constant(i64, 1)), ir.Constant(i64, step))
                     for j in range(n_reg):
@@ -493,6 +496,32 @@ def mul_mat_f16_cached(A, X, out, n_reg, lanes, prog, written, AT, n_threads):
     restore_threads(prev)
 
 
+@njit(inline="always")
+def _tile_rows(A, written, AT):
+    """AT[hk, r // TW, k, r % TW] = A[hk, r, k] (f16 bits) for the cache rows r that ``written`` flags (the
+    flags cleared): kq's 16-row tiles, redone where a writer changed the rows."""
+    Hk, R, K = A.shape
+    for r in range(R):
+        if written[r]:
+            written[r] = 0
+            for hk in range(Hk):
+                for k in range(K):
+                    AT[hk, r // TW, k, r % TW] = A[hk, r, k]
+
+
+@njit(inline="always")
+def _tile_cells(V, written, VT):
+    """VT[hk, d // TW, c, d % TW] = V[c, hk, d] (f16 bits) for the cells c that ``written`` flags (the flags
+    cleared): kqv's tiles of 16 columns of the cache rows."""
+    KV, Hk, D = V.shape
+    for c in range(KV):
+        if written[c]:
+            written[c] = 0
+            for hk in range(Hk):
+                for d in range(D):
+                    VT[hk, d // TW, c, d % TW] = V[c, hk, d]
+
+
 @njit(cache=True, parallel=True)
 def mul_mat_f16_tiles(A, X, out, n_reg, lanes, prog, written, AT, n_threads):
     """:func:`mul_mat_f16_cached` in 16-row register tiles (``_vdot_tiles_ok``): ``AT`` (Hk, R/16, K, 16)
@@ -505,12 +534,7 @@ def mul_mat_f16_tiles(A, X, out, n_reg, lanes, prog, written, AT, n_threads):
     H, T = out.shape[0], out.shape[1]
     g = H // Hk
     NT = AT.shape[1]
-    for r in range(R):
-        if written[r]:
-            written[r] = 0
-            for hk in range(Hk):
-                for k in range(K):
-                    AT[hk, r // TW, k, r % TW] = A[hk, r, k]
+    _tile_rows(A, written, AT)
     NB = -(-NT // 8)                                    # work items: (kv head, 8 tiles)
     for w in prange(Hk * NB):
         hk, blk = w // NB, w % NB
@@ -539,12 +563,7 @@ def mul_mat_f16_vt_tiles(V, X, out, n_reg, lanes, prog, written, VT, n_threads):
     H, T = out.shape[0], out.shape[1]
     g = H // Hk
     NT = D // TW
-    for c in range(KV):
-        if written[c]:
-            written[c] = 0
-            for hk in range(Hk):
-                for d in range(D):
-                    VT[hk, d // TW, c, d % TW] = V[c, hk, d]
+    _tile_cells(V, written, VT)
     for w in prange(Hk * NT):                           # work items: (kv head, tile)
         hk, s = w // NT, w % NT
         b = np.empty((g, KV), np.float32)
@@ -695,52 +714,58 @@ def _gt(v, m):
 
 
 @njit(inline="always")
-def _max8(w):
-    """The max of w (length a multiple of 8) as ggml_vec_max_f32 finds it: the NaN-skipping running max
+def _max8(w, n):
+    """The max of w[:n] (n a multiple of 8) as ggml_vec_max_f32 finds it: the NaN-skipping running max
     in 8 independent strands (a max of non-NaN values is the same in any order; only the sign of a zero
     max could differ, and exp(w - max) is the same for either), so that it runs in one vector register."""
     m0 = m1 = m2 = m3 = m4 = m5 = m6 = m7 = np.float32(-np.inf)
-    for k in range(0, w.shape[0], 8):
+    for k in range(0, n, 8):
         m0, m1, m2, m3 = _gt(w[k], m0), _gt(w[k + 1], m1), _gt(w[k + 2], m2), _gt(w[k + 3], m3)
         m4, m5, m6, m7 = _gt(w[k + 4], m4), _gt(w[k + 5], m5), _gt(w[k + 6], m6), _gt(w[k + 7], m7)
     return _gt(_gt(_gt(m0, m1), _gt(m2, m3)), _gt(_gt(m4, m5), _gt(m6, m7)))
 
 
 @njit(inline="always")
-def _soft_max_rows(x, mask, scale, out, lanes, prog, variant, j0, j1):
-    """Rows j0..j1 of the softmax. Arrays are indexed, not sliced (a view per row and per tree step costs
-    numba reference-count updates; measured, that was not where a decode step's softmax spent its time:
-    the exp loop was, see v_expf)."""
-    n_head, n_q, n = x.shape
+def _soft_max_row(x, mask, h, q, n, scale, out, lanes, prog, variant, w, blk):
+    """Row (h, q) of the softmax over its first n cells (n a multiple of ``lanes``), into out[h, q, :n];
+    ``w`` (>= n) and ``blk`` (lanes + len(prog), >= n / lanes) are scratch. Returns the row's max. Arrays
+    are indexed, not sliced (a view per row and per tree step costs numba reference-count updates;
+    measured, that was not where a decode step's softmax spent its time: the exp loop was, see v_expf)."""
     nb = n // lanes
-    w = np.empty(n, np.float32)
-    blk = np.empty((lanes + prog.shape[0], nb), np.float32)     # lane l of every block in row l
     last = lanes + prog.shape[0] - 1
-    has_mask = mask.shape[0] != 0
-    for hq in range(j0, j1):
-        h, q = hq // n_q, hq % n_q
-        if has_mask:
-            for i in range(n):
-                w[i] = x[h, q, i] * scale + mask[q, i]
-        else:
-            for i in range(n):
-                w[i] = x[h, q, i] * scale
-        mx = _max8(w)
-        for i in range(n):                                       # exp(w - max), vectorized
-            w[i] = v_expf(np.float32(w[i] - mx), variant)
-        for l in range(lanes):
-            for k in range(nb):
-                blk[l, k] = w[k * lanes + l]
-        for k in range(prog.shape[0]):                           # each block's horizontal sum (_tree's order)
-            a, b, c = prog[k, 0], prog[k, 1], lanes + k
-            for i in range(nb):
-                blk[c, i] = blk[a, i] + blk[b, i]
-        s = np.float64(0.0)
-        for k in range(nb):                                      # added in double, block by block
-            s += np.float64(blk[last, k])
-        inv = np.float32(1.0 / s)
+    if mask.shape[0] != 0:
         for i in range(n):
-            out[h, q, i] = w[i] * inv
+            w[i] = x[h, q, i] * scale + mask[q, i]
+    else:
+        for i in range(n):
+            w[i] = x[h, q, i] * scale
+    mx = _max8(w, n)
+    for i in range(n):                                           # exp(w - max), vectorized
+        w[i] = v_expf(np.float32(w[i] - mx), variant)
+    for l in range(lanes):
+        for k in range(nb):
+            blk[l, k] = w[k * lanes + l]
+    for k in range(prog.shape[0]):                               # each block's horizontal sum (_tree's order)
+        a, b, c = prog[k, 0], prog[k, 1], lanes + k
+        for i in range(nb):
+            blk[c, i] = blk[a, i] + blk[b, i]
+    s = np.float64(0.0)
+    for k in range(nb):                                          # added in double, block by block
+        s += np.float64(blk[last, k])
+    inv = np.float32(1.0 / s)
+    for i in range(n):
+        out[h, q, i] = w[i] * inv
+    return mx
+
+
+@njit(inline="always")
+def _soft_max_rows(x, mask, scale, out, lanes, prog, variant, j0, j1):
+    """Rows j0..j1 of the softmax (row j: head j // n_q, query row j % n_q)."""
+    n_q, n = x.shape[1], x.shape[2]
+    w = np.empty(n, np.float32)
+    blk = np.empty((lanes + prog.shape[0], n // lanes), np.float32)     # lane l of every block in row l
+    for hq in range(j0, j1):
+        _soft_max_row(x, mask, hq // n_q, hq % n_q, n, scale, out, lanes, prog, variant, w, blk)
 
 
 @njit(cache=True, error_model="numpy")
@@ -756,3 +781,104 @@ def soft_max_mt(x, mask, scale, out, lanes, prog, variant, n_chunks):
     n = x.shape[0] * x.shape[1]
     for c in prange(n_chunks):
         _soft_max_rows(x, mask, scale, out, lanes, prog, variant, c * n // n_chunks, (c + 1) * n // n_chunks)
+
+
+# ---- a decode step's attention in one region: kq, softmax, kqv ------------------------------------
+
+F16_EXP = 0x7C00         # an f16's exponent bits: all set for inf and NaN
+
+
+@njit(inline="always")
+def _note_nonfinite(rows, written, bad):
+    """bad[r] = whether rows[r] (f16 bits, any shape after the first axis) holds an inf or a NaN, for the
+    rows ``written`` flags (read before the tiling clears the flags)."""
+    for r in range(rows.shape[0]):
+        if written[r]:
+            nf = 0
+            for i in range(rows.shape[1]):
+                for k in range(rows.shape[2]):
+                    nf |= (rows[r, i, k] & F16_EXP) == F16_EXP
+            bad[r] = nf
+
+
+@njit(inline="always")
+def _live_cells(mask, bad, R, step):
+    """How many leading cells a step computes: all R, or, when the mask hides the last cells (-inf) and
+    nothing can make a NaN of them (no inf or NaN in the mask or in any cell's K or V: finite scores
+    w = kq*scale + -inf = -inf, exp(w - max) = +0, p*V = +-0), the cells up to the last one it lets
+    through, in whole steps of the registers. Those skipped add +0 to the softmax's sum and +-0 to
+    registers that started at +0 (never -0: see _vdot_tile), which changes no bit."""
+    if mask.shape[0] == 0:
+        return R
+    live = 0
+    for i in range(R):
+        m = mask[0, i]
+        if m != -np.inf:
+            if not abs(m) < np.inf:
+                return R
+            live = i + 1
+    for i in range(R):
+        if bad[0, i] | bad[1, i]:
+            return R
+    return min(R, max(step, -(-live // step) * step))
+
+
+@njit(inline="always")
+def _finite_row(x):
+    ok = True
+    for i in range(x.shape[0]):
+        ok &= abs(x[i]) < np.inf
+    return ok
+
+
+@njit(cache=True, parallel=True, error_model="numpy")
+def attention_f16_tiles(K, Q, mask, scale, V, out, n_reg, lanes, prog, hsum_prog, variant, skip,
+                        kflags, vflags, KT, VT, bad, S, P, n_threads):
+    """A decode step's attention for one token, kq = K . f16(q), p = SOFT_MAX(kq, mask, scale), kqv =
+    V^T . f16(p), in one parallel region (a head per work item) with the bits of the three steps it
+    stands for (mul_mat_f16_tiles, soft_max, mul_mat_f16_vt_tiles): the same tiles ``KT`` (Hk, R/16,
+    Dk, 16) and ``VT`` (Hk, Dv/16, R, 16) of the cache rows (f16 bits), redone for the cells the
+    journal flags (``kflags``, ``vflags``), the same registers (_vdot_rows16) and the same softmax
+    (_soft_max_row). K (Hk, R, Dk) and V (R, Hk, Dv): the cache rows as f16 bits; Q (H, 1, Dk) float32,
+    rounded to f16 first (the output may lie on its bytes); mask (1, R) or (0, R); out (H, 1, Dv).
+    S and P (H, 1, R): the scores and probabilities; bad (2, R): which cells' K and V hold an inf or a
+    NaN. With ``skip`` (the binder's check that a finite score times ``scale`` stays finite) the cells
+    after the last one the mask lets through are left out where that gives the same bits
+    (_live_cells; per head also only for a finite query and a finite row max). On at most
+    ``n_threads`` threads (1: the calling thread, 0: the step's count)."""
+    prev = limit_threads(n_threads)
+    Hk, R, Dk = K.shape
+    H = out.shape[0]
+    g = H // Hk
+    NK, NV = KT.shape[1], V.shape[2] // TW
+    _note_nonfinite(K.transpose(1, 0, 2), kflags, bad[0])
+    _note_nonfinite(V, vflags, bad[1])
+    _tile_rows(K, kflags, KT)
+    _tile_cells(V, vflags, VT)
+    bq = np.empty((H, Dk), np.float32)
+    for h in range(H):
+        _round_f16(Q[h, 0], bq[h])
+    n_live = _live_cells(mask, bad, R, n_reg * lanes) if skip else R
+    for h in prange(H):
+        hk = h // g
+        res = np.empty(TW, np.float32)
+        w = np.empty(R, np.float32)
+        blk = np.empty((lanes + hsum_prog.shape[0], R // lanes), np.float32)
+        bp = np.empty((1, R), np.float32)
+        n = n_live if _finite_row(bq[h]) else R
+        done = 0
+        while True:
+            for s in range(done // TW, -(-n // TW)):            # kq: this head's scores, tile by tile
+                r0 = s * TW
+                _vdot_rows16(KT, (hk * NK + s) * Dk * TW, TW, bq, h, Dk, n_reg, lanes, prog, res,
+                             S, h, 0, r0, min(TW, R - r0))
+            done = n
+            mx = _soft_max_row(S, mask, h, 0, n, scale, P, lanes, hsum_prog, variant, w, blk)
+            if n == R or abs(mx) < np.inf:
+                break
+            n = R                                                # no finite max: every cell after all
+        _round_f16(P[h, 0, :n], bp[0, :n])
+        for s in range(NV):                                      # kqv: 16 outputs a tile
+            _vdot_rows16(VT, (hk * NV + s) * R * TW, TW, bp, 0, n, n_reg, lanes, prog, res, out, h, 0,
+                         s * TW, TW)
+    restore_threads(prev)
