@@ -85,12 +85,12 @@ def install(first_locator=None) -> None:
         except (OSError, UnicodeError, ValueError) as e:    # a full disk, a cache we cannot list: go on without
             turn_off(_why(e))
             break
-    load, save = caching.Cache.load_overload, caching.Cache.save_overload
+    save = caching.Cache.save_overload
     enable = dispatcher.Dispatcher.enable_caching
 
     def load_overload(self, sig, target_context):
         try:
-            return load(self, sig, target_context)
+            return _load_without_refresh(self, sig, target_context)
         except Exception as e:   # noqa: BLE001 (whatever a damaged pickle raises: the entry is unusable)
             discard(self, e)
             return None
@@ -117,6 +117,8 @@ def install(first_locator=None) -> None:
             turn_off(f"no folder numba can cache kernels in; {why}")
 
     caching.Cache.load_overload = load_overload
+    from numba.core.runtime import nrtdynmod
+    nrtdynmod.compile_nrt_functions = _compile_nrt_functions
     caching.Cache.save_overload = save_overload
     dispatcher.Dispatcher.enable_caching = enable_caching
     caching.CacheImpl._locator_classes.append(_read_only_locator(caching))
@@ -344,3 +346,83 @@ def diagnose() -> dict:
     if problem is None and PROBLEMS:
         problem = PROBLEMS[0]
     return {"dir": str(where), "source": source, "writable": writable, "problem": problem}
+
+
+# ---- libraries numba compiles outside any cached kernel ---------------------------------------------------
+# A process that only loads cached kernels still compiled two LLVM modules before this: numba's runtime
+# (NRT: its atomic reference counts, ``nrtdynmod.compile_nrt_functions``, compiled when the first kernel
+# loads) and the threadpool's region entry (``threadpool._build_inline_entry``). Either runs LLVM's
+# optimizer and code generator, whose code pages (~27 MB of ``libllvmlite.so``) then stay resident.
+# :func:`cached_library` keeps such a library's machine code under ``LLMLAB_HOME/numba``, keyed by its IR
+# text and by what numba keys its own cache by (numba's and llvmlite's versions, the target's triple, CPU
+# and features), and loads it as numba loads a cached kernel (object code, no LLVM passes).
+
+LIBRARY_CACHE = "libraries"          # the folder under config.home()/"numba"
+
+
+def library_key(codegen, ir_text: str) -> str:
+    """The cache key of a library compiled from ``ir_text`` by ``codegen``: anything that changes its machine
+    code changes the key."""
+    import llvmlite
+    import numba
+    h = hashlib.sha256()
+    for part in (numba.__version__, llvmlite.__version__, repr(codegen.magic_tuple()), sys.platform, ir_text):
+        h.update(str(part).encode() + b"\0")
+    return h.hexdigest()[:32]
+
+
+def cached_library(codegen, name: str, ir_module):
+    """A finalized numba code library of ``ir_module`` (an ``llvmlite.ir.Module``): its machine code loaded
+    from ``LLMLAB_HOME/numba/libraries`` when an entry with the same key is there, else compiled and the
+    entry written. A damaged entry is compiled again and replaced; a folder that cannot be written only means
+    compiling in the next process too."""
+    from numba.core.compiler_lock import global_compiler_lock
+    with global_compiler_lock:
+        return _cached_library(codegen, name, ir_module)
+
+
+def _cached_library(codegen, name: str, ir_module):
+    import pickle
+    ir_text = str(ir_module)
+    try:
+        path = config.home() / "numba" / LIBRARY_CACHE / f"{name}-{library_key(codegen, ir_text)}.nbl"
+    except (ValueError, OSError):
+        path = None
+    if path is not None:
+        try:
+            state = pickle.loads(path.read_bytes())
+            if state[0] == name and state[1] == "object":
+                return codegen.unserialize_library(state)
+        except FileNotFoundError:
+            pass
+        except Exception:     # noqa: BLE001 (a cut-short or foreign file: compile it and write it again)
+            pass
+    library = codegen.create_library(name)
+    library.enable_object_caching()
+    library.add_ir_module(ir_module)
+    library.finalize()
+    if path is not None:
+        try:
+            data = pickle.dumps(library.serialize_using_object_code(), protocol=pickle.HIGHEST_PROTOCOL)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            _replace(path, lambda tmp: tmp.write_bytes(data))
+        except (OSError, RuntimeError, ValueError):
+            pass
+    return library
+
+
+def _compile_nrt_functions(ctx):
+    """numba's ``nrtdynmod.compile_nrt_functions``, through :func:`cached_library`."""
+    from numba.core.runtime import nrtdynmod
+    ir_mod, library = nrtdynmod.create_nrt_module(ctx)
+    return cached_library(ctx.codegen(), library.name, ir_mod)
+
+
+def _load_without_refresh(cache, sig, target_context):
+    """numba's ``Cache.load_overload`` less its ``target_context.refresh()``: that imports and installs every
+    typing and lowering registry (~15 MB of Python objects) that only compiling needs (numba's compiler
+    refreshes itself); loading needs numba's runtime, whose symbols the machine code links to."""
+    from numba.core.runtime import rtsys
+    rtsys.initialize(target_context)
+    with cache._guard_against_spurious_io_errors():
+        return cache._load_overload(sig, target_context)

@@ -1,0 +1,118 @@
+"""LLVM libraries compiled outside numba's kernel cache (numba's runtime, the threadpool's region entry) are
+kept under LLMLAB_HOME/numba/libraries: a later process loads their machine code instead of running LLVM's
+optimizer and code generator, keyed by the IR and by numba's and llvmlite's versions and the target; a
+damaged entry is compiled again and replaced."""
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _module(k: int):
+    from llvmlite import ir
+    i64 = ir.IntType(64)
+    mod = ir.Module(f"llmlab_test_{k}")
+    f = ir.Function(mod, ir.FunctionType(i64, [i64]), "llmlab_test_add")
+    b = ir.IRBuilder(f.append_basic_block())
+    b.ret(b.add(f.args[0], i64(k)))
+    return mod
+
+
+def _call(lib, x: int) -> int:
+    return ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_int64)(lib.get_pointer_to_function("llmlab_test_add"))(x)
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("LLMLAB_HOME", str(tmp_path))
+    return tmp_path
+
+
+def _codegen():
+    from numba.core.registry import cpu_target
+    return cpu_target.target_context.codegen()
+
+
+def test_a_library_is_compiled_once_then_loaded(home):
+    from llmlab.ggml.cpu.numba_cache import cached_library
+    first = cached_library(_codegen(), "llmlab_test", _module(5))
+    assert _call(first, 37) == 42 and not first._disable_inspection          # compiled
+    entries = list((home / "numba" / "libraries").glob("llmlab_test-*.nbl"))
+    assert len(entries) == 1
+    again = cached_library(_codegen(), "llmlab_test", _module(5))
+    assert _call(again, 1) == 6 and again._disable_inspection                # loaded: numba's mark of cached code
+    other = cached_library(_codegen(), "llmlab_test", _module(7))             # other IR: another entry
+    assert _call(other, 1) == 8 and len(list(entries[0].parent.glob("llmlab_test-*.nbl"))) == 2
+
+
+def test_the_key_follows_the_versions_and_the_ir(monkeypatch):
+    import llvmlite
+    import numba
+    from llmlab.ggml.cpu.numba_cache import library_key
+    cg = _codegen()
+    key = library_key(cg, str(_module(5)))
+    assert key == library_key(cg, str(_module(5)))
+    assert key != library_key(cg, str(_module(6)))
+    monkeypatch.setattr(numba, "__version__", numba.__version__ + ".x")
+    assert key != library_key(cg, str(_module(5)))
+    monkeypatch.undo()
+    monkeypatch.setattr(llvmlite, "__version__", llvmlite.__version__ + ".x")
+    assert key != library_key(cg, str(_module(5)))
+
+
+@pytest.mark.parametrize("damage", [b"", b"\x80\x04garbage", None])
+def test_a_damaged_entry_is_compiled_again(home, damage):
+    from llmlab.ggml.cpu.numba_cache import cached_library
+    cached_library(_codegen(), "llmlab_test", _module(9))
+    entry, = (home / "numba" / "libraries").glob("llmlab_test-*.nbl")
+    raw = entry.read_bytes()
+    entry.write_bytes(raw[:len(raw) // 2] if damage is None else damage)
+    lib = cached_library(_codegen(), "llmlab_test", _module(9))
+    assert _call(lib, 1) == 10 and not lib._disable_inspection               # compiled again ...
+    assert entry.read_bytes() == raw                                          # ... and the entry rewritten
+    assert _call(cached_library(_codegen(), "llmlab_test", _module(9)), 2) == 11
+
+
+def test_an_unwritable_home_compiles(home):
+    from llmlab.ggml.cpu.numba_cache import cached_library
+    (home / "numba").write_text("a file where the folder would be")
+    assert _call(cached_library(_codegen(), "llmlab_test", _module(3)), 1) == 4
+
+
+def test_a_process_loading_cached_kernels_compiles_nothing(tmp_path):
+    """numba's runtime is loaded, not compiled, once its entry is there; the kernels' cache is loaded without
+    numba's registry refresh. (The threadpool's region entry is compiled once per process too, but only
+    when a parallel kernel launches numba's threads.)"""
+    (tmp_path / "kernel_mod.py").write_text(textwrap.dedent("""
+        import llmlab.ggml.cpu.fast
+        import numpy as np
+        from numba import njit
+        from numba.core import codegen
+        compiled = []
+        finalize = codegen.CPUCodeLibrary.finalize
+        codegen.CPUCodeLibrary.finalize = lambda self: (compiled.append(self.name), finalize(self))[1]
+
+        @njit(cache=True)
+        def total(n):
+            return np.arange(n).sum()          # an array: the kernel needs numba's runtime
+
+        print(total(10), compiled)
+    """))
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{tmp_path}", "NUMBA_CACHE_DIR": str(tmp_path / "cache"),
+           "LLMLAB_HOME": str(tmp_path / "home")}
+
+    def run():
+        return subprocess.run([sys.executable, "-c", "import kernel_mod"], capture_output=True, text=True, env=env,
+                              cwd=tmp_path, timeout=120)
+    first = run()
+    assert first.returncode == 0 and first.stdout.startswith("45 ") and "'nrt'" in first.stdout, first.stderr
+    second = run()
+    assert second.returncode == 0 and second.stdout.strip() == "45 []", (second.stdout, second.stderr)
