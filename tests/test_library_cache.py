@@ -116,3 +116,37 @@ def test_a_process_loading_cached_kernels_compiles_nothing(tmp_path):
     assert first.returncode == 0 and first.stdout.startswith("45 ") and "'nrt'" in first.stdout, first.stderr
     second = run()
     assert second.returncode == 0 and second.stdout.strip() == "45 []", (second.stdout, second.stderr)
+
+
+def test_a_loaded_kernel_keeps_bitcode_and_links_into_a_later_compile(tmp_path):
+    """A kernel loaded from the cache holds its bitcode's bytes, not a parsed module; a kernel compiled later
+    that calls it parses them, links it and gets the same answer."""
+    (tmp_path / "kernel_mod.py").write_text(textwrap.dedent("""
+        import sys
+        import llmlab.ggml.cpu.fast
+        from numba import njit
+
+        @njit(cache=True)
+        def inner(x):
+            return 3 * x + 1
+
+        print(inner(4))
+        lib = inner.overloads[inner.signatures[0]].library
+        print(lib._shared_module is None, lib._disable_inspection)
+        if len(sys.argv) > 1:
+            @njit
+            def outer(x):
+                return inner(x) + inner(x + 1)
+            print(outer(4), lib._shared_module is not None)
+    """))
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{tmp_path}", "NUMBA_CACHE_DIR": str(tmp_path / "cache"),
+           "LLMLAB_HOME": str(tmp_path / "home")}
+
+    def run(*args):
+        r = subprocess.run([sys.executable, "-c", "import kernel_mod", *args],
+                           capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+        assert r.returncode == 0, r.stderr
+        return r.stdout.split()
+    assert run() == ["13", "False", "False"]                   # compiled: numba keeps its module
+    assert run() == ["13", "True", "True"]                     # loaded: bytes only
+    assert run("link") == ["13", "True", "True", "29", "True"]  # parsed again to link into outer
