@@ -150,3 +150,52 @@ def test_a_loaded_kernel_keeps_bitcode_and_links_into_a_later_compile(tmp_path):
     assert run() == ["13", "False", "False"]                   # compiled: numba keeps its module
     assert run() == ["13", "True", "True"]                     # loaded: bytes only
     assert run("link") == ["13", "True", "True", "29", "True"]  # parsed again to link into outer
+
+
+@pytest.mark.parametrize("layer", ["workqueue", "omp"])
+def test_the_region_entry_is_compiled_once_and_its_loaded_copy_serves_regions(tmp_path, layer):
+    """The threadpool's region entry names this process's addresses by symbols, so its IR (and cache key) is
+    the same in every process: a second process loads it, and its regions (the pool's, under workqueue) give
+    the same sums as one thread."""
+    if layer == "omp":
+        pytest.importorskip("numba.np.ufunc.omppool")
+    (tmp_path / "kernel_mod.py").write_text(textwrap.dedent("""
+        import llmlab.ggml.cpu.fast
+        import numpy as np
+        from numba import njit, prange
+        from numba.core import codegen
+        from llmlab.ggml.cpu import threadpool
+        from llmlab.ggml.cpu.fast import set_threads
+        compiled = []
+        finalize = codegen.CPUCodeLibrary.finalize
+        codegen.CPUCodeLibrary.finalize = lambda self: (compiled.append(self.name), finalize(self))[1]
+
+        @njit(parallel=True, cache=True)
+        def rows(a):
+            out = np.empty(a.shape[0])
+            for i in prange(a.shape[0]):
+                out[i] = a[i].sum()
+            return out
+
+        a = np.arange(64 * 33, dtype=np.float64).reshape(64, 33)
+        set_threads(1)
+        one = rows(a)
+        set_threads(2)
+        two = [rows(a) for _ in range(20)]
+        inline, threaded = threadpool.region_counts()
+        print(all((t == one).all() for t in two), (one == a.sum(axis=1)).all(), inline > 0, threaded >= 20,
+              threadpool.pooled_regions() >= 20, sorted(set(compiled)))
+    """))
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{tmp_path}", "NUMBA_CACHE_DIR": str(tmp_path / "cache"),
+           "LLMLAB_HOME": str(tmp_path / "home"), "NUMBA_THREADING_LAYER": layer, "NUMBA_NUM_THREADS": "2"}
+
+    def run():
+        r = subprocess.run([sys.executable, "-c", "import kernel_mod"], capture_output=True, text=True, env=env,
+                           cwd=tmp_path, timeout=300)
+        assert r.returncode == 0, r.stderr
+        return r.stdout.strip()
+    pooled = "True" if layer == "workqueue" else "False"
+    first = run()
+    assert first.startswith(f"True True True True {pooled} ") and "'llmlab_regions'" in first, first
+    assert run() == f"True True True True {pooled} []"
+    assert len(list((tmp_path / "home" / "numba" / "libraries").glob("llmlab_regions-*.nbl"))) == 1
