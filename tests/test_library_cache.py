@@ -199,3 +199,39 @@ def test_the_region_entry_is_compiled_once_and_its_loaded_copy_serves_regions(tm
     assert first.startswith(f"True True True True {pooled} ") and "'llmlab_regions'" in first, first
     assert run() == f"True True True True {pooled} []"
     assert len(list((tmp_path / "home" / "numba" / "libraries").glob("llmlab_regions-*.nbl"))) == 1
+
+
+def test_a_load_that_fails_without_the_refresh_is_tried_as_numba_loads(tmp_path):
+    """Should loading without numba's registry refresh fail for a cached entry, numba's own load (refresh
+    first) is tried before the entry is called damaged: it loads, nothing is compiled or removed."""
+    (tmp_path / "kernel_mod.py").write_text(textwrap.dedent("""
+        import sys
+        import llmlab.ggml.cpu.fast
+        from llmlab.ggml.cpu import numba_cache
+        from numba import njit
+        from numba.core import codegen
+        compiled = []
+        finalize = codegen.CPUCodeLibrary.finalize
+        codegen.CPUCodeLibrary.finalize = lambda self: (compiled.append(self.name), finalize(self))[1]
+        if len(sys.argv) > 1:
+            def fail(*a):
+                raise RuntimeError("not without the registries")
+            numba_cache._load_without_refresh = fail
+
+        @njit(cache=True)
+        def twice(x):
+            return 2 * x
+
+        print(twice(21), [c for c in compiled if c != "nrt"])
+    """))
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{tmp_path}", "NUMBA_CACHE_DIR": str(tmp_path / "cache"),
+           "LLMLAB_HOME": str(tmp_path / "home")}
+
+    def run(*args):
+        r = subprocess.run([sys.executable, "-c", "import kernel_mod", *args], capture_output=True, text=True,
+                           env=env, cwd=tmp_path, timeout=120)
+        assert r.returncode == 0 and r.stderr == "", r.stderr
+        return r.stdout.strip()
+    assert run().startswith("42 ['")                   # compiled (and cached)
+    assert run("fail") == "42 []"                      # loaded by numba's own path
+    assert run() == "42 []"                            # the entry is still there

@@ -85,12 +85,16 @@ def install(first_locator=None) -> None:
         except (OSError, UnicodeError, ValueError) as e:    # a full disk, a cache we cannot list: go on without
             turn_off(_why(e))
             break
-    save = caching.Cache.save_overload
+    load, save = caching.Cache.load_overload, caching.Cache.save_overload
     enable = dispatcher.Dispatcher.enable_caching
 
     def load_overload(self, sig, target_context):
         try:
             return _load_without_refresh(self, sig, target_context)
+        except Exception:        # noqa: BLE001 (tried again as numba loads, registries refreshed, to tell why)
+            pass
+        try:
+            return load(self, sig, target_context)
         except Exception as e:   # noqa: BLE001 (whatever a damaged pickle raises: the entry is unusable)
             discard(self, e)
             return None
