@@ -235,3 +235,81 @@ def test_a_load_that_fails_without_the_refresh_is_tried_as_numba_loads(tmp_path)
     assert run().startswith("42 ['")                   # compiled (and cached)
     assert run("fail") == "42 []"                      # loaded by numba's own path
     assert run() == "42 []"                            # the entry is still there
+
+
+SMAPS = """\
+7f0000000000-7f0000100000 r--p 00000000 08:01 11 /venv/llvmlite/binding/libllvmlite.so
+Rss:                 512 kB
+Private_Dirty:         0 kB
+Shared_Dirty:          0 kB
+Anonymous:             0 kB
+7f0000100000-7f0000900000 r-xp 00100000 08:01 11 /venv/llvmlite/binding/libllvmlite.so
+Rss:                4096 kB
+Private_Dirty:         0 kB
+Shared_Dirty:          0 kB
+Anonymous:             0 kB
+7f0000900000-7f0000a00000 r--p 00900000 08:01 11 /venv/llvmlite/binding/libllvmlite.so
+Rss:                1024 kB
+Private_Dirty:      1024 kB
+Shared_Dirty:          0 kB
+Anonymous:          1024 kB
+7f0000a00000-7f0000a10000 rw-p 00a00000 08:01 11 /venv/llvmlite/binding/libllvmlite.so
+Rss:                  64 kB
+Private_Dirty:         0 kB
+Shared_Dirty:          0 kB
+Anonymous:             0 kB
+7f0000b00000-7f0000c00000 r-xs 00000000 08:01 11 /venv/llvmlite/binding/libllvmlite.so
+Rss:                  64 kB
+Private_Dirty:         0 kB
+Shared_Dirty:          0 kB
+Anonymous:             0 kB
+7f0000c00000-7f0000d00000 r-xp 00000000 08:01 12 /usr/lib/libc.so.6
+Rss:                 128 kB
+Private_Dirty:         0 kB
+Shared_Dirty:          0 kB
+Anonymous:             0 kB
+7f0000d00000-7f0000e00000 r-xp 00000000 08:01 11 /venv/llvmlite/binding/libllvmlite.so
+Rss:                   0 kB
+Private_Dirty:         0 kB
+Shared_Dirty:          0 kB
+Anonymous:             0 kB
+"""
+
+
+def test_only_clean_private_read_only_pages_of_llvm_are_chosen():
+    """A mapping with a written (anonymous or dirty) page, a writable or shared one, another library's, or
+    one with nothing resident is never dropped."""
+    from llmlab.ggml.cpu.numba_cache import clean_file_ranges
+    assert clean_file_ranges(SMAPS, "llvmlite") == [(0x7f0000000000, 0x7f0000100000),
+                                                    (0x7f0000100000, 0x7f0000900000)]
+    assert clean_file_ranges("", "llvmlite") == []
+
+
+def _llvm_rss_kib() -> int:
+    rss, on = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            p = line.split()
+            if not p[0].endswith(":") and "-" in p[0]:
+                on = len(p) > 5 and "llvmlite" in p[5]
+            elif on and p[0] == "Rss:":
+                rss += int(p[1])
+    return rss
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/smaps (elsewhere a no-op)")
+def test_llvm_pages_dropped_fault_back_and_it_still_compiles_and_loads(home):
+    from numba import njit
+
+    import llmlab.ggml.cpu.fast  # noqa: F401 (installs the guard, which counts what LLVM loads and compiles)
+
+    from llmlab.ggml.cpu.numba_cache import cached_library, drop_llvm_pages
+    _call(cached_library(_codegen(), "llmlab_test", _module(2)), 0)
+    before = _llvm_rss_kib()
+    assert drop_llvm_pages(force=True) > 0
+    assert _llvm_rss_kib() < before / 2
+    assert drop_llvm_pages() == 0                         # nothing ran LLVM since: not read again
+    assert _call(cached_library(_codegen(), "llmlab_test", _module(2)), 40) == 42      # loaded
+    assert _call(cached_library(_codegen(), "llmlab_test", _module(11)), 31) == 42     # compiled
+    assert njit(lambda x: x * 6)(7) == 42
+    assert drop_llvm_pages() > 0                          # LLVM ran: its pages are dropped again

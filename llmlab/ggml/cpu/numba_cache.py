@@ -445,6 +445,7 @@ def _lean_loaded_libraries() -> None:
 
     def _unserialize(cls, codegen, state):
         self = unserialize(cls, codegen, state)
+        _LLVM_RUNS[0] += 1
         if state[1] == "object":
             self._llmlab_bitcode, self._shared_module = state[2][1], None
         return self
@@ -454,5 +455,70 @@ def _lean_loaded_libraries() -> None:
             self._shared_module = ll.parse_bitcode(self._llmlab_bitcode)
         return for_linking(self)
 
+    def finalize(self):
+        _LLVM_RUNS[0] += 1
+        return compile_(self)
+
+    compile_ = lib.finalize
     lib._unserialize = classmethod(_unserialize)
     lib._get_module_for_linking = _get_module_for_linking
+    lib.finalize = finalize
+
+
+# ---- LLVM's code pages -------------------------------------------------------------------------------------
+# ``libllvmlite.so`` is mapped from its file: importing it (its static constructors, and the kernel's read
+# fault-around, 64 KiB around each page it runs) and loading kernels make ~47 MB of its text and read-only
+# data resident, code that then runs no more while a model decodes. :func:`drop_llvm_pages` unmaps those
+# clean file pages from this process (MADV_DONTNEED: what runs again faults back from the page cache, a
+# minor fault per page; nothing is lost, as no page of such a mapping was ever written: those with an
+# anonymous or dirty page are kept). Linux only (it reads /proc/self/smaps); elsewhere nothing is done.
+
+_LLVM_RUNS = [0, -1]        # libraries loaded or compiled so far; that count at the last drop
+
+
+def clean_file_ranges(smaps: str, marker: str) -> list[tuple[int, int]]:
+    """The (start, end) of each private, non-writable mapping of a file whose path contains ``marker`` in
+    ``smaps`` (/proc/self/smaps' text), with resident pages and none of them anonymous or dirty."""
+    out, cur, info = [], None, {}
+
+    def close():
+        if cur is not None and info.get("Rss", 0) and info.get("Anonymous", 1) == 0 and \
+                info.get("Private_Dirty", 1) == 0 and info.get("Shared_Dirty", 1) == 0:
+            out.append(cur)
+    for line in smaps.splitlines():
+        p = line.split()
+        if not p:
+            continue
+        if not p[0].endswith(":") and "-" in p[0] and len(p) >= 5:      # a mapping's header
+            close()
+            cur, info = None, {}
+            if len(p) > 5 and marker in os.path.basename(p[5]) and p[1][1] == "-" and p[1][3] == "p":
+                lo, hi = (int(x, 16) for x in p[0].split("-"))
+                cur = (lo, hi)
+        elif cur is not None and len(p) >= 2 and p[1].isdigit():
+            info[p[0].rstrip(":")] = int(p[1])
+    close()
+    return out
+
+
+def drop_llvm_pages(force: bool = False) -> int:
+    """Unmap the clean file pages of LLVM's library (``libllvmlite``) from this process, when LLVM loaded or
+    compiled something since the last time (or ``force``). Returns the KiB that were resident in them."""
+    import mmap
+    if (_LLVM_RUNS[0] == _LLVM_RUNS[1] and not force) or not sys.platform.startswith("linux") \
+            or not hasattr(mmap, "MADV_DONTNEED"):
+        return 0
+    _LLVM_RUNS[1] = _LLVM_RUNS[0]
+    try:
+        import ctypes
+        with open("/proc/self/smaps", encoding="ascii", errors="replace") as f:
+            ranges = clean_file_ranges(f.read(), "llvmlite")
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    except (OSError, ValueError, AttributeError):
+        return 0
+    dropped = 0
+    for lo, hi in ranges:
+        if libc.madvise(lo, hi - lo, mmap.MADV_DONTNEED) == 0:
+            dropped += (hi - lo) >> 10
+    return dropped
