@@ -436,8 +436,9 @@ def _load_without_refresh(cache, sig, target_context):
 def _lean_loaded_libraries() -> None:
     """A library numba loads from its cache (a kernel's machine code) kept its bitcode parsed into an LLVM
     module for as long as it lives (``_shared_module``), only in case a kernel compiled later links it in:
-    ~1 MB of LLVM's heap per kernel, ~13 MB for SmolLM2's. It keeps the bitcode's bytes instead (a tenth of
-    that) and parses them when a compile asks for the module."""
+    ~0.5 MB of LLVM's heap per library, ~13 MB for SmolLM2's. It keeps the bitcode's bytes instead (a tenth
+    of that) and parses them when a compile asks for the module. Loads and compiles are counted for
+    :func:`drop_llvm_pages`."""
     import llvmlite.binding as ll
     from numba.core import codegen
     lib = codegen.CPUCodeLibrary
