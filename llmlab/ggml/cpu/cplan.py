@@ -31,6 +31,7 @@ from . import sgemm
 from .fast import dispatch as fq
 from .fast._common import parallel_min_work, threads
 from .journal import reader, writer
+from .numba_cache import drop_llvm_pages
 from .fast import ops as fops
 from .fast import vec as fvec
 from .fast import vec_f16 as fvec16
@@ -137,6 +138,7 @@ def graph_plan(nodes: list[Tensor], cpu=None, fast: bool = True) -> CPlan:
                     fused[i] = got[0]
                     absorbed.update(index[id(n)] for n in got[1])
     fq.settle_file_pages()
+    drop_llvm_pages()                           # LLVM's code runs again only when a kernel loads
     return CPlan(nodes, steps, n_fast, fused, absorbed, arena)
 
 

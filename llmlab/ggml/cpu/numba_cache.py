@@ -90,6 +90,10 @@ def install(first_locator=None) -> None:
 
     def load_overload(self, sig, target_context):
         try:
+            return _load_without_refresh(self, sig, target_context)
+        except Exception:        # noqa: BLE001 (tried again as numba loads, registries refreshed, to tell why)
+            pass
+        try:
             return load(self, sig, target_context)
         except Exception as e:   # noqa: BLE001 (whatever a damaged pickle raises: the entry is unusable)
             discard(self, e)
@@ -117,6 +121,9 @@ def install(first_locator=None) -> None:
             turn_off(f"no folder numba can cache kernels in; {why}")
 
     caching.Cache.load_overload = load_overload
+    _lean_loaded_libraries()
+    from numba.core.runtime import nrtdynmod
+    nrtdynmod.compile_nrt_functions = _compile_nrt_functions
     caching.Cache.save_overload = save_overload
     dispatcher.Dispatcher.enable_caching = enable_caching
     caching.CacheImpl._locator_classes.append(_read_only_locator(caching))
@@ -344,3 +351,175 @@ def diagnose() -> dict:
     if problem is None and PROBLEMS:
         problem = PROBLEMS[0]
     return {"dir": str(where), "source": source, "writable": writable, "problem": problem}
+
+
+# ---- libraries numba compiles outside any cached kernel ---------------------------------------------------
+# A process that only loads cached kernels still compiled two LLVM modules before this: numba's runtime
+# (NRT: its atomic reference counts, ``nrtdynmod.compile_nrt_functions``, compiled when the first kernel
+# loads) and the threadpool's region entry (``threadpool._build_inline_entry``). Either runs LLVM's
+# optimizer and code generator, whose code pages (~27 MB of ``libllvmlite.so``) then stay resident.
+# :func:`cached_library` keeps such a library's machine code under ``LLMLAB_HOME/numba``, keyed by its IR
+# text and by what numba keys its own cache by (numba's and llvmlite's versions, the target's triple, CPU
+# and features), and loads it as numba loads a cached kernel (object code, no LLVM passes).
+
+LIBRARY_CACHE = "libraries"          # the folder under config.home()/"numba"
+
+
+def library_key(codegen, ir_text: str) -> str:
+    """The cache key of a library compiled from ``ir_text`` by ``codegen``: anything that changes its machine
+    code changes the key."""
+    import llvmlite
+    import numba
+    h = hashlib.sha256()
+    for part in (numba.__version__, llvmlite.__version__, repr(codegen.magic_tuple()), sys.platform, ir_text):
+        h.update(str(part).encode() + b"\0")
+    return h.hexdigest()[:32]
+
+
+def cached_library(codegen, name: str, ir_module):
+    """A finalized numba code library of ``ir_module`` (an ``llvmlite.ir.Module``): its machine code loaded
+    from ``LLMLAB_HOME/numba/libraries`` when an entry with the same key is there, else compiled and the
+    entry written. A damaged entry is compiled again and replaced; a folder that cannot be written only means
+    compiling in the next process too."""
+    from numba.core.compiler_lock import global_compiler_lock
+    with global_compiler_lock:
+        return _cached_library(codegen, name, ir_module)
+
+
+def _cached_library(codegen, name: str, ir_module):
+    import pickle
+    ir_text = str(ir_module)
+    try:
+        path = config.home() / "numba" / LIBRARY_CACHE / f"{name}-{library_key(codegen, ir_text)}.nbl"
+    except (ValueError, OSError):
+        path = None
+    if path is not None:
+        try:
+            state = pickle.loads(path.read_bytes())
+            if state[0] == name and state[1] == "object":
+                return codegen.unserialize_library(state)
+        except FileNotFoundError:
+            pass
+        except Exception:     # noqa: BLE001 (a cut-short or foreign file: compile it and write it again)
+            pass
+    library = codegen.create_library(name)
+    library.enable_object_caching()
+    library.add_ir_module(ir_module)
+    library.finalize()
+    if path is not None:
+        try:
+            data = pickle.dumps(library.serialize_using_object_code(), protocol=pickle.HIGHEST_PROTOCOL)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            _replace(path, lambda tmp: tmp.write_bytes(data))
+        except (OSError, RuntimeError, ValueError):
+            pass
+    return library
+
+
+def _compile_nrt_functions(ctx):
+    """numba's ``nrtdynmod.compile_nrt_functions``, through :func:`cached_library`."""
+    from numba.core.runtime import nrtdynmod
+    ir_mod, library = nrtdynmod.create_nrt_module(ctx)
+    return cached_library(ctx.codegen(), library.name, ir_mod)
+
+
+def _load_without_refresh(cache, sig, target_context):
+    """numba's ``Cache.load_overload`` less its ``target_context.refresh()``: that imports and installs every
+    typing and lowering registry (~15 MB of Python objects) that only compiling needs (numba's compiler
+    refreshes itself); loading needs numba's runtime, whose symbols the machine code links to."""
+    from numba.core.runtime import rtsys
+    rtsys.initialize(target_context)
+    with cache._guard_against_spurious_io_errors():
+        return cache._load_overload(sig, target_context)
+
+
+def _lean_loaded_libraries() -> None:
+    """A library numba loads from its cache (a kernel's machine code) kept its bitcode parsed into an LLVM
+    module for as long as it lives (``_shared_module``), only in case a kernel compiled later links it in:
+    ~0.5 MB of LLVM's heap per library, ~13 MB for SmolLM2's. It keeps the bitcode's bytes instead (a tenth
+    of that) and parses them when a compile asks for the module. Loads and compiles are counted for
+    :func:`drop_llvm_pages`."""
+    import llvmlite.binding as ll
+    from numba.core import codegen
+    lib = codegen.CPUCodeLibrary
+    unserialize, for_linking = lib._unserialize.__func__, lib._get_module_for_linking
+
+    def _unserialize(cls, codegen, state):
+        self = unserialize(cls, codegen, state)
+        _LLVM_RUNS[0] += 1
+        if state[1] == "object":
+            self._llmlab_bitcode, self._shared_module = state[2][1], None
+        return self
+
+    def _get_module_for_linking(self):
+        if self._shared_module is None and getattr(self, "_llmlab_bitcode", None) is not None:
+            self._shared_module = ll.parse_bitcode(self._llmlab_bitcode)
+        return for_linking(self)
+
+    def finalize(self):
+        _LLVM_RUNS[0] += 1
+        return compile_(self)
+
+    compile_ = lib.finalize
+    lib._unserialize = classmethod(_unserialize)
+    lib._get_module_for_linking = _get_module_for_linking
+    lib.finalize = finalize
+
+
+# ---- LLVM's code pages -------------------------------------------------------------------------------------
+# ``libllvmlite.so`` is mapped from its file: importing it (its static constructors, and the kernel's read
+# fault-around, 64 KiB around each page it runs) and loading kernels make ~47 MB of its text and read-only
+# data resident, code that then runs no more while a model decodes. :func:`drop_llvm_pages` unmaps those
+# clean file pages from this process (MADV_DONTNEED: what runs again faults back from the page cache, a
+# minor fault per page; nothing is lost, as no page of such a mapping was ever written: those with an
+# anonymous or dirty page are kept). Linux only (it reads /proc/self/smaps); elsewhere nothing is done.
+
+_LLVM_RUNS = [0, -1]        # libraries loaded or compiled so far; that count at the last drop
+
+
+def clean_file_ranges(smaps: str, marker: str) -> list[tuple[int, int]]:
+    """The (start, end) of each private, non-writable mapping of a file whose path contains ``marker`` in
+    ``smaps`` (/proc/self/smaps' text), with resident pages and none of them anonymous or dirty."""
+    out, cur, info = [], None, {}
+
+    def close():
+        if cur is not None and info.get("Rss", 0) and info.get("Anonymous", 1) == 0 and \
+                info.get("Private_Dirty", 1) == 0 and info.get("Shared_Dirty", 1) == 0:
+            out.append(cur)
+    for line in smaps.splitlines():
+        p = line.split()
+        if not p:
+            continue
+        if not p[0].endswith(":") and "-" in p[0] and len(p) >= 5:      # a mapping's header
+            close()
+            cur, info = None, {}
+            if len(p) > 5 and marker in os.path.basename(p[5]) and p[1][1] == "-" and p[1][3] == "p":
+                lo, hi = (int(x, 16) for x in p[0].split("-"))
+                cur = (lo, hi)
+        elif cur is not None and len(p) >= 2 and p[1].isdigit():
+            info[p[0].rstrip(":")] = int(p[1])
+    close()
+    return out
+
+
+def drop_llvm_pages(force: bool = False) -> int:
+    """Unmap the clean file pages of LLVM's library (``libllvmlite``) from this process, when LLVM loaded or
+    compiled something since the last time (or ``force``). Returns the KiB that were resident in them."""
+    import mmap
+    if (_LLVM_RUNS[0] == _LLVM_RUNS[1] and not force) or not sys.platform.startswith("linux") \
+            or not hasattr(mmap, "MADV_DONTNEED"):
+        return 0
+    _LLVM_RUNS[1] = _LLVM_RUNS[0]
+    try:
+        import ctypes
+        with open("/proc/self/smaps", encoding="ascii", errors="replace") as f:
+            ranges = clean_file_ranges(f.read(), "llvmlite")
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    except (OSError, ValueError, AttributeError):
+        return 0
+    dropped = 0
+    for lo, hi in ranges:
+        if libc.madvise(lo, hi - lo, mmap.MADV_DONTNEED) == 0:
+            dropped += (hi - lo) >> 10
+    return dropped

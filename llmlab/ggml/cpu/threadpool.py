@@ -310,12 +310,18 @@ def _pause_intrinsic() -> tuple[str, list[int]]:
 def _build_inline_entry(layer_entry: int, pool: dict | None = None) -> dict:
     """Compile (LLVM IR, numba's JIT) the entry that forwards to ``layer_entry`` (the layer's parallel_for),
     a no-op task for :func:`wake_cost_us` and, with ``pool`` (its control block and OS calls), the pool's
-    worker loop and a ``get_thread_id`` that names the pool's threads by their chunk."""
+    worker loop and a ``get_thread_id`` that names the pool's threads by their chunk. The IR names this
+    process's addresses (blocks, C functions) by external symbols bound with ``ll.add_symbol`` before it is
+    linked, so it is the same text in every process and its machine code is compiled once and then loaded
+    (``numba_cache.cached_library``: no LLVM code generator, whose pages would stay resident)."""
     import ctypes
+
+    import llvmlite.binding as ll
     from llvmlite import ir
     from numba.core import cgutils
-    from numba.core.compiler_lock import global_compiler_lock
     from numba.core.registry import cpu_target
+
+    from .numba_cache import cached_library
 
     i8p, i32, i64 = ir.IntType(8).as_pointer(), ir.IntType(32), ir.IntType(64)
     void = ir.VoidType()
@@ -323,16 +329,30 @@ def _build_inline_entry(layer_entry: int, pool: dict | None = None) -> dict:
     counts = (ctypes.c_int64 * 3)()                  # (inline, handed to the layer, served by the pool)
     fnty = ir.FunctionType(void, [i8p] * 5 + [i64] * 3)                  # as numba declares numba_parallel_for
     task = ir.FunctionType(void, [i8p.as_pointer(), i64.as_pointer(), i64.as_pointer(), i8p])
+    symbols = {"counts": ctypes.addressof(counts), "layer_entry": layer_entry}
+    keep = {"counts": counts}                        # what the symbols point into, kept alive with the entry
+    if pool is not None:
+        keep["tls_key"] = (ctypes.c_int64 * 1)(pool["os"]["key"])
+        symbols.update(dict(zip(("mutex", "cond", "done_cond"), map(ctypes.addressof, pool["os"]["sync"]))),
+                       ctrl=ctypes.addressof(pool["ctrl"]), tls_key=ctypes.addressof(keep["tls_key"]),
+                       set_num_threads=pool["set_num_threads"], layer_thread_id=pool["layer_thread_id"],
+                       **{k: pool["os"][k] for k in ("lock", "unlock", "wait", "wake", "tls_get")})
 
-    def word(b, base, k):                            # an int64 word of a ctypes block, as a pointer
-        return b.inttoptr(i64(ctypes.addressof(base) + 8 * k), i64.as_pointer())
+    def at(b, name):                                 # this process's address ``name``, as an int64
+        sym = f"llmlab_regions_{name}"
+        g = mod.globals.get(sym) or ir.GlobalVariable(mod, ir.IntType(8), sym)     # external: bound at link
+        return b.ptrtoint(g, i64)
+
+    def word(b, base, k):                            # an int64 word of a ctypes block (by its name), as a pointer
+        return b.inttoptr(b.add(at(b, base), i64(8 * k)), i64.as_pointer())
 
     def count(b, k):
-        b.atomic_rmw("add", word(b, counts, k), i64(1), "monotonic")
+        b.atomic_rmw("add", word(b, "counts", k), i64(1), "monotonic")
 
-    def call(b, address, ret, args):                 # a C function by address
-        fty = ir.FunctionType(ret, [a.type for a in args])
-        return b.call(b.inttoptr(i64(address), fty.as_pointer()), args)
+    def call(b, name, ret, args):                    # a C function by its address's name
+        sym = f"llmlab_regions_{name}"
+        fn = mod.globals.get(sym) or ir.Function(mod, ir.FunctionType(ret, [a.type for a in args]), sym)
+        return b.call(fn, args)
 
     def pause(b):
         if hint:
@@ -348,8 +368,7 @@ def _build_inline_entry(layer_entry: int, pool: dict | None = None) -> dict:
     if pool is None:
         b.cbranch(b.icmp_signed("<=", n32, i32(1)), inline, layer)
     else:
-        ctrl, osc = pool["ctrl"], pool["os"]
-        mutex, cond, done_cond = (ctypes.addressof(x) for x in osc["sync"])
+        ctrl, osc = "ctrl", pool["os"]
         served = f.append_basic_block("pool")
         b.cbranch(b.icmp_signed("<=", n32, i32(1)), inline, f.append_basic_block("many"))
         b = ir.IRBuilder(f.blocks[-1])
@@ -383,7 +402,7 @@ def _build_inline_entry(layer_entry: int, pool: dict | None = None) -> dict:
         for k, v in enumerate((fn, steps, data)):
             b.store(b.ptrtoint(v, i64), word(b, ctrl, TASK + k))
         b.store(nth, word(b, ctrl, TASK + 3))
-        line = lambda b, k, slot: b.inttoptr(b.add(i64(ctypes.addressof(ctrl) + 8 * (32 + slot)),  # noqa: E731
+        line = lambda b, k, slot: b.inttoptr(b.add(b.add(at(b, ctrl), i64(8 * (32 + slot))),  # noqa: E731
                                                      b.mul(k, i64(8 * LINE))), i64.as_pointer())
         with cgutils.for_range(b, n, start=i64(1)) as k:
             b.store(b.ptrtoint(b.gep(all_args, [b.mul(k.index, array_count)]), i64), line(b, k.index, ARGS))
@@ -391,9 +410,9 @@ def _build_inline_entry(layer_entry: int, pool: dict | None = None) -> dict:
             gen = line(b, k.index, GEN)
             b.store_atomic(b.add(b.load(gen), i64(1)), gen, "seq_cst", 8)
             with b.if_then(b.icmp_signed("!=", b.load_atomic(line(b, k.index, SLEEPS), "seq_cst", 8), i64(0))):
-                call(b, osc["lock"], void, [b.inttoptr(i64(mutex), i8p)])
-                call(b, osc["wake"], void, [b.inttoptr(i64(cond), i8p)])
-                call(b, osc["unlock"], void, [b.inttoptr(i64(mutex), i8p)])
+                call(b, "lock", void, [b.inttoptr(at(b, "mutex"), i8p)])
+                call(b, "wake", void, [b.inttoptr(at(b, "cond"), i8p)])
+                call(b, "unlock", void, [b.inttoptr(at(b, "mutex"), i8p)])
         b.call(b.bitcast(fn, task.as_pointer()), [all_args, all_dims, steps64, data])
         with cgutils.for_range(b, n, start=i64(1)) as k:       # wait for the workers: spin, then sleep
             spin = cgutils.alloca_once_value(b, i64(0))
@@ -409,19 +428,19 @@ def _build_inline_entry(layer_entry: int, pool: dict | None = None) -> dict:
             b.store(s, spin)
             b.cbranch(b.icmp_signed(">", s, i64(SPIN)), nap, check)
             b.position_at_end(nap)                   # say it sleeps, then check again under the lock (the
-            m, c = b.inttoptr(i64(mutex), i8p), b.inttoptr(i64(done_cond), i8p)    # worker stores DONE,
-            call(b, osc["lock"], void, [m])          # then reads WAITS: one of the two sees the other)
+            m, c = b.inttoptr(at(b, "mutex"), i8p), b.inttoptr(at(b, "done_cond"), i8p)    # worker stores
+            call(b, "lock", void, [m])               # DONE, then reads WAITS: one of the two sees the other)
             b.store_atomic(i64(1), word(b, ctrl, WAITS), "seq_cst", 8)
             b.branch(doze)
             b.position_at_end(doze)
             gen = b.load(line(b, k.index, GEN))
             with b.if_then(b.icmp_signed("!=", b.load_atomic(line(b, k.index, DONE), "seq_cst", 8), gen)):
-                call(b, osc["wait"], void, [c, m] + ([i32(-1), i32(0)] if osc["windows"] else []))
+                call(b, "wait", void, [c, m] + ([i32(-1), i32(0)] if osc["windows"] else []))
                 b.branch(doze)
             b.branch(up)
             b.position_at_end(up)
             b.store_atomic(i64(0), word(b, ctrl, WAITS), "seq_cst", 8)
-            call(b, osc["unlock"], void, [m])
+            call(b, "unlock", void, [m])
             b.branch(over)
             b.position_at_end(over)
         b.store_atomic(i64(0), word(b, ctrl, BUSY), "release", 8)
@@ -433,35 +452,31 @@ def _build_inline_entry(layer_entry: int, pool: dict | None = None) -> dict:
             b.call(b.bitcast(fn, task.as_pointer()), [b.bitcast(args, i8p.as_pointer()), b.bitcast(dims, i64.as_pointer()),
                                                         b.bitcast(steps, i64.as_pointer()), data])
         else:
-            b.call(b.inttoptr(i64(layer_entry), fnty.as_pointer()), list(f.args))
+            call(b, "layer_entry", void, list(f.args))
         b.ret_void()
     noop = ir.Function(mod, task, "llmlab_noop_task")
     ir.IRBuilder(noop.append_basic_block()).ret_void()
     names = ["llmlab_parallel_for", "llmlab_noop_task"]
     if pool is not None:
-        _build_worker(mod, pool, word, call, pause, line)
+        _build_worker(mod, pool, at, word, call, pause, line)
         names += ["llmlab_pool_worker", "llmlab_get_thread_id"]
-    with global_compiler_lock:
-        lib = cpu_target.target_context.codegen().create_library("llmlab_regions")
-        lib.add_ir_module(mod)
-        lib.finalize()
-        addr = {name: lib.get_pointer_to_function(name) for name in names}
+    for name, address in symbols.items():           # bound before the machine code is linked
+        ll.add_symbol(f"llmlab_regions_{name}", address)
+    lib = cached_library(cpu_target.target_context.codegen(), "llmlab_regions", mod)
+    addr = {name: lib.get_pointer_to_function(name) for name in names}
     return {"lib": lib, "entry": addr["llmlab_parallel_for"], "noop": addr["llmlab_noop_task"],
             "worker": addr.get("llmlab_pool_worker"), "get_thread_id": addr.get("llmlab_get_thread_id"),
-            "layer_entry": layer_entry, "counts": counts}
+            "layer_entry": layer_entry, "counts": counts, "keep": keep}
 
 
-def _build_worker(mod, pool: dict, word, call, pause, line) -> None:
+def _build_worker(mod, pool: dict, at, word, call, pause, line) -> None:
     """The worker loop ``llmlab_pool_worker(k)`` (returns when STOP is set) and ``llmlab_get_thread_id``: a
     pool thread's chunk number (its thread-local slot holds k + 1), else the layer's own answer."""
-    import ctypes
     from llvmlite import ir
     from numba.core import cgutils
     i8p, i32, i64, void = ir.IntType(8).as_pointer(), ir.IntType(32), ir.IntType(64), ir.VoidType()
-    ctrl, osc = pool["ctrl"], pool["os"]
-    mutex, cond, done_cond = (ctypes.addressof(x) for x in osc["sync"])
+    ctrl, osc = "ctrl", pool["os"]
     task = ir.FunctionType(void, [i8p.as_pointer(), i64.as_pointer(), i64.as_pointer(), i8p])
-    key = ir.IntType(osc["key_bits"])(osc["key"])
 
     f = ir.Function(mod, ir.FunctionType(void, [i64]), "llmlab_pool_worker")
     k = f.args[0]
@@ -485,48 +500,51 @@ def _build_worker(mod, pool: dict, word, call, pause, line) -> None:
     b.store(s, spin)
     b.cbranch(b.icmp_signed(">", s, i64(SPIN)), nap, head)
     b = ir.IRBuilder(nap)                            # say it sleeps, then check again under the lock
-    m, c = b.inttoptr(i64(mutex), i8p), b.inttoptr(i64(cond), i8p)
-    call(b, osc["lock"], void, [m])
+    m, c = b.inttoptr(at(b, "mutex"), i8p), b.inttoptr(at(b, "cond"), i8p)
+    call(b, "lock", void, [m])
     b.store_atomic(i64(1), line(b, k, SLEEPS), "seq_cst", 8)
     b.branch(sleep)
     b = ir.IRBuilder(sleep)
     idle = b.and_(b.icmp_signed("==", b.load_atomic(line(b, k, GEN), "seq_cst", 8), b.load(seen)),
                   b.icmp_signed("==", b.load_atomic(word(b, ctrl, STOP), "seq_cst", 8), i64(0)))
     with b.if_then(idle):
-        call(b, osc["wait"], void, [c, m] + ([i32(-1), i32(0)] if osc["windows"] else []))
+        call(b, "wait", void, [c, m] + ([i32(-1), i32(0)] if osc["windows"] else []))
         b.branch(sleep)
     b.branch(woke)
     b = ir.IRBuilder(woke)
     b.store_atomic(i64(0), line(b, k, SLEEPS), "seq_cst", 8)
-    call(b, osc["unlock"], void, [m])
+    call(b, "unlock", void, [m])
     b.store(i64(0), spin)
     b.branch(head)
     b = ir.IRBuilder(run)                            # chunk k of the region the caller published
     gen = b.load(line(b, k, GEN))
     b.store(gen, seen)
-    call(b, pool["set_num_threads"], void, [b.trunc(b.load(word(b, ctrl, TASK + 3)), i32)])   # as workqueue's sync_tls
+    call(b, "set_num_threads", void, [b.trunc(b.load(word(b, ctrl, TASK + 3)), i32)])   # as workqueue's sync_tls
     fn = b.inttoptr(b.load(word(b, ctrl, TASK)), task.as_pointer())
     b.call(fn, [b.inttoptr(b.load(line(b, k, ARGS)), i8p.as_pointer()), b.inttoptr(b.load(line(b, k, DIMS)), i64.as_pointer()),
                 b.inttoptr(b.load(word(b, ctrl, TASK + 1)), i64.as_pointer()), b.inttoptr(b.load(word(b, ctrl, TASK + 2)), i8p)])
     b.store_atomic(gen, line(b, k, DONE), "seq_cst", 8)
     with b.if_then(b.icmp_signed("!=", b.load_atomic(word(b, ctrl, WAITS), "seq_cst", 8), i64(0))):
-        m = b.inttoptr(i64(mutex), i8p)              # the caller sleeps (or is about to): wake it
-        call(b, osc["lock"], void, [m])
-        call(b, osc["wake"], void, [b.inttoptr(i64(done_cond), i8p)])
-        call(b, osc["unlock"], void, [m])
+        m = b.inttoptr(at(b, "mutex"), i8p)          # the caller sleeps (or is about to): wake it
+        call(b, "lock", void, [m])
+        call(b, "wake", void, [b.inttoptr(at(b, "done_cond"), i8p)])
+        call(b, "unlock", void, [m])
     b.store(i64(0), spin)
     b.branch(head)
     ir.IRBuilder(stop).ret_void()
 
     g = ir.Function(mod, ir.FunctionType(i64, []), "llmlab_get_thread_id")   # as numba declares it (intp)
     b = ir.IRBuilder(g.append_basic_block())
-    v = b.ptrtoint(call(b, osc["tls_get"], i8p, [key]), i64)
+    key = b.load(word(b, "tls_key", 0))             # the key, a value of this process, from its block
+    if osc["key_bits"] < 64:
+        key = b.trunc(key, ir.IntType(osc["key_bits"]))
+    v = b.ptrtoint(call(b, "tls_get", i8p, [key]), i64)
     mine = b.icmp_signed("!=", v, i64(0))
     with b.if_else(mine) as (then, other):
         with then:
             b.ret(b.sub(v, i64(1)))
         with other:
-            b.ret(b.sext(call(b, pool["layer_thread_id"], i32, []), i64))     # the layer's C int
+            b.ret(b.sext(call(b, "layer_thread_id", i32, []), i64))     # the layer's C int
     b.unreachable()
 def _bind_inline_entry() -> None:
     import llvmlite.binding as ll

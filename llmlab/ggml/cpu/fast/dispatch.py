@@ -41,7 +41,7 @@ from . import dot4
 from ._common import parallel_min_work, threads
 from .twins import Kernels, twin
 
-PACK_CHUNK_ROWS = 8192          # rows packed at a time (a multiple of G and of dot4.R16)
+PACK_CHUNK_ROWS = 2048          # rows packed at a time (a multiple of G and of dot4.R16)
 
 _PACKED: dict[tuple, tuple] = {}
 
