@@ -17,8 +17,9 @@ from typing import Callable
 
 import numpy as np
 
-from .. import quants as ref_quants, repack_gemm as ref_repack, tiled as ref_tiled
-from . import dot4, dot4_neon, neon, quants, repack, tiled
+from .. import ops as ref_ops, quants as ref_quants, repack_gemm as ref_repack, tiled as ref_tiled
+from ...tensor import F16
+from . import dot4, dot4_neon, neon, ops, quants, repack, tiled
 from .quantize import quantize_q8_0, quantize_q8_0_neon, quantize_q8_1, quantize_q8_1_neon, quantize_q8_k, quantize_q8_k_neon
 
 
@@ -129,6 +130,63 @@ FAMILIES: dict[str, dict[tuple[str, str], Twin]] = {"x86": TWINS, "neon": NEON, 
 
 def twin(tname: str, path: str | None, family: str = "x86") -> Twin | None:
     return FAMILIES.get(family, {}).get((tname, path))
+
+
+# ---- the fused row ops of the plan's fusions (``cplan.FUSIONS``): each numba kernel and the NumPy
+# reference ops it does the work of, chained on arrays (same arguments, same bytes written)
+
+def _rms_norm_mul(x, eps, w, out, a, b):
+    if a.shape[0]:
+        np.add(a, b, out=x)
+    np.multiply(ref_ops.rms_norm_rows(x, eps), w, out=out)
+
+
+def _rope_scale(x, cos, sin, n_dims, neox, scale, out, vec_pairs=0):
+    y = ref_ops.rope_rows(x, cos[:, None, :], sin[:, None, :], n_dims, neox, vec_pairs, np.empty_like(x))
+    np.multiply(y, np.float32(scale), out=out)
+
+
+def _rms_norm_mul_rope(x, H, eps, w, cos, sin, n_dims, neox, scale, scaled, out, vec_pairs=0):
+    y = np.multiply(ref_ops.rms_norm_rows(x, eps), w).reshape(-1, H, x.shape[1])
+    t = np.arange(y.shape[0])
+    y = ref_ops.rope_rows(y, cos[t][:, None, :], sin[t][:, None, :], n_dims, neox, vec_pairs, np.empty_like(y))
+    np.copyto(out, (y * np.float32(scale) if scaled else y).reshape(out.shape))
+
+
+def _set_rows(D, V, I) -> bool:
+    """ops.set_rows on arrays: D f16 bits (uint16) or float32 rows."""
+    if I.size and (I.min() < 0 or I.max() >= D.shape[0]):
+        return False
+    D[I] = ref_ops._convert(V, F16).view(np.uint16) if D.dtype == np.uint16 else V
+    return True
+
+
+def _set_rows_pair(Dk, K, Dv, V, I) -> bool:
+    if I.size and (I.min() < 0 or I.max() >= min(Dk.shape[0], Dv.shape[0])):
+        return False
+    return _set_rows(Dk, K, I) and _set_rows(Dv, V, I)
+
+
+def _rope_set_rows_pair(X, cos, sin, n_dims, neox, Dk, Dv, V, I, vec_pairs=0) -> bool:
+    K = ref_ops.rope_rows(X, cos[:, None, :], sin[:, None, :], n_dims, neox, vec_pairs, np.empty_like(X))
+    return _set_rows_pair(Dk, K.reshape(X.shape[0], -1), Dv, V, I)
+
+
+@dataclass(frozen=True)
+class RowTwin:
+    """A fused row kernel and its NumPy twin (the reference ops it replaces, one after another)."""
+    fast: Callable
+    reference: Callable
+    ops: str                     # the graph's nodes it computes
+
+
+ROW_TWINS: dict[str, RowTwin] = {
+    "rms_norm_mul": RowTwin(ops.rms_norm_mul, _rms_norm_mul, "(ADD) RMS_NORM MUL"),
+    "rope_scale": RowTwin(ops.rope_scale, _rope_scale, "ROPE SCALE"),
+    "rms_norm_mul_rope": RowTwin(ops.rms_norm_mul_rope, _rms_norm_mul_rope, "RMS_NORM MUL ROPE (SCALE)"),
+    "set_rows_pair": RowTwin(ops.set_rows_pair, _set_rows_pair, "SET_ROWS SET_ROWS"),
+    "rope_set_rows_pair": RowTwin(ops.rope_set_rows_pair, _rope_set_rows_pair, "ROPE SET_ROWS SET_ROWS"),
+}
 
 
 def _document() -> None:
