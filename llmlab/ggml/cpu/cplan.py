@@ -521,7 +521,6 @@ def _f16h_step(kernel, rows: np.ndarray, X: np.ndarray, Y: np.ndarray, half: tup
     return lambda: kernel(rows, X, Y, *half, written, cls, always, n)
 
 
-@FUSIONS.append
 def _fuse_v_transpose(node, cpu, readers, prev, out=None):
     """kqv = MUL_MAT(CONT(V^T), probabilities) for one token: the CONT only transposes the cache's V rows
     so that each output is a contiguous dot product; the fused step reads the rows in place
@@ -553,6 +552,9 @@ def _fuse_v_transpose(node, cpu, readers, prev, out=None):
         VT = np.zeros((Hk, D // fvec.TW, KV, fvec.TW), np.uint16)       # the cells' columns in 16-wide tiles,
         return (lambda: fvec.mul_mat_f16_vt_tiles(V, X, Y, n_reg, lanes, prog, flags, VT, n)), [c]   # kept
     return (lambda: fvec.mul_mat_f16_vt(V, X, Y, n_reg, lanes, prog, n)), [c]
+
+
+FUSIONS.append(_fuse_v_transpose)       # (not as a decorator: _fuse_kqv_cont calls it by name)
 
 
 @FUSIONS.append
@@ -773,8 +775,10 @@ def _fuse_cont_reader(node, cpu, readers, prev):
     must come just before, have this node as its only reader, and x's bytes not overlap the output
     (SmolLM2's attn_out is given kqv's freed bytes: refused there, ``_fuse_kqv_cont`` skips its CONT)."""
     mv = _quantized_matvec(node, cpu)
+    if mv is None:
+        return None
     cont = node.src[1]
-    if (mv is None or cont.op != "CONT" or prev.get(id(node)) is not cont or readers.get(id(cont), 0) != 1
+    if (cont.op != "CONT" or prev.get(id(node)) is not cont or readers.get(id(cont), 0) != 1
             or cont.src[0].type is not F32 or not fq.supports(node.src[0].type)):
         return None
     A, X, Y, repacked = mv
