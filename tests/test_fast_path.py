@@ -354,10 +354,13 @@ def test_fast_plan_binds_every_compute_node_of_a_real_decode_step(smollm2_path):
     # every layer's CONT of V^T (read in place by kqv); V computed with K and up with gate, one region and
     # one activation quantization each (Q not: K's output bytes are Q's, freed by Q's ROPE in between);
     # every RMS_NORM with its MUL by the weight, and the residual ADD before it (60 of them: the first
-    # norm reads the embeddings); every layer's SET_ROWS of K with its SET_ROWS of V (30)
-    assert absorbed == ["Vcur", "ffn_inp", "ffn_up", "l_out", "norm", "v_cont"]
+    # norm reads the embeddings); every layer's SET_ROWS of K with its SET_ROWS of V (30), and K's ROPE
+    # just before them (30); every layer's kqv written straight into kqv_out's bytes (its CONT's step, 30)
+    assert absorbed == ["Kcur", "Vcur", "ffn_inp", "ffn_up", "kqv", "l_out", "norm", "v_cont"]
     assert sum(plan.nodes[i].op == "SET_ROWS" for i in plan.absorbed) == 30
-    assert plan.n_fused == 90 + 61 + 60 + 30
+    assert sum(plan.nodes[i].op == "ROPE" for i in plan.absorbed) == 30
+    assert plan.n_fused == 90 + 61 + 60 + 30 + 30 + 30
+    assert len(plan._run) == 395
 
 
 def test_unknown_kernel_set_is_refused(tiny):
