@@ -267,7 +267,7 @@ def test_f16_register_tiles_equal_vec_dot_f16(K, R, heads, cpu):
 
 
 def test_row_journal_marks_exactly_the_written_rows():
-    from llmlab.ggml.cpu.journal import reader, rows_written, writer
+    from llmlab.ggml.cpu.journal import index_writer, reader, rows_written
     cache = np.zeros((16, 8), np.float16)
     flags = reader(cache[:10])
     assert flags is not None and flags.tolist() == [1] * 16
@@ -278,12 +278,23 @@ def test_row_journal_marks_exactly_the_written_rows():
     rows_written(cache[:, :4].T)                             # a view whose rows are not the cache's: all
     assert flags.all()
     assert reader(cache[2:]) is None                         # rows shifted against the owner: no journal
-    note = writer(cache[:10])                                # a writer bound once sees later readers too
-    later = reader(cache)
+    other = np.zeros((16, 8), np.float16)
+    idx = np.array([1, 9], np.int32)
+    note = index_writer([cache[:10], other], idx)            # a writer bound once sees later readers too
+    later, of_other = reader(cache), reader(other)
+    flags[:], later[:], of_other[:] = 0, 0, 0
+    note()
+    assert [np.flatnonzero(f).tolist() for f in (flags, later, of_other)] == [[1, 9]] * 3
+    idx[:] = [4, 4]                                          # the index buffer read when the note is made
+    note()
+    assert np.flatnonzero(flags).tolist() == [1, 4, 9]
+    many = np.arange(0, 16, 2, dtype=np.int32).repeat(3)     # more than FEW_ROWS: one fancy-index write
     flags[:] = 0
-    later[:] = 0
-    note(np.array([1, 9]))
-    assert np.flatnonzero(flags).tolist() == [1, 9] and np.flatnonzero(later).tolist() == [1, 9]
+    index_writer([cache], many)()
+    assert np.flatnonzero(flags).tolist() == list(range(0, 16, 2))
+    flags[:] = 0
+    index_writer([cache[:, :4].T], idx)()                    # rows not the cache's: all of them
+    assert flags.all()
 
 
 @pytest.mark.parametrize("type_", ["f16", "f32"])

@@ -30,7 +30,7 @@ from ..tensor import F16, F32, Tensor
 from . import sgemm
 from .fast import dispatch as fq
 from .fast._common import parallel_min_work, threads
-from .journal import reader, writer
+from .journal import index_writer, reader
 from .fast import ops as fops
 from .fast import vec as fvec
 from .fast import vec_f16 as fvec16
@@ -252,8 +252,8 @@ def _cont(node, cpu):
 
 
 def _set_rows_args(node):
-    """(cells, rows, indices, note) of a SET_ROWS the fast kernel takes (f32 rows into f16 or f32 cells),
-    or None; ``note(I)`` tells the journal which rows changed."""
+    """(cells, rows, indices) of a SET_ROWS the fast kernel takes (f32 rows into f16 or f32 cells), or
+    None; the step tells the journal which rows changed (``index_writer``)."""
     src, idx = node.src
     if src.type is not F32 or node.type not in (F16, F32) or not src.is_contiguous():
         return None
@@ -262,7 +262,7 @@ def _set_rows_args(node):
     D = node.array()[0, 0]
     if D.ndim != 2 or D.shape[1] != V.shape[1]:
         return None
-    return (D.view(np.uint16) if node.type is F16 else D), V, I, writer(D)
+    return (D.view(np.uint16) if node.type is F16 else D), V, I
 
 
 @binder("SET_ROWS")
@@ -270,12 +270,13 @@ def _set_rows(node, cpu):
     got = _set_rows_args(node)
     if got is None:
         return None
-    cells, V, I, note = got
+    cells, V, I = got
+    note = index_writer([cells], I)
 
     def step():
         if not fops.set_rows(cells, V, I):
             raise IndexError(f"set_rows: row index out of range 0..{cells.shape[0] - 1}")
-        note(I)
+        note()
     return step
 
 
@@ -671,7 +672,7 @@ def _set_rows_pair(node, prev):
     got = [_set_rows_args(n) for n in (k, node)]
     if got[0] is None or got[1] is None:
         return None
-    (Dk, K, _, _), (Dv, V, _, _) = got
+    (Dk, K, _), (Dv, V, _) = got
     if _overlap(_span(Dk), _span(Dv)) or any(_overlap(_span(D), _span(X)) for D in (Dk, Dv) for X in (K, V)):
         return None
     return k, *got
@@ -686,7 +687,7 @@ def _fuse_rope_set_rows_pair(node, cpu, readers, prev):
     pair = _set_rows_pair(node, prev)
     if pair is None:
         return None
-    k, (Dk, K, I, note_k), (Dv, V, _, note_v) = pair
+    k, (Dk, K, I), (Dv, V, _) = pair
     rope = prev.get(id(k))
     if rope is None or rope.op != "ROPE" or _sole_source(k.src[0], readers) is not rope:
         return None
@@ -700,12 +701,13 @@ def _fuse_rope_set_rows_pair(node, cpu, readers, prev):
             or any(_overlap(_span(D), _span(X)) for D in (Dk, Dv))):
         return None
 
+    note = index_writer([Dk, Dv], I)
+
     def step():
         hit = cos_sin()
         if not fops.rope_set_rows_pair(X, hit[1], hit[2], n_dims, neox, Dk, Dv, V, I, vec_pairs):
             raise IndexError(f"set_rows: row index out of range 0..{min(Dk.shape[0], Dv.shape[0]) - 1}")
-        note_k(I)
-        note_v(I)
+        note()
     return step, [rope, k]
 
 
@@ -716,13 +718,13 @@ def _fuse_set_rows_pair(node, cpu, readers, prev):
     pair = _set_rows_pair(node, prev)
     if pair is None:
         return None
-    k, (Dk, K, I, note_k), (Dv, V, _, note_v) = pair
+    k, (Dk, K, I), (Dv, V, _) = pair
+    note = index_writer([Dk, Dv], I)
 
     def step():
         if not fops.set_rows_pair(Dk, K, Dv, V, I):
             raise IndexError(f"set_rows: row index out of range 0..{min(Dk.shape[0], Dv.shape[0]) - 1}")
-        note_k(I)
-        note_v(I)
+        note()
     return step, [k]
 
 
