@@ -131,10 +131,10 @@ def graph_plan(nodes: list[Tensor], cpu=None, fast: bool = True) -> CPlan:
                 del fused[j], parts[j]
             fused[i], parts[i] = got[0], js
             absorbed.update(js)
-            for n in got[1]:
-                if index[id(n)] > i:            # its work moved earlier: the nodes after it now follow
-                    _unlink(prev, after, n)     # the one before it (work moved later stays in the chain,
-            return True                         # just before the step that does it)
+            for n in got[1]:        # work moved earlier leaves the chain; work moved later stays in it,
+                if index[id(n)] > i:            # just before the step that does it
+                    _unlink(prev, after, n)
+            return True
 
         for i, node in enumerate(nodes):
             if i in absorbed:
