@@ -374,6 +374,23 @@ def test_fast_plan_binds_every_compute_node_of_a_real_decode_step(smollm2_path):
     assert len(plan._run) == 395
 
 
+def test_fused_steps_of_a_real_gemma3_decode_step(gemma3_path):
+    """A Gemma 3 decode step: each layer's q and k norms run with their ROPE (q's SCALE too) in one step
+    each, and attn_out reads kqv in place (its CONT skipped): 3 steps a layer fewer than with the norm,
+    rope and copy steps alone."""
+    ctx = Context(Model(gemma3_path), n_ctx=256)
+    ctx.decode(Batch.from_tokens([1, 2, 3], logits="last"))
+    ctx.decode(Batch.from_tokens([4], pos0=3, logits="last"))
+    plan = ctx.backend.plan(ctx.last_graph.gf)
+    n_layer = ctx.model.hparams.n_layer
+    fused = [plan.nodes[i] for i in plan.fused]
+    assert sum(n.op == "SCALE" and n.src[0].op == "ROPE" for n in fused) == n_layer         # q
+    assert sum(n.op == "ROPE" for n in fused) == n_layer                                    # k
+    assert all(plan.nodes[i].op != "ROPE" or plan.nodes[i].src[0].op == "MUL" for i in plan.absorbed)
+    assert sum(n.op == "CONT" and n.name.startswith("kqv_out") for n in map(plan.nodes.__getitem__, plan.absorbed)) == n_layer
+    assert len(plan._run) == 294
+
+
 def test_unknown_kernel_set_is_refused(tiny):
     with pytest.raises(ValueError, match="kernels"):
         Context(tiny["llama"], kernels="turbo")
