@@ -181,15 +181,19 @@ def test_rope_into_the_set_rows_pair(mode, n_dims, cell_type, cpu):
 
 
 def test_rope_into_the_set_rows_pair_refuses_overlapping_bytes(cpu):
-    """The ROPE's input in the bytes of a cache (where the rotated K lands) or of its own output: refused."""
+    """The ROPE's input in the bytes of a cache (where the rotated K lands), or the ROPE in place (its
+    input overwritten, as the fused step would not): refused; the plain pair still binds."""
     ctx = GGMLContext()
     sk, sv, (ck, cv, idx, k) = _kv_graph(ctx, 0, 64, "f16")
     nodes = _graph(sk, sv).nodes
     readers, prev, _ = cplan._chain(nodes)
-    assert FUSION["_fuse_rope_set_rows_pair"](sv, cpu, readers, prev) is not None
+    rope, k_data = sk.src[0].src[0], k.data
+    assert rope.op == "ROPE" and FUSION["_fuse_rope_set_rows_pair"](sv, cpu, readers, prev) is not None
     k.data = ck.data[:k.nbytes()]                   # K's rows in the K cache's bytes
     assert FUSION["_fuse_rope_set_rows_pair"](sv, cpu, readers, prev) is None
-    assert FUSION["_fuse_set_rows_pair"](sv, cpu, readers, prev) is not None       # the plain pair still binds
+    assert FUSION["_fuse_set_rows_pair"](sv, cpu, readers, prev) is not None
+    k.data = rope.data = k_data                     # the rotation in place
+    assert FUSION["_fuse_rope_set_rows_pair"](sv, cpu, readers, prev) is None
 
 
 def _qk_graph(ctx, scaled, T=2, H=3, D=72, n_dims=64, mode=2):
