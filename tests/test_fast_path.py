@@ -313,7 +313,7 @@ def test_f16_kernels_start_their_registers_at_plus_zero(K, cpu):
 
 
 def test_row_journal_marks_exactly_the_written_rows():
-    from llmlab.ggml.cpu.journal import reader, rows_written, writer
+    from llmlab.ggml.cpu.journal import index_writer, reader, rows_written
     cache = np.zeros((16, 8), np.float16)
     flags = reader(cache[:10])
     assert flags is not None and flags.tolist() == [1] * 16
@@ -324,12 +324,23 @@ def test_row_journal_marks_exactly_the_written_rows():
     rows_written(cache[:, :4].T)                             # a view whose rows are not the cache's: all
     assert flags.all()
     assert reader(cache[2:]) is None                         # rows shifted against the owner: no journal
-    note = writer(cache[:10])                                # a writer bound once sees later readers too
-    later = reader(cache)
+    other = np.zeros((16, 8), np.float16)
+    idx = np.array([1, 9], np.int32)
+    note = index_writer([cache[:10], other], idx)            # a writer bound once sees later readers too
+    later, of_other = reader(cache), reader(other)
+    flags[:], later[:], of_other[:] = 0, 0, 0
+    note()
+    assert [np.flatnonzero(f).tolist() for f in (flags, later, of_other)] == [[1, 9]] * 3
+    idx[:] = [4, 4]                                          # the index buffer read when the note is made
+    note()
+    assert np.flatnonzero(flags).tolist() == [1, 4, 9]
+    many = np.arange(0, 16, 2, dtype=np.int32).repeat(3)     # more than FEW_ROWS: one fancy-index write
     flags[:] = 0
-    later[:] = 0
-    note(np.array([1, 9]))
-    assert np.flatnonzero(flags).tolist() == [1, 9] and np.flatnonzero(later).tolist() == [1, 9]
+    index_writer([cache], many)()
+    assert np.flatnonzero(flags).tolist() == list(range(0, 16, 2))
+    flags[:] = 0
+    index_writer([cache[:, :4].T], idx)()                    # rows not the cache's: all of them
+    assert flags.all()
 
 
 @pytest.mark.parametrize("type_", ["f16", "f32"])
@@ -397,14 +408,36 @@ def test_fast_plan_binds_every_compute_node_of_a_real_decode_step(smollm2_path):
     assert slow == set()
     assert plan.n_fast == len(plan._run) + plan.n_fused
     absorbed = sorted({plan.nodes[i].name.split("-")[0] for i in plan.absorbed if plan.nodes[i].op != "SET_ROWS"})
-    # every layer's attention (kq, its SOFT_MAX and the CONT of V^T, one step with kqv: 90); V computed with
-    # K and up with gate, one region and one activation quantization each (Q not: K's output bytes are Q's,
-    # freed by Q's ROPE in between); every RMS_NORM with its MUL by the weight, and the residual ADD before
-    # it (60 of them: the first norm reads the embeddings); every layer's SET_ROWS of K with its SET_ROWS of V (30)
-    assert absorbed == ["Vcur", "ffn_inp", "ffn_up", "kq", "kq_soft_max", "l_out", "norm", "v_cont"]
+    # every layer's CONT of V^T (read in place); V computed with K and up with gate, one region and one
+    # activation quantization each (Q not: K's output bytes are Q's, freed by Q's ROPE in between); every
+    # RMS_NORM with its MUL by the weight, and the residual ADD before it (60 of them: the first norm reads
+    # the embeddings); every layer's SET_ROWS of K with its SET_ROWS of V (30), and K's ROPE just before them
+    # (30); every layer's attention (kq and its SOFT_MAX, one step with kqv: 60), written straight into
+    # kqv_out's bytes (its CONT's step, 30)
+    assert absorbed == ["Kcur", "Vcur", "ffn_inp", "ffn_up", "kq", "kq_soft_max", "kqv", "l_out", "norm", "v_cont"]
     assert sum(plan.nodes[i].op == "SET_ROWS" for i in plan.absorbed) == 30
+    assert sum(plan.nodes[i].op == "ROPE" for i in plan.absorbed) == 30
     assert sum(plan.nodes[i].op == "SOFT_MAX" for i in plan.absorbed) == 30
-    assert plan.n_fused == 90 + 61 + 60 + 30 + 60
+    assert plan.n_fused == 90 + 61 + 60 + 30 + 30 + 60 + 30
+    assert len(plan._run) == 335
+
+
+def test_fused_steps_of_a_real_gemma3_decode_step(gemma3_path):
+    """A Gemma 3 decode step: each layer's q and k norms run with their ROPE (q's SCALE too) in one step
+    each, attn_out reads kqv in place (its CONT skipped), and kq and its SOFT_MAX run in kqv's step: 5 steps
+    a layer fewer than with the norm, rope, copy and attention steps alone."""
+    ctx = Context(Model(gemma3_path), n_ctx=256)
+    ctx.decode(Batch.from_tokens([1, 2, 3], logits="last"))
+    ctx.decode(Batch.from_tokens([4], pos0=3, logits="last"))
+    plan = ctx.backend.plan(ctx.last_graph.gf)
+    n_layer = ctx.model.hparams.n_layer
+    fused = [plan.nodes[i] for i in plan.fused]
+    assert sum(n.op == "SCALE" and n.src[0].op == "ROPE" for n in fused) == n_layer         # q
+    assert sum(n.op == "ROPE" for n in fused) == n_layer                                    # k
+    assert all(plan.nodes[i].op != "ROPE" or plan.nodes[i].src[0].op == "MUL" for i in plan.absorbed)
+    assert sum(n.op == "CONT" and n.name.startswith("kqv_out") for n in map(plan.nodes.__getitem__, plan.absorbed)) == n_layer
+    assert sum(n.op == "SOFT_MAX" for n in map(plan.nodes.__getitem__, plan.absorbed)) == n_layer   # attention
+    assert len(plan._run) == 294 - 2 * n_layer
 
 
 def test_unknown_kernel_set_is_refused(tiny):

@@ -30,7 +30,7 @@ from ..tensor import F16, F32, Tensor
 from . import sgemm
 from .fast import dispatch as fq
 from .fast._common import parallel_min_work, threads
-from .journal import reader, writer
+from .journal import index_writer, reader
 from .numba_cache import drop_llvm_pages
 from .fast import ops as fops
 from .fast import vec as fvec
@@ -114,32 +114,72 @@ def graph_plan(nodes: list[Tensor], cpu=None, fast: bool = True) -> CPlan:
     absorbed: set[int] = set()
     if fast:
         index = {id(n): i for i, n in enumerate(nodes)}
-        readers: dict[int, int] = {}
-        prev: dict[int, Tensor] = {}            # each computed node's computed predecessor (views skipped)
-        last = None
-        for n in nodes:
-            for src in n.src:
-                readers[id(src)] = readers.get(id(src), 0) + 1
-            if n.op not in VIEW_OPS:
-                if last is not None:
-                    prev[id(n)] = last
-                last = n
+        readers, prev, after = _chain(nodes)
+        parts: dict[int, list[int]] = {}        # a fused step's node -> the nodes it absorbed
+
+        def claim(i: int, got) -> bool:
+            """Make ``got`` (step, nodes absorbed) node i's step, unless a node it absorbs is another step's
+            already; a step fused before may be taken over whole (its node and all it absorbed listed):
+            Gemma's q norm fused with its ROPE, then with the SCALE after."""
+            if got is None or not all(id(n) in index for n in got[1]):
+                return False
+            js = [index[id(n)] for n in got[1]]
+            taken = [j for j in js if j in fused]
+            owned = {k for j in taken for k in parts[j]}
+            if any(j in absorbed and j not in owned for j in js) or not owned <= set(js):
+                return False
+            for j in taken:
+                del fused[j], parts[j]
+            fused[i], parts[i] = got[0], js
+            absorbed.update(js)
+            for n in got[1]:        # work moved earlier leaves the chain; work moved later stays in it,
+                if index[id(n)] > i:            # just before the step that does it
+                    _unlink(prev, after, n)
+            return True
+
         for i, node in enumerate(nodes):
-            for fuse in FUSIONS:
-                got = None if i in absorbed else fuse(node, cpu, readers, prev)
-                if (got is not None and all(id(n) in index for n in got[1])
-                        and not any(index[id(n)] in absorbed or index[id(n)] in fused for n in got[1])):
-                    fused[i] = got[0]
-                    absorbed.update(index[id(n)] for n in got[1])
-                    break
-            else:
-                got = None if i in absorbed else _fuse_shared_activations(nodes, i, cpu)
-                if got is not None and not any(index[id(n)] in absorbed or index[id(n)] in fused for n in got[1]):
-                    fused[i] = got[0]
-                    absorbed.update(index[id(n)] for n in got[1])
+            if i in absorbed:
+                continue
+            if not any(claim(i, fuse(node, cpu, readers, prev)) for fuse in FUSIONS):
+                claim(i, _fuse_shared_activations(nodes, i, cpu))
     fq.settle_file_pages()
     drop_llvm_pages()                           # LLVM's code runs again only when a kernel loads
     return CPlan(nodes, steps, n_fast, fused, absorbed, arena)
+
+
+def _chain(nodes: list[Tensor]) -> tuple[dict[int, int], dict[int, Tensor], dict[int, Tensor]]:
+    """(readers, prev, after): how many nodes read each tensor, and each computed node's computed
+    predecessor and successor (views skipped), all by id. The plan keeps prev as it decides: a node
+    whose work a fusion moves into an earlier step leaves the chain (``_unlink``), so ``prev[id(b)] is
+    a`` says no step runs between a's and b's, and a fusion moving a's work to b's step finds a's
+    sources as a would have."""
+    readers: dict[int, int] = {}
+    prev: dict[int, Tensor] = {}
+    after: dict[int, Tensor] = {}
+    last = None
+    for n in nodes:
+        for src in n.src:
+            readers[id(src)] = readers.get(id(src), 0) + 1
+        if n.op not in VIEW_OPS:
+            if last is not None:
+                prev[id(n)], after[id(last)] = last, n
+            last = n
+    return readers, prev, after
+
+
+def _unlink(prev: dict, after: dict, n: Tensor) -> None:
+    """Take n out of the chain: its successor follows its predecessor."""
+    before, nxt = prev.pop(id(n), None), after.pop(id(n), None)
+    if nxt is not None:
+        if before is None:
+            del prev[id(nxt)]
+        else:
+            prev[id(nxt)] = before
+    if before is not None:
+        if nxt is None:
+            del after[id(before)]
+        else:
+            after[id(before)] = nxt
 
 
 # ---- bindings ----------------------------------------------------------------------------------
@@ -214,8 +254,8 @@ def _cont(node, cpu):
 
 
 def _set_rows_args(node):
-    """(cells, rows, indices, note) of a SET_ROWS the fast kernel takes (f32 rows into f16 or f32 cells),
-    or None; ``note(I)`` tells the journal which rows changed."""
+    """(cells, rows, indices) of a SET_ROWS the fast kernel takes (f32 rows into f16 or f32 cells), or
+    None; the step tells the journal which rows changed (``index_writer``)."""
     src, idx = node.src
     if src.type is not F32 or node.type not in (F16, F32) or not src.is_contiguous():
         return None
@@ -224,7 +264,7 @@ def _set_rows_args(node):
     D = node.array()[0, 0]
     if D.ndim != 2 or D.shape[1] != V.shape[1]:
         return None
-    return (D.view(np.uint16) if node.type is F16 else D), V, I, writer(D)
+    return (D.view(np.uint16) if node.type is F16 else D), V, I
 
 
 @binder("SET_ROWS")
@@ -232,12 +272,13 @@ def _set_rows(node, cpu):
     got = _set_rows_args(node)
     if got is None:
         return None
-    cells, V, I, note = got
+    cells, V, I = got
+    note = index_writer([cells], I)
 
     def step():
         if not fops.set_rows(cells, V, I):
             raise IndexError(f"set_rows: row index out of range 0..{cells.shape[0] - 1}")
-        note(I)
+        note()
     return step
 
 
@@ -486,15 +527,15 @@ def _f16h_step(kernel, rows: np.ndarray, X: np.ndarray, Y: np.ndarray, half: tup
 F16_MAX = 65504.0
 
 
-@FUSIONS.append
-def _fuse_attention(node, cpu, readers, prev):
+def _fuse_attention(node, cpu, readers, prev, out=None):
     """A decode step's attention, kq = MUL_MAT(K, q) -> SOFT_MAX(kq, mask, scale) -> kqv = MUL_MAT(CONT(V^T),
     probabilities) for one token: one step and one parallel region a layer (``fast.vec.attention_f16_tiles``:
     a head per work item) instead of three, with their bits (the same tiles, registers and softmax as
     ``mul_mat_f16_tiles``, ``soft_max`` and ``mul_mat_f16_vt_tiles``). Only where the three follow one
     another (no computed node in between), nobody else reads the scores, the probabilities or the CONT,
     and all three would take those kernels (the journal's tiles, float32 registers, a row of whole
-    lanes); else ``_fuse_v_transpose`` and the nodes' own steps. Ahead of ``_fuse_v_transpose`` in FUSIONS."""
+    lanes); else ``_fuse_v_transpose`` and the nodes' own steps. Ahead of ``_fuse_v_transpose`` in FUSIONS.
+    ``out``: where the step writes kqv instead of its own bytes (``_fuse_kqv_cont``)."""
     if node.op != "MUL_MAT" or node.type is not F32:
         return None
     c, sm = node.src
@@ -533,7 +574,7 @@ def _fuse_attention(node, cpu, readers, prev):
     kflags, vflags = reader(K.transpose(1, 0, 2)), reader(V)
     if kflags is None or vflags is None or kflags.shape[0] < R or vflags.shape[0] < R:
         return None
-    Q, Y = b.array()[0], node.array()[0]                   # (H, 1, Dk), (H, 1, Dv)
+    Q, Y = b.array()[0], node.array()[0] if out is None else out    # (H, 1, Dk), (H, 1, Dv)
     if M.size and _overlap(_span(M), _span(Y)):
         return None
     scale = np.float32(sm.op_params["scale"])
@@ -551,12 +592,14 @@ def _fuse_attention(node, cpu, readers, prev):
     return step, [c, kq, sm]
 
 
-@FUSIONS.append
-def _fuse_v_transpose(node, cpu, readers, prev):
+FUSIONS.append(_fuse_attention)         # (not as decorators: _fuse_kqv_cont calls these two by name)
+
+
+def _fuse_v_transpose(node, cpu, readers, prev, out=None):
     """kqv = MUL_MAT(CONT(V^T), probabilities) for one token: the CONT only transposes the cache's V rows
     so that each output is a contiguous dot product; the fused step reads the rows in place
     (``mul_mat_f16_vt``; with half-precision accumulators ``vec_f16.mul_mat_f16h_vt``; same arithmetic)
-    and the copy is skipped."""
+    and the copy is skipped. ``out``: where the step writes kqv instead of its own bytes (``_fuse_kqv_cont``)."""
     if node.op != "MUL_MAT" or node.type is not F32:
         return None
     c, b = node.src
@@ -568,7 +611,7 @@ def _fuse_v_transpose(node, cpu, readers, prev):
     Vt = v.array()[0].transpose(2, 0, 1)                   # (KV, Hk, D): the cache rows
     if not Vt.flags.c_contiguous:
         return None
-    V, X, Y = Vt.view(np.uint16), b.array()[0], node.array()[0]
+    V, X, Y = Vt.view(np.uint16), b.array()[0], node.array()[0] if out is None else out
     KV, Hk, D = V.shape
     n = _attention_limit(Y.size * KV)
     half = fvec16.half_order(cpu, c.ne[1], 1, c.ne[0])      # FP16_VA: half-precision accumulators
@@ -583,6 +626,9 @@ def _fuse_v_transpose(node, cpu, readers, prev):
         VT = np.zeros((Hk, D // fvec.TW, KV, fvec.TW), np.uint16)       # the cells' columns in 16-wide tiles,
         return (lambda: fvec.mul_mat_f16_vt_tiles(V, X, Y, n_reg, lanes, prog, flags, VT, n)), [c]   # kept
     return (lambda: fvec.mul_mat_f16_vt(V, X, Y, n_reg, lanes, prog, n)), [c]
+
+
+FUSIONS.append(_fuse_v_transpose)
 
 
 @FUSIONS.append
@@ -620,6 +666,47 @@ def _fuse_norm_scale(node, cpu, readers, prev):
 
 
 @FUSIONS.append
+def _fuse_norm_rope(node, cpu, readers, prev):
+    """ROPE(MUL(RMS_NORM(x), weight row)), and SCALE of it: Gemma's k (and q, then times 1/sqrt(head
+    size)) normed per head before its rotation, one step (``fast.ops.rms_norm_mul_rope``, each value
+    rounded as each op rounds it) where there were two (the norm with its MUL, the ROPE with its SCALE);
+    it takes over those fusions' steps (``graph_plan``). The nodes must follow one another, each be the
+    next one's only source, and the output either be x itself (Gemma's q: rows read whole before written)
+    or not overlap it."""
+    scaled, scale, rope = node.op == "SCALE", np.float32(1.0), node
+    if scaled:
+        rope, scale = node.src[0], np.float32(node.op_params["scale"])
+        if len(node.src) != 1 or node.type is not F32 or prev.get(id(node)) is not rope or readers.get(id(rope), 0) != 1:
+            return None
+    if rope.op != "ROPE" or rope.type is not F32:
+        return None
+    mul = rope.src[0]
+    if mul.op != "MUL" or mul.type is not F32 or len(mul.src) != 2 or prev.get(id(rope)) is not mul or readers.get(id(mul), 0) != 1:
+        return None
+    norm, w = mul.src
+    if norm.op != "RMS_NORM":
+        norm, w = w, norm
+    if (norm.op != "RMS_NORM" or prev.get(id(mul)) is not norm or readers.get(id(norm), 0) != 1
+            or w.type is not F32 or w.nelements() != w.ne[0] or w.ne[0] != norm.ne[0] or not w.is_contiguous()
+            or not all(tuple(t.ne) == tuple(norm.ne) for t in (mul, rope, node)) or not mul.is_contiguous()):
+        return None
+    got = _rope_args(rope, cpu)
+    x, out = _rows(norm.src[0]), _rows(node)
+    if got is None or x is None or out is None or x.shape[0] != rope.ne[1] * rope.ne[2]:
+        return None
+    _, n_dims, neox, vec_pairs, cos_sin = got
+    H, eps, W = rope.ne[1], np.float32(norm.op_params["eps"]), _resident(w.array()).reshape(-1)
+    same = _span(out) == _span(x) and out.strides == x.strides
+    if (not same and _overlap(_span(out), _span(x))) or _overlap(_span(W), _span(out)):
+        return None
+
+    def step():
+        hit = cos_sin()
+        fops.rms_norm_mul_rope(x, H, eps, W, hit[1], hit[2], n_dims, neox, scale, scaled, out, vec_pairs)
+    return step, [norm, mul, rope] if scaled else [norm, mul]
+
+
+@FUSIONS.append
 def _fuse_rope_scale(node, cpu, readers, prev):
     """SCALE(ROPE(q)): Gemma's query rotated, then times 1/sqrt(head size), in one call
     (``fast.ops.rope_scale``, each value rounded as the two ops round it). The ROPE must come just before
@@ -647,10 +734,9 @@ def _fuse_rope_scale(node, cpu, readers, prev):
     return step, [rope]
 
 
-@FUSIONS.append
-def _fuse_set_rows_pair(node, cpu, readers, prev):
-    """A layer's SET_ROWS of V right after its SET_ROWS of K, at the same cells (the same k_idxs): one
-    call (``fast.ops.set_rows_pair``) and one step fewer a layer."""
+def _set_rows_pair(node, prev):
+    """(SET_ROWS of K, its args, V's args) where node is a layer's SET_ROWS of V right after its SET_ROWS
+    of K at the same cells (the same k_idxs), the caches apart from each other and from the rows; or None."""
     if node.op != "SET_ROWS":
         return None
     k = prev.get(id(node))
@@ -659,16 +745,135 @@ def _fuse_set_rows_pair(node, cpu, readers, prev):
     got = [_set_rows_args(n) for n in (k, node)]
     if got[0] is None or got[1] is None:
         return None
-    (Dk, K, I, note_k), (Dv, V, _, note_v) = got
+    (Dk, K, _), (Dv, V, _) = got
     if _overlap(_span(Dk), _span(Dv)) or any(_overlap(_span(D), _span(X)) for D in (Dk, Dv) for X in (K, V)):
         return None
+    return k, *got
+
+
+@FUSIONS.append
+def _fuse_rope_set_rows_pair(node, cpu, readers, prev):
+    """ROPE of K, then the layer's K/V SET_ROWS pair (``_fuse_set_rows_pair``): K rotated straight into
+    its cache cells (``fast.ops.rope_set_rows_pair``), its rotated rows never stored (the SET_ROWS of K,
+    through a reshape, is their only reader). SmolLM2's V is computed with K (``_fuse_shared_activations``),
+    so its ROPE comes just before the pair: one step a layer fewer."""
+    pair = _set_rows_pair(node, prev)
+    if pair is None:
+        return None
+    k, (Dk, K, I), (Dv, V, _) = pair
+    rope = prev.get(id(k))
+    if rope is None or rope.op != "ROPE" or _sole_source(k.src[0], readers) is not rope:
+        return None
+    got = _rope_args(rope, cpu)
+    if got is None:
+        return None
+    X, n_dims, neox, vec_pairs, cos_sin = got
+    R = rope.array()[0]
+    if (not R.flags.c_contiguous or K.shape != (X.shape[0], X.shape[1] * X.shape[2]) or _span(K) != _span(R)
+            or I.shape[0] != X.shape[0] or V.shape[0] != I.shape[0] or _overlap(_span(R), _span(X))
+            or any(_overlap(_span(D), _span(X)) for D in (Dk, Dv))):
+        return None
+
+    note = index_writer([Dk, Dv], I)
+
+    def step():
+        hit = cos_sin()
+        if not fops.rope_set_rows_pair(X, hit[1], hit[2], n_dims, neox, Dk, Dv, V, I, vec_pairs):
+            raise IndexError(f"set_rows: row index out of range 0..{min(Dk.shape[0], Dv.shape[0]) - 1}")
+        note()
+    return step, [rope, k]
+
+
+@FUSIONS.append
+def _fuse_set_rows_pair(node, cpu, readers, prev):
+    """A layer's SET_ROWS of V right after its SET_ROWS of K, at the same cells (the same k_idxs): one
+    call (``fast.ops.set_rows_pair``) and one step fewer a layer."""
+    pair = _set_rows_pair(node, prev)
+    if pair is None:
+        return None
+    k, (Dk, K, I), (Dv, V, _) = pair
+    note = index_writer([Dk, Dv], I)
 
     def step():
         if not fops.set_rows_pair(Dk, K, Dv, V, I):
             raise IndexError(f"set_rows: row index out of range 0..{min(Dk.shape[0], Dv.shape[0]) - 1}")
-        note_k(I)
-        note_v(I)
+        note()
     return step, [k]
+
+
+def _flat(t: Tensor) -> np.ndarray | None:
+    """t's elements as one flat view, when they lie in their order in memory (a CONT of them is a pure
+    copy: one token's attention heads, kqv permuted), else None."""
+    flat = t.array().view()
+    try:
+        flat.shape = (-1,)
+    except AttributeError:
+        return None
+    return flat
+
+
+WRITE_INTO: list[Callable] = [_fuse_attention, _fuse_v_transpose]    # kqv's fusions taking ``out=``, in order
+
+
+@FUSIONS.append
+def _fuse_kqv_cont(node, cpu, readers, prev):
+    """CONT(kqv permuted) for one token, a pure copy: kqv's fused step (one of ``WRITE_INTO``) writes its
+    result straight into the CONT's bytes, and the copy is skipped (SmolLM2: one step a layer fewer).
+    kqv must be computed just before, its bytes read by nobody else, and the CONT's bytes apart from all
+    the step reads and writes otherwise (the allocator may give the CONT the probabilities' freed bytes,
+    as Gemma's plan does)."""
+    if node.op != "CONT" or node.type is not F32 or node.src[0].type is not F32 or not node.is_contiguous():
+        return None
+    kqv = prev.get(id(node))
+    if kqv is None or kqv.op != "MUL_MAT" or _sole_source(node.src[0], readers) is not kqv:
+        return None
+    flat, K = _flat(node.src[0]), kqv.array()
+    if flat is None or not K.flags.c_contiguous or _span(flat) != _span(K):
+        return None
+    out = node.array().reshape(K[0].shape)
+    for fuse in WRITE_INTO:
+        got = fuse(kqv, cpu, readers, prev, out=out)
+        if got is not None:
+            break
+    else:
+        return None
+    touched = [sp for n in (*got[1], kqv) for t in (n, *n.src) if t is not kqv and (sp := _span_of(t)) is not None]
+    if any(_overlap(_span(out), sp) for sp in touched):
+        return None
+    return got[0], [*got[1], kqv]
+
+
+@FUSIONS.append
+def _fuse_cont_reader(node, cpu, readers, prev):
+    """A quantized matvec of CONT(x), where the CONT is a pure copy (one token's kqv_out, read by attn_out):
+    the matvec reads x's bytes in place and the copy is skipped (Gemma: one step a layer fewer). The CONT
+    must come just before, have this node as its only reader, and x's bytes not overlap the output
+    (SmolLM2's attn_out is given kqv's freed bytes: refused there, ``_fuse_kqv_cont`` skips its CONT)."""
+    mv = _quantized_matvec(node, cpu)
+    if mv is None:
+        return None
+    cont = node.src[1]
+    if (cont.op != "CONT" or prev.get(id(node)) is not cont or readers.get(id(cont), 0) != 1
+            or cont.src[0].type is not F32 or not fq.supports(node.src[0].type)):
+        return None
+    A, X, Y, repacked = mv
+    flat = _flat(cont.src[0])
+    if flat is None or flat.size != X.size or _overlap(_span(flat), _span(Y)):
+        return None
+    step = fq.bind_step(A, node.src[0].type, flat.reshape(X.shape), Y, repacked, cpu)
+    return step, [cont]
+
+
+def _sole_source(t: Tensor, readers) -> Tensor | None:
+    """The computed node whose bytes t is (t itself, or the root of its views), when t and every view on
+    the way are read by one node each, and the root by the first view; else None."""
+    while readers.get(id(t), 0) == 1:
+        if t.op not in VIEW_OPS:
+            return t
+        if t.op == "NONE" or not t.src:
+            return None
+        t = t.src[0]
+    return None
 
 
 def _quantized_matvec(node: Tensor, cpu: CPUProfile):

@@ -61,14 +61,32 @@ def _mark(refs: list, n: int, rows) -> None:
                 flags[rows] = 1
 
 
-def writer(a: np.ndarray):
-    """``note(rows)``: rows_written(a, rows), with the owner looked up once (for a writer bound to one
-    buffer, called every step). Readers registered later are seen too (it holds the live list)."""
-    root = owner(a)
-    exact = _same_rows(a, root)
-    refs = _READERS.setdefault(id(root), [])
-    n = root.shape[0]
-    return lambda rows: _mark(refs, n, rows if exact else None)
+def index_writer(arrays: list[np.ndarray], index: np.ndarray):
+    """``note()``: rows_written(a, index) for each of ``arrays``, with ``index`` (a 1-D integer buffer a
+    SET_ROWS reads: its rows checked in range by then) read when called, and the owners and readers
+    looked up once, for a writer bound to its buffers (a plan's SET_ROWS steps): one call a step for a
+    layer's K and V caches. Readers registered later are seen too (it holds the live lists)."""
+    groups = []
+    for a in arrays:
+        root = owner(a)
+        groups.append((_READERS.setdefault(id(root), []), root.shape[0], _same_rows(a, root)))
+    few = index.ndim == 1 and index.shape[0] <= FEW_ROWS
+
+    def note() -> None:
+        rows = index.tolist() if few else index
+        for refs, n, exact in groups:
+            for ref in refs:
+                flags = ref()
+                if flags is None or flags.shape[0] != n:
+                    continue
+                if not exact:
+                    flags[:] = 1
+                elif few:
+                    for r in rows:
+                        flags[r] = 1
+                else:
+                    flags[rows] = 1
+    return note
 
 
 def rows_written(a: np.ndarray, rows=None) -> None:

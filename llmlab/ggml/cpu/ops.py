@@ -266,20 +266,27 @@ def rope(dst: Tensor, cpu=None) -> None:
     if p["ext_factor"] != 0.0:
         raise NotImplementedError("rope: YaRN (ext_factor != 0) is not implemented")
     x = f32(a)                                          # (ne3, n_tokens, n_head, head_dim)
-    n_dims = p["n_dims"]
+    n_dims, neox = p["n_dims"], bool(p["mode"] & 2)
     cos, sin = rope_cache(pos.array().reshape(-1), n_dims, p["freq_base"], p["freq_scale"], p["attn_factor"])
-    cos, sin = cos[None, :, None, :], sin[None, :, None, :]
-    out = _out(dst)
+    rope_rows(x, cos[None, :, None, :], sin[None, :, None, :], n_dims, neox, rope_vec_pairs(cpu, n_dims, neox),
+              _out(dst))
+
+
+def rope_rows(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, n_dims: int, neox: bool, nv: int,
+              out: np.ndarray) -> np.ndarray:
+    """rotate_pairs over the last axis of x (heads' rows) into ``out``: cos and sin (n_dims/2 per
+    position) broadcast against x's first n_dims/2 values; the dimensions past n_dims copied; the first
+    ``nv`` NORM pairs as the profile's vectorized loop rounds them (``rope_vec_pairs``)."""
     out[...] = x
-    if p["mode"] & 2:                                   # NEOX: pairs (i, i + n_dims/2)
+    if neox:                                            # NEOX: pairs (i, i + n_dims/2)
         i0, i1 = slice(0, n_dims // 2), slice(n_dims // 2, n_dims)
     else:                                               # NORM: adjacent pairs (2i, 2i+1)
         i0, i1 = slice(0, n_dims, 2), slice(1, n_dims, 2)
     out[..., i0], out[..., i1] = rotate(x[..., i0], x[..., i1], cos, sin)
-    nv = rope_vec_pairs(cpu, n_dims, bool(p["mode"] & 2))
     if nv:      # the vectorized loop fused the other product of x0*cos - x1*sin (fmls)
         x0, x1 = x[..., 0:2 * nv:2], x[..., 1:2 * nv:2]
         out[..., 0:2 * nv:2] = fma(-x1, sin[..., :nv], (x0 * cos[..., :nv]).astype(float32))
+    return out
 
 
 @register("SOFT_MAX")

@@ -1,5 +1,6 @@
 """numba twins of ggml-cpu's row ops: RMS norm, the RoPE cache and rotation (their float order matters),
-and SET_ROWS into the KV cache (f32 -> f16 by F16C, as ggml's conversion rounds)."""
+and SET_ROWS into the KV cache (f32 -> f16 by F16C, as ggml's conversion rounds); and the fused forms
+the plan's fusions call (``cplan.FUSIONS``), whose NumPy twins are in ``fast.twins.FUSED``."""
 from __future__ import annotations
 
 import ctypes
@@ -143,6 +144,29 @@ def rope_scale(x, cos, sin, n_dims, neox, scale, out, vec_pairs=0):
             out[t, h, i] = x[t, h, i] * scale
 
 
+@njit(cache=True)
+def rms_norm_mul_rope(x, H, eps, w, cos, sin, n_dims, neox, scale, scaled, out, vec_pairs=0):
+    """RMS_NORM, MUL by a weight row, ROPE, and with ``scaled`` SCALE (Gemma's q and k norms before
+    their rotation; q then times 1/sqrt(head size)) in one call: x and out (tokens * heads, head_dim),
+    row r of token r // H. Each value rounded to float32 as each op stores it; the intermediate rows are
+    not stored (each has one reader, the next op). A row is read whole before it is written, so ``out``
+    may be ``x`` itself."""
+    rows, D = x.shape
+    half = n_dims // 2
+    for r in range(rows):
+        t = r // H
+        s = _rms_scale(x, r, D, eps)
+        for i in range(half):
+            i0, i1 = (i, i + half) if neox else (2 * i, 2 * i + 1)
+            r0, r1 = _rotate((x[r, i0] * s) * w[i0], (x[r, i1] * s) * w[i1], cos[t, i], sin[t, i], i < vec_pairs)
+            if scaled:
+                r0, r1 = r0 * scale, r1 * scale
+            out[r, i0], out[r, i1] = r0, r1
+        for i in range(n_dims, D):
+            v = (x[r, i] * s) * w[i]
+            out[r, i] = v * scale if scaled else v
+
+
 def _cell(x, like):
     """x as a cell of ``like``'s array: float16 bits for a uint16 (f16) array, else as is."""
 
@@ -188,6 +212,32 @@ def set_rows_pair(Dk, K, Dv, V, I):
     if not _rows_in(I, min(Dk.shape[0], Dv.shape[0])):
         return False
     _write_rows(Dk, K, I)
+    _write_rows(Dv, V, I)
+    return True
+
+
+@njit(cache=True)
+def rope_set_rows_pair(X, cos, sin, n_dims, neox, Dk, Dv, V, I, vec_pairs=0):
+    """A layer's K rotated (``rope``) and written into its cache cells, then V's rows into theirs (ROPE,
+    SET_ROWS of K, SET_ROWS of V in one call): X (tokens, heads, head_dim), token i's rotated heads are
+    row I[i] of Dk, each value rounded to float32 as ROPE stores it, then to a cell (f16) as SET_ROWS
+    converts it; the rotated rows themselves are not stored (the SET_ROWS is their one reader). False,
+    writing nothing, when an index is out of range of either cache."""
+    if not _rows_in(I, min(Dk.shape[0], Dv.shape[0])):
+        return False
+    H, D = X.shape[1], X.shape[2]
+    half = n_dims // 2
+    for t in range(I.shape[0]):
+        row = Dk[I[t]]
+        for h in range(H):
+            o = h * D
+            for i in range(half):
+                i0, i1 = (i, i + half) if neox else (2 * i, 2 * i + 1)
+                r0, r1 = _rotate(X[t, h, i0], X[t, h, i1], cos[t, i], sin[t, i], i < vec_pairs)
+                row[o + i0] = _cell(r0, row[0])
+                row[o + i1] = _cell(r1, row[0])
+            for i in range(n_dims, D):
+                row[o + i] = _cell(X[t, h, i], row[0])
     _write_rows(Dv, V, I)
     return True
 

@@ -18,7 +18,8 @@ from typing import Callable
 import numpy as np
 
 from .. import ops as ref_ops, quants as ref_quants, repack_gemm as ref_repack, tiled as ref_tiled
-from . import dot4, dot4_neon, neon, quants, repack, tiled, vec
+from ...tensor import F16
+from . import dot4, dot4_neon, neon, ops, quants, repack, tiled, vec
 from .quantize import quantize_q8_0, quantize_q8_0_neon, quantize_q8_1, quantize_q8_1_neon, quantize_q8_k, quantize_q8_k_neon
 
 
@@ -131,21 +132,66 @@ FAMILIES: dict[str, dict[tuple[str, str], Twin]] = {"x86": TWINS, "neon": NEON, 
 class FusedTwin:
     """A fused step's numba kernel (several graph nodes in one call) and the NumPy reference of those nodes."""
     reference: Callable
-    ggml: str                    # the ggml-cpu functions whose bits it gives, in order
+    ggml: str                    # the ggml-cpu functions (or graph ops) whose bits it gives, in order
     kernel: Callable
 
 
-# fused steps (llmlab.ggml.cpu.cplan's FUSIONS) whose kernel computes more than one node's arithmetic
+def twin(tname: str, path: str | None, family: str = "x86") -> Twin | None:
+    return FAMILIES.get(family, {}).get((tname, path))
+
+
+# ---- the fused row ops of the plan's fusions (``cplan.FUSIONS``): each numba kernel and the NumPy
+# reference ops it does the work of, chained on arrays (same arguments, same bytes written)
+
+def _rms_norm_mul(x, eps, w, out, a, b):
+    if a.shape[0]:
+        np.add(a, b, out=x)
+    np.multiply(ref_ops.rms_norm_rows(x, eps), w, out=out)
+
+
+def _rope_scale(x, cos, sin, n_dims, neox, scale, out, vec_pairs=0):
+    y = ref_ops.rope_rows(x, cos[:, None, :], sin[:, None, :], n_dims, neox, vec_pairs, np.empty_like(x))
+    np.multiply(y, np.float32(scale), out=out)
+
+
+def _rms_norm_mul_rope(x, H, eps, w, cos, sin, n_dims, neox, scale, scaled, out, vec_pairs=0):
+    y = np.multiply(ref_ops.rms_norm_rows(x, eps), w).reshape(-1, H, x.shape[1])
+    t = np.arange(y.shape[0])
+    y = ref_ops.rope_rows(y, cos[t][:, None, :], sin[t][:, None, :], n_dims, neox, vec_pairs, np.empty_like(y))
+    np.copyto(out, (y * np.float32(scale) if scaled else y).reshape(out.shape))
+
+
+def _set_rows(D, V, I) -> bool:
+    """ops.set_rows on arrays: D f16 bits (uint16) or float32 rows."""
+    if I.size and (I.min() < 0 or I.max() >= D.shape[0]):
+        return False
+    D[I] = ref_ops._convert(V, F16).view(np.uint16) if D.dtype == np.uint16 else V
+    return True
+
+
+def _set_rows_pair(Dk, K, Dv, V, I) -> bool:
+    if I.size and (I.min() < 0 or I.max() >= min(Dk.shape[0], Dv.shape[0])):
+        return False
+    return _set_rows(Dk, K, I) and _set_rows(Dv, V, I)
+
+
+def _rope_set_rows_pair(X, cos, sin, n_dims, neox, Dk, Dv, V, I, vec_pairs=0) -> bool:
+    K = ref_ops.rope_rows(X, cos[:, None, :], sin[:, None, :], n_dims, neox, vec_pairs, np.empty_like(X))
+    return _set_rows_pair(Dk, K.reshape(X.shape[0], -1), Dv, V, I)
+
+
+# fused steps (``cplan.FUSIONS``) whose kernel computes more than one node's arithmetic, by kernel name
 FUSED: dict[str, FusedTwin] = {
     "attention_one_token": FusedTwin(
         ref_ops.attention_one_token,
         "ggml_vec_dot_f16 (kq), ggml_compute_forward_soft_max_f32, ggml_vec_dot_f16 (kqv): one token's attention",
         vec.attention_f16_tiles),
+    "rms_norm_mul": FusedTwin(_rms_norm_mul, "(ADD) RMS_NORM MUL", ops.rms_norm_mul),
+    "rope_scale": FusedTwin(_rope_scale, "ROPE SCALE", ops.rope_scale),
+    "rms_norm_mul_rope": FusedTwin(_rms_norm_mul_rope, "RMS_NORM MUL ROPE (SCALE)", ops.rms_norm_mul_rope),
+    "set_rows_pair": FusedTwin(_set_rows_pair, "SET_ROWS SET_ROWS", ops.set_rows_pair),
+    "rope_set_rows_pair": FusedTwin(_rope_set_rows_pair, "ROPE SET_ROWS SET_ROWS", ops.rope_set_rows_pair),
 }
-
-
-def twin(tname: str, path: str | None, family: str = "x86") -> Twin | None:
-    return FAMILIES.get(family, {}).get((tname, path))
 
 
 def _document() -> None:
