@@ -226,8 +226,9 @@ def gelu(x: np.ndarray) -> np.ndarray:
 def vec_dot_f32(x: np.ndarray, y: np.ndarray, cpu=None) -> np.ndarray:
     """ggml_vec_dot_f32 over the last axis (broadcasting): ``f32_arr`` registers of ``f32_lanes`` lanes take
     consecutive pieces of each GGML_F32_STEP elements (fma), fold pairwise, the last one's lanes follow
-    ``vec_reduce_tree``; the tail (n % step) is added in float one by one (``sumf += x[i]*y[i]``, which the
-    compiler fuses into an fma)."""
+    ``vec_reduce_tree``; the tail (n % step) is added in float one by one (``sumf += x[i]*y[i]``): GCC computes
+    its products in vectors (``f32_tail_vectors``: each product rounded, then added in order) and fuses
+    what is left over into fmas."""
     cpu = profiles.resolve(cpu)
     x = np.asarray(x, float32)
     y = np.asarray(y, float32)
@@ -241,6 +242,13 @@ def vec_dot_f32(x: np.ndarray, y: np.ndarray, cpu=None) -> np.ndarray:
         ys = y[..., i:i + step].reshape(y.shape[:-1] + (arr, lanes))
         acc = fma64(xs, ys, acc).astype(float64)
     total = reduce_tree(reduce_registers(acc.astype(float32)), cpu.vec_reduce_tree)
-    for j in range(np_, n):
+    j = np_
+    for w in cpu.f32_tail_vectors:                   # the first width loops, each later one runs at most once
+        while n - j >= w:
+            p = x[..., j:j + w] * y[..., j:j + w]
+            for k in range(w):
+                total = np.asarray(total + p[..., k], float32)
+            j += w
+    for j in range(j, n):
         total = fma(x[..., j], y[..., j], total)
     return np.asarray(total, float32)

@@ -68,6 +68,10 @@ class CPUProfile:
     f16_acc: str = "f32"               # its accumulators: "f32" (F16C, plain NEON) or "f16" (FP16 vector arithmetic)
     f16_reduce_tree: Tree = None       # the lanes' sum after the registers fold (None: vec_reduce_tree)
     sgemm_acc: str = "f32"             # tinyBLAS f16 accumulators: "f32" or "f16" (float16x8_t with FP16_VA)
+    # ggml_vec_dot_f32's leftover loop (``sumf += x[i]*y[i]``, n % GGML_F32_STEP elements) as GCC vectorizes it
+    # in order: products in vectors of these widths (each rounded), added one by one; what is left is fused
+    # (vfmadd231ss). () : all fused
+    f32_tail_vectors: tuple = ()
     rope_vec_pairs: int = 0            # rotate_pairs (NORM) auto-vectorized: pairs a step, x1*sin fused (0: scalar)
     rope_vec_min_pairs: int = 0        # below this many pairs the compiled loop stays scalar
     arch: str = "x86_64"               # the machine (platform.machine(), normalized) whose builds these are

@@ -14,6 +14,7 @@ PROFILE = CPUProfile(
     system_info={"AVX2": "1", "AVX512": "0"},
     f32_lanes=8,
     f32_arr=4,
+    f32_tail_vectors=(8, 4),               # GCC: ymm products while 8 are left, then one xmm of 4
     vec_reduce_tree=hadd_tree(8),             # GGML_F32x8_REDUCE: extract + add, then hadd, hadd
     hsum_tree=halves(8),                      # softmax: extract + add, movehl + add, movehdup + add_ss
     expf="bits",
