@@ -249,6 +249,6 @@ def vec_dot_f32(x: np.ndarray, y: np.ndarray, cpu=None) -> np.ndarray:
             for k in range(w):
                 total = np.asarray(total + p[..., k], float32)
             j += w
-    for j in range(j, n):
-        total = fma(x[..., j], y[..., j], total)
+    for i in range(j, n):
+        total = fma(x[..., i], y[..., i], total)
     return np.asarray(total, float32)

@@ -13,7 +13,9 @@ PROFILE = CPUProfile(
     system_info={"AVX2": "1", "AVX512": "1"},
     f32_lanes=16,
     f32_arr=4,
-    f32_tail_vectors=(16, 8),               # GCC 12 -march=native on Zen 4 (znver3 tuning): zmm, then one ymm (Intel tunings prefer 256 bits: (8, 4), which differs only where n % 8 >= 4)
+    # GCC 12 -march=native on Zen 4 (znver3 tuning): zmm, then one ymm; Intel's AVX-512 tunings prefer 256 bits,
+    # (8, 4), which differs only where n % 8 >= 4
+    f32_tail_vectors=(16, 8),
     vec_reduce_tree=halves(16),               # _mm512_reduce_add_ps as GCC expands it
     hsum_tree=halves(16),
     expf="scalef",
