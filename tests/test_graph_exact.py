@@ -11,7 +11,7 @@ import ggml_ref  # noqa: E402  (tests/ggml_ref.py: ctypes bridge to ggml)
 from conftest import LIVE  # noqa: E402
 from llmlab.ggml.cpu.ops import mul_mat_quantized  # noqa: E402
 from llmlab.ggml.cpu.sgemm import mul_mat_f16, mul_mat_f16_op  # noqa: E402
-from llmlab.ggml.cpu.vec import gelu_table, soft_max_rows, v_expf, vec_dot_f16  # noqa: E402
+from llmlab.ggml.cpu.vec import gelu_table, soft_max_rows, v_expf, vec_dot_f16, vec_dot_f32  # noqa: E402
 from llmlab.ggml.types import ggml_type  # noqa: E402
 
 pytestmark = pytest.mark.llamacpp_exact
@@ -67,6 +67,20 @@ def test_vec_dot_f16_equals_ggml(n):
     got = vec_dot_f16(W.astype(np.float32), x.astype(np.float16).astype(np.float32)[None], CPU)
     np.testing.assert_array_equal(got, want)
 
+
+
+def test_vec_dot_f32_equals_ggml_for_every_leftover_length():
+    """ggml_vec_dot_f32 at every n up to two register steps and a few more: its leftover loop (n % GGML_F32_STEP
+    elements) is what the compiler made of ``sumf += x[i]*y[i]`` (vector products added in order, fmas for
+    the rest: the profile's ``f32_tail_vectors``), so every leftover length must equal this build's."""
+    rng = np.random.default_rng(7)
+    step = CPU.f32_lanes * CPU.f32_arr
+    for n in [*range(1, 2 * step + 1), 3 * step + 13, 3 * step + 29]:
+        W = rng.standard_normal((8, n)).astype(np.float32)
+        x = rng.standard_normal(n).astype(np.float32)
+        want = np.array([ggml_ref.vec_dot(W[r].view(np.uint8), "f32", x) for r in range(8)], np.float32)
+        got = vec_dot_f32(x[None], W, CPU)
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), f"n = {n}"
 
 
 @pytest.mark.parametrize("T,R,K", [(1, 16, 256), (1, 12, 64), (2, 16, 64), (5, 8, 256), (3, 7, 64), (3, 8, 40),
