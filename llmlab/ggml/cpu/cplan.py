@@ -277,9 +277,14 @@ def _set_rows(node, cpu):
 
     def step():
         if not fops.set_rows(cells, V, I):
-            raise IndexError(f"set_rows: row index out of range 0..{cells.shape[0] - 1}")
+            raise _rows_out_of_range(cells)
         note()
     return step
+
+
+def _rows_out_of_range(*cells: np.ndarray) -> IndexError:
+    """What a SET_ROWS step raises when an index misses its cache (the smallest, for a K/V pair)."""
+    return IndexError(f"set_rows: row index out of range 0..{min(c.shape[0] for c in cells) - 1}")
 
 
 DROP_ROWS = 32      # embedding rows read between drops of their file pages (at most 2 MiB of them resident)
@@ -779,7 +784,7 @@ def _fuse_rope_set_rows_pair(node, cpu, readers, prev):
     def step():
         hit = cos_sin()
         if not fops.rope_set_rows_pair(X, hit[1], hit[2], n_dims, neox, Dk, Dv, V, I, vec_pairs):
-            raise IndexError(f"set_rows: row index out of range 0..{min(Dk.shape[0], Dv.shape[0]) - 1}")
+            raise _rows_out_of_range(Dk, Dv)
         note()
     return step, [rope, k]
 
@@ -796,7 +801,7 @@ def _fuse_set_rows_pair(node, cpu, readers, prev):
 
     def step():
         if not fops.set_rows_pair(Dk, K, Dv, V, I):
-            raise IndexError(f"set_rows: row index out of range 0..{min(Dk.shape[0], Dv.shape[0]) - 1}")
+            raise _rows_out_of_range(Dk, Dv)
         note()
     return step, [k]
 

@@ -44,10 +44,11 @@ FEW_ROWS = 16      # up to this many row indices are set one by one: numpy's fan
                    # several microseconds per call, paid per reader by every SET_ROWS of a decode step
 
 
-def _mark(refs: list, n: int, rows) -> None:
-    """Set the flags of ``rows`` (all of them when None) in every live reader of an n-row owner."""
-    few = None
-    if isinstance(rows, np.ndarray) and rows.ndim == 1 and rows.dtype.kind in "iu" and rows.shape[0] <= FEW_ROWS:
+def _mark(refs: list, n: int, rows, few: list | None = None) -> None:
+    """Set the flags of ``rows`` (all of them when None) in every live reader of an n-row owner; ``few``:
+    the rows as a list, set one by one (found here for a short integer array when not given)."""
+    if few is None and isinstance(rows, np.ndarray) and rows.ndim == 1 and rows.dtype.kind in "iu" \
+            and rows.shape[0] <= FEW_ROWS:
         few = rows.tolist()                             # an index out of range raises IndexError as numpy's does
     for ref in refs:
         flags = ref()
@@ -73,19 +74,9 @@ def index_writer(arrays: list[np.ndarray], index: np.ndarray):
     few = index.ndim == 1 and index.shape[0] <= FEW_ROWS
 
     def note() -> None:
-        rows = index.tolist() if few else index
+        rows = index.tolist() if few else None          # listed once for both caches
         for refs, n, exact in groups:
-            for ref in refs:
-                flags = ref()
-                if flags is None or flags.shape[0] != n:
-                    continue
-                if not exact:
-                    flags[:] = 1
-                elif few:
-                    for r in rows:
-                        flags[r] = 1
-                else:
-                    flags[rows] = 1
+            _mark(refs, n, index if exact else None, rows)
     return note
 
 
