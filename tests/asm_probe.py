@@ -20,7 +20,7 @@ import numpy as np
 from numba import njit
 
 from llmlab.ggml.cpu import profiles
-from llmlab.ggml.cpu.fast import vec as fvec
+from llmlab.ggml.cpu.fast import sgemm as fsgemm, vec as fvec
 from llmlab.ggml.cpu.fast.twins import TWINS
 from llmlab.ggml.cpu.fast._common import NOPYTHON
 
@@ -71,6 +71,8 @@ def main(isas: list[str]) -> dict:
         np.zeros((H, 1, D), np.float32), v.arr, v.lanes, v.vec_prog, v.hsum_prog, v.expf, True, np.ones(R, np.uint8),
         np.ones(R, np.uint8), np.zeros((1, R // TW, D, TW), np.uint16), np.zeros((1, D // TW, R, TW), np.uint16),
         np.zeros((2, R), np.uint8), np.zeros((H, 1, R), np.float32), np.zeros((H, 1, R), np.float32), 1)
+    A, B = np.zeros((1, 8, 64), np.uint16), np.zeros((2, 4, 64), np.float32)    # a prompt's kq (tinyBLAS)
+    out["sgemm_f16"] = instructions(fsgemm.mul_mat_f16, A, B, np.zeros((2, 4, 8), np.float32), 16, 1)
     for isa in isas:
         k = q41.byte_dot[isa]
         out[f"dot4_{isa}_q4_1"] = instructions(k.threaded, *k.pack(raw, "q4_1", 64), x, np.empty((1, 32), np.float32), 1)

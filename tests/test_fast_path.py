@@ -446,25 +446,29 @@ def test_unknown_kernel_set_is_refused(tiny):
 
 
 @pytest.mark.parametrize("cpu", ["avx512", "avx2"])
-@pytest.mark.parametrize("tiny_blas", [False, True])
-def test_threaded_kernels_do_not_depend_on_the_split(cpu, tiny_blas):
+def test_threaded_kernels_do_not_depend_on_the_split(cpu):
     """Each output is computed whole by one thread, so how the rows are cut cannot change a bit."""
     from llmlab.ggml.cpu import profiles
-    from llmlab.ggml.cpu.fast import vec as fvec
-    v = fvec.params(profiles.get(cpu))
-    n_reg, lanes, prog = (1, v.sgemm_lanes, v.sgemm_prog) if tiny_blas else (v.arr, v.lanes, v.vec_prog)
+    from llmlab.ggml.cpu.fast import sgemm as fsgemm, vec as fvec
+    prof = profiles.get(cpu)
+    v = fvec.params(prof)
     A = rng.standard_normal((2, 96, 64)).astype(np.float16).view(np.uint16)
     B = rng.standard_normal((6, 5, 64)).astype(np.float16).astype(np.float32)
     one = np.empty((6, 5, 96), np.float32)
-    fvec.mul_mat_f16(A, B, one, n_reg, lanes, prog)
+    fvec.mul_mat_f16(A, B, one, v.arr, v.lanes, v.vec_prog)
+    blas = np.empty_like(one)
+    fsgemm.mul_mat_f16(A, B, blas, prof.sgemm_lanes, 1)
     x = rng.standard_normal((6, 5, 96)).astype(np.float32)
     m = np.zeros((0, 96), np.float32)
     sm = np.empty_like(x)
     fvec.soft_max(x, m, np.float32(0.5), sm, v.lanes, v.hsum_prog, v.expf)
     for n in (1, 2, 7):
         many = np.empty_like(one)
-        fvec.mul_mat_f16_mt(A, B, many, n_reg, lanes, prog, n)
+        fvec.mul_mat_f16_mt(A, B, many, v.arr, v.lanes, v.vec_prog, n)
         assert same_bits(one, many)
+        blas_n = np.empty_like(one)
+        fsgemm.mul_mat_f16(A, B, blas_n, prof.sgemm_lanes, n)
+        assert same_bits(blas, blas_n)
         sm2 = np.empty_like(x)
         fvec.soft_max_mt(x, m, np.float32(0.5), sm2, v.lanes, v.hsum_prog, v.expf, n)
         assert same_bits(sm, sm2)

@@ -83,6 +83,17 @@ def test_fused_attention_vectorizes_exp(probes, cpu):
     assert count(c, r"vfmadd\d+ps", ("ymm", "zmm")) >= 8, c
 
 
+@pytest.mark.parametrize("cpu", CPUS)
+def test_tinyblas_twin_is_packed_fma(probes, cpu):
+    """fast.sgemm's tiles: the f16 weights widened a register at a time (vcvtph2ps) and one packed fma
+    per output a step: 16 for the 4x4 tile of 16 lanes, 8 for the 2x4 tile of 8 (or twice as many
+    256-bit ones where LLVM splits 512-bit vectors), and no scalar fma."""
+    c = probes[cpu]["sgemm_f16"]
+    assert count(c, r"vcvtph2ps", ("ymm", "zmm")) >= 6, c
+    assert count(c, r"vfmadd\d+ps", ("ymm", "zmm")) >= 24, c
+    assert count(c, r"vfmadd\d+ss", ("xmm", "scalar")) == 0, c
+
+
 @pytest.mark.parametrize("cpu,isa", [(c, i) for c, isas in CPUS.items() for i in isas])
 def test_dot4_kernels_use_byte_dot_products(probes, cpu, isa):
     c = probes[cpu][f"dot4_{isa}_q4_1"]

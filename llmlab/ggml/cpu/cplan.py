@@ -33,6 +33,7 @@ from .fast._common import parallel_min_work, threads
 from .journal import index_writer, reader
 from .numba_cache import drop_llvm_pages
 from .fast import ops as fops
+from .fast import sgemm as fsgemm
 from .fast import vec as fvec
 from .fast import vec_f16 as fvec16
 from .ops import COMPUTE, dequantize_rows, rope_cache, rope_vec_pairs
@@ -450,6 +451,11 @@ def _mul_mat(node, cpu):
                 return _f16h_step(fvec16.mul_mat_f16h_rows, rows, X, Y, half, (R, A.shape[0], 1), n)
             f16h = fvec16.kernel(R)
             return lambda: f16h(A, X, Y, *half, n)
+        if sgemm.takes(cpu, R, T, K):                       # llamafile's tinyBLAS: a prompt's kq and kqv
+            if not fsgemm.fits(cpu) or A.strides[2] != 2:
+                return None
+            n = 0 if Y.size * K >= F16_PARALLEL_FACTOR * parallel_min_work() and _threads() > 1 else 1
+            return lambda: fsgemm.mul_mat_f16(A, X, Y, cpu.sgemm_lanes, n)
         order = _f16_order(cpu, R, T, K)
         if order is None:
             return None
@@ -506,15 +512,13 @@ def _mul_mat_id(node, cpu):
 FUSIONS: list[Callable] = []     # fn(node, cpu, readers, prev) -> (step, [nodes it absorbs]) or None
 
 
-def _f16_order(cpu, R: int, T: int, K: int) -> tuple:
-    """The registers of an f16 MUL_MAT: tinyBLAS (one register per output) where llamafile_sgemm takes
-    the shape, else ggml_vec_dot_f16's GGML_F32_ARR registers; (n_reg, lanes, reduction program), or
-    None where the profile accumulates in float16 (the fast kernels keep float32 registers)."""
+def _f16_order(cpu, R: int, T: int, K: int) -> tuple | None:
+    """ggml_vec_dot_f16's registers for an f16 MUL_MAT that llamafile_sgemm declines (a decode step):
+    (GGML_F32_ARR, lanes, reduction program), or None where tinyBLAS takes the shape (``fast.sgemm``) or
+    the profile accumulates in float16 (the fast kernels keep float32 registers)."""
     v = fvec.params(cpu)
-    if sgemm.takes(cpu, R, T, K):
-        return (1, v.sgemm_lanes, v.sgemm_prog) if cpu.sgemm_acc == "f32" else None
-    if cpu.f16_acc != "f32" or cpu.f16_step != v.arr * v.lanes:
-        return None                 # half-precision accumulators (FP16_VA): no fast twin, the reference runs
+    if sgemm.takes(cpu, R, T, K) or cpu.f16_acc != "f32" or cpu.f16_step != v.arr * v.lanes:
+        return None
     return v.arr, v.lanes, v.vec_prog
 
 

@@ -1,4 +1,4 @@
-"""numba twins of ggml-cpu's float vector code (vec.h / vec.cpp / llamafile's tinyBLAS), bit for bit.
+"""numba twins of ggml-cpu's float vector code (vec.h / vec.cpp), bit for bit (llamafile's tinyBLAS: ``sgemm``).
 
 Each kernel does the arithmetic of its NumPy reference in ``llmlab.ggml.cpu.vec`` in the same
 order: a fused multiply-add is the FMA instruction (``_common.fma``), SIMD lanes are explicit loops, and every horizontal sum
@@ -47,8 +47,6 @@ class VecParams(NamedTuple):
     vec_prog: np.ndarray        # GGML_F32_VEC_REDUCE's last register
     hsum_prog: np.ndarray       # one register's horizontal sum (softmax blocks)
     expf: int                   # EXPF_CODES
-    sgemm_lanes: int
-    sgemm_prog: np.ndarray
 
 
 _PARAMS: dict[str, VecParams] = {}
@@ -59,18 +57,17 @@ def params(cpu) -> VecParams:
     if p is None:
         p = _PARAMS[cpu.name] = VecParams(
             cpu.f32_lanes, cpu.f32_arr, tree_program(cpu.vec_reduce_tree, cpu.f32_lanes),
-            tree_program(cpu.hsum_tree, cpu.f32_lanes), EXPF_CODES[cpu.expf], cpu.sgemm_lanes,
-            tree_program(cpu.sgemm_hsum_tree, cpu.sgemm_lanes))
+            tree_program(cpu.hsum_tree, cpu.f32_lanes), EXPF_CODES[cpu.expf])
     return p
 
 
-# ---- f16 dot products: ggml_vec_dot_f16 (one activation row) and tinyBLAS (two or more) -------------
+# ---- f16 dot products: ggml_vec_dot_f16 (one activation row; tinyBLAS takes two or more: sgemm) ----
 #
-# Both keep ``n_reg`` registers of ``lanes`` floats per output, fma'd step after step along K
-# (vec_dot_f16: GGML_F32_ARR registers, each step arr*lanes elements; tinyBLAS: one register), then
-# fold the registers pairwise (upper half onto lower) and add the last register's lanes by ``prog``.
-# The kernels run that for a whole column of cache rows at once: every register lane becomes a row
-# of a (lanes, R) block, so the inner loops run across rows, contiguous and vectorized.
+# ``n_reg`` registers (GGML_F32_ARR) of ``lanes`` floats per output, fma'd step after step along K
+# (arr*lanes elements a step), then folded pairwise (upper half onto lower) and the last register's
+# lanes added by ``prog``. The kernels run that for a whole column of cache rows at once: every
+# register lane becomes a row of a (lanes, R) block, so the inner loops run across rows, contiguous
+# and vectorized.
 
 RB = 128     # cache rows per block in _dot_rows: the block's registers (step x RB floats) stay in L1
 
@@ -242,59 +239,6 @@ def mul_mat_f16_vt(V, X, out, n_reg, lanes, prog, n_threads):
 
 
 _F32x16 = ir.VectorType(ir.FloatType(), 16)
-
-
-def _lane_tile(lanes: int):
-    """One output per row of a 16-row tile, in tinyBLAS's order, held in registers: acc_l (l < lanes,
-    each across the 16 rows) = fma(tile[k], b[k], acc_l) for k = l, l + lanes, l + 2 lanes, ... (lane l
-    of tinyBLAS's register for each output, zero at first); then the lanes added by the tree ``prog``
-    (rows (i, j): value lanes + k = value i + value j), the last value stored into res. tile (K, 16)
-    float32: 16 weight rows, transposed; b (K,) float32; prog (n, 2) int64; res (16,) float32."""
-    def typer(typingctx, tile, b, prog, res):
-        def codegen(context, builder, signature, args):
-            t = signature.args
-            f32p = ir.FloatType().as_pointer()
-            tl = context.make_array(t[0])(context, builder, args[0])
-            K = cgutils.unpack_tuple(builder, tl.shape, 2)[0]
-            ap = builder.bitcast(tl.data, f32p)
-            bp = builder.bitcast(context.make_array(t[1])(context, builder, args[1]).data, f32p)
-            pr = context.make_array(t[2])(context, builder, args[2])
-            n_prog = cgutils.unpack_tuple(builder, pr.shape, 2)[0]
-            pp = builder.bitcast(pr.data, ir.IntType(64).as_pointer())
-            rp = builder.bitcast(context.make_array(t[3])(context, builder, args[3]).data, _F32x16.as_pointer())
-            fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_F32x16, [_F32x16] * 3), "llvm.fma.v16f32")
-            splat = ir.Constant(ir.VectorType(ir.IntType(32), 16), [0] * 16)
-            accs = [cgutils.alloca_once_value(builder, ir.Constant(_F32x16, [0.0] * 16)) for _ in range(lanes)]
-            with cgutils.for_range(builder, builder.udiv(K, ir.Constant(K.type, lanes))) as loop:
-                k0 = builder.mul(loop.index, ir.Constant(K.type, lanes))
-                for lane in range(lanes):
-                    k = builder.add(k0, ir.Constant(K.type, lane))
-                    pa = builder.gep(ap, [builder.mul(k, ir.Constant(K.type, 16))])
-                    a = builder.load(builder.bitcast(pa, _F32x16.as_pointer()), align=4)
-                    bv = builder.insert_element(ir.Constant(_F32x16, None), builder.load(builder.gep(bp, [k])),
-                                                ir.Constant(ir.IntType(32), 0))
-                    bv = builder.shuffle_vector(bv, ir.Constant(_F32x16, None), splat)
-                    builder.store(builder.call(fma, [a, bv, builder.load(accs[lane])]), accs[lane])
-            vals = cgutils.alloca_once(builder, _F32x16, size=ir.Constant(ir.IntType(64), 2 * lanes))
-            for lane in range(lanes):
-                builder.store(builder.load(accs[lane]), builder.gep(vals, [ir.Constant(ir.IntType(64), lane)]))
-            with cgutils.for_range(builder, n_prog) as loop:
-                i2 = builder.mul(loop.index, ir.Constant(n_prog.type, 2))
-                x = builder.load(builder.gep(vals, [builder.load(builder.gep(pp, [i2]))]))
-                y = builder.load(builder.gep(vals, [builder.load(builder.gep(pp, [builder.add(i2, ir.Constant(i2.type, 1))]))]))
-                builder.store(builder.fadd(x, y), builder.gep(vals, [builder.add(loop.index, ir.Constant(n_prog.type, lanes))]))
-            last = builder.add(n_prog, ir.Constant(n_prog.type, lanes - 1))
-            builder.store(builder.load(builder.gep(vals, [last])), rp, align=4)
-            return context.get_dummy_value()
-        return types.none(tile, b, prog, res), codegen
-    typer.__name__ = f"_lane_tile_{lanes}"
-    return intrinsic(typer)
-
-
-_lane_tile_16 = _lane_tile(16)       # tinyBLAS on AVX-512 (KN = 16)
-_lane_tile_8 = _lane_tile(8)         # on AVX2 (KN = 8)
-
-
 _I16x16 = ir.VectorType(ir.IntType(16), 16)
 _H16 = ir.VectorType(ir.HalfType(), 16)
 TW = 16                  # rows per register tile of _vdot_tile (one <16 x float> across rows)
@@ -401,37 +345,6 @@ def _vdot_rows16(A, base, rstride, b, j, K, n_reg, lanes, prog, res, out, h, t, 
 
 
 @njit(inline="always")
-def _sgemm_f16_kv(A, B, out, lanes, prog, k0, k1, t0, t1):
-    """tinyBLAS (n_reg = 1, ``lanes`` lanes) for the kv heads k0..k1 and activation rows t0..t1: the
-    weight rows widened once into 16-row tiles (K, 16) that stay in L1 while every query of every
-    grouped head passes over them; per tile and query the lanes by _lane_tile, then the lane tree."""
-    Hk, R, K = A.shape
-    H = out.shape[0]
-    g = H // Hk
-    NT = -(-R // 16)
-    AT = np.zeros((NT, K, 16), np.float32)
-    res = np.empty(16, np.float32)
-    bq = np.empty(K, np.float32)
-    for hk in range(k0, k1):
-        for r in range(R):
-            for k in range(K):
-                AT[r // 16, k, r % 16] = f16_bits_to_f32(A[hk, r, k])
-        for s in range(NT):
-            tile = AT[s]
-            n = min(16, R - 16 * s)
-            for h in range(hk * g, (hk + 1) * g):
-                for t in range(t0, t1):
-                    _round_f16(B[h, t], bq)
-                    if lanes == 16:
-                        _lane_tile_16(tile, bq, prog, res)
-                    else:
-                        _lane_tile_8(tile, bq, prog, res)
-                    o = out[h, t]
-                    for r in range(n):
-                        o[16 * s + r] = res[r]
-
-
-@njit(inline="always")
 def _mul_mat_f16_kv(A, B, out, n_reg, lanes, prog, k0, k1):
     """Output heads of the kv heads k0..k1 (grouped-query heads share one widened copy)."""
     H, T, R = out.shape
@@ -448,23 +361,14 @@ def _mul_mat_f16_kv(A, B, out, n_reg, lanes, prog, k0, k1):
                 _dot_rows(AT, 0, AT.shape[1], bq, out[h, t], n_reg, lanes, prog, acc, scratch)
 
 
-@njit(inline="always")
-def _tiles(A, n_reg, lanes, prog):
-    """tinyBLAS's order (one register per output) with a lane count _lane_tile has, K in whole
-    registers, a tree of at most lanes - 1 additions (its value slots)."""
-    return n_reg == 1 and (lanes == 16 or lanes == 8) and A.shape[2] % lanes == 0 and prog.shape[0] < lanes
-
-
 @njit(cache=True)
 def mul_mat_f16(A, B, out, n_reg, lanes, prog):
-    """out[h, t, r] = A[h // (H / Hk), r] . B[h, t]: A (Hk, R, K) f16 bits (uint16, any strides, as the
-    KV cache view lies), B (H, T, K) float32, rounded to f16 values here (ggml converts the activations
-    to vec_dot_type f16; values already f16 stay as they are). vec_dot_f16: n_reg = GGML_F32_ARR;
-    tinyBLAS: n_reg = 1 with its own lanes; ``prog`` is the lane reduction."""
-    if _tiles(A, n_reg, lanes, prog):
-        _sgemm_f16_kv(A, B, out, lanes, prog, 0, A.shape[0], 0, out.shape[1])
-    else:
-        _mul_mat_f16_kv(A, B, out, n_reg, lanes, prog, 0, A.shape[0])
+    """out[h, t, r] = A[h // (H / Hk), r] . B[h, t] in ggml_vec_dot_f16's order (``n_reg`` = GGML_F32_ARR
+    registers of ``lanes`` floats, ``prog`` the lane reduction): A (Hk, R, K) f16 bits (uint16, any strides,
+    as the KV cache view lies), B (H, T, K) float32, rounded to f16 values here (ggml converts the
+    activations to vec_dot_type f16; values already f16 stay as they are). tinyBLAS's order (two or more
+    activation rows) is ``fast.sgemm``'s."""
+    _mul_mat_f16_kv(A, B, out, n_reg, lanes, prog, 0, A.shape[0])
 
 
 @njit(cache=True, parallel=True)
@@ -588,21 +492,13 @@ def mul_mat_f16_mt(A, B, out, n_reg, lanes, prog, n_chunks):
     """:func:`mul_mat_f16` with the kv heads (or, with one kv head, the activation rows) cut into
     ``n_chunks`` for the threads."""
     Hk, T = A.shape[0], out.shape[1]
-    tiles = _tiles(A, n_reg, lanes, prog)
     if Hk >= n_chunks or T == 1:
         for c in prange(n_chunks):
-            k0, k1 = c * Hk // n_chunks, (c + 1) * Hk // n_chunks
-            if tiles:
-                _sgemm_f16_kv(A, B, out, lanes, prog, k0, k1, 0, T)
-            else:
-                _mul_mat_f16_kv(A, B, out, n_reg, lanes, prog, k0, k1)
+            _mul_mat_f16_kv(A, B, out, n_reg, lanes, prog, c * Hk // n_chunks, (c + 1) * Hk // n_chunks)
     else:
         for c in prange(n_chunks):
             t0, t1 = c * T // n_chunks, (c + 1) * T // n_chunks
-            if tiles:
-                _sgemm_f16_kv(A, B, out, lanes, prog, 0, Hk, t0, t1)
-            else:
-                _mul_mat_f16_kv(A, B[:, t0:t1], out[:, t0:t1], n_reg, lanes, prog, 0, Hk)
+            _mul_mat_f16_kv(A, B[:, t0:t1], out[:, t0:t1], n_reg, lanes, prog, 0, Hk)
 
 
 # ---- exp, SiLU, softmax: ggml_v_expf in its two variants ------------------------------------------
