@@ -8,11 +8,13 @@ import numpy as np
 import pytest
 
 from llmlab.ggml import GGMLContext, build_forward, graph_compute, ops as ggml
-from llmlab.ggml.cpu import profiles, sgemm
+from llmlab.ggml.cpu import profiles
 from llmlab.ggml.cpu.cplan import graph_plan
 from llmlab.ggml.cpu.fast import sgemm as fsgemm
+from llmlab.ggml.cpu.fast.twins import FLOAT
 from llmlab.ggml.tensor import F16, Tensor
 
+TWIN = FLOAT["sgemm_f16"]
 rng = np.random.default_rng(23)
 
 
@@ -27,9 +29,9 @@ def cpu(request):
 
 
 def reference(cache: np.ndarray, B: np.ndarray, g: int, cpu) -> np.ndarray:
-    """sgemm.mul_mat_f16 per head: cache (Hk, R, K) float16, B (H, T, K) float32."""
+    """The NumPy tinyBLAS (sgemm.mul_mat_f16) per head: cache (Hk, R, K) float16, B (H, T, K) float32."""
     Bh = B.astype(np.float16)
-    return np.stack([sgemm.mul_mat_f16(cache[h // g], Bh[h], cpu) for h in range(B.shape[0])])
+    return np.stack([TWIN.reference(cache[h // g], Bh[h], cpu) for h in range(B.shape[0])])
 
 
 SHAPES = {                        # Hk, heads per kv head, R (weight rows), T (activation rows), K
@@ -51,7 +53,7 @@ def test_equals_tinyblas_reference(shape, n_threads, cpu):
     A = rows.view(np.uint16).transpose(1, 0, 2)[:, :, 8:K + 8]
     B = (rng.standard_normal((Hk * g, T, K)) * 3).astype(np.float32)
     out = np.full((Hk * g, T, R), np.nan, np.float32)
-    fsgemm.mul_mat_f16(A, B, out, cpu.sgemm_lanes, n_threads)
+    TWIN.kernel(A, B, out, cpu.sgemm_lanes, n_threads)
     assert same_bits(out, reference(rows.transpose(1, 0, 2)[:, :, 8:K + 8], B, g, cpu))
 
 

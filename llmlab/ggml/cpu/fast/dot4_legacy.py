@@ -28,7 +28,7 @@ def _step_codegen(nibbles: bool, offset: int, with_m: bool, isa: str, indexed: b
         qs, aq4, qsum, d, acc, g, b, t, dab = args[:9]
         ty = signature.args
         gi, bi, ti = (g, ty[5]), (b, ty[6]), (t, ty[7])
-        bp = at(context, builder, ty[0], qs, [gi, bi] if indexed else [], I8)     # the block's bytes
+        bp = at(context, builder, ty[0], qs, [gi, bi] if indexed else [bi], I8)   # the block's bytes
         ap = at(context, builder, ty[1], aq4, [ti], I32)                           # row t's words
         sp = at(context, builder, ty[2], qsum, [ti], I32)
         w0 = builder.mul(context.cast(builder, b, ty[6], types.intp), ir.Constant(context.get_value_type(types.intp), 8))
@@ -86,7 +86,7 @@ def _block_step(isa: str):
     one instruction set (a compile-time choice: each entry point below inlines one of them)."""
     q40 = _step("step_q4_0", True, OFFSET["q4_0"], False, isa)
     q41 = _step("step_q4_1", True, OFFSET["q4_1"], True, isa)
-    q50 = _step("step_q5_0", False, OFFSET["q5_0"], False, isa, indexed=False)   # qs: the block's codes
+    q50 = _step("step_q5_0", False, OFFSET["q5_0"], False, isa, indexed=False)   # qs: the group's codes, [b]
     q80 = _step("step_q8_0", False, OFFSET["q8_0"], False, isa)
     q5f = _step("step_q5_0_fused", True, OFFSET["q5_0"], False, isa, fifth=True)   # one activation row
 
@@ -110,15 +110,15 @@ _step_avx2 = _block_step("avx2")
 
 
 @intrinsic
-def expand_q5_0(typingctx, blk, qh, out):
+def expand_q5_0(typingctx, blk, qh, out, b):
     """q5_0's 5-bit codes of a block of 16 rows as bytes, once per block (not per activation row): the
-    nibbles of blk (256 bytes) or'ed with the fifth bits of qh (16 words) -> out (512 bytes, lane j in
-    bytes 64j .. 64j+63)."""
+    nibbles of blk (256 bytes) or'ed with the fifth bits of qh (16 words) -> out[b] (512 bytes, lane j in
+    bytes 64j .. 64j+63; out (nb, 512): a row group's blocks)."""
     def codegen(context, builder, signature, args):
         t = signature.args
         bp = data(context, builder, t[0], args[0], I8)
         h = vload(builder, data(context, builder, t[1], args[1], I32), ir.Constant(I32, 0), I32x16)
-        op = data(context, builder, t[2], args[2], I8)
+        op = at(context, builder, t[2], args[2], [(args[3], t[3])], I8)
         for j in range(4):
             v = vload(builder, bp, ir.Constant(I32, 64 * j), I8x64)
             lo = builder.or_(builder.and_(v, ir.Constant(I8x64, [15] * 64)), high_bits(builder, h, 4 * j))
@@ -126,7 +126,7 @@ def expand_q5_0(typingctx, blk, qh, out):
             vstore(builder, op, ir.Constant(I32, 64 * j), lo)
             vstore(builder, op, ir.Constant(I32, 64 * (j + 4)), hi)
         return context.get_dummy_value()
-    return types.none(blk, qh, out), codegen
+    return types.none(blk, qh, out, b), codegen
 
 
 @njit(inline="always", **NOPYTHON)
@@ -163,20 +163,19 @@ def _groups(qs, qh, d, m, out, g0, g1, aq4, qsum, ad, as_, acc, summ, codes, ste
     if q50 and T == 1:              # one row (decode): the codes made in registers, not through scratch
         kind = 4
     for g in range(g0, g1):
-        for t in range(T):
+        if kind == 2:                # q5_0's codes of the group's blocks, once for every activation row
+            for b in range(nb):
+                expand_q5_0(qs[g, b], qh[g, b], codes, b)
+        n = min(R16, R - g * R16)
+        for t in range(T):           # one activation row through all the blocks: its sums stay in L1
             for j in range(8):
                 for r in range(R16):
                     acc[t, j, r] = 0
             for r in range(R16):
                 summ[t, r] = 0
-        for b in range(nb):
-            if kind == 2:
-                expand_q5_0(qs[g, b], qh[g, b], codes)
-            for t in range(T):
+            for b in range(nb):
                 s = as_[t, b] if q41 else np.float32(0)
                 step(kind, qs, qh, codes, aq4, qsum, d, acc, g, b, t, ad[t, b], m, s, summ)
-        n = min(R16, R - g * R16)
-        for t in range(T):
             for r in range(n):
                 v = hsum8(acc[t, 0, r], acc[t, 1, r], acc[t, 2, r], acc[t, 3, r],
                           acc[t, 4, r], acc[t, 5, r], acc[t, 6, r], acc[t, 7, r])
@@ -199,7 +198,7 @@ def _mul_mat(qs, qh, d, m, x, out, step):
     for _c in prange(nch):
         acc = np.empty((T, 8, R16), np.float32)
         summ = np.empty((T, R16), np.float32)
-        codes = np.empty(512, np.uint8)
+        codes = np.empty((qs.shape[1] if qh.shape[0] else 0, 512), np.uint8)     # q5_0's expanded blocks
         k = fetch_add(turn, 1)
         while k < n_chunks:
             _groups(qs, qh, d, m, out, k * size, min(ng, (k + 1) * size), aq4, qsum, ad, as_, acc, summ, codes, step)
@@ -224,7 +223,7 @@ def _mul_mat_multi(qs_t, qh_t, d_t, m_t, x, out_t, step):
     for _c in prange(nch):
         acc = np.empty((T, 8, R16), np.float32)
         summ = np.empty((T, R16), np.float32)
-        codes = np.empty(512, np.uint8)
+        codes = np.empty((qs_t[0].shape[1] if qh_t[0].shape[0] else 0, 512), np.uint8)
         k = fetch_add(turn, 1)
         while k < n_chunks:
             lo, hi = k * size, min(total, (k + 1) * size)

@@ -17,9 +17,9 @@ from typing import Callable
 
 import numpy as np
 
-from .. import ops as ref_ops, quants as ref_quants, repack_gemm as ref_repack, tiled as ref_tiled
+from .. import ops as ref_ops, quants as ref_quants, repack_gemm as ref_repack, sgemm as ref_sgemm, tiled as ref_tiled
 from ...tensor import F16
-from . import dot4, dot4_neon, neon, ops, quants, repack, tiled, vec
+from . import dot4, dot4_neon, neon, ops, quants, repack, sgemm, tiled, vec
 from .quantize import quantize_q8_0, quantize_q8_0_neon, quantize_q8_1, quantize_q8_1_neon, quantize_q8_k, quantize_q8_k_neon
 
 
@@ -130,7 +130,8 @@ FAMILIES: dict[str, dict[tuple[str, str], Twin]] = {"x86": TWINS, "neon": NEON, 
 
 @dataclass(frozen=True)
 class FusedTwin:
-    """A fused step's numba kernel (several graph nodes in one call) and the NumPy reference of those nodes."""
+    """A step's numba kernel (one float op, or several graph nodes fused into one call) and the NumPy
+    reference of those nodes."""
     reference: Callable
     ggml: str                    # the ggml-cpu functions (or graph ops) whose bits it gives, in order
     kernel: Callable
@@ -194,6 +195,13 @@ FUSED: dict[str, FusedTwin] = {
 }
 
 
+# float products a step runs whole (the f16 ones of the KV cache), by kernel name
+FLOAT: dict[str, FusedTwin] = {
+    "sgemm_f16": FusedTwin(ref_sgemm.mul_mat_f16, "llamafile_sgemm, tinyBLAS<KN, ...> f16 x f16: a prompt's kq and kqv",
+                           sgemm.mul_mat_f16),
+}
+
+
 def _document() -> None:
     """Append to each fast kernel's docstring the references it reproduces (read from the tables)."""
     seen: dict[int, tuple] = {}
@@ -202,7 +210,7 @@ def _document() -> None:
             for fn in (k.threaded, k.serial):
                 if fn is not None:
                     seen.setdefault(id(fn), (fn, []))[1].append(f"{tw.ggml} ({path})")
-    for name, ft in FUSED.items():
+    for name, ft in {**FUSED, **FLOAT}.items():
         seen.setdefault(id(ft.kernel), (ft.kernel, []))[1].append(f"{ft.ggml} ({name})")
     for fn, refs in seen.values():
         twin_of = "Twin of: " + ", ".join(dict.fromkeys(refs)) + "."
