@@ -176,7 +176,8 @@ def _mul_mat(qs, qh, d, m, x, out, lanes, fstep, fused, unfused, mode):
     for c in prange(nch):                        # its scratch allocated once; blocks addressed by index
         L = np.empty((8, R16), np.int32)
         codes3 = np.empty((1, 1, 512), np.uint8)
-        codes = codes3[0, 0]
+        codes2 = codes3[0]                  # (1, 512): expand_q5_0 writes its row 0
+        codes = codes2[0]
         isum = np.empty(R16, np.float32)
         ddv = np.empty(R16, np.float32)
         acc = np.empty((T, 2, 4, R16), np.float32)
@@ -191,7 +192,7 @@ def _mul_mat(qs, qh, d, m, x, out, lanes, fstep, fused, unfused, mode):
             summ1[...] = 0
             for b in range(nb):
                 if q50:
-                    expand_q5_0(qs[g, b], qh[g, b], codes)
+                    expand_q5_0(qs[g, b], qh[g, b], codes2, 0)
                 par = b % 2
                 tail = b == nb - 1 and par == 0
                 for t in range(T):
