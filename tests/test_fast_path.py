@@ -10,13 +10,9 @@ from llmlab.ggml.cgraph import build_forward_expand
 from llmlab.ggml.cpu.cplan import graph_plan
 from llmlab.llama import Batch, Context, Model
 from llmlab.llama.tiny import write_tiny
+from kernel_data import same_bits
 
 rng = np.random.default_rng(7)
-
-
-def same_bits(a, b) -> bool:
-    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
-    return a.shape == b.shape and np.array_equal(a.view(np.uint32), b.view(np.uint32))
 
 
 def leaf(ctx, type_, *ne, values=None, name=""):

@@ -13,14 +13,10 @@ from llmlab.ggml.cpu.cplan import graph_plan
 from llmlab.ggml.cpu.fast import sgemm as fsgemm
 from llmlab.ggml.cpu.fast.twins import FLOAT
 from llmlab.ggml.tensor import F16, Tensor
+from kernel_data import same_bits
 
 TWIN = FLOAT["sgemm_f16"]
 rng = np.random.default_rng(23)
-
-
-def same_bits(a, b) -> bool:
-    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
-    return a.shape == b.shape and np.array_equal(a.view(np.uint32), b.view(np.uint32))
 
 
 @pytest.fixture(params=["avx512", "avx2"])

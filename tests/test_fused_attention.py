@@ -13,14 +13,10 @@ from llmlab.ggml.cpu.cplan import graph_plan
 from llmlab.ggml.cpu.fast import vec as fvec
 from llmlab.ggml.cpu.fast.twins import FUSED
 from llmlab.ggml.tensor import F16, Tensor
+from kernel_data import same_bits
 
 TWIN = FUSED["attention_one_token"]
 rng = np.random.default_rng(11)
-
-
-def same_bits(a, b) -> bool:
-    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
-    return a.shape == b.shape and np.array_equal(a.view(np.uint32), b.view(np.uint32))
 
 
 @pytest.fixture(params=["avx512", "avx2"])
