@@ -162,6 +162,8 @@ GENERATE = [
                  marks=pytest.mark.slow),
     pytest.param("gemma3", "reference", "arm_dotprod_fp16", None, "arm_dotprod_fp16", id="gemma3-reference", marks=pytest.mark.slow),
     pytest.param("gemma3", "fast", "arm_dotprod_fp16", None, "arm_dotprod_fp16", id="gemma3-fast", marks=pytest.mark.slow),
+    pytest.param("smollm2", "fast", "arm_i8mm", None, "arm_i8mm", id="smollm2-fast-i8mm", marks=pytest.mark.slow),
+    pytest.param("gemma3", "fast", "arm_i8mm", None, "arm_i8mm", id="gemma3-fast-i8mm", marks=pytest.mark.slow),
 ]
 
 
