@@ -454,7 +454,7 @@ def _mul_mat(node, cpu):
         if sgemm.takes(cpu, R, T, K):                       # llamafile's tinyBLAS: a prompt's kq and kqv
             if not fsgemm.fits(cpu) or A.strides[2] != 2:
                 return None
-            n = 0 if Y.size * K >= F16_PARALLEL_FACTOR * parallel_min_work() and _threads() > 1 else 1
+            n = 0 if _f16_parallel(Y.size * K) else 1
             return lambda: fsgemm.mul_mat_f16(A, X, Y, cpu.sgemm_lanes, n)
         order = _f16_order(cpu, R, T, K)
         if order is None:
@@ -472,7 +472,7 @@ def _mul_mat(node, cpu):
         if T == 1 and K >= 4 * w and K % w == 0 and A.strides[2] == 2 and A.strides[1] == 2 * K:
             A4 = A.reshape(A.shape[0], R, K // w, w)      # a long dot per row (V^T . probabilities, not
             return lambda: fvec.mul_mat_f16_long(A4, X, Y, lanes, prog)   # fused): along K, rows in place
-        if Y.size * K >= F16_PARALLEL_FACTOR * parallel_min_work() and _threads() > 1:
+        if _f16_parallel(Y.size * K):
             n = _threads()
             return lambda: fvec.mul_mat_f16_mt(A, X, Y, n_reg, lanes, prog, n)
         return lambda: fvec.mul_mat_f16(A, X, Y, n_reg, lanes, prog)
@@ -963,6 +963,11 @@ def _fuse_shared_activations(nodes: list[Tensor], i: int, cpu: CPUProfile, windo
 
 def _threads() -> int:
     return threads()        # the count fast.set_threads set (config's policy on first use), as dispatch reads it
+
+
+def _f16_parallel(work: int) -> bool:
+    """Whether an f16 product of ``work`` multiply-adds (a prompt's) pays for waking the other threads."""
+    return work >= F16_PARALLEL_FACTOR * parallel_min_work() and _threads() > 1
 
 
 def _attention_limit(work: int) -> int:

@@ -19,7 +19,8 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ._common import f16_round, limit_threads, restore_threads
+from ._common import limit_threads, restore_threads
+from .vec import _round_f16
 
 RN = 4          # activation rows per tile; weight rows per tile: lanes // RN (a tile's outputs fill one register)
 
@@ -125,8 +126,7 @@ def mul_mat_f16(A, B, out, lanes, n_threads):
         Bq = np.zeros((RN, K), np.float32)
         res = np.empty(RM * RN, np.float32)
         for j in range(nt):
-            for k in range(K):
-                Bq[j, k] = f16_round(B[h, t0 + j, k])
+            _round_f16(B[h, t0 + j], Bq[j])
         for r0 in range(0, R, RM):
             if lanes == 16:
                 _tile_16(A, h // g, r0, Bq, res)
